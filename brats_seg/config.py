@@ -1,0 +1,176 @@
+"""Structured config schemas: the single source of config field names, types and defaults.
+
+Hydra composes ``configs/`` on top of these dataclasses (registered in the ConfigStore by
+:func:`register_configs`); entry points convert the composed config once with
+``OmegaConf.to_object`` and pass these plain dataclasses on. Nothing else under
+``brats_seg/`` imports hydra or omegaconf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+__all__ = [
+    "DataConfig",
+    "ResolutionConfig",
+    "ModelConfig",
+    "TrainerConfig",
+    "BackendConfig",
+    "LMSConfig",
+    "TrackingConfig",
+    "DistributeConfig",
+    "EvaluateConfig",
+    "PlanConfig",
+    "BenchmarkConfig",
+    "PrepareConfig",
+    "TrainConfig",
+    "register_configs",
+]
+
+MODALITIES = ("flair", "t1", "t1ce", "t2")  # project channel order, whatever the layout
+REGIONS = ("wt", "tc", "et")  # whole tumour, tumour core, enhancing tumour
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"  # config name; `synthetic` generates a brats2021-layout dataset
+    layout: str = "brats2021"  # msd | brats2021 | brats2023: how files and labels are laid out
+    root: str = "data/synthetic"  # dataset folder; relative paths are taken from the cwd
+    cache_dir: str = "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>/<resolution>/
+    on_error: str = "raise"  # raise | skip: what a bad case does to preparation
+    num_workers: int = 2  # parallel case preparation (processes); 2 = the cores of a small box
+    val_fraction: float = 0.15  # share of cases used for model selection
+    test_fraction: float = 0.2  # share held out for the final score, never trained on
+    split_seed: int = 0  # the split is a pure function of (case ids, seed)
+    allow_crop: bool = False  # a brain box larger than resolution.shape: error (False) or warn+crop
+    # Only for data=synthetic: generated on first use when `root` holds no cases.
+    synthetic_cases: int = 40
+    synthetic_seed: int = 0
+
+
+@dataclass
+class ResolutionConfig:
+    name: str = "half"
+    spacing_mm: float = 2.0  # isotropic target spacing
+    shape: List[int] = field(default_factory=lambda: [96, 112, 80])  # network input (x, y, z), RAS
+
+
+@dataclass
+class ModelConfig:
+    name: str = "unet3d"
+    depth: int = 4  # number of down-sampling steps; shape must be divisible by 2**depth
+    base_filters: int = 16  # filters at level 0, doubled per level (Çiçek et al. use 32)
+    norm: str = "instance"  # instance | group | batch (batch is unsafe with recompute)
+    groups: int = 8  # groups for group norm
+    upsample: str = "transpose"  # transpose | trilinear
+    in_channels: int = 4  # 4 = FLAIR,T1,T1ce,T2; 1 = FLAIR only
+    out_channels: int = 3  # 3 = WT,TC,ET sigmoid regions; 1 = WT only
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 30
+    batch_size: int = 2
+    seed: int = 0
+    steps_per_epoch: Optional[int] = None  # cap on steps; None = one pass over the train split
+    learning_rate: float = 1e-3
+    lr_schedule: str = "cosine"  # cosine | constant
+    warmup_epochs: int = 1
+    early_stopping_patience: int = 0  # epochs without val-Dice gain before stopping; 0 = off
+    augment: bool = True  # random flips (L-R) and intensity scale/shift
+    bce_weight: float = 1.0  # loss = soft Dice + bce_weight * BCE
+    val_every: int = 1  # epochs between validations
+
+
+@dataclass
+class BackendConfig:
+    name: str = "auto"  # auto | gpu | gpu_lms | cpu_onednn
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 only on GPU)
+    intra_op_threads: int = 0  # 0 = physical cores
+    inter_op_threads: int = 2
+    onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS on CPU
+    memory_growth: bool = True  # GPU: allocate as needed instead of all at start
+    xla: bool = False  # GPU only; forced off with LMS (XLA drops host placements)
+    log_level: str = "2"  # TF_CPP_MIN_LOG_LEVEL: 0 all, 1 no INFO, 2 no WARNING, 3 no ERROR
+
+
+@dataclass
+class LMSConfig:
+    name: str = "off"  # off | auto | recompute | offload
+    enabled: bool = False  # IBM LMS vocabulary: false = keep every activation
+    limit: str = "0.9"  # budget: bytes, "16GB", or a fraction of device memory (RAM on CPU)
+    size: int = 1 << 20  # bytes; tensors smaller than this are never offloaded
+    prefetch: int = 1  # blocks ahead in backward at which a copy back is issued
+    host_bandwidth_gbps: float = 12.0  # host<->device link used to cost transfers (PCIe 3 x16 ~12)
+    device_tflops: float = 10.0  # used to cost recomputation and to hide transfers
+
+
+@dataclass
+class TrackingConfig:
+    name: str = "mlflow"  # mlflow | none
+    uri: str = "sqlite:///mlruns.db"  # relative sqlite paths are taken from the project root
+    experiment: str = "brats-seg"
+    system_metrics: bool = True
+
+
+@dataclass
+class DistributeConfig:
+    name: str = "none"  # none | mirrored | multi_worker
+    workers: List[str] = field(default_factory=list)  # host:port per worker (multi_worker)
+    index: int = 0  # this worker's index in `workers`
+
+
+@dataclass
+class EvaluateConfig:
+    split: str = "test"  # val | test | all
+    mode: str = "whole"  # whole | sliding
+    threshold: float = 0.5
+    overlays: bool = True
+    window_overlap: float = 0.5  # sliding mode: fraction of the window shared by neighbours
+
+
+@dataclass
+class PlanConfig:
+    format: str = "table"  # table | json
+
+
+@dataclass
+class BenchmarkConfig:
+    steps: int = 5  # timed steps (the first is excluded from the median)
+
+
+@dataclass
+class PrepareConfig:
+    """Config of ``scripts/prepare_data.py``."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    resolution: ResolutionConfig = field(default_factory=ResolutionConfig)
+
+
+@dataclass
+class TrainConfig:
+    """Config of ``train.py`` (and, with the same groups, the other entry points)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    resolution: ResolutionConfig = field(default_factory=ResolutionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    lms: LMSConfig = field(default_factory=LMSConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    distribute: DistributeConfig = field(default_factory=DistributeConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    run_dir: str = ""  # empty = Hydra's output dir for this run
+    run_name: str = ""  # empty = derived from data/resolution/model/backend
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (entry-point glue only)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="prepare_schema", node=PrepareConfig)
