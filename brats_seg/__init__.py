@@ -1,0 +1,1 @@
+"""brats-seg: 3D U-Net brain-tumour segmentation with Large Model Support."""

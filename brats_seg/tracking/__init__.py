@@ -1,0 +1,1 @@
+"""brats_seg.tracking"""
