@@ -26,6 +26,7 @@ __all__ = [
     "LABELS",
     "REGION_NAMES",
     "check_labels",
+    "invalid_label_values",
     "labels_to_regions",
     "regions_to_labels",
     "LabelError",
@@ -72,11 +73,16 @@ def _convention(layout: str) -> LabelConvention:
         raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.") from None
 
 
+def invalid_label_values(label: np.ndarray, layout: str) -> list:
+    """Values present in ``label`` that are not in the layout's label set."""
+    conv = _convention(layout)
+    return [v for v in np.unique(label).tolist() if v not in conv.values]
+
+
 def check_labels(label: np.ndarray, layout: str, source: str = "label map") -> None:
     """Raise :class:`LabelError` naming ``source`` if ``label`` holds values outside the layout's set."""
     conv = _convention(layout)
-    present = np.unique(label)
-    bad = [v for v in present.tolist() if v not in conv.values]
+    bad = invalid_label_values(label, layout)
     if bad:
         raise LabelError(
             f"{source}: label values {bad} are not in the {layout} label set {list(conv.values)}. "

@@ -1,0 +1,263 @@
+"""The preprocessing cache: one folder per case, written atomically, keyed by a fingerprint.
+
+Layout under ``<cache_root>`` (one per dataset root and resolution)::
+
+    <case_id>/image.npy     float16 (X, Y, Z, 4)  z-scored FLAIR, T1, T1ce, T2
+    <case_id>/regions.npy   uint8   (X, Y, Z, 3)  WT, TC, ET (absent for unlabelled cases)
+    <case_id>/meta.json     files, fingerprint, original grid, PreprocessRecord
+
+An entry is built in ``.tmp-<case_id>-<random>/`` and renamed into place, so a crash
+never leaves a half entry that is later read. It is valid only if its ``meta.json``
+fingerprint equals the fingerprint of (layout, case files' size+mtime, preprocessing
+config): a changed file or config rebuilds that entry and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from brats_seg.data.errors import CaseError
+from brats_seg.data.labels import LABELS, invalid_label_values, labels_to_regions
+from brats_seg.data.layouts import Case
+from brats_seg.data.nifti import load_volume
+from brats_seg.data.preprocess import check_same_grid, preprocess_case
+
+__all__ = [
+    "PREPROCESS_VERSION",
+    "CacheEntry",
+    "compute_fingerprint",
+    "load_entry_meta",
+    "build_entry",
+    "prepare_cases",
+]
+
+log = logging.getLogger(__name__)
+
+PREPROCESS_VERSION = 1  # bump when preprocessing changes: every entry is rebuilt
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A valid cache entry."""
+
+    case_id: str
+    path: Path
+    has_label: bool
+
+    @property
+    def image_path(self) -> Path:
+        return self.path / "image.npy"
+
+    @property
+    def regions_path(self) -> Path:
+        return self.path / "regions.npy"
+
+    @property
+    def meta(self) -> dict:
+        return json.loads((self.path / "meta.json").read_text())
+
+
+def compute_fingerprint(case: Case, spacing_mm: float, shape, allow_crop: bool) -> str:
+    """Hash of what determines an entry: layout, each file's path/size/mtime, preprocessing config."""
+    files = []
+    for p in case.files:
+        st = p.stat()
+        files.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
+    key = {
+        "version": PREPROCESS_VERSION,
+        "layout": case.layout,
+        "files": files,
+        "spacing_mm": float(spacing_mm),
+        "shape": [int(s) for s in shape],
+        "allow_crop": bool(allow_crop),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def load_entry_meta(entry_dir: Path) -> dict | None:
+    """The entry's meta.json, or None if the entry is absent or incomplete."""
+    try:
+        return json.loads((Path(entry_dir) / "meta.json").read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+def _load_case_arrays(case: Case):
+    """Load a case's images (x,y,z,4) and label in RAS, checking grids and labels."""
+    if case.layout == "msd":
+        vol = load_volume(case.images[0], case.case_id, expect_ndim=4)
+        if vol.data.shape[-1] != 4:
+            raise CaseError(case.case_id, vol.path, f"expected 4 modalities in the 4th axis, found {vol.data.shape[-1]}",
+                            "MSD Task01 images hold FLAIR, T1w, T1gd, T2w in one 4D file.")
+        image, ref = vol.data, vol
+        grid = [(str(vol.path), vol.original_shape, vol.original_affine)]
+    else:
+        vols = [load_volume(p, case.case_id) for p in case.images]
+        grid = [(str(v.path), v.original_shape, v.original_affine) for v in vols]
+        check_same_grid(case.case_id, grid)
+        image, ref = np.stack([v.data for v in vols], axis=-1), vols[0]
+    label_vol = None
+    if case.label is not None:
+        label_vol = load_volume(case.label, case.case_id)
+        check_same_grid(case.case_id, grid[:1] + [(str(label_vol.path), label_vol.original_shape, label_vol.original_affine)])
+        rounded = np.rint(label_vol.data)
+        if not np.array_equal(rounded, label_vol.data):
+            raise CaseError(case.case_id, case.label, "label map holds non-integer values",
+                            "A segmentation must hold integer labels; re-export it.")
+        bad = invalid_label_values(rounded, case.layout)
+        if bad:
+            raise CaseError(
+                case.case_id, case.label,
+                f"label values {[int(v) for v in bad]} are not in the {case.layout} label set {list(LABELS[case.layout].values)}",
+                f"Is the dataset really laid out as data={case.layout}? If so, fix or remove this case "
+                "(or run with data.on_error=skip).",
+            )
+    return image, ref, label_vol
+
+
+def _write_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, array)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def build_entry(case: Case, cache_root: Path, spacing_mm: float, shape, allow_crop: bool, fingerprint: str) -> Path:
+    """Preprocess one case and install its cache entry atomically.
+
+    Raises:
+        CaseError: the case's files are bad (nothing is written then).
+    """
+    image, ref, label_vol = _load_case_arrays(case)
+    label = None if label_vol is None else label_vol.data.astype(np.uint8)
+    out_image, out_label, record = preprocess_case(
+        case.case_id, image, ref.spacing_mm, spacing_mm, shape, label=label, allow_crop=allow_crop
+    )
+    grid_src = label_vol if label_vol is not None else ref
+    meta = {
+        "case_id": case.case_id,
+        "layout": case.layout,
+        "images": [str(p.resolve()) for p in case.images],
+        "label": str(case.label.resolve()) if case.label is not None else None,
+        "fingerprint": fingerprint,
+        "preprocess_version": PREPROCESS_VERSION,
+        "original_affine": grid_src.original_affine.tolist(),
+        "original_shape": list(grid_src.original_shape),
+        "record": record.to_dict(),
+        "has_label": out_label is not None,
+    }
+    cache_root.mkdir(parents=True, exist_ok=True)
+    final = cache_root / case.case_id
+    tmp = cache_root / f".tmp-{case.case_id}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _write_npy(tmp / "image.npy", out_image.astype(np.float16))
+        if out_label is not None:
+            _write_npy(tmp / "regions.npy", labels_to_regions(out_label, case.layout))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))  # last: marks the entry complete
+        old = None
+        if final.exists():
+            old = cache_root / f".old-{case.case_id}-{uuid.uuid4().hex[:8]}"
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _build_or_error(case: Case, cache_root: Path, spacing_mm, shape, allow_crop, fingerprint):
+    try:
+        build_entry(case, cache_root, spacing_mm, shape, allow_crop, fingerprint)
+        return case.case_id, None
+    except CaseError as e:
+        return case.case_id, e
+    except MemoryError as e:
+        return case.case_id, CaseError(case.case_id, None, f"out of memory while preprocessing ({e})",
+                                       "Use fewer data.num_workers or a coarser resolution.")
+
+
+def _clean_stale(cache_root: Path, max_age_s: float = 3600.0) -> None:
+    if not cache_root.is_dir():
+        return
+    now = time.time()
+    for p in cache_root.iterdir():
+        if p.name.startswith((".tmp-", ".old-")) and now - p.stat().st_mtime > max_age_s:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def prepare_cases(
+    cases: list[Case],
+    cache_root: str | Path,
+    spacing_mm: float,
+    shape,
+    allow_crop: bool = False,
+    num_workers: int = 2,
+    progress: bool = True,
+):
+    """Make sure every case has a valid cache entry, building stale or missing ones in parallel.
+
+    Args:
+        cases: cases to prepare.
+        cache_root: folder of this dataset+resolution's entries.
+        spacing_mm, shape, allow_crop: preprocessing config.
+        num_workers: worker processes (1 = in this process).
+        progress: show a tqdm bar.
+
+    Returns:
+        ``(entries, errors, n_built)``: valid entries (sorted by case id), the
+        :class:`CaseError` of each failed case, and how many entries were (re)built.
+    """
+    from tqdm.auto import tqdm
+
+    cache_root = Path(cache_root)
+    cache_root.mkdir(parents=True, exist_ok=True)
+    _clean_stale(cache_root)
+    todo, fingerprints = [], {}
+    for case in cases:
+        fp = compute_fingerprint(case, spacing_mm, shape, allow_crop)
+        fingerprints[case.case_id] = fp
+        meta = load_entry_meta(cache_root / case.case_id)
+        if meta is None or meta.get("fingerprint") != fp:
+            todo.append(case)
+    errors: list[CaseError] = []
+    if todo:
+        log.info("preprocessing %d of %d cases into %s", len(todo), len(cases), cache_root)
+        bar = tqdm(total=len(todo), desc="preparing cases", unit="case", disable=not progress)
+        args = [(c, cache_root, spacing_mm, shape, allow_crop, fingerprints[c.case_id]) for c in todo]
+        if num_workers <= 1 or len(todo) == 1:
+            results = (_build_or_error(*a) for a in args)
+            for case_id, err in results:
+                if err is not None:
+                    errors.append(err)
+                bar.update()
+        else:
+            # spawn: safe even if the parent has already imported TensorFlow.
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=min(num_workers, len(todo)), mp_context=ctx) as pool:
+                futures = [pool.submit(_build_or_error, *a) for a in args]
+                for fut in as_completed(futures):
+                    case_id, err = fut.result()
+                    if err is not None:
+                        errors.append(err)
+                    bar.update()
+        bar.close()
+    failed = {e.case_id for e in errors}
+    entries = [
+        CacheEntry(c.case_id, cache_root / c.case_id, c.label is not None) for c in cases if c.case_id not in failed
+    ]
+    return sorted(entries, key=lambda e: e.case_id), sorted(errors, key=lambda e: e.case_id), len(todo) - len(errors)

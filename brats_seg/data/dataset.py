@@ -1,0 +1,119 @@
+"""Discover -> validate -> preprocess -> cache -> split: a dataset ready for training.
+
+:func:`prepare_dataset` is what ``scripts/prepare_data.py`` and ``train.py`` call: it
+reports every bad case at once (naming case, file and fix), skips them with
+``data.on_error=skip``, and otherwise raises after preparing the good ones, so nothing
+already prepared is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from brats_seg.config import DataConfig, ResolutionConfig
+from brats_seg.data.cache import CacheEntry, prepare_cases
+from brats_seg.data.errors import DataError
+from brats_seg.data.layouts import discover_cases
+from brats_seg.data.splits import load_split, make_split, save_split
+
+__all__ = ["PreparedDataset", "PreparationFailed", "dataset_cache_dir", "prepare_dataset", "ensure_synthetic"]
+
+log = logging.getLogger(__name__)
+
+
+class PreparationFailed(DataError):
+    """Some cases are bad and ``data.on_error=raise``; the message lists each of them."""
+
+    def __init__(self, failures: list[tuple[str, str]], n_ok: int) -> None:
+        self.failures = failures
+        lines = "\n".join(f"  - {msg}" for _, msg in failures)
+        super().__init__(
+            f"{len(failures)} case(s) could not be prepared ({n_ok} prepared fine and are cached):\n{lines}\n"
+            "Fix or remove these cases, or rerun with data.on_error=skip to leave them out."
+        )
+
+
+@dataclass
+class PreparedDataset:
+    """A dataset whose cases are cached at one resolution, with its split."""
+
+    cache_root: Path
+    entries: list[CacheEntry]
+    split: dict
+    split_path: Path
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (case_id, message)
+    n_built: int = 0
+    seconds: float = 0.0
+
+    def entries_of(self, subset: str) -> list[CacheEntry]:
+        """Entries of ``train`` | ``val`` | ``test`` | ``all``."""
+        if subset == "all":
+            return list(self.entries)
+        ids = set(self.split[subset])
+        return [e for e in self.entries if e.case_id in ids]
+
+
+def dataset_cache_dir(data: DataConfig) -> Path:
+    """``<cache_dir>/<name>_<hash of the root>``: one folder per dataset root."""
+    root = str(Path(data.root).expanduser().resolve())
+    return Path(data.cache_dir).expanduser() / f"{data.name}_{hashlib.sha256(root.encode()).hexdigest()[:8]}"
+
+
+def ensure_synthetic(data: DataConfig) -> None:
+    """For ``data=synthetic``: generate the dataset into ``data.root`` unless it is there."""
+    from brats_seg.data.synthetic import write_synthetic_dataset
+
+    root = Path(data.root)
+    if root.is_dir() and len([p for p in root.iterdir() if p.is_dir()]) >= data.synthetic_cases:
+        return
+    log.info("generating %d synthetic cases (%s layout) into %s", data.synthetic_cases, data.layout, root)
+    write_synthetic_dataset(root, data.layout, data.synthetic_cases, data.synthetic_seed)
+
+
+def prepare_dataset(
+    data: DataConfig,
+    resolution: ResolutionConfig,
+    progress: bool = True,
+) -> PreparedDataset:
+    """Prepare every labelled case of ``data`` at ``resolution`` and load or make the split.
+
+    Raises:
+        DatasetError: the dataset as a whole is unusable (root, dataset.json, no cases).
+        PreparationFailed: bad cases with ``data.on_error=raise`` (the good ones are cached).
+    """
+    if data.on_error not in ("raise", "skip"):
+        raise ValueError(f"data.on_error should be 'raise' or 'skip', got {data.on_error!r}.")
+    t0 = time.perf_counter()
+    if data.name == "synthetic":
+        ensure_synthetic(data)
+    cases, skipped = discover_cases(data.root, data.layout, require_labels=True, on_error=data.on_error)
+    base = dataset_cache_dir(data)
+    cache_root = base / resolution.name
+    entries, errors, n_built = prepare_cases(
+        cases, cache_root, resolution.spacing_mm, resolution.shape, data.allow_crop, data.num_workers, progress
+    )
+    failures = skipped + [(e.case_id, str(e)) for e in errors]
+    if errors and data.on_error == "raise":
+        raise PreparationFailed(failures, len(entries))
+    for case_id, msg in failures:
+        log.warning("skipped %s", msg)
+    if not entries:
+        raise DataError(f"no case of {data.root} could be prepared; see the messages above.")
+
+    split_path = base / f"split_seed{data.split_seed}.json"
+    split = make_split([e.case_id for e in entries], data.val_fraction, data.test_fraction, data.split_seed)
+    if not split_path.is_file() or load_split(split_path) != split:
+        save_split(split, split_path)
+    return PreparedDataset(
+        cache_root=cache_root,
+        entries=entries,
+        split=split,
+        split_path=split_path,
+        skipped=failures,
+        n_built=n_built,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,263 @@
+"""Resample, normalise and crop a case to the network grid, and invert it for predictions.
+
+All arrays are RAS voxel order, channels-last ``(x, y, z[, c])``. Steps:
+
+1. resample to isotropic ``spacing_mm`` with SimpleITK (linear for images, nearest for
+   labels); the resampled grid covers the same physical extent as the native grid
+   (voxel boxes aligned at the volume's corner);
+2. z-score each channel over brain voxels (non-zero in any channel at the native grid),
+   background set to 0;
+3. crop/pad to ``shape`` centred on the brain bounding box.
+
+:class:`PreprocessRecord` holds everything :func:`invert_to_native` needs to put a
+network output back on the native RAS grid.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import SimpleITK as sitk
+
+from brats_seg.data.errors import CaseError
+
+__all__ = [
+    "PreprocessRecord",
+    "check_same_grid",
+    "resample",
+    "zscore_brain",
+    "preprocess_case",
+    "invert_to_native",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreprocessRecord:
+    """How a case was mapped from its native RAS grid to the network grid (JSON-able).
+
+    Attributes:
+        native_shape: RAS shape of the original files.
+        native_spacing_mm: their voxel size.
+        resampled_shape: shape after resampling to ``spacing_mm``.
+        spacing_mm: target isotropic spacing.
+        crop_start: index in the resampled grid of the network grid's first voxel, per
+            axis; negative where the network grid extends past the volume (padding).
+        shape: network grid shape.
+        brain_box: brain bounding box in the resampled grid, ``[[start, stop] x 3]``.
+        cropped_voxels: brain voxels cut off (only with ``allow_crop``), per axis.
+    """
+
+    native_shape: list[int]
+    native_spacing_mm: list[float]
+    resampled_shape: list[int]
+    spacing_mm: float
+    crop_start: list[int]
+    shape: list[int]
+    brain_box: list[list[int]]
+    cropped_voxels: list[int]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_same_grid(case_id: str, shapes_affines: list[tuple[str, tuple, np.ndarray]], atol: float = 1e-3) -> None:
+    """Raise :class:`CaseError` if the files' shapes or affines disagree.
+
+    Args:
+        shapes_affines: ``[(path, shape, affine)]`` of the case's files (as stored).
+    """
+    ref_path, ref_shape, ref_aff = shapes_affines[0]
+    for path, shape, aff in shapes_affines[1:]:
+        if tuple(shape[:3]) != tuple(ref_shape[:3]):
+            raise CaseError(
+                case_id, path, f"shape {tuple(shape[:3])} differs from {ref_shape[:3]} of {ref_path}",
+                "All modalities and the label of a case must share one grid: co-register and resample them first.",
+            )
+        if not np.allclose(aff, ref_aff, atol=atol):
+            raise CaseError(
+                case_id, path,
+                f"affine differs from that of {ref_path} (max difference {np.abs(aff - ref_aff).max():.4g})",
+                "All modalities and the label of a case must share one grid: co-register and resample them first.",
+            )
+
+
+def _resampled_shape(shape: tuple[int, ...], spacing_mm, target_mm: float) -> tuple[int, int, int]:
+    return tuple(max(1, int(round(n * s / target_mm))) for n, s in zip(shape[:3], spacing_mm))
+
+
+def resample(
+    volume: np.ndarray,
+    spacing_mm,
+    target_spacing_mm,
+    out_shape=None,
+    interpolation: str = "linear",
+) -> np.ndarray:
+    """Resample a 3D array between two axis-aligned grids sharing a corner.
+
+    Voxel ``i`` of a grid with spacing ``s`` covers ``[i*s, (i+1)*s)`` mm along its axis, so
+    both grids span the same physical box when ``n_out * s_out == n_in * s_in``.
+
+    Args:
+        volume: ``(x, y, z)`` array.
+        spacing_mm: its voxel size (3 values).
+        target_spacing_mm: output voxel size (scalar or 3 values).
+        out_shape: output shape; default covers the same extent.
+        interpolation: ``linear`` | ``nearest``.
+
+    Returns:
+        float32 (linear) or the input dtype (nearest) array of ``out_shape``.
+    """
+    spacing_mm = [float(s) for s in spacing_mm]
+    target = [float(target_spacing_mm)] * 3 if np.isscalar(target_spacing_mm) else [float(t) for t in target_spacing_mm]
+    if out_shape is None:
+        out_shape = tuple(max(1, int(round(n * s / t))) for n, s, t in zip(volume.shape, spacing_mm, target))
+    if interpolation == "linear":
+        arr, interp = volume.astype(np.float32, copy=False), sitk.sitkLinear
+    elif interpolation == "nearest":
+        arr, interp = volume, sitk.sitkNearestNeighbor
+    else:
+        raise ValueError(f"interpolation should be 'linear' or 'nearest', got {interpolation!r}.")
+    # SimpleITK arrays are (z, y, x); voxel centres sit at origin + i * spacing.
+    img = sitk.GetImageFromArray(np.ascontiguousarray(arr.transpose(2, 1, 0)))
+    img.SetSpacing(spacing_mm)
+    img.SetOrigin([s / 2 for s in spacing_mm])
+    out = sitk.Resample(
+        img,
+        [int(n) for n in out_shape],
+        sitk.Transform(),
+        interp,
+        [t / 2 for t in target],
+        target,
+        img.GetDirection(),
+        0.0,
+        img.GetPixelID(),
+    )
+    return sitk.GetArrayFromImage(out).transpose(2, 1, 0)
+
+
+def zscore_brain(image: np.ndarray, brain: np.ndarray) -> np.ndarray:
+    """Z-score each channel over brain voxels; background becomes 0.
+
+    Args:
+        image: ``(x, y, z, c)`` float array.
+        brain: ``(x, y, z)`` bool mask.
+    """
+    out = np.zeros(image.shape, dtype=np.float32)
+    for c in range(image.shape[-1]):
+        values = image[..., c][brain]
+        std = float(values.std()) if values.size else 0.0
+        mean = float(values.mean()) if values.size else 0.0
+        out[..., c][brain] = (values - mean) / (std if std > 1e-6 else 1.0)
+    return out
+
+
+def _brain_box(brain: np.ndarray) -> list[list[int]]:
+    idx = np.nonzero(brain)
+    if idx[0].size == 0:
+        return [[0, n] for n in brain.shape]
+    return [[int(i.min()), int(i.max()) + 1] for i in idx]
+
+
+def _crop_pad(array: np.ndarray, start, shape) -> np.ndarray:
+    """Window of ``shape`` at ``start`` (may be negative or past the end: zero padded)."""
+    out = np.zeros(tuple(shape) + array.shape[3:], dtype=array.dtype)
+    src, dst = [], []
+    for s, n, size in zip(start, shape, array.shape[:3]):
+        lo, hi = max(s, 0), min(s + n, size)
+        src.append(slice(lo, max(hi, lo)))
+        dst.append(slice(lo - s, lo - s + max(hi - lo, 0)))
+    out[tuple(dst)] = array[tuple(src)]
+    return out
+
+
+def preprocess_case(
+    case_id: str,
+    image: np.ndarray,
+    spacing_mm,
+    target_spacing_mm: float,
+    shape,
+    label: np.ndarray | None = None,
+    allow_crop: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None, PreprocessRecord]:
+    """Resample, z-score and crop/pad one case.
+
+    Args:
+        case_id: for messages.
+        image: native ``(x, y, z, 4)`` float array, RAS.
+        spacing_mm: native voxel size.
+        target_spacing_mm: isotropic target spacing (``resolution.spacing_mm``).
+        shape: network grid (``resolution.shape``).
+        label: native ``(x, y, z)`` integer label map, or None.
+        allow_crop: a brain box larger than ``shape`` is cut (with a warning) instead of an error.
+
+    Returns:
+        ``(image float32 (X,Y,Z,4), label (X,Y,Z) or None, record)``.
+
+    Raises:
+        CaseError: the brain box is larger than ``shape`` and ``allow_crop`` is off.
+    """
+    shape = [int(s) for s in shape]
+    native_brain = np.any(image != 0, axis=-1)
+    out_shape = _resampled_shape(image.shape, spacing_mm, target_spacing_mm)
+    channels = [resample(image[..., c], spacing_mm, target_spacing_mm, out_shape) for c in range(image.shape[-1])]
+    resampled = np.stack(channels, axis=-1)
+    brain = resample(native_brain.astype(np.uint8), spacing_mm, target_spacing_mm, out_shape, "nearest") > 0
+    normed = zscore_brain(resampled, brain)
+
+    box = _brain_box(brain)
+    extent = [b[1] - b[0] for b in box]
+    too_big = [e - n for e, n in zip(extent, shape)]
+    if any(t > 0 for t in too_big):
+        msg = (f"brain bounding box {tuple(extent)} voxels at {target_spacing_mm} mm is larger than "
+               f"resolution.shape {tuple(shape)} by {tuple(max(t, 0) for t in too_big)} voxels")
+        if not allow_crop:
+            raise CaseError(
+                case_id, None, msg,
+                "Use a larger resolution.shape (divisible by 2**model.depth), or data.allow_crop=true "
+                "to cut the brain box to the shape with a warning.",
+            )
+        log.warning("case %s: %s; cropping (data.allow_crop=true)", case_id, msg)
+    start = [b[0] + e // 2 - n // 2 for b, e, n in zip(box, extent, shape)]
+    record = PreprocessRecord(
+        native_shape=[int(s) for s in image.shape[:3]],
+        native_spacing_mm=[float(s) for s in spacing_mm],
+        resampled_shape=list(out_shape),
+        spacing_mm=float(target_spacing_mm),
+        crop_start=[int(s) for s in start],
+        shape=shape,
+        brain_box=box,
+        cropped_voxels=[max(t, 0) for t in too_big],
+    )
+    out_image = _crop_pad(normed, start, shape)
+    out_label = None
+    if label is not None:
+        lab = resample(label.astype(np.uint8), spacing_mm, target_spacing_mm, out_shape, "nearest")
+        out_label = _crop_pad(lab, start, shape)
+    return out_image, out_label, record
+
+
+def invert_to_native(output: np.ndarray, record: PreprocessRecord | dict) -> np.ndarray:
+    """Put a network-grid array back on the native RAS grid (linear interpolation).
+
+    Args:
+        output: ``(X, Y, Z, C)`` float array on the network grid (e.g. probabilities).
+        record: the case's :class:`PreprocessRecord` (or its dict).
+
+    Returns:
+        float32 ``(x, y, z, C)`` on the native grid; 0 outside the network window.
+    """
+    rec = record if isinstance(record, PreprocessRecord) else PreprocessRecord(**record)
+    if tuple(output.shape[:3]) != tuple(rec.shape):
+        raise ValueError(f"output grid {output.shape[:3]} differs from the case's network grid {tuple(rec.shape)}.")
+    # Place the window back in the resampled grid: the inverse crop is a crop at -start.
+    back_start = [-s for s in rec.crop_start]
+    on_resampled = _crop_pad(output.astype(np.float32), back_start, rec.resampled_shape)
+    channels = [
+        resample(on_resampled[..., c], [rec.spacing_mm] * 3, rec.native_spacing_mm, rec.native_shape)
+        for c in range(on_resampled.shape[-1])
+    ]
+    return np.stack(channels, axis=-1)

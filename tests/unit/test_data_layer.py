@@ -1,0 +1,192 @@
+"""Layouts, labels, NIfTI round trip, resampling, cache and splits."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from brats_seg.data.cache import load_entry_meta
+from brats_seg.data.dataset import prepare_dataset
+from brats_seg.data.labels import LABELS, labels_to_regions, regions_to_labels
+from brats_seg.data.layouts import discover_cases
+from brats_seg.data.nifti import load_volume, save_mask
+from brats_seg.data.preprocess import invert_to_native, resample
+from brats_seg.data.splits import make_split
+from tests.conftest import TINY, data_config
+
+LAYOUTS = ("brats2021", "brats2023", "msd")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_layout_is_discovered(synthetic_root, layout):
+    cases, skipped = discover_cases(synthetic_root[layout], layout)
+    assert skipped == []
+    assert len(cases) == 3
+    for case in cases:
+        assert case.label is not None and case.label.is_file()
+        assert len(case.images) == (1 if layout == "msd" else 4)
+        assert all(p.is_file() for p in case.images)
+    if layout == "brats2021":  # project channel order, whatever the file order on disk
+        assert [p.name.split("_")[-1] for p in cases[0].images] == ["flair.nii.gz", "t1.nii.gz", "t1ce.nii.gz", "t2.nii.gz"]
+    if layout == "brats2023":
+        assert [p.name.split("-")[-1] for p in cases[0].images] == ["t2f.nii.gz", "t1n.nii.gz", "t1c.nii.gz", "t2w.nii.gz"]
+
+
+def test_brats2018_hgg_lgg_subfolders(dataset_copy):
+    root = dataset_copy("brats2021")
+    cases = sorted(p for p in root.iterdir() if p.is_dir())
+    (root / "HGG").mkdir()
+    (root / "LGG").mkdir()
+    cases[0].rename(root / "HGG" / cases[0].name)
+    cases[1].rename(root / "LGG" / cases[1].name)
+    found, _ = discover_cases(root, "brats2021")
+    assert sorted(c.case_id for c in found) == sorted(p.name for p in cases)
+
+
+def test_unlabelled_cases_are_found_for_prediction(dataset_copy):
+    root = dataset_copy("brats2023")
+    for seg in root.glob("*/*-seg.nii.gz"):
+        seg.unlink()
+    cases, _ = discover_cases(root, "brats2023", require_labels=False)
+    assert len(cases) == 3 and all(c.label is None for c in cases)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_label_region_label_round_trip(layout):
+    conv = LABELS[layout]
+    rng = np.random.default_rng(0)
+    label = rng.choice(np.array(conv.values), size=(7, 6, 5)).astype(np.uint8)
+    regions = labels_to_regions(label, layout)
+    assert regions.shape == (7, 6, 5, 3) and regions.dtype == np.uint8
+    # nested regions: ET ⊂ TC ⊂ WT
+    assert np.all(regions[..., 2] <= regions[..., 1]) and np.all(regions[..., 1] <= regions[..., 0])
+    np.testing.assert_array_equal(regions_to_labels(regions, layout), label)
+    # the table of DESIGN.md
+    wt = {"msd": {1, 2, 3}, "brats2021": {1, 2, 4}, "brats2023": {1, 2, 3}}[layout]
+    tc = {"msd": {2, 3}, "brats2021": {1, 4}, "brats2023": {1, 3}}[layout]
+    et = {"msd": {3}, "brats2021": {4}, "brats2023": {3}}[layout]
+    for i, values in enumerate((wt, tc, et)):
+        np.testing.assert_array_equal(regions[..., i].astype(bool), np.isin(label, list(values)))
+
+
+def _write(path, data, affine, header=None):
+    img = nib.Nifti1Image(data, affine, header=header)
+    img.set_qform(affine, 1)
+    img.set_sform(affine, 1)
+    nib.save(img, str(path))
+
+
+@pytest.mark.parametrize(
+    "affine",
+    [
+        np.array([[-1, 0, 0, 0], [0, -1, 0, 239], [0, 0, 1, 0], [0, 0, 0, 1.0]]),  # BraTS LPS
+        np.array([[0, 0, 1.2, -10], [-0.9, 0, 0, 50], [0, 2.5, 0, 3], [0, 0, 0, 1.0]]),  # permuted, anisotropic
+    ],
+)
+def test_prediction_nifti_round_trip_keeps_grid_and_header(tmp_path, affine):
+    rng = np.random.default_rng(1)
+    label = rng.integers(0, 3, size=(13, 11, 9)).astype(np.uint8)
+    _write(tmp_path / "ref.nii.gz", label, affine)
+    vol = load_volume(tmp_path / "ref.nii.gz", "c", dtype=np.uint8)
+    assert nib.aff2axcodes(vol.affine_ras) == ("R", "A", "S")
+    save_mask(vol.data, vol.original_affine, vol.original_header, tmp_path / "pred.nii.gz")
+    ref, out = nib.load(tmp_path / "ref.nii.gz"), nib.load(tmp_path / "pred.nii.gz")
+    assert out.shape == ref.shape
+    np.testing.assert_array_equal(out.affine, ref.affine)
+    assert nib.aff2axcodes(out.affine) == nib.aff2axcodes(ref.affine)
+    np.testing.assert_array_equal(np.asanyarray(out.dataobj), label)
+    for key in ref.header.keys():
+        np.testing.assert_array_equal(ref.header[key], out.header[key], err_msg=key)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_resampling_to_2mm_and_back_keeps_dice():
+    x, y, z = np.mgrid[:120, :110, :90]
+    mask = ((x - 60) / 22.0) ** 2 + ((y - 50) / 17.0) ** 2 + ((z - 44) / 14.0) ** 2 < 1  # tumour-sized ellipsoid
+    down = resample(mask.astype(np.uint8), (1, 1, 1), 2.0, interpolation="nearest")
+    assert down.shape == (60, 55, 45)
+    back = resample(down.astype(np.float32), (2, 2, 2), (1, 1, 1), out_shape=mask.shape) > 0.5
+    dice = 2 * (back & mask).sum() / (back.sum() + mask.sum())
+    assert dice >= 0.95, dice
+
+
+def test_invert_to_native_puts_regions_back(synthetic_root, tmp_path):
+    ds = prepare_dataset(data_config(synthetic_root["brats2021"], "brats2021", tmp_path), TINY, progress=False)
+    entry = ds.entries[0]
+    meta = entry.meta
+    regions = np.load(entry.regions_path).astype(np.float32)
+    native = invert_to_native(regions, meta["record"]) > 0.5
+    ref = load_volume(meta["label"], entry.case_id, dtype=np.uint8).data
+    ref_wt = labels_to_regions(ref, "brats2021")[..., 0].astype(bool)
+    assert native.shape[:3] == ref.shape
+    dice = 2 * (native[..., 0] & ref_wt).sum() / (native[..., 0].sum() + ref_wt.sum())
+    assert dice > 0.85, dice  # 4 mm nearest then back: coarse, but on the right place
+
+
+def test_prepare_writes_cache_and_split(synthetic_root, tmp_path):
+    cfg = data_config(synthetic_root["msd"], "msd", tmp_path)
+    ds = prepare_dataset(cfg, TINY, progress=False)
+    assert len(ds.entries) == 3 and ds.n_built == 3
+    for e in ds.entries:
+        image = np.load(e.image_path, mmap_mode="r")
+        regions = np.load(e.regions_path, mmap_mode="r")
+        assert image.shape == (48, 56, 40, 4) and image.dtype == np.float16
+        assert regions.shape == (48, 56, 40, 3) and regions.dtype == np.uint8
+        brain = np.any(image != 0, axis=-1)
+        # z-scored over the brain
+        assert abs(float(image[..., 0][brain].astype(np.float32).mean())) < 0.05
+        assert regions[..., 0].sum() > 0
+    split = json.loads(ds.split_path.read_text())
+    assert sorted(split["train"] + split["val"] + split["test"]) == [e.case_id for e in ds.entries]
+    assert split["test"] and split["val"]
+
+
+def test_cache_rebuilds_only_the_changed_case(dataset_copy, tmp_path):
+    root = dataset_copy("brats2021")
+    cfg = data_config(root, "brats2021", tmp_path)
+    first = prepare_dataset(cfg, TINY, progress=False)
+    assert first.n_built == 3
+    stamps = {e.case_id: (e.path / "meta.json").stat().st_mtime_ns for e in first.entries}
+    again = prepare_dataset(cfg, TINY, progress=False)
+    assert again.n_built == 0
+    changed = first.entries[1].case_id
+    flair = root / changed / f"{changed}_flair.nii.gz"
+    st = flair.stat()
+    os.utime(flair, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    third = prepare_dataset(cfg, TINY, progress=False)
+    assert third.n_built == 1
+    for e in third.entries:
+        same = (e.path / "meta.json").stat().st_mtime_ns == stamps[e.case_id]
+        assert same == (e.case_id != changed)
+    # a changed preprocessing config is a separate cache (per resolution) and rebuilds there
+    other = prepare_dataset(cfg, type(TINY)(name="tiny", spacing_mm=4.0, shape=[48, 56, 48]), progress=False)
+    assert other.n_built == 3
+
+
+def test_split_is_deterministic_and_disjoint():
+    ids = [f"case{i:03d}" for i in range(40)]
+    a = make_split(ids, 0.15, 0.2, seed=3)
+    b = make_split(list(reversed(ids)), 0.15, 0.2, seed=3)
+    assert a == b
+    assert len(a["test"]) == 8 and len(a["val"]) == 6 and len(a["train"]) == 26
+    assert not set(a["test"]) & (set(a["train"]) | set(a["val"]))
+    c = make_split(ids, 0.15, 0.2, seed=4)
+    assert c["test"] != a["test"]
+    # adding a case keeps most of the test set where it was
+    d = make_split(ids + ["case999"], 0.15, 0.2, seed=3)
+    assert len(set(d["test"]) & set(a["test"])) >= 7
+
+
+def test_incomplete_entry_is_never_read(synthetic_root, tmp_path):
+    cfg = data_config(synthetic_root["brats2021"], "brats2021", tmp_path)
+    ds = prepare_dataset(cfg, TINY, progress=False)
+    entry = ds.entries[0]
+    (entry.path / "meta.json").unlink()  # as if the process died before the entry was complete
+    assert load_entry_meta(entry.path) is None
+    again = prepare_dataset(cfg, TINY, progress=False)
+    assert again.n_built == 1
+    assert load_entry_meta(entry.path)["case_id"] == entry.case_id
