@@ -8,6 +8,7 @@ Hydra composes ``configs/`` on top of these dataclasses (registered in the Confi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -25,7 +26,13 @@ __all__ = [
     "BenchmarkConfig",
     "PrepareConfig",
     "TrainConfig",
+    "EvaluateScriptConfig",
+    "PredictScriptConfig",
+    "ScoreScriptConfig",
     "register_configs",
+    "config_to_dict",
+    "config_from_dict",
+    "flatten_config",
 ]
 
 MODALITIES = ("flair", "t1", "t1ce", "t2")  # project channel order, whatever the layout
@@ -123,10 +130,10 @@ class DistributeConfig:
 
 @dataclass
 class EvaluateConfig:
-    split: str = "test"  # val | test | all
-    mode: str = "whole"  # whole | sliding
-    threshold: float = 0.5
-    overlays: bool = True
+    mode: str = "whole"  # whole | sliding (windows, for volumes that do not fit at once)
+    threshold: float = 0.5  # on the sigmoid probability, after resampling to the native grid
+    overlays: bool = True  # a PNG per case: three slices with reference and prediction contours
+    window: List[int] = field(default_factory=list)  # sliding window (x,y,z); empty = half the network grid
     window_overlap: float = 0.5  # sliding mode: fraction of the window shared by neighbours
 
 
@@ -160,11 +167,43 @@ class TrainConfig:
     lms: LMSConfig = field(default_factory=LMSConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     distribute: DistributeConfig = field(default_factory=DistributeConfig)
-    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     run_dir: str = ""  # empty = Hydra's output dir for this run
     run_name: str = ""  # empty = derived from data/resolution/model/backend
+
+
+@dataclass
+class EvaluateScriptConfig:
+    """Config of ``scripts/evaluate.py``."""
+
+    run_dir: str = ""  # required: the training run's output folder
+    split: str = "test"  # val | test | all
+    checkpoint: str = "best"  # best (by val Dice) | last
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+
+
+@dataclass
+class PredictScriptConfig:
+    """Config of ``scripts/predict.py``."""
+
+    run_dir: str = ""  # required: the training run whose best model predicts
+    input: str = ""  # required: a case folder, an MSD 4D file, a .txt list of either, or a dataset root
+    output: str = ""  # required: folder for <case_id>.nii.gz masks
+    checkpoint: str = "best"
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+
+
+@dataclass
+class ScoreScriptConfig:
+    """Config of ``scripts/score.py``: score existing masks, no model."""
+
+    pred_dir: str = ""  # required: <case_id>.nii.gz masks in the layout's labels
+    ref_dir: str = ""  # required: the dataset root holding the reference label files
+    out: str = ""  # CSV path; empty = <pred_dir>/metrics.csv
+    data: DataConfig = field(default_factory=DataConfig)
 
 
 def register_configs() -> None:
@@ -174,3 +213,36 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="prepare_schema", node=PrepareConfig)
+    cs.store(name="evaluate_schema", node=EvaluateScriptConfig)
+    cs.store(name="predict_schema", node=PredictScriptConfig)
+    cs.store(name="score_schema", node=ScoreScriptConfig)
+
+
+def config_to_dict(cfg) -> dict:
+    """Plain nested dict of a config dataclass (JSON-able)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(cls, values: dict):
+    """Rebuild a config dataclass from :func:`config_to_dict` output (unknown keys rejected)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys {unknown}; was this run written by a newer brats-seg?")
+    kwargs = {}
+    for name, value in values.items():
+        default = fields[name].default_factory() if fields[name].default_factory is not dataclasses.MISSING else None
+        kwargs[name] = config_from_dict(type(default), value) if dataclasses.is_dataclass(default) else value
+    return cls(**kwargs)
+
+
+def flatten_config(cfg, prefix: str = "") -> dict[str, object]:
+    """``{"data.root": ..., "model.depth": ...}``: the flattened config, e.g. for MLflow params."""
+    out: dict[str, object] = {}
+    for key, value in config_to_dict(cfg).items() if dataclasses.is_dataclass(cfg) else cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten_config(value, name + "."))
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,147 @@
+"""Backends: environment first, TensorFlow second.
+
+oneDNN, thread pools, the GPU allocator and the log level only take effect if set before
+TensorFlow is imported. Entry points therefore call :func:`configure` before anything
+imports tensorflow; it sets the environment, then imports TensorFlow and applies the
+runtime switches (threads, memory growth, mixed-precision policy), and returns what it
+resolved (``auto`` picks a GPU if one is visible, else ``cpu_onednn``, and logs why).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from brats_seg.config import BackendConfig
+
+__all__ = ["BackendError", "ResolvedBackend", "configure", "configure_environment", "physical_cores", "device_memory_bytes"]
+
+log = logging.getLogger(__name__)
+
+_POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}
+
+
+class BackendError(RuntimeError):
+    """The requested backend cannot run here; the message says which one can."""
+
+
+@dataclass(frozen=True)
+class ResolvedBackend:
+    """What :func:`configure` set up.
+
+    Attributes:
+        name: cpu_onednn | gpu | gpu_lms (never auto).
+        device: ``GPU`` or ``CPU``.
+        precision: fp32 | fp16 | bf16.
+        policy: the Keras dtype policy (float32, mixed_float16, mixed_bfloat16).
+        n_gpus: visible GPUs.
+        intra_op_threads, inter_op_threads: thread pools.
+        reason: why ``auto`` chose this backend (empty otherwise).
+    """
+
+    name: str
+    device: str
+    precision: str
+    policy: str
+    n_gpus: int
+    intra_op_threads: int
+    inter_op_threads: int
+    reason: str = ""
+
+
+def physical_cores() -> int:
+    """Physical CPU cores (hyper-threads excluded), at least 1."""
+    import psutil
+
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def configure_environment(cfg: BackendConfig) -> None:
+    """Set the environment switches that TensorFlow reads at import. Imports nothing heavy."""
+    if cfg.precision not in _POLICIES:
+        raise BackendError(f"backend.precision={cfg.precision!r}: use one of {', '.join(_POLICIES)}.")
+    if cfg.name not in ("auto", "gpu", "gpu_lms", "cpu_onednn"):
+        raise BackendError(f"backend={cfg.name!r}: use one of auto, gpu, gpu_lms, cpu_onednn.")
+    if "tensorflow" in sys.modules:
+        log.warning("TensorFlow was imported before backend.configure: oneDNN/thread/log switches may not apply")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", str(cfg.log_level))
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if cfg.onednn else "0"
+    if cfg.name == "cpu_onednn":
+        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # a CPU run stays on the CPU even on a GPU box
+    threads = cfg.intra_op_threads or physical_cores()
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    if cfg.xla and cfg.name == "gpu":
+        os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_auto_jit=2")
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of GPU 0 (via nvidia-smi) or the RAM available now on CPU, in bytes."""
+    if device == "GPU" and shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout
+            return int(out.split()[0]) * 1024 * 1024
+        except (subprocess.SubprocessError, ValueError, IndexError):
+            log.warning("nvidia-smi did not report GPU memory; assuming 16 GB")
+            return 16 * 1024**3
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def configure(cfg: BackendConfig) -> ResolvedBackend:
+    """Set the environment, import TensorFlow, apply threads/memory growth/precision.
+
+    Raises:
+        BackendError: ``gpu``/``gpu_lms`` without a visible GPU, or fp16 on CPU.
+    """
+    configure_environment(cfg)
+    import keras
+    import tensorflow as tf
+
+    threads = cfg.intra_op_threads or physical_cores()
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(cfg.inter_op_threads)
+    except RuntimeError:
+        log.warning("TensorFlow already initialised; thread pools left as they are")
+    gpus = tf.config.list_physical_devices("GPU")
+    name, reason = cfg.name, ""
+    if name == "auto":
+        name = "gpu" if gpus else "cpu_onednn"
+        reason = f"{len(gpus)} GPU(s) visible" if gpus else "no GPU visible"
+        log.info("backend=auto chose %s (%s)", name, reason)
+    if name in ("gpu", "gpu_lms") and not gpus:
+        raise BackendError(
+            f"backend={name} needs a GPU, and TensorFlow sees none here. Use backend=cpu_onednn "
+            "(with lms=recompute to fit a RAM budget), or check the CUDA install (pip install '.[gpu]')."
+        )
+    for gpu in gpus:
+        if cfg.memory_growth:
+            try:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError:
+                log.warning("GPUs already initialised; memory growth left as it is")
+    if cfg.precision == "fp16" and not gpus:
+        raise BackendError("backend.precision=fp16 needs a GPU; on CPU use fp32 or bf16.")
+    policy = _POLICIES[cfg.precision]
+    keras.mixed_precision.set_global_policy(policy)
+    resolved = ResolvedBackend(
+        name=name,
+        device="GPU" if name != "cpu_onednn" else "CPU",
+        precision=cfg.precision,
+        policy=policy,
+        n_gpus=len(gpus),
+        intra_op_threads=threads,
+        inter_op_threads=cfg.inter_op_threads,
+        reason=reason,
+    )
+    log.info("backend %s on %s, policy %s, %d intra-op threads", name, resolved.device, policy, threads)
+    return resolved
