@@ -1,0 +1,313 @@
+"""tf.data pipelines over the preprocessing cache: deterministic, resumable, memory-mapped.
+
+A cache entry is a folder per case holding ``image.npy`` (float16, ``(x, y, z, 4)``:
+FLAIR, T1, T1ce, T2) and ``regions.npy`` (uint8, ``(x, y, z, 3)``: WT, TC, ET), written by
+``brats_seg.data.cache``. Arrays are opened with ``mmap_mode="r"`` and read one case at a
+time, so the dataset never sits in memory. Elements are channels-last float32
+``image (B, x, y, z, in_channels)`` and ``regions (B, x, y, z, out_channels)``.
+
+Training is a pure function of ``(case_dirs, seed)``: epoch ``e`` visits the cases in the
+order ``default_rng([seed, e]).permutation(n)`` (its first ``steps * batch_size``), and the
+augmentation of the case at position ``p`` of epoch ``e`` is drawn from a stateless seed
+``(seed, e, p)``. A run resumed with ``initial_epoch=k`` therefore sees exactly the batches
+an uninterrupted run sees from epoch ``k`` on, and batches never straddle epochs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = [
+    "IMAGE_FILE",
+    "REGIONS_FILE",
+    "make_train_dataset",
+    "make_eval_dataset",
+    "steps_per_epoch",
+]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_FILE = "image.npy"  # float16 (x, y, z, 4): FLAIR, T1, T1ce, T2
+REGIONS_FILE = "regions.npy"  # uint8 (x, y, z, 3): WT, TC, ET
+CACHE_CHANNELS = {IMAGE_FILE: 4, REGIONS_FILE: 3}
+CACHE_DTYPES = {IMAGE_FILE: np.float16, REGIONS_FILE: np.uint8}
+FLIP_PROBABILITY = 0.5  # L-R flip along x
+SCALE_RANGE = 0.1  # intensity scale in [1 - 0.1, 1 + 0.1], per channel
+SHIFT_RANGE = 0.1  # intensity shift in [-0.1, 0.1] (z-scored units), per channel
+
+
+# ---------------------------------------------------------------------------------------
+# Counting
+# ---------------------------------------------------------------------------------------
+
+
+def steps_per_epoch(n_cases: int, batch_size: int, max_steps: int | None = None) -> int:
+    """Batches per training epoch: ``n_cases // batch_size`` (remainder dropped), capped.
+
+    Args:
+        n_cases: number of training cases.
+        batch_size: cases per batch.
+        max_steps: optional cap (``trainer.steps_per_epoch``); None or 0 = no cap.
+
+    Returns:
+        Steps per epoch (>= 1). Pass the same ``max_steps`` to :func:`make_train_dataset`
+        so that Keras' epochs and the dataset's epochs line up.
+
+    Raises:
+        ValueError: fewer cases than one batch, or a bad batch size / cap.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    if n_cases < batch_size:
+        raise ValueError(
+            f"{n_cases} training case(s) cannot fill one batch of {batch_size}: "
+            f"lower trainer.batch_size to at most {max(n_cases, 1)} or add cases."
+        )
+    steps = n_cases // batch_size
+    if max_steps is not None and max_steps != 0:
+        if max_steps < 0:
+            raise ValueError(f"trainer.steps_per_epoch must be >= 1 or null, got {max_steps!r}.")
+        steps = min(steps, max_steps)
+    return steps
+
+
+# ---------------------------------------------------------------------------------------
+# Cache reading
+# ---------------------------------------------------------------------------------------
+
+
+def _open(case_dir: Path, filename: str) -> np.ndarray:
+    path = case_dir / filename
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"cache entry {case_dir} has no {filename}: the cache is incomplete; "
+            f"re-run scripts/prepare_data.py to rebuild it."
+        )
+    try:
+        return np.load(path, mmap_mode="r")
+    except (ValueError, OSError) as error:
+        raise ValueError(
+            f"cannot read {path} ({error}); delete {case_dir} and re-run scripts/prepare_data.py."
+        ) from error
+
+
+def _check_cases(case_dirs: Sequence[Path]) -> tuple[int, int, int]:
+    """Check every case's files (headers only) and return the common spatial shape."""
+    if not case_dirs:
+        raise ValueError("no case folders given: the split is empty; check data.root and the split file.")
+    spatial: tuple[int, ...] | None = None
+    first = case_dirs[0]
+    for case_dir in case_dirs:
+        for filename, channels in CACHE_CHANNELS.items():
+            array = _open(case_dir, filename)
+            expected_dtype = CACHE_DTYPES[filename]
+            if array.ndim != 4 or array.shape[-1] != channels or array.dtype != expected_dtype:
+                raise ValueError(
+                    f"{case_dir / filename} is {array.dtype} {array.shape}, expected "
+                    f"{np.dtype(expected_dtype)} (x, y, z, {channels}); re-run scripts/prepare_data.py."
+                )
+            if spatial is None:
+                spatial = tuple(array.shape[:3])
+            elif tuple(array.shape[:3]) != spatial:
+                raise ValueError(
+                    f"{case_dir / filename} has spatial shape {tuple(array.shape[:3])} but "
+                    f"{first} has {spatial}: the cache mixes resolutions; re-run scripts/prepare_data.py."
+                )
+    return spatial  # type: ignore[return-value]
+
+
+def _make_loader(case_dirs: Sequence[Path], in_channels: int, out_channels: int):
+    """A numpy function: case index -> (image float16 (x,y,z,in), regions uint8 (x,y,z,out))."""
+
+    def load(index) -> tuple[np.ndarray, np.ndarray]:
+        case_dir = case_dirs[int(index)]
+        image = _open(case_dir, IMAGE_FILE)[..., :in_channels]  # FLAIR is channel 0
+        regions = _open(case_dir, REGIONS_FILE)[..., :out_channels]  # WT is channel 0
+        return np.ascontiguousarray(image), np.ascontiguousarray(regions)
+
+    return load
+
+
+def _check_channels(in_channels: int, out_channels: int) -> None:
+    if in_channels not in (1, 4):
+        raise ValueError(f"in_channels must be 4 (FLAIR,T1,T1ce,T2) or 1 (FLAIR only), got {in_channels!r}.")
+    if out_channels not in (1, 3):
+        raise ValueError(f"out_channels must be 3 (WT,TC,ET) or 1 (WT only), got {out_channels!r}.")
+
+
+def _load_map(case_dirs, spatial, in_channels, out_channels):
+    """``index -> (image float32 (x,y,z,in), regions float32 (x,y,z,out))`` for ``Dataset.map``."""
+    load = _make_loader(case_dirs, in_channels, out_channels)
+
+    def load_case(index):
+        image, regions = tf.numpy_function(load, [index], [tf.float16, tf.uint8], stateful=False)
+        image = tf.ensure_shape(tf.cast(image, tf.float32), (*spatial, in_channels))
+        regions = tf.ensure_shape(tf.cast(regions, tf.float32), (*spatial, out_channels))
+        return image, regions
+
+    return load_case
+
+
+# ---------------------------------------------------------------------------------------
+# Augmentation
+# ---------------------------------------------------------------------------------------
+
+
+def augment_case(image, regions, seed):
+    """Random L-R flip (both tensors) and per-channel intensity scale/shift (image only).
+
+    Args:
+        image: ``(x, y, z, C)`` float32.
+        regions: ``(x, y, z, R)`` float32.
+        seed: ``(2,)`` int64 stateless seed; equal seeds give equal results.
+
+    Returns:
+        ``(image, regions)`` with the same shapes.
+    """
+    flip_seed, scale_seed, shift_seed = (tf.random.experimental.stateless_fold_in(seed, k) for k in range(3))
+    channels = image.shape[-1]
+    flip = tf.random.stateless_uniform((), flip_seed) < FLIP_PROBABILITY
+    image, regions = tf.cond(
+        flip,
+        lambda: (tf.reverse(image, axis=[0]), tf.reverse(regions, axis=[0])),
+        lambda: (image, regions),
+    )
+    scale = tf.random.stateless_uniform((channels,), scale_seed, 1.0 - SCALE_RANGE, 1.0 + SCALE_RANGE)
+    shift = tf.random.stateless_uniform((channels,), shift_seed, -SHIFT_RANGE, SHIFT_RANGE)
+    return image * scale + shift, regions
+
+
+def _augment_map(seed: int):
+    """``(epoch, position, image, regions) -> (image, regions)``, seeded by (seed, epoch, position)."""
+
+    def augment(epoch, position, image, regions):
+        case_seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.constant(seed, tf.int64), epoch]), position)
+        return augment_case(image, regions, case_seed)
+
+    return augment
+
+
+# ---------------------------------------------------------------------------------------
+# Datasets
+# ---------------------------------------------------------------------------------------
+
+
+def _epoch_order(n_cases: int, seed: int, epoch: int, per_epoch: int) -> np.ndarray:
+    """The case indices epoch ``epoch`` visits, in order: a pure function of (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(n_cases)[:per_epoch]
+
+
+def _index_stream(n_cases: int, seed: int, first_epoch: int, per_epoch: int) -> Iterator[tuple[int, int, int]]:
+    """Endless ``(epoch, position, case_index)`` from ``first_epoch`` on."""
+    for epoch in itertools.count(first_epoch):
+        for position, case in enumerate(_epoch_order(n_cases, seed, epoch, per_epoch)):
+            yield epoch, position, int(case)
+
+
+def _as_paths(case_dirs: Sequence[str | os.PathLike]) -> list[Path]:
+    if isinstance(case_dirs, (str, os.PathLike)):
+        raise TypeError(f"case_dirs must be a list of case folders, got the single path {case_dirs!r}.")
+    return [Path(p) for p in case_dirs]
+
+
+def _options() -> tf.data.Options:
+    options = tf.data.Options()
+    options.deterministic = True  # parallel map keeps order: needed for resume equivalence
+    return options
+
+
+def make_train_dataset(
+    case_dirs: Sequence[str | os.PathLike],
+    batch_size: int,
+    seed: int,
+    augment: bool,
+    in_channels: int = 4,
+    out_channels: int = 3,
+    initial_epoch: int = 0,
+    max_steps_per_epoch: int | None = None,
+) -> tf.data.Dataset:
+    """Endless, shuffled, augmented training batches, deterministic in ``(seed, epoch)``.
+
+    Args:
+        case_dirs: cache folders of the training cases.
+        batch_size: cases per batch.
+        seed: run seed (``trainer.seed``, >= 0): case order and augmentation derive from it.
+        augment: random L-R flip along x and per-channel intensity scale +-10%, shift +-0.1.
+        in_channels: 4 (FLAIR, T1, T1ce, T2) or 1 (FLAIR only).
+        out_channels: 3 (WT, TC, ET) or 1 (WT only).
+        initial_epoch: first epoch yielded (the resume point; Keras' ``initial_epoch``).
+        max_steps_per_epoch: cap on batches per epoch (``trainer.steps_per_epoch``);
+            Keras must be given ``steps_per_epoch(len(case_dirs), batch_size, cap)``.
+
+    Returns:
+        Dataset of ``(image float32 (B, x, y, z, in_channels), regions float32
+        (B, x, y, z, out_channels))``, repeated forever; each epoch is
+        ``steps_per_epoch(...)`` full batches.
+    """
+    paths = _as_paths(case_dirs)
+    _check_channels(in_channels, out_channels)
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}.")
+    if not isinstance(initial_epoch, (int, np.integer)) or initial_epoch < 0:
+        raise ValueError(f"initial_epoch must be an integer >= 0, got {initial_epoch!r}.")
+    steps = steps_per_epoch(len(paths), batch_size, max_steps_per_epoch)
+    spatial = _check_cases(paths)
+    per_epoch = steps * batch_size
+    seed, initial_epoch = int(seed), int(initial_epoch)
+
+    indices = tf.data.Dataset.from_generator(
+        lambda: _index_stream(len(paths), seed, initial_epoch, per_epoch),
+        output_signature=(tf.TensorSpec((), tf.int64),) * 3,
+    )
+    load_case = _load_map(paths, spatial, in_channels, out_channels)
+
+    def load(epoch, position, case):
+        return (epoch, position, *load_case(case))
+
+    ds = indices.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+    if augment:
+        ds = ds.map(_augment_map(seed), num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        ds = ds.map(lambda epoch, position, image, regions: (image, regions))
+    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    logger.info(
+        "train dataset: %d cases, %d steps/epoch of %d, shape %s, seed %d, from epoch %d, augment=%s",
+        len(paths), steps, batch_size, spatial, seed, initial_epoch, augment,
+    )
+    return ds.with_options(_options())
+
+
+def make_eval_dataset(
+    case_dirs: Sequence[str | os.PathLike],
+    batch_size: int = 1,
+    in_channels: int = 4,
+    out_channels: int = 3,
+) -> tf.data.Dataset:
+    """Every case once, in the given order, without augmentation.
+
+    Args:
+        case_dirs: cache folders of the cases.
+        batch_size: cases per batch; the last batch may be smaller.
+        in_channels: 4 (FLAIR, T1, T1ce, T2) or 1 (FLAIR only).
+        out_channels: 3 (WT, TC, ET) or 1 (WT only).
+
+    Returns:
+        Dataset of ``(image float32 (B, x, y, z, in_channels), regions float32
+        (B, x, y, z, out_channels))``.
+    """
+    paths = _as_paths(case_dirs)
+    _check_channels(in_channels, out_channels)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    spatial = _check_cases(paths)
+    ds = tf.data.Dataset.range(len(paths)).map(
+        _load_map(paths, spatial, in_channels, out_channels), num_parallel_calls=tf.data.AUTOTUNE
+    )
+    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE).with_options(_options())

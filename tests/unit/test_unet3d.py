@@ -1,0 +1,255 @@
+"""3D U-Net: shapes, block/layer names, dtypes, validation, the block wrapper."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+from brats_seg.config import ModelConfig  # noqa: E402
+from brats_seg.model.unet3d import (  # noqa: E402
+    TrilinearUpSampling3D,
+    build_unet3d,
+    level_filters,
+    unet_block_names,
+)
+
+
+def _cfg(**overrides) -> ModelConfig:
+    base = dict(depth=2, base_filters=4, norm="instance", upsample="transpose", in_channels=4, out_channels=3)
+    return ModelConfig(**{**base, **overrides})
+
+
+def _forward(model, shape, batch=2, seed=0):
+    x = np.random.default_rng(seed).standard_normal((batch, *shape)).astype("float32")
+    return model(x, training=False)
+
+
+# (depth, base_filters, in, out, norm, upsample, spatial shape)
+CONFIGS = [
+    (2, 4, 4, 3, "instance", "transpose", (16, 16, 16)),
+    (2, 6, 1, 1, "group", "trilinear", (32, 24, 16)),
+    (3, 4, 1, 3, "batch", "transpose", (16, 24, 8)),
+    (3, 6, 4, 1, "instance", "trilinear", (8, 16, 24)),
+    (1, 5, 4, 3, "group", "transpose", (6, 10, 4)),
+    (2, 3, 4, 3, "batch", "trilinear", (12, 8, 4)),
+]
+
+
+@pytest.mark.parametrize("depth,base,c_in,c_out,norm,upsample,shape", CONFIGS)
+def test_output_shape_and_range(depth, base, c_in, c_out, norm, upsample, shape):
+    cfg = _cfg(depth=depth, base_filters=base, in_channels=c_in, out_channels=c_out, norm=norm, upsample=upsample)
+    model = build_unet3d(cfg, shape)
+    assert model.input_shape == (None, *shape, c_in)
+    assert model.output_shape == (None, *shape, c_out)
+    y = _forward(model, (*shape, c_in)).numpy()
+    assert y.shape == (2, *shape, c_out)
+    assert y.dtype == np.float32
+    assert np.all((y >= 0) & (y <= 1))
+
+
+def test_block_names_in_forward_order():
+    assert unet_block_names(1) == ["enc0", "bottleneck", "dec0", "head"]
+    assert unet_block_names(3) == ["enc0", "enc1", "enc2", "bottleneck", "dec2", "dec1", "dec0", "head"]
+    with pytest.raises(ValueError, match="depth"):
+        unet_block_names(0)
+
+
+def test_every_layer_is_named_after_its_block():
+    cfg = _cfg(depth=3, upsample="trilinear")
+    model = build_unet3d(cfg, (16, 16, 8))
+    blocks = unet_block_names(3)
+    names = [layer.name for layer in model.layers if layer.name != "image"]
+    prefixes = {name.split("_")[0] for name in names}
+    assert prefixes == set(blocks)
+    for expected in (
+        "enc0_conv1", "enc0_norm1", "enc0_relu1", "enc0_conv2", "enc1_pool", "enc2_norm2",
+        "bottleneck_pool", "bottleneck_conv2", "dec2_up", "dec2_upconv", "dec2_concat",
+        "dec0_conv2", "head_conv", "head_sigmoid",
+    ):
+        model.get_layer(expected)  # raises if missing
+    assert "enc0_pool" not in names  # enc0 works on the input directly
+
+
+def test_block_structure_filters_and_bias():
+    depth, base = 3, 6
+    model = build_unet3d(_cfg(depth=depth, base_filters=base, upsample="transpose"), (16, 16, 16))
+    filters = level_filters(base, depth)
+    assert filters == [6, 12, 24, 48]
+    for level in range(depth):
+        for block in (f"enc{level}", f"dec{level}"):
+            for i in (1, 2):
+                conv = model.get_layer(f"{block}_conv{i}")
+                assert conv.filters == filters[level]
+                assert conv.kernel_size == (3, 3, 3)
+                assert conv.use_bias is False  # a norm follows
+        up = model.get_layer(f"dec{level}_up")
+        assert isinstance(up, keras.layers.Conv3DTranspose)
+        assert up.filters == filters[level] and up.strides == (2, 2, 2)
+    assert model.get_layer("bottleneck_conv1").filters == filters[depth]
+    assert isinstance(model.get_layer("bottleneck_pool"), keras.layers.MaxPooling3D)
+    # skip of dec{l} is enc{l}: concat input channels = F_l (up) + F_l (skip)
+    assert model.get_layer("dec0_concat").output.shape[-1] == 2 * filters[0]
+
+
+def test_trilinear_decoder_uses_upsampling_then_1x1_conv():
+    model = build_unet3d(_cfg(depth=2, base_filters=4, upsample="trilinear"), (8, 8, 8))
+    assert isinstance(model.get_layer("dec1_up"), TrilinearUpSampling3D)
+    upconv = model.get_layer("dec1_upconv")
+    assert upconv.kernel_size == (1, 1, 1) and upconv.filters == 8
+
+
+def _linear_upsample_axis(x: np.ndarray, axis: int) -> np.ndarray:
+    """Half-pixel-centre linear interpolation x2 along one axis, edges clamped."""
+    n = x.shape[axis]
+    src = np.clip((np.arange(2 * n) + 0.5) / 2 - 0.5, 0, n - 1)
+    return np.apply_along_axis(lambda v: np.interp(src, np.arange(n), v), axis, x)
+
+
+def test_trilinear_upsampling_matches_reference():
+    x = np.random.default_rng(1).standard_normal((2, 3, 4, 5, 2)).astype("float32")
+    expected = x
+    for axis in (1, 2, 3):
+        expected = _linear_upsample_axis(expected, axis)
+    got = TrilinearUpSampling3D()(x).numpy()
+    assert got.shape == (2, 6, 8, 10, 2)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    # same as tf.image.resize(bilinear) per axis pair: (y, z) then (x, .)
+    yz = tf.image.resize(x.reshape(2 * 3, 4, 5, 2), (8, 10), method="bilinear").numpy().reshape(2, 3, 8 * 10, 2)
+    xyz = tf.image.resize(yz, (6, 80), method="bilinear").numpy().reshape(2, 6, 8, 10, 2)
+    np.testing.assert_allclose(got, xyz, atol=1e-5)
+
+
+def test_instance_norm_is_per_sample_per_channel():
+    model = build_unet3d(_cfg(norm="instance"), (8, 8, 8))
+    norm = model.get_layer("enc0_norm1")
+    assert norm.groups == 4  # groups=-1 resolved to one group per channel (F_0 = 4)
+    x = np.random.default_rng(2).standard_normal((2, 4, 5, 6, 4)).astype("float32") * 3 + 1
+    mean = x.mean(axis=(1, 2, 3), keepdims=True)
+    var = x.var(axis=(1, 2, 3), keepdims=True)
+    np.testing.assert_allclose(norm(x).numpy(), (x - mean) / np.sqrt(var + norm.epsilon), atol=1e-4)
+
+
+def test_group_norm_groups_are_clamped_to_divide_channels():
+    model = build_unet3d(_cfg(norm="group", groups=8, base_filters=6, depth=2), (8, 8, 8))
+    # channels 6, 12, 24 -> largest divisor <= 8: 6, 6, 8
+    assert model.get_layer("enc0_norm1").groups == 6
+    assert model.get_layer("enc1_norm1").groups == 6
+    assert model.get_layer("bottleneck_norm2").groups == 8
+    assert isinstance(build_unet3d(_cfg(norm="batch"), (8, 8, 8)).get_layer("dec0_norm1"), keras.layers.BatchNormalization)
+
+
+@pytest.fixture
+def policy():
+    """Set a global dtype policy for one test; always back to float32 afterwards."""
+    try:
+        yield keras.mixed_precision.set_global_policy
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("upsample", ["transpose", "trilinear"])
+def test_output_is_float32_under_mixed_float16(policy, upsample):
+    policy("mixed_float16")
+    model = build_unet3d(_cfg(upsample=upsample), (8, 8, 8))
+    assert model.get_layer("enc0_conv1").compute_dtype == "float16"
+    assert model.get_layer("dec0_up").compute_dtype == "float16"
+    assert model.get_layer("head_conv").compute_dtype == "float32"
+    assert model.get_layer("head_sigmoid").compute_dtype == "float32"
+    assert model.output.dtype == "float32"
+    if tf.config.list_physical_devices("GPU"):  # TF has no float16 MaxPool3D kernel on CPU
+        assert _forward(model, (8, 8, 8, 4)).dtype == tf.float32
+
+
+@pytest.mark.parametrize("upsample", ["transpose", "trilinear"])
+def test_forward_is_float32_under_mixed_bfloat16(policy, upsample):
+    policy("mixed_bfloat16")  # the CPU mixed-precision path (backend.precision=bf16)
+    model = build_unet3d(_cfg(upsample=upsample, norm="group", groups=2), (8, 8, 8))
+    y = _forward(model, (8, 8, 8, 4))
+    assert y.dtype == tf.float32
+    assert np.all(np.isfinite(y.numpy()))
+
+
+def test_policy_is_reset_after_mixed_precision_test():
+    assert keras.mixed_precision.global_policy().name == "float32"
+
+
+@pytest.mark.parametrize(
+    "overrides,shape,match",
+    [
+        ({"depth": 3}, (20, 16, 16), r"\(20, 16, 16\).*2\*\*depth = 8.*model.depth=3.*\(16, 16, 16\) or \(24, 16, 16\)"),
+        ({"depth": 2}, (6, 8, 8), r"\(6, 8, 8\).*\(4, 8, 8\) or \(8, 8, 8\)"),
+        ({"in_channels": 2}, (8, 8, 8), "in_channels.*got 2"),
+        ({"out_channels": 4}, (8, 8, 8), "out_channels.*got 4"),
+        ({"norm": "layer"}, (8, 8, 8), "norm.*instance, group, batch.*'layer'"),
+        ({"upsample": "nearest"}, (8, 8, 8), "upsample.*'nearest'"),
+        ({"depth": 0}, (8, 8, 8), "depth.*got 0"),
+        ({"base_filters": 0}, (8, 8, 8), "base_filters.*got 0"),
+        ({}, (8, 8), "three positive integers"),
+    ],
+)
+def test_validation_errors(overrides, shape, match):
+    with pytest.raises(ValueError, match=match):
+        build_unet3d(_cfg(**overrides), shape)
+
+
+def test_block_wrapper_sees_every_block_in_order_with_built_layers():
+    depth = 3
+    calls = []
+
+    def wrapper(name, block, inputs):
+        calls.append((name, len(inputs)))
+        assert block.name == name
+        assert all(layer.built for layer in block.layers)  # created and built outside the wrapper
+        assert all(layer.name.startswith(f"{name}_") for layer in block.layers)
+        return block(*inputs)
+
+    cfg = _cfg(depth=depth, upsample="trilinear")
+    wrapped = build_unet3d(cfg, (16, 16, 8), block_wrapper=wrapper)
+    assert [name for name, _ in calls] == unet_block_names(depth)
+    assert {name: n for name, n in calls if name.startswith("dec")} == {f"dec{l}": 2 for l in range(depth)}
+    assert all(n == 1 for name, n in calls if not name.startswith("dec"))
+    plain = build_unet3d(cfg, (16, 16, 8))
+    assert [w.shape for w in wrapped.weights] == [w.shape for w in plain.weights]
+
+
+class _RecomputeBlock(keras.layers.Layer):
+    """What an LMS wrapper does: run a block's forward under a custom gradient."""
+
+    def __init__(self, block):
+        super().__init__(name=f"{block.name}_recompute")
+        self.block = block
+        self.block_layers = list(block.layers)  # tracked: the weights stay in the model
+        self.built = True
+
+    def call(self, inputs):
+        return tf.recompute_grad(lambda *xs: self.block(*xs))(*inputs)
+
+
+def test_recompute_wrapper_gives_the_same_outputs_and_gradients():
+    cfg = _cfg(depth=2, upsample="trilinear")
+    plain = build_unet3d(cfg, (8, 8, 8))
+    wrapped = build_unet3d(cfg, (8, 8, 8), block_wrapper=lambda name, block, inputs: _RecomputeBlock(block)(inputs))
+    wrapped.set_weights(plain.get_weights())
+    x = np.random.default_rng(3).standard_normal((2, 8, 8, 8, 4)).astype("float32")
+
+    def value_and_grads(model):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x, training=True) ** 2)
+        return loss, tape.gradient(loss, model.trainable_weights)
+
+    loss_a, grads_a = value_and_grads(plain)
+    loss_b, grads_b = value_and_grads(wrapped)
+    np.testing.assert_allclose(loss_a.numpy(), loss_b.numpy(), rtol=1e-6)
+    for a, b in zip(grads_a, grads_b):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_save_and_load_keras_file(tmp_path):
+    model = build_unet3d(_cfg(upsample="trilinear", norm="group", groups=3), (8, 8, 8))
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(_forward(loaded, (8, 8, 8, 4)).numpy(), _forward(model, (8, 8, 8, 4)).numpy(), atol=1e-6)
