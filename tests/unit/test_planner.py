@@ -1,0 +1,396 @@
+"""Unit tests of the LMS memory planner (pure Python, no TensorFlow)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from brats_seg.config import ModelConfig, TrainConfig
+from brats_seg.lms.planner import (
+    MemoryModel,
+    Plan,
+    PlanDoesNotFitError,
+    compare_strategies,
+    compute_network_cost,
+    estimate_peak,
+    fit_memory_model,
+    parse_limit,
+    plan_lms,
+    plan_lms_from_config,
+    simulate,
+)
+
+FULL = (192, 224, 160)
+HALF = (96, 112, 80)
+GB = 10**9
+
+
+def peaks(cfg: ModelConfig, shape, batch: int = 1, policy: str = "float32", **kwargs) -> dict[str, int]:
+    """Predicted peak per strategy (auto only when it fits)."""
+    out = compare_strategies(cfg, shape, batch, policy, "adam", 10**15, **kwargs)
+    return {k: v["predicted_peak_bytes"] for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# parse_limit
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, device_bytes, expected",
+    [
+        ("16GB", None, 16 * 10**9),
+        ("16GiB", None, 16 * 2**30),
+        ("16 gib", None, 16 * 2**30),
+        ("512MB", None, 512 * 10**6),
+        ("512MiB", None, 512 * 2**20),
+        ("1.5GB", None, 1_500_000_000),
+        ("1.5e10", None, 15_000_000_000),
+        ("12345", None, 12345),
+        ("2048B", None, 2048),
+        ("0.8", 10 * 10**9, 8 * 10**9),
+        ("1.0", 10 * 10**9, 10 * 10**9),
+        ("1", 10 * 10**9, 10 * 10**9),
+        (0.5, 4 * 10**9, 2 * 10**9),
+        (12345, None, 12345),
+    ],
+)
+def test_parse_limit(text, device_bytes, expected):
+    assert parse_limit(text, device_bytes) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "16XB", "-5GB", "16 G B", "0", "0GB", "1e", True])
+def test_parse_limit_rejects_junk(text):
+    with pytest.raises(ValueError, match="lms.limit"):
+        parse_limit(text, 10 * GB)
+
+
+def test_parse_limit_fraction_needs_device_size():
+    with pytest.raises(ValueError, match="device size is unknown"):
+        parse_limit("0.8", None)
+
+
+# ---------------------------------------------------------------------------------------
+# The memory model
+# ---------------------------------------------------------------------------------------
+
+
+def test_hand_count_tiny_network():
+    """depth 1, base 2, 4x4x4 input, 4 -> 3 channels, float32, batch 1, instance norm.
+
+    Level 0: 64 voxels, level 1: 8 voxels; an F-channel float32 tensor is 256*F (level 0)
+    or 32*F (level 1) bytes; instance-norm stats are B*C*2 float32 (mean, 1/std).
+    """
+    cfg = ModelConfig(depth=1, base_filters=2)
+    net = compute_network_cost(cfg, (4, 4, 4), 1, "float32", "adam")
+    assert net.block_names == ["enc0", "bottleneck", "dec0", "head"]
+    saved = {b.name: b.keep_saved_bytes for b in net.blocks}
+    # enc0: image (4ch, 1024) for conv1; c1, r1, c2, r2 (2ch, 512 each); 2 norm stats (16 each)
+    assert saved["enc0"] == 1024 + 4 * 512 + 2 * 16
+    # bottleneck: pool in (enc0 out, 512) and out (2ch@l1, 64); c1, r1, c2, r2 (4ch@l1, 128 each); stats 32 each
+    assert saved["bottleneck"] == 512 + 64 + 4 * 128 + 2 * 32
+    # dec0: transpose-conv input (128); concat out (4ch, 1024); c1, r1, c2, r2 (512 each); stats 16 each
+    assert saved["dec0"] == 128 + 1024 + 4 * 512 + 2 * 16
+    # head: conv input (dec0 out, 512) and the sigmoid output (3ch float32, 768)
+    assert saved["head"] == 512 + 768
+    # Parameters: convs without bias under a norm; norms gamma+beta; up and head convs with bias.
+    enc0 = 27 * 4 * 2 + 4 + 27 * 2 * 2 + 4
+    bottleneck = 27 * 2 * 4 + 8 + 27 * 4 * 4 + 8
+    dec0 = (8 * 4 * 2 + 2) + 27 * 4 * 2 + 4 + 27 * 2 * 2 + 4
+    head = 2 * 3 + 3
+    assert net.params == net.trainable_params == enc0 + bottleneck + dec0 + head
+    assert net.persistent["weight_bytes"] == 4 * net.params
+    assert net.persistent["optimizer_slot_bytes"] == 2 * 4 * net.params  # adam
+
+    # All keep, at the loss step every saved tensor is alive once (shared ones counted once):
+    # enc0 internals 3*512+32 and its output 512; bottleneck internals 64+3*128+64 and output 128;
+    # dec0 internals 1024+3*512+32 and output 512; head output 768. The image is in data_bytes.
+    timeline = simulate(net, ["keep"] * 4, size_bytes=0, prefetch=1)
+    loss_step = timeline.steps.index("loss")
+    expected_kept = (3 * 512 + 32 + 512) + (64 + 3 * 128 + 64 + 128) + (1024 + 3 * 512 + 32 + 512) + 768
+    assert timeline.kept_bytes[loss_step] == expected_kept
+
+
+def test_norm_saves_float32_copy_under_mixed_precision():
+    cfg = ModelConfig(depth=1, base_filters=2)
+    f32 = compute_network_cost(cfg, (4, 4, 4), 1, "float32")
+    bf16 = compute_network_cost(cfg, (4, 4, 4), 1, "mixed_bfloat16")
+    # enc0 under bf16: cast image (4ch*64*2) for conv1, r1 and r2 in bf16 (2ch*64*2 each),
+    # two float32 norm inputs (2ch*64*4 each) and stats.
+    assert bf16.blocks[0].keep_saved_bytes == 512 + 2 * 256 + 2 * 512 + 2 * 16
+    assert bf16.blocks[0].keep_saved_bytes < f32.blocks[0].keep_saved_bytes
+    shape = (64, 64, 64)
+    assert estimate_peak(cfg, shape, 1, "mixed_bfloat16").peak_bytes < estimate_peak(cfg, shape, 1).peak_bytes
+
+
+@pytest.mark.parametrize("strategy", ["off", "recompute", "offload"])
+def test_peak_grows_with_batch_and_resolution(strategy):
+    cfg = ModelConfig()
+    by_batch = [estimate_peak(cfg, HALF, b, strategy=strategy).peak_bytes for b in (1, 2, 4)]
+    assert by_batch == sorted(by_batch) and len(set(by_batch)) == 3
+    by_shape = [estimate_peak(cfg, s, 1, strategy=strategy).peak_bytes for s in ((48, 48, 48), HALF, FULL)]
+    assert by_shape == sorted(by_shape) and len(set(by_shape)) == 3
+
+
+@pytest.mark.parametrize(
+    "cfg, shape, policy",
+    [
+        (ModelConfig(), FULL, "float32"),
+        (ModelConfig(), HALF, "mixed_float16"),
+        (ModelConfig(norm="group", upsample="trilinear"), HALF, "float32"),
+        (ModelConfig(depth=3, base_filters=8), (48, 56, 40), "float32"),
+        (ModelConfig(depth=2, base_filters=32, norm="group", groups=4), (64, 64, 64), "mixed_bfloat16"),
+    ],
+)
+def test_recompute_below_off_and_offload_not_above_recompute(cfg, shape, policy):
+    p = peaks(cfg, shape, 1, policy)
+    assert p["recompute"] < p["off"]
+    assert p["offload"] <= p["recompute"]
+
+
+def test_offload_peak_grows_with_prefetch():
+    cfg = ModelConfig()
+    by_prefetch = [estimate_peak(cfg, FULL, 1, strategy="offload", prefetch=k).peak_bytes for k in (0, 1, 3, 20)]
+    assert by_prefetch == sorted(by_prefetch)
+
+
+def test_mixed_precision_below_float32():
+    p32, p16 = peaks(ModelConfig(), FULL, 1, "float32"), peaks(ModelConfig(), FULL, 1, "fp16")
+    assert p16["off"] < p32["off"]
+
+
+def test_full_resolution_is_plausible():
+    """The issue: 16 filters at 192x224x160 need ~10-14 GB in float32 at batch 1 and train
+    at ~12 GB process memory on CPU; accept 12 GB +- 20% before calibration."""
+    t = estimate_peak(ModelConfig(depth=4, base_filters=16, norm="instance"), FULL, 1, "float32")
+    assert 0.8 * 12 * GB <= t.peak_bytes <= 1.2 * 12 * GB
+    assert t.peak_at.startswith("backward")
+
+
+def test_memory_model_rejects_bad_coefficients():
+    with pytest.raises(ValueError, match="activation_factor"):
+        MemoryModel(activation_factor=-1)
+    with pytest.raises(ValueError, match="norm_saved_tensors"):
+        MemoryModel(norm_saved_tensors=0.5)
+
+
+def test_fit_memory_model_recovers_coefficients():
+    truth = MemoryModel(runtime_bytes=1_500_000_000, activation_factor=1.2)
+    workloads = [
+        {"model_cfg": ModelConfig(), "input_shape": HALF, "batch_size": 1},
+        {"model_cfg": ModelConfig(), "input_shape": HALF, "batch_size": 4},
+        {"model_cfg": ModelConfig(), "input_shape": FULL, "batch_size": 1},
+    ]
+    samples = [(w, estimate_peak(**w, memory_model=truth).peak_bytes) for w in workloads]
+    fitted = fit_memory_model(samples)
+    assert fitted.activation_factor == pytest.approx(1.2, rel=1e-3)
+    assert fitted.runtime_bytes == pytest.approx(1.5e9, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------------
+# Planning
+# ---------------------------------------------------------------------------------------
+
+
+def test_auto_with_huge_limit_keeps_everything():
+    plan = plan_lms(ModelConfig(), FULL, 1, "float32", "adam", 10**15, "auto")
+    assert all(b.policy == "keep" and not b.skip_offloaded for b in plan.blocks)
+    assert plan.recomputed_flops == 0 and plan.moved_bytes == 0 and plan.overhead_s == 0
+    assert plan.predicted_peak_bytes == plan.strategies["off"]["predicted_peak_bytes"]
+
+
+@pytest.mark.parametrize(
+    "cfg, shape, batch, policy",
+    [
+        (ModelConfig(), FULL, 1, "float32"),
+        (ModelConfig(), HALF, 3, "mixed_float16"),
+        (ModelConfig(norm="group", upsample="trilinear"), HALF, 2, "float32"),
+        (ModelConfig(depth=3, base_filters=8), (48, 56, 40), 2, "mixed_bfloat16"),
+    ],
+)
+@pytest.mark.parametrize("fraction", [0.0, 0.05, 0.3, 0.6, 0.95])
+def test_auto_fits_whenever_offload_fits(cfg, shape, batch, policy, fraction):
+    p = peaks(cfg, shape, batch, policy, size_bytes=0)
+    limit = int(p["offload"] + fraction * (p["off"] - p["offload"]))
+    plan = plan_lms(cfg, shape, batch, policy, "adam", limit, "auto", size_bytes=0)
+    assert plan.fits and plan.predicted_peak_bytes <= limit
+    assert plan.overhead_s <= plan.strategies["offload"]["overhead_s"] + 1e-12
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.9])
+def test_auto_without_offload_fits_whenever_recompute_fits(fraction):
+    p = peaks(ModelConfig(), FULL, 1, allow_offload=False)
+    assert p["offload"] is None
+    limit = int(p["recompute"] + fraction * (p["off"] - p["recompute"]))
+    plan = plan_lms(ModelConfig(), FULL, 1, "float32", "adam", limit, "auto", allow_offload=False)
+    assert plan.fits and plan.predicted_peak_bytes <= limit
+
+
+@pytest.mark.parametrize("limit_gb", [1e6, 10.5, 9.0, 8.3, 6.0])
+def test_allow_offload_false_never_offloads(limit_gb):
+    try:
+        plan = plan_lms(ModelConfig(), FULL, 1, "float32", "adam", int(limit_gb * GB), "auto", allow_offload=False)
+    except PlanDoesNotFitError as err:
+        assert err.best_strategy != "offload" and "offload" not in str(err)
+        return
+    assert all(b.policy in ("keep", "recompute") and not b.skip_offloaded and b.moved_bytes == 0
+               for b in plan.blocks)
+    assert plan.strategies["offload"]["predicted_peak_bytes"] is None
+    assert plan.strategies["offload"]["reason"]
+
+
+def test_offload_strategy_needs_a_gpu():
+    with pytest.raises(ValueError, match="lms=recompute or lms=auto"):
+        plan_lms(ModelConfig(), HALF, 1, "float32", "adam", 10**15, "offload", allow_offload=False)
+
+
+def test_size_threshold_respected():
+    cfg = ModelConfig()
+    net = compute_network_cost(cfg, HALF, 1)
+    size = 20 * 10**6  # between the small deep tensors and the big shallow ones at half resolution
+    sizes = [b for b in net.tensor_bytes.values()]
+    assert min(sizes) < size < max(sizes)
+    plan = plan_lms(cfg, HALF, 1, "float32", "adam", 10**15, "offload", size_bytes=size)
+    for row, blk in zip(plan.blocks, net.blocks):
+        moved = [t for t in blk.inputs if t != "image" and net.tensor_bytes[t] >= size]
+        expected = 2 * sum(net.tensor_bytes[t] for t in moved)
+        if row.skip_offloaded:
+            assert blk.tensor_bytes[blk.skip_input] >= size
+            expected += 2 * blk.skip_bytes
+        assert row.moved_bytes == expected
+        assert row.policy == ("offload" if moved else "recompute")
+    assert any(row.moved_bytes for row in plan.blocks)
+
+    # Nothing reaches a huge threshold: offload moves nothing and predicts what recompute does.
+    huge = plan_lms(cfg, HALF, 1, "float32", "adam", 10**15, "offload", size_bytes=10**15)
+    assert huge.moved_bytes == 0 and all(b.policy == "recompute" for b in huge.blocks)
+    assert huge.predicted_peak_bytes == huge.strategies["recompute"]["predicted_peak_bytes"]
+
+
+def test_offload_strategy_sends_skips_to_host():
+    plan = plan_lms(ModelConfig(), FULL, 1, "float32", "adam", 10**15, "offload", size_bytes=0)
+    assert [b.block for b in plan.blocks if b.skip_offloaded] == ["dec3", "dec2", "dec1", "dec0"]
+    assert plan.offload_skips == {"enc0", "enc1", "enc2", "enc3"}  # the names brats_seg.lms.offload takes
+    assert not any(b.skip_offloaded for b in plan_lms(ModelConfig(), FULL, 1, "float32", "adam", 10**15,
+                                                       "recompute").blocks)
+
+
+@pytest.mark.parametrize("strategy", ["recompute", "offload", "auto"])
+def test_batch_norm_blocks_are_always_kept(strategy):
+    """Recomputing BatchNormalization updates its moving statistics twice (offload.py refuses it)."""
+    cfg = ModelConfig(norm="batch")
+    p = peaks(cfg, FULL)
+    limit = p["offload"] if strategy == "auto" else 10**15
+    plan = plan_lms(cfg, FULL, 1, "float32", "adam", limit, strategy)
+    assert all(b.policy == "keep" for b in plan.blocks if b.block != "head")
+    assert not plan.offload_skips
+
+
+def test_too_small_limit_suggests_batch_and_resolution():
+    cfg = ModelConfig()
+    one, two = peaks(cfg, FULL, 1)["offload"], peaks(cfg, FULL, 2)["offload"]
+    limit = (one + two) // 2
+    with pytest.raises(PlanDoesNotFitError) as info:
+        plan_lms(cfg, FULL, 2, "float32", "adam", limit, "auto")
+    err = info.value
+    message = str(err)
+    assert err.max_batch_size == 1 and "largest batch that fits is 1" in message
+    assert err.max_resolution == ("full", FULL) and "full 192x224x160" in message
+    assert f"{limit / 1e9:.2f} GB" in message
+    assert f"{err.smallest_peak_bytes / 1e9:.2f} GB with lms=" in message
+    assert "lower trainer.batch_size to 1" in message
+
+
+def test_much_too_small_limit_suggests_a_smaller_resolution():
+    cfg = ModelConfig()
+    limit = (peaks(cfg, HALF)["offload"] + peaks(cfg, FULL)["offload"]) // 2
+    with pytest.raises(PlanDoesNotFitError) as info:
+        plan_lms(cfg, FULL, 1, "float32", "adam", limit, "auto")
+    assert info.value.max_batch_size == 0 and "No batch size fits" in str(info.value)
+    assert info.value.max_resolution == ("half", HALF) and "half 96x112x80" in str(info.value)
+
+
+def test_fixed_strategy_over_the_limit_points_to_auto():
+    cfg = ModelConfig()
+    p = peaks(cfg, FULL)
+    limit = (p["off"] + p["offload"]) // 2
+    with pytest.raises(PlanDoesNotFitError, match="use lms=auto"):
+        plan_lms(cfg, FULL, 1, "float32", "adam", limit, "off")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"input_shape": (48, 56, 40)}, "not divisible by 2\\*\\*depth = 16"),
+        ({"policy": "float64"}, "dtype policy"),
+        ({"optimizer": "lion"}, "optimizer"),
+        ({"strategy": "swap"}, "lms strategy"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"limit_bytes": -1}, "limit_bytes"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    args = {"model_cfg": ModelConfig(), "input_shape": HALF, "batch_size": 1, "policy": "float32",
+            "optimizer": "adam", "limit_bytes": 10**15, "strategy": "auto", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        plan_lms(**args)
+
+
+def test_plan_from_train_config():
+    cfg = TrainConfig()
+    cfg.lms = dataclasses.replace(cfg.lms, name="auto", limit="0.9")
+    plan = plan_lms_from_config(cfg, device_bytes=64 * GB, allow_offload=True)
+    assert plan.limit_bytes == int(0.9 * 64 * GB) and plan.strategy == "auto"
+    assert plan.inputs["input_shape"] == list(cfg.resolution.shape) and plan.inputs["policy"] == "float32"
+
+
+# ---------------------------------------------------------------------------------------
+# The plan object
+# ---------------------------------------------------------------------------------------
+
+
+def test_json_round_trip_has_the_required_keys():
+    cfg = ModelConfig()
+    p = peaks(cfg, FULL)
+    plan = plan_lms(cfg, FULL, 1, "float32", "adam", (p["off"] + p["offload"]) // 2, "auto")
+    data = json.loads(plan.to_json())
+    assert data["limit_bytes"] == plan.limit_bytes
+    assert set(data["strategies"]) == {"off", "recompute", "offload", "auto"}
+    for summary in data["strategies"].values():
+        assert {"predicted_peak_bytes", "recomputed_flops", "moved_bytes"} <= set(summary)
+    assert [row["block"] for row in data["plan"]] == compute_network_cost(cfg, FULL, 1).block_names
+    for row in data["plan"]:
+        assert {"block", "policy", "kept_bytes", "moved_bytes", "recomputed_flops", "skip_offloaded"} <= set(row)
+    assert {"recomputed_flops", "moved_bytes", "overhead_s"} <= set(data["totals"])
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_auto_strategy_absent_with_reason_when_nothing_fits():
+    out = compare_strategies(ModelConfig(), FULL, 1, "float32", "adam", 10**8)
+    assert out["auto"]["predicted_peak_bytes"] is None and "no plan fits" in out["auto"]["reason"]
+    assert out["off"]["fits"] is False and out["off"]["predicted_peak_bytes"] > 10**8
+
+
+def test_from_dict_rejects_other_json():
+    with pytest.raises(ValueError, match="not a saved LMS plan"):
+        Plan.from_dict({"hello": 1})
+
+
+def test_format_table_names_every_block():
+    plan = plan_lms(ModelConfig(depth=3), HALF, 1, "float32", "adam", 10**15, "recompute")
+    table = plan.format_table()
+    for name in ["enc0", "enc1", "enc2", "bottleneck", "dec2", "dec1", "dec0", "head"]:
+        assert f"\n{name} " in table
+    assert "GB" in table and "GFLOP" in table and "recompute" in table
+
+
+def test_planner_does_not_import_tensorflow():
+    code = ("import sys, brats_seg.lms.planner as p; "
+            "p.plan_lms(p.ModelConfig(), (96, 112, 80), 1, 'float32', 'adam', 10**15); "
+            "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
