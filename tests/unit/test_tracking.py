@@ -1,0 +1,278 @@
+"""Tracking: MLflow runs read back with MlflowClient, resume, tracking=none, unreachable server, URIs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from brats_seg.config import TrackingConfig
+from brats_seg.tracking.mlflow import (
+    RECORD_DIR,
+    RUN_FILE,
+    Tracker,
+    artifact_location_for,
+    find_project_root,
+    git_commit,
+    make_run_name,
+    resolve_tracking_uri,
+)
+
+LOGGER = "brats_seg.tracking.mlflow"
+
+
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory) -> str:
+    """One sqlite store per module (creating the schema costs ~1-2 s); runs are told apart by id."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlruns.db"
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """Undo the environment variables the tracker sets for http stores."""
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "x")  # recorded, so teardown restores the original state...
+        monkeypatch.delenv(name)  # ...while the test starts without the variable
+
+
+def _cfg(uri: str, **kw) -> TrackingConfig:
+    kw.setdefault("experiment", "test")
+    kw.setdefault("system_metrics", False)
+    return TrackingConfig(uri=uri, **kw)
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _metric_steps(uri: str, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in _client(uri).get_metric_history(run_id, key))
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_run_is_logged_and_reads_back(store_uri, tmp_path):
+    run_dir = tmp_path / "run"
+    params = {"model.depth": 3, "resolution.shape": [48, 56, 40], "data.root": "x" * 7000, "odd key?*": 1}
+    tracker = Tracker.start(_cfg(store_uri), run_dir, "synthetic-tiny-test", params, {"backend": "cpu_onednn"})
+    tracker.log_metrics({"loss": 0.9, "val/dice_wt": 0.1}, step=1)
+    tracker.log_metrics({"loss": 0.5, "val/dice_wt": 0.4}, step=2)
+    (tmp_path / "split.json").write_text("{}")
+    (tmp_path / "overlays").mkdir()
+    (tmp_path / "overlays" / "case1.png").write_bytes(b"png")
+    tracker.log_artifact(tmp_path / "split.json")
+    tracker.log_artifacts(tmp_path / "overlays", "overlays")
+    tracker.log_text("plan table", "plan/memory.txt")
+    tracker.set_tags({"git_commit": "abc"})
+    tracker.end()
+
+    run = _client(store_uri).get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "synthetic-tiny-test"
+    assert run.data.params["model.depth"] == "3"
+    assert run.data.params["resolution.shape"] == "[48, 56, 40]"
+    assert len(run.data.params["data.root"]) == 6000 and run.data.params["data.root"].endswith("[truncated]")
+    assert run.data.params["odd key__"] == "1"
+    assert run.data.tags["backend"] == "cpu_onednn" and run.data.tags["git_commit"] == "abc"
+    assert _metric_steps(store_uri, tracker.run_id, "loss") == [1, 2]
+    assert run.data.metrics["val/dice_wt"] == pytest.approx(0.4)
+    # Artifacts beside the database, not under the cwd.
+    db_dir = Path(store_uri[len("sqlite:///"):]).parent
+    assert run.info.artifact_uri.startswith((db_dir / "mlartifacts").as_uri())
+    names = {f.path for f in _client(store_uri).list_artifacts(tracker.run_id)}
+    assert names == {"split.json", "overlays", "plan"}
+    assert (db_dir / "mlartifacts" / "test" / tracker.run_id / "artifacts" / "overlays" / "case1.png").is_file()
+
+    saved = json.loads((run_dir / RUN_FILE).read_text())
+    assert saved == {"run_id": tracker.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": store_uri,
+                     "run_name": "synthetic-tiny-test"}
+    record = run_dir / RECORD_DIR
+    assert json.loads((record / "params.json").read_text())["model.depth"] == 3
+    assert json.loads((record / "tags.json").read_text()) == {"backend": "cpu_onednn", "git_commit": "abc"}
+    assert [(m["key"], m["step"]) for m in _jsonl(record / "metrics.jsonl")] == [
+        ("loss", 1), ("val/dice_wt", 1), ("loss", 2), ("val/dice_wt", 2)]
+    assert len((record / "artifacts.txt").read_text().splitlines()) == 3
+    assert (record / "text" / "plan" / "memory.txt").read_text() == "plan table"
+
+
+def test_resume_reopens_the_same_run(store_uri, tmp_path):
+    run_dir = tmp_path / "run"
+    first = Tracker.start(_cfg(store_uri), run_dir, "resume-me", {"trainer.epochs": 2, "model.depth": 3}, {})
+    first.log_metrics({"loss": 1.0}, step=1)
+    first.log_metrics({"loss": 0.8}, step=2)
+    first.end("KILLED")
+
+    # Re-running with the same run_dir (e.g. more epochs): the run name given now is ignored.
+    second = Tracker.start(_cfg(store_uri), run_dir, "ignored-name", {"trainer.epochs": 4, "model.depth": 3,
+                                                                          "trainer.seed": 0}, {"resumed": "yes"})
+    assert second.run_id == first.run_id
+    assert _client(store_uri).get_run(second.run_id).info.status == "RUNNING"
+    second.log_metrics({"loss": 0.6}, step=3)
+    second.log_metrics({"loss": 0.5}, step=4)
+    second.end()
+
+    run = _client(store_uri).get_run(first.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "resume-me"
+    assert _metric_steps(store_uri, run.info.run_id, "loss") == [1, 2, 3, 4]
+    assert run.data.params["trainer.epochs"] == "2"  # MLflow params are immutable: the first value stays
+    assert run.data.params["trainer.seed"] == "0"  # new keys are added
+    assert run.data.tags["resumed"] == "yes"
+    assert json.loads((run_dir / RECORD_DIR / "params.json").read_text())["trainer.epochs"] == 4
+
+    # Evaluation reopens it too; the run keeps its status, evaluation's goes in a tag.
+    evaluation = Tracker.resume(run_dir)
+    assert evaluation.run_id == first.run_id
+    evaluation.log_metrics({"test/dice_wt": 0.7}, step=4)
+    evaluation.end("FAILED")
+    run = _client(store_uri).get_run(first.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["evaluation.status"] == "FAILED"
+    assert run.data.metrics["test/dice_wt"] == pytest.approx(0.7)
+
+
+def test_resume_without_run_file_is_local_only(tmp_path):
+    tracker = Tracker.resume(tmp_path / "never-tracked")
+    assert tracker.run_id is None
+    tracker.log_metrics({"test/dice_wt": 0.7})
+    tracker.end()
+    assert _jsonl(tmp_path / "never-tracked" / RECORD_DIR / "metrics.jsonl")[0]["key"] == "test/dice_wt"
+
+
+def test_tracking_none_keeps_only_the_local_record(tmp_path):
+    db = tmp_path / "should-not-exist.db"
+    run_dir = tmp_path / "run"
+    tracker = Tracker.start(_cfg(f"sqlite:///{db}", name="none"), run_dir, "offline", {"a": 1}, {"t": "v"})
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    tracker.log_params({"b": 2})
+    tracker.log_artifact(run_dir / RECORD_DIR / "params.json")
+    tracker.log_text("x", "notes.txt")
+    tracker.end()
+    assert tracker.run_id is None
+    assert not db.exists() and not (run_dir / RUN_FILE).exists() and not (tmp_path / "mlartifacts").exists()
+    record = run_dir / RECORD_DIR
+    assert json.loads((record / "params.json").read_text()) == {"a": 1, "b": 2}
+    assert json.loads((record / "tags.json").read_text()) == {"t": "v"}
+    assert _jsonl(record / "metrics.jsonl")[0]["value"] == 1.0
+    assert len((record / "artifacts.txt").read_text().splitlines()) == 2
+    assert json.loads((record / "run.json").read_text())["status"] == "FINISHED"
+
+
+def test_unreachable_server_warns_once_and_training_goes_on(tmp_path, caplog, clean_env):
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    run_dir = tmp_path / "run"
+    t0 = time.perf_counter()
+    tracker = Tracker.start(_cfg("http://127.0.0.1:9", system_metrics=True), run_dir, "unreachable",
+                            {"a": 1}, {"t": "v"})
+    (tmp_path / "f.txt").write_text("x")
+    for step in range(1, 21):
+        tracker.log_metrics({"loss": 1.0 / step}, step=step)
+    tracker.log_params({"b": 2})
+    tracker.set_tags({"u": "w"})
+    tracker.log_artifact(tmp_path / "f.txt")
+    tracker.log_text("x", "notes.txt")
+    tracker.end()
+    elapsed_s = time.perf_counter() - t0
+    logging.getLogger(__name__).info("unreachable server: start + 24 calls + end took %.2f s", elapsed_s)
+    assert elapsed_s < 30
+
+    warnings = [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    message = warnings[0].getMessage()
+    assert "http://127.0.0.1:9" in message and "Training goes on" in message and str(run_dir / RECORD_DIR) in message
+    assert tracker.run_id is None and not (run_dir / RUN_FILE).exists()
+    record = run_dir / RECORD_DIR
+    assert [m["step"] for m in _jsonl(record / "metrics.jsonl")] == list(range(1, 21))
+    assert json.loads((record / "params.json").read_text()) == {"a": 1, "b": 2}
+    assert json.loads((record / "tags.json").read_text()) == {"t": "v", "u": "w"}
+    assert len((record / "artifacts.txt").read_text().splitlines()) == 2
+
+
+def test_store_failure_mid_run_warns_once_then_stops_contacting(store_uri, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    tracker = Tracker.start(_cfg(store_uri), tmp_path / "run", "dies", {}, {})
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise ConnectionError("store went away")
+
+    tracker._client.log_batch = broken
+    for step in range(5):
+        tracker.log_metrics({"loss": 1.0}, step=step)
+    tracker.log_metrics({"not-a-number": "nan?"}, step=6)
+    tracker.log_artifact(tmp_path / "missing.txt")
+    tracker.end()
+    assert len(calls) == 1  # after the first failure the store is not contacted again
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
+    assert sum("store went away" in w for w in warnings) == 1
+    assert len(_jsonl(tmp_path / "run" / RECORD_DIR / "metrics.jsonl")) == 5
+
+
+def test_refused_call_warns_but_stays_connected(store_uri, tmp_path, caplog):
+    from mlflow.exceptions import MlflowException
+
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    tracker = Tracker.start(_cfg(store_uri), tmp_path / "run", "refused", {}, {})
+    real = tracker._client.log_batch
+
+    def refuse_once(*args, **kwargs):
+        tracker._client.log_batch = real
+        raise MlflowException("bad value", error_code=1000)  # INVALID_PARAMETER_VALUE
+
+    tracker._client.log_batch = refuse_once
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    tracker.log_metrics({"loss": 0.5}, step=2)
+    tracker.end()
+    assert _metric_steps(store_uri, tracker.run_id, "loss") == [2]
+    assert len([r for r in caplog.records if r.name == LOGGER]) == 1
+
+
+def test_system_metrics_are_logged(store_uri, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    tracker = Tracker.start(_cfg(store_uri, system_metrics=True), tmp_path / "run", "sysmetrics", {}, {})
+    time.sleep(1.0)
+    tracker.end()
+    metrics = _client(store_uri).get_run(tracker.run_id).data.metrics
+    if not any(k.startswith("system/") for k in metrics):
+        pytest.skip("no system-metrics sample within 1 s on this (busy) machine")
+    assert "system/cpu_utilization_percentage" in metrics
+
+
+def test_relative_sqlite_uri_resolves_against_the_project_root(tmp_path, monkeypatch):
+    assert resolve_tracking_uri("sqlite:///mlruns.db", root=tmp_path) == f"sqlite:///{tmp_path}/mlruns.db"
+    assert resolve_tracking_uri("sqlite:///db/x.db?mode=rw", root=tmp_path) == f"sqlite:///{tmp_path}/db/x.db?mode=rw"
+    for uri in (f"sqlite:///{tmp_path}/abs.db", "http://127.0.0.1:5000", "postgresql://u@h/db", "sqlite://"):
+        assert resolve_tracking_uri(uri, root=tmp_path) == uri
+
+    # Default root: the repository holding this test, whatever the cwd.
+    monkeypatch.chdir(tmp_path)
+    repo = Path(__file__).resolve().parents[2]
+    assert find_project_root() == repo
+    assert resolve_tracking_uri("sqlite:///mlruns.db") == f"sqlite:///{repo}/mlruns.db"
+    assert find_project_root(tmp_path) == tmp_path  # no project above: the cwd
+    assert artifact_location_for(f"sqlite:///{tmp_path}/mlruns.db", "brats seg") == \
+        (tmp_path / "mlartifacts" / "brats_seg").as_uri()
+    assert artifact_location_for("http://127.0.0.1:5000", "x") is None
+
+
+def test_run_name_and_git_commit(tmp_path):
+    name = make_run_name("synthetic", "tiny", "unet3d_d3f8", "cpu_onednn", "off", now=datetime(2024, 11, 22, 14, 30))
+    assert name == "synthetic-tiny-unet3d_d3f8-cpu_onednn-lmsoff-1122-1430"
+    assert make_run_name("my data", "2x", "u/net", "gpu_lms", "auto").startswith("my_data-2x-u_net-gpu_lms-lmsauto-")
+    commit = git_commit()
+    assert commit == "unknown" or len(commit.split("+")[0]) >= 7
+    assert git_commit(tmp_path) == "unknown"
+
+
+def test_bad_tracking_name_is_an_actionable_error(tmp_path):
+    with pytest.raises(ValueError, match="tracking=mlflow or tracking=none"):
+        Tracker.start(_cfg("sqlite:///x.db", name="wandb"), tmp_path, "x", {}, {})
+    assert os.listdir(tmp_path) == []
