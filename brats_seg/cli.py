@@ -30,11 +30,15 @@ def to_config(cfg):
 
 @contextlib.contextmanager
 def user_errors():
-    """Report data/config errors (ValueError, FileNotFoundError) as messages; exit status 2."""
-    from brats_seg.data.errors import DataError
+    """Report bad data, config and environment as messages, not tracebacks; exit status 2.
+
+    Messages of this package's ValueErrors are written for users (what, which value, what
+    to do), so they are shown as they are.
+    """
+    from brats_seg.backend import BackendError
 
     try:
         yield
-    except (DataError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, BackendError) as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None

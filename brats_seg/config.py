@@ -88,6 +88,7 @@ class TrainerConfig:
     augment: bool = True  # random flips (L-R) and intensity scale/shift
     bce_weight: float = 1.0  # loss = soft Dice + bce_weight * BCE
     val_every: int = 1  # epochs between validations
+    deterministic: bool = True  # TF op determinism: bit-identical resume; may slow some GPU kernels
 
 
 @dataclass

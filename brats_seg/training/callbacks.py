@@ -1,0 +1,131 @@
+"""Keras callbacks of a run: atomic checkpoints with resume state, early stopping, tracking.
+
+Run folder (``run_dir``)::
+
+    checkpoints/last.keras   every epoch: model + optimizer state (resume from here)
+    checkpoints/best.keras   best validation mean Dice so far (evaluate this)
+    state.json               completed epochs, best epoch and value, per-epoch history
+    history.csv              the same history as a table
+
+``state.json`` is written after ``last.keras``, each through a temporary name and a
+rename, so a run killed at any moment resumes from the last completed epoch.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import keras
+
+__all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "load_state"]
+
+log = logging.getLogger(__name__)
+
+
+class RunState(dict):
+    """``state.json``: ``epoch`` (completed), ``best_value``, ``best_epoch``, ``history``."""
+
+
+def load_state(run_dir: str | Path) -> RunState | None:
+    """The run's state, or None for a new run."""
+    path = Path(run_dir) / "state.json"
+    if not path.is_file():
+        return None
+    return RunState(json.loads(path.read_text()))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _save_model_atomic(model: keras.Model, path: Path) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")  # keeps the .keras suffix Keras requires
+    model.save(tmp)
+    os.replace(tmp, path)
+
+
+class RunCheckpoint(keras.callbacks.Callback):
+    """Checkpoint every epoch and the best by ``monitor``; early stopping that survives resume.
+
+    Args:
+        run_dir: the run folder.
+        monitor: validation metric to maximise (``val_dice_mean``).
+        patience: epochs without improvement before stopping; 0 = never stop early.
+        state: the state loaded on resume (None for a new run).
+    """
+
+    def __init__(self, run_dir: str | Path, monitor: str = "val_dice_mean", patience: int = 0,
+                 state: RunState | None = None) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self.monitor = monitor
+        self.patience = patience
+        self.state = state or RunState(epoch=0, best_value=None, best_epoch=None, history=[])
+        self._t0 = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = dict(logs or {})
+        row = {"epoch": epoch + 1, "seconds": round(time.perf_counter() - self._t0, 2)}
+        row.update({k: float(v) for k, v in logs.items()})
+        value = logs.get(self.monitor)
+        improved = value is not None and math.isfinite(float(value)) and (
+            self.state["best_value"] is None or float(value) > self.state["best_value"]
+        )
+        if improved:
+            _save_model_atomic(self.model, self.ckpt_dir / "best.keras")
+            self.state["best_value"], self.state["best_epoch"] = float(value), epoch + 1
+            log.info("epoch %d: %s improved to %.4f, saved best.keras", epoch + 1, self.monitor, float(value))
+        _save_model_atomic(self.model, self.ckpt_dir / "last.keras")
+        self.state["epoch"] = epoch + 1
+        self.state["history"].append(row)
+        _atomic_write_text(self.run_dir / "state.json", json.dumps(self.state, indent=1))
+        self._write_history_csv()
+        best_epoch = self.state["best_epoch"] or 0
+        if self.patience and epoch + 1 - best_epoch >= self.patience:
+            log.info("early stopping: no %s gain for %d epochs (best %.4f at epoch %d)",
+                     self.monitor, self.patience, self.state["best_value"] or float("nan"), best_epoch)
+            self.model.stop_training = True
+
+    def _write_history_csv(self) -> None:
+        rows = self.state["history"]
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        tmp = self.run_dir / ".tmp-history.csv"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.run_dir / "history.csv")
+
+
+class TrackingCallback(keras.callbacks.Callback):
+    """Per-epoch metrics (and the learning rate) to the run's tracker."""
+
+    def __init__(self, tracker, extra_metrics=None) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.extra_metrics = extra_metrics  # callable(epoch) -> dict, e.g. LMS stats
+
+    def on_epoch_end(self, epoch, logs=None):
+        metrics = {k: float(v) for k, v in (logs or {}).items()}
+        opt = self.model.optimizer
+        try:
+            lr = opt.learning_rate
+            metrics["learning_rate"] = float(lr(opt.iterations) if callable(lr) else lr)
+        except (TypeError, ValueError):
+            pass
+        if self.extra_metrics is not None:
+            metrics.update(self.extra_metrics(epoch))
+        self.tracker.log_metrics(metrics, step=epoch + 1)

@@ -1,0 +1,226 @@
+"""Training: data ready -> run folder -> model -> ``model.fit`` with resume and tracking.
+
+:func:`train` is what ``train.py`` calls (and tests call directly). Order matters:
+
+1. the data layer prepares and validates every case first, so corrupt or inconsistent
+   data fails with its message before any model is built;
+2. the run folder gets ``config.json`` and ``split.json`` (evaluation reads these);
+   an existing run folder with a different config is refused rather than mixed;
+3. the model is built under the seed, compiled, and, if ``checkpoints/last.keras`` and
+   ``state.json`` exist, restored with its optimizer state and continued from the last
+   completed epoch (data order and augmentation are stateless functions of
+   ``(seed, epoch)``, the LR schedule a function of the optimizer's step);
+4. ``model.fit`` with checkpoint/early-stopping and tracking callbacks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from brats_seg.backend import ResolvedBackend
+from brats_seg.config import TrainConfig, config_to_dict, flatten_config
+from brats_seg.data.dataset import prepare_dataset
+
+__all__ = ["TrainResult", "train", "resolve_paths", "make_optimizer", "check_resumable"]
+
+log = logging.getLogger(__name__)
+
+# Keys that may change between a run and its resumption (length, patience, logging).
+_RESUME_MUTABLE = {"trainer.epochs", "trainer.early_stopping_patience", "trainer.val_every", "run_name",
+                   "run_dir", "data.num_workers", "data.on_error", "tracking.", "backend.", "plan.", "benchmark.",
+                   "lms.", "distribute."}
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced."""
+
+    run_dir: Path
+    best_val_dice: float
+    best_epoch: int
+    epochs_done: int
+    run_id: str | None
+
+
+def resolve_paths(cfg: TrainConfig) -> TrainConfig:
+    """Make data paths absolute (so the run folder's config works from any cwd)."""
+    cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
+    cfg.data.cache_dir = str(Path(cfg.data.cache_dir).expanduser().resolve())
+    cfg.run_dir = str(Path(cfg.run_dir).expanduser().resolve())
+    return cfg
+
+
+def _mutable(key: str) -> bool:
+    return any(key == m or (m.endswith(".") and key.startswith(m)) for m in _RESUME_MUTABLE)
+
+
+def check_resumable(run_dir: Path, cfg: TrainConfig) -> None:
+    """Refuse to continue a run folder written with a different (non-length) config."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return
+    old = flatten_config(json.loads(path.read_text()))
+    new = flatten_config(cfg)
+    diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+            if not _mutable(k) and old.get(k) != new.get(k)}
+    if diff:
+        lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:6])
+        raise ValueError(
+            f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
+            "command resumes it; for a new experiment pass a new run_dir=."
+        )
+
+
+def make_optimizer(cfg: TrainConfig, steps_per_epoch: int):
+    """Adam with a per-step LR schedule (cosine with linear warm-up, or constant)."""
+    import keras
+
+    t = cfg.trainer
+    if t.lr_schedule == "constant":
+        lr = t.learning_rate
+    elif t.lr_schedule == "cosine":
+        warmup = min(t.warmup_epochs, max(t.epochs - 1, 0)) * steps_per_epoch
+        total = max(t.epochs * steps_per_epoch - warmup, 1)
+        lr = keras.optimizers.schedules.CosineDecay(
+            initial_learning_rate=t.learning_rate if warmup == 0 else 0.0,
+            decay_steps=total,
+            alpha=0.01,
+            warmup_target=t.learning_rate if warmup else None,
+            warmup_steps=warmup,
+        )
+    else:
+        raise ValueError(f"trainer.lr_schedule={t.lr_schedule!r}: use cosine or constant.")
+    return keras.optimizers.Adam(learning_rate=lr)
+
+
+def _prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_resumable(run_dir, cfg)
+    tmp = run_dir / ".tmp-config.json"
+    tmp.write_text(json.dumps(config_to_dict(cfg), indent=1))
+    os.replace(tmp, run_dir / "config.json")
+    run_split = run_dir / "split.json"
+    if run_split.is_file():
+        old = json.loads(run_split.read_text())
+        if old.get("test") != split["test"]:
+            raise ValueError(
+                f"{run_split}: the dataset's test split changed since this run started "
+                f"({split_path}). Resuming would train on former test cases; start a new run_dir=."
+            )
+    else:
+        shutil.copyfile(split_path, run_split)
+    return run_dir
+
+
+def _model_desc(cfg: TrainConfig) -> str:
+    m = cfg.model
+    return f"unet3d_d{m.depth}f{m.base_filters}{'' if m.in_channels == 4 else '_flair'}"
+
+
+def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> TrainResult:
+    """Train (or resume) the run described by ``cfg``.
+
+    Args:
+        cfg: the full config; ``cfg.run_dir`` must be set.
+        backend: what :func:`brats_seg.backend.configure` resolved (TF already configured).
+        extra_callbacks: more Keras callbacks (tests use one to interrupt a run).
+
+    Returns:
+        :class:`TrainResult` with the best validation mean Dice.
+    """
+    if not cfg.run_dir:
+        raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
+    resolve_paths(cfg)
+    ds = prepare_dataset(cfg.data, cfg.resolution)  # fails here, with the data layer's message
+    if not ds.split["train"] or not ds.split["val"]:
+        raise ValueError(
+            f"{len(ds.entries)} prepared cases give train={len(ds.split['train'])}, val={len(ds.split['val'])}: "
+            "training needs at least one of each (add cases or change data.val_fraction/test_fraction)."
+        )
+    run_dir = _prepare_run_dir(cfg, ds.split, ds.split_path)
+
+    import keras
+    import tensorflow as tf
+
+    from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
+    from brats_seg.model.unet3d import build_unet3d
+    from brats_seg.tracking.mlflow import Tracker, git_commit, make_run_name
+    from brats_seg.training.callbacks import RunCheckpoint, TrackingCallback, load_state
+    from brats_seg.training.losses import SoftDiceBCELoss
+    from brats_seg.training.metrics import make_dice_metrics
+
+    t = cfg.trainer
+    state = load_state(run_dir)
+    initial_epoch = int(state["epoch"]) if state else 0
+    train_dirs = [e.path for e in ds.entries_of("train")]
+    val_dirs = [e.path for e in ds.entries_of("val")]
+    steps = steps_per_epoch(len(train_dirs), t.batch_size, t.steps_per_epoch)
+
+    keras.utils.set_random_seed(t.seed)
+    if t.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    model = build_unet3d(cfg.model, tuple(cfg.resolution.shape))
+    model.compile(
+        optimizer=make_optimizer(cfg, steps),
+        loss=SoftDiceBCELoss(bce_weight=t.bce_weight),
+        metrics=make_dice_metrics(cfg.model.out_channels),
+        jit_compile=False,
+    )
+    if state:
+        last = run_dir / "checkpoints" / "last.keras"
+        if not last.is_file():
+            raise FileNotFoundError(f"{run_dir}/state.json says {initial_epoch} epochs are done but {last} is missing.")
+        restored = keras.models.load_model(last, compile=True)
+        model.optimizer.build(model.trainable_variables)
+        model.set_weights(restored.get_weights())
+        for mine, theirs in zip(model.optimizer.variables, restored.optimizer.variables):
+            mine.assign(theirs)
+        del restored
+        log.info("resuming %s from epoch %d (optimizer step %d)", run_dir, initial_epoch,
+                 int(model.optimizer.iterations.numpy()))
+
+    run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg),
+                                             backend.name, cfg.lms.name)
+    tracker = Tracker.start(
+        cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
+        tags={"backend": backend.name, "device": backend.device, "precision": backend.precision,
+              "resolution": cfg.resolution.name, "data": cfg.data.name, "git_commit": git_commit(),
+              "run_dir": str(run_dir)},
+    )
+    tracker.log_artifact(run_dir / "split.json")
+    train_ds = make_train_dataset(train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels,
+                                  cfg.model.out_channels, initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch)
+    val_ds = make_eval_dataset(val_dirs, 1, cfg.model.in_channels, cfg.model.out_channels)
+    checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state)
+    callbacks = [checkpoint, TrackingCallback(tracker), *extra_callbacks]
+    log.info("training %s: %d train / %d val cases, %d steps/epoch, epochs %d..%d, run %s",
+             run_name, len(train_dirs), len(val_dirs), steps, initial_epoch + 1, t.epochs, run_dir)
+    status = "FAILED"
+    try:
+        if initial_epoch < t.epochs:
+            model.fit(train_ds, epochs=t.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+                      validation_data=val_ds, validation_freq=t.val_every, callbacks=callbacks,
+                      verbose=1 if sys.stdout.isatty() else 2, shuffle=False)
+        else:
+            log.info("run %s already has %d/%d epochs: nothing to train", run_dir, initial_epoch, t.epochs)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        st = checkpoint.state
+        best = run_dir / "checkpoints" / "best.keras"
+        if best.is_file():
+            tracker.log_artifact(best, "checkpoints")
+        tracker.log_artifact(run_dir / "history.csv") if (run_dir / "history.csv").is_file() else None
+        tracker.log_metrics({"best_val_dice_mean": st["best_value"] or 0.0}, step=st["epoch"])
+        tracker.end(status)
+    return TrainResult(run_dir, float(st["best_value"] or 0.0), int(st["best_epoch"] or 0), int(st["epoch"]),
+                       tracker.run_id)

@@ -1,0 +1,100 @@
+"""Training loop: resume equals an uninterrupted run; config guards; data errors before the first step."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from brats_seg.config import BackendConfig, ModelConfig, TrackingConfig, TrainConfig, TrainerConfig
+from tests.conftest import TINY, data_config
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from brats_seg.backend import configure
+
+    return configure(BackendConfig(name="cpu_onednn"))
+
+
+def _cfg(root, tmp_path, run_dir, epochs=2) -> TrainConfig:
+    return TrainConfig(
+        data=data_config(root, "brats2021", tmp_path),
+        resolution=TINY,
+        model=ModelConfig(depth=2, base_filters=4),
+        trainer=TrainerConfig(epochs=epochs, batch_size=1, seed=3, learning_rate=3e-3, warmup_epochs=1),
+        tracking=TrackingConfig(name="none"),
+        run_dir=str(run_dir),
+    )
+
+
+def _weights(run_dir):
+    import keras
+
+    model = keras.models.load_model(run_dir / "checkpoints" / "last.keras", compile=True)
+    return model.get_weights(), [v.numpy() for v in model.optimizer.variables]
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_path, backend):
+    import keras
+
+    from brats_seg.training.loop import train
+
+    class Interrupt(keras.callbacks.Callback):
+        """Stands for a crash right after epoch 1's checkpoint."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch + 1 == 1:
+                self.model.stop_training = True
+
+    root = synthetic_root["brats2021"]
+    full = train(_cfg(root, tmp_path, tmp_path / "full"), backend)
+    assert full.epochs_done == 2
+    part = train(_cfg(root, tmp_path, tmp_path / "resumed"), backend, extra_callbacks=[Interrupt()])
+    assert part.epochs_done == 1
+    class CountEpochs(keras.callbacks.Callback):
+        trained: list = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.trained.append(epoch + 1)
+
+    counter = CountEpochs()
+    resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"), backend, extra_callbacks=[counter])  # same command
+    assert resumed.epochs_done == 2
+    assert counter.trained == [2]  # continued from the last completed epoch, not from scratch
+
+    w_full, opt_full = _weights(tmp_path / "full")
+    w_res, opt_res = _weights(tmp_path / "resumed")
+    for a, b in zip(w_full, w_res):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for a, b in zip(opt_full, opt_res):  # optimizer step, moments
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    hist = json.loads((tmp_path / "resumed" / "state.json").read_text())["history"]
+    assert [h["epoch"] for h in hist] == [1, 2]
+
+
+def test_run_dir_with_a_different_config_is_refused(synthetic_root, tmp_path, backend):
+    from brats_seg.training.loop import train
+
+    root = synthetic_root["brats2021"]
+    train(_cfg(root, tmp_path, tmp_path / "run", epochs=1), backend)
+    other = _cfg(root, tmp_path, tmp_path / "run", epochs=1)
+    other.model.base_filters = 6
+    with pytest.raises(ValueError, match="model.base_filters"):
+        train(other, backend)
+
+
+def test_corrupt_data_fails_before_the_first_step(dataset_copy, tmp_path, backend):
+    from brats_seg.data.dataset import PreparationFailed
+    from brats_seg.training.loop import train
+
+    root = dataset_copy("brats2021")
+    case = sorted(p for p in root.iterdir() if p.is_dir())[1]
+    seg = case / f"{case.name}_seg.nii.gz"
+    seg.write_bytes(seg.read_bytes()[:200])  # truncated
+    cfg = _cfg(root, tmp_path, tmp_path / "run")
+    with pytest.raises(PreparationFailed) as err:
+        train(cfg, backend)
+    assert case.name in str(err.value) and seg.name in str(err.value)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # no model was built or trained
