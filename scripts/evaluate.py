@@ -1,0 +1,61 @@
+#!/usr/bin/env python
+"""Score a training run on its held-out cases, on the native grid of the original label files.
+
+    python scripts/evaluate.py run_dir=outputs/<run>                       # test split, best checkpoint
+    python scripts/evaluate.py run_dir=outputs/<run> split=val checkpoint=last
+    python scripts/evaluate.py run_dir=outputs/<run> evaluate.mode=sliding evaluate.window=[96,96,96]
+
+Prints Dice and HD95 per region (mean ± std, median) and where the files are:
+``<run_dir>/eval/<split>/{metrics.csv, summary.json, predictions/, overlays/}``; logs
+them to the run's MLflow run. Exits 2 with a message on a run folder without a
+config.json or checkpoint, a bad split, or bad data.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from brats_seg.cli import to_config, user_errors  # noqa: E402
+from brats_seg.config import register_configs  # noqa: E402
+
+register_configs()
+
+
+@hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
+def main(cfg) -> None:
+    conf = to_config(cfg)
+    # TensorFlow-free checks first: a wrong run_dir fails in a second, not after the TF import.
+    from brats_seg.evaluation.evaluate import check_run_dir
+
+    with user_errors():
+        check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
+
+    from brats_seg.backend import BackendError, configure
+
+    try:
+        configure(conf.backend)
+    except BackendError as e:
+        sys.stderr.write(f"error: {e}\n")
+        raise SystemExit(2) from None
+    from brats_seg.evaluation.evaluate import eval_dir, evaluate_run, format_summary_table
+
+    with user_errors():
+        summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate)
+    out = eval_dir(conf.run_dir, conf.split)
+    mode = "sliding-window" if conf.evaluate.mode == "sliding" else "whole-volume"
+    print(f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
+          f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n")
+    print(format_summary_table(summary))
+    print(f"\n  metrics      {out / 'metrics.csv'}")
+    print(f"  summary      {out / 'summary.json'}")
+    print(f"  predictions  {out / 'predictions'}/<case_id>.nii.gz")
+    if conf.evaluate.overlays:
+        print(f"  overlays     {out / 'overlays'}/<case_id>.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+#!/usr/bin/env python
+"""Segment new (unlabelled) cases with a trained run's model.
+
+    python scripts/predict.py run_dir=outputs/<run> input=/data/new/CASE output=/out
+    python scripts/predict.py run_dir=outputs/<run> input=/data/Task01_BrainTumour/imagesTs output=/out
+    python scripts/predict.py run_dir=outputs/<run> input=cases.txt output=/out evaluate.mode=sliding
+
+``input`` is a BraTS case folder, an MSD-style 4D image (FLAIR, T1, T1ce, T2), a folder
+of 4D images, a ``.txt`` list of either (one per line), or a dataset root. Writes
+``<output>/<case_id>.nii.gz`` in the run's layout labels (WT-only models: the layout's
+edema label), on the grid and with the affine/header of each case's first image file,
+and ``<output>/overlays/<case_id>.png``. Exits 2 with a message on bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from brats_seg.cli import to_config, user_errors  # noqa: E402
+from brats_seg.config import register_configs  # noqa: E402
+
+register_configs()
+
+
+@hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
+def main(cfg) -> None:
+    conf = to_config(cfg)
+    from brats_seg.evaluation.evaluate import check_run_dir
+    from brats_seg.evaluation.inference import RunError, find_input_cases
+
+    with user_errors():  # TensorFlow-free checks first
+        if not str(conf.output).strip():
+            raise RunError("output is not set: pass output=<folder for the masks>.")
+        run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
+        cases = find_input_cases(conf.input, run.data.layout)
+
+    from brats_seg.backend import BackendError, configure
+
+    try:
+        configure(conf.backend)
+    except BackendError as e:
+        sys.stderr.write(f"error: {e}\n")
+        raise SystemExit(2) from None
+    from brats_seg.evaluation.inference import load_run_model, predict_new_cases
+
+    with user_errors():
+        model = load_run_model(conf.run_dir, conf.checkpoint, run)
+        written = predict_new_cases(model, cases, run, conf.output, conf.evaluate)
+    labels = "WT only (edema label)" if run.model.out_channels == 1 else "WT/TC/ET"
+    print(f"\nwrote {len(written)} mask(s) ({run.data.layout} labels, {labels}) to {Path(conf.output)}")
+    for path in written[:10]:
+        print(f"  {path}")
+    if len(written) > 10:
+        print(f"  ... and {len(written) - 10} more")
+    if conf.evaluate.overlays:
+        print(f"overlays in {Path(conf.output) / 'overlays'}")
+
+
+if __name__ == "__main__":
+    main()
