@@ -73,6 +73,7 @@ class ModelConfig:
     upsample: str = "transpose"  # transpose | trilinear
     in_channels: int = 4  # 4 = FLAIR,T1,T1ce,T2; 1 = FLAIR only
     out_channels: int = 3  # 3 = WT,TC,ET sigmoid regions; 1 = WT only
+    foreground_prior: float = 0.01  # head bias = logit(prior): start near "background" everywhere
 
 
 @dataclass

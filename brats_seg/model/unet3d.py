@@ -25,6 +25,7 @@ block's forward pass runs (kept, recomputed, offloaded) without re-creating laye
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -310,11 +311,20 @@ def decoder_block(name: str, filters: int, cfg: ModelConfig) -> Block:
     return _chain_block(name, _two_conv_layers(name, filters, cfg), up=up, merge=merge)
 
 
+def _prior_logit(prior: float) -> float:
+    if not 0.0 < prior < 1.0:
+        raise ValueError(f"model.foreground_prior={prior} should be in (0, 1), e.g. 0.01.")
+    return float(math.log(prior / (1.0 - prior)))
+
+
 def head_block(cfg: ModelConfig) -> Block:
     """``head``: ``(B,x,y,z,F_0)`` -> sigmoid probabilities ``(B,x,y,z,out_channels)``, float32
     whatever the dtype policy (the loss and metrics then see float32)."""
     parts = [
-        layers.Conv3D(cfg.out_channels, 1, dtype="float32", name="head_conv"),
+        # Bias at the log-odds of a foreground prior: the net starts predicting background
+        # (tumour is ~1% of voxels) instead of 0.5 everywhere, which speeds up early training.
+        layers.Conv3D(cfg.out_channels, 1, dtype="float32", name="head_conv",
+                      bias_initializer=keras.initializers.Constant(_prior_logit(cfg.foreground_prior))),
         layers.Activation("sigmoid", dtype="float32", name="head_sigmoid"),
     ]
     return _chain_block("head", parts)
@@ -342,6 +352,7 @@ def build_unet3d(
     cfg: ModelConfig,
     input_shape: tuple[int, int, int],
     block_wrapper: BlockWrapper | None = None,
+    blocks: dict[str, Block] | None = None,
 ) -> keras.Model:
     """Build the 3D U-Net as a functional Keras model named ``unet3d``.
 
@@ -354,6 +365,9 @@ def build_unet3d(
             ``block(*inputs)``; ``inputs`` is ``[x]`` for ``enc*``/``bottleneck``/``head``
             and ``[x, skip]`` for ``dec*``. It is called once per block, in the order of
             :func:`unet_block_names`, on symbolic tensors. None calls ``block(*inputs)``.
+        blocks: blocks from :func:`make_unet_blocks` to build on. Two models built on the
+            same blocks share their layers and weights: training runs an LMS-wrapped model
+            while checkpoints save its plain twin (wrapped models cannot be saved as .keras).
 
     Returns:
         Model ``(B, x, y, z, in_channels)`` -> ``(B, x, y, z, out_channels)`` sigmoid
@@ -364,7 +378,7 @@ def build_unet3d(
     """
     check_unet_config(cfg, input_shape)
     input_shape = tuple(int(s) for s in input_shape)
-    blocks = make_unet_blocks(cfg)
+    blocks = blocks if blocks is not None else make_unet_blocks(cfg)
     run = block_wrapper or (lambda name, block, inputs: block(*inputs))
 
     def run_block(name: str, inputs: list):

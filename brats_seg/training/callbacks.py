@@ -60,11 +60,14 @@ class RunCheckpoint(keras.callbacks.Callback):
         monitor: validation metric to maximise (``val_dice_mean``).
         patience: epochs without improvement before stopping; 0 = never stop early.
         state: the state loaded on resume (None for a new run).
+        export_model: the plain model sharing the training model's weights, saved as
+            ``.keras`` (default: the training model itself).
     """
 
     def __init__(self, run_dir: str | Path, monitor: str = "val_dice_mean", patience: int = 0,
-                 state: RunState | None = None) -> None:
+                 state: RunState | None = None, export_model: keras.Model | None = None) -> None:
         super().__init__()
+        self.export_model = export_model  # saved instead of the training model (LMS wrappers can't be)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -85,10 +88,10 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.state["best_value"] is None or float(value) > self.state["best_value"]
         )
         if improved:
-            _save_model_atomic(self.model, self.ckpt_dir / "best.keras")
+            _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "best.keras")
             self.state["best_value"], self.state["best_epoch"] = float(value), epoch + 1
             log.info("epoch %d: %s improved to %.4f, saved best.keras", epoch + 1, self.monitor, float(value))
-        _save_model_atomic(self.model, self.ckpt_dir / "last.keras")
+        _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
         self.state["epoch"] = epoch + 1
         self.state["history"].append(row)
         _atomic_write_text(self.run_dir / "state.json", json.dumps(self.state, indent=1))

@@ -124,6 +124,94 @@ def _model_desc(cfg: TrainConfig) -> str:
     return f"unet3d_d{m.depth}f{m.base_filters}{'' if m.in_channels == 4 else '_flair'}"
 
 
+def effective_lms(cfg: TrainConfig, backend: ResolvedBackend) -> str:
+    """The LMS strategy a run uses: ``backend=gpu_lms`` with ``lms=off`` plans (``auto``)."""
+    if backend.name == "gpu_lms" and cfg.lms.name == "off":
+        log.info("backend=gpu_lms with lms=off: planning with lms=auto")
+        return "auto"
+    return cfg.lms.name
+
+
+def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend):
+    """Plan the run against ``lms.limit`` before building anything.
+
+    Raises:
+        PlanDoesNotFitError: the run is predicted not to fit, with the numbers and the fix.
+        ValueError: ``lms=offload`` on a CPU-only run.
+    """
+    from brats_seg.lms.planner import PlanDoesNotFitError
+    from brats_seg.lms.preflight import plan_run
+
+    strategy = effective_lms(cfg, backend)
+    if backend.device == "CPU" and strategy == "offload":
+        raise ValueError(
+            "lms=offload needs a GPU: a CPU-only run has no separate device memory to offload from. "
+            "Use lms=recompute (or lms=auto) to fit a RAM budget on CPU."
+        )
+    try:
+        plan = plan_run(cfg, backend.device, strategy)
+    except PlanDoesNotFitError as e:
+        if backend.reason and backend.device == "GPU" and strategy == "off":  # backend=auto: add LMS if needed
+            log.info("backend=auto: the plan without LMS does not fit the GPU; using gpu_lms with lms=auto")
+            return plan_run(cfg, backend.device, "auto")
+        raise ValueError(str(e)) from e
+    log.info("memory plan (lms=%s): predicted peak %.2f GB of %.2f GB", plan.strategy,
+             plan.predicted_peak_bytes / 1e9, plan.limit_bytes / 1e9)
+    return plan
+
+
+def _save_plan(plan, run_dir: Path) -> list[Path]:
+    paths = [run_dir / "plan.txt", run_dir / "plan.json"]
+    for path, text in zip(paths, (plan.format_table(), plan.to_json())):
+        tmp = path.with_name(f".tmp-{path.name}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return paths
+
+
+def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
+    """``(train_model, export_model, offload_stats)`` sharing one set of layers and weights.
+
+    Without LMS both are the plain U-Net. With LMS the training model runs blocks through
+    the plan's keep/recompute/offload wrapper, and the export model (plain, saveable as
+    ``.keras``, what evaluation loads) is built on the same blocks.
+    """
+    from brats_seg.lms.offload import OffloadStats, make_block_wrapper
+    from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
+
+    shape = tuple(cfg.resolution.shape)
+    blocks = make_unet_blocks(cfg.model)
+    export_model = build_unet3d(cfg.model, shape, blocks=blocks)
+    policies = plan.policies
+    if all(p == "keep" for p in policies.values()):
+        return export_model, export_model, None
+    batch = max(cfg.trainer.batch_size, 1)
+    stats = OffloadStats({row.block: row.forward_flops / batch for row in plan.blocks})
+    wrapper = make_block_wrapper(policies, host_device="/CPU:0", prefetch=cfg.lms.prefetch,
+                                 offload_skips=plan.offload_skips, stats=stats,
+                                 compute_device="/GPU:0" if backend.device == "GPU" else "/CPU:0")
+    model = build_unet3d(cfg.model, shape, block_wrapper=wrapper, blocks=blocks)
+    log.info("LMS: %s", ", ".join(f"{b}={p}" for b, p in policies.items() if p != "keep"))
+    return model, export_model, stats
+
+
+def _restore(model, export_model, last: Path) -> None:
+    """Weights and optimizer state of ``last.keras`` into the (shared) models, matched by path."""
+    import keras
+
+    restored = keras.models.load_model(last, compile=True)
+    export_model.set_weights(restored.get_weights())
+    model.optimizer.build(model.trainable_variables)
+    theirs = {v.path: v for v in restored.optimizer.variables}
+    mine = model.optimizer.variables
+    if [v.path for v in mine] != [v.path for v in restored.optimizer.variables]:
+        missing = [v.path for v in mine if v.path not in theirs]
+        if missing:
+            raise ValueError(f"{last}: optimizer state lacks {missing[:3]}...; the checkpoint is from another model.")
+    for v in mine:
+        v.assign(theirs[v.path])
+
+
 def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> TrainResult:
     """Train (or resume) the run described by ``cfg``.
 
@@ -145,12 +233,14 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
             "training needs at least one of each (add cases or change data.val_fraction/test_fraction)."
         )
     run_dir = _prepare_run_dir(cfg, ds.split, ds.split_path)
+    plan = preflight_plan(cfg, backend)
+    plan_files = _save_plan(plan, run_dir)
 
     import keras
     import tensorflow as tf
 
     from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
-    from brats_seg.model.unet3d import build_unet3d
+    from brats_seg.lms.stats import MemoryStatsCallback
     from brats_seg.tracking.mlflow import Tracker, git_commit, make_run_name
     from brats_seg.training.callbacks import RunCheckpoint, TrackingCallback, load_state
     from brats_seg.training.losses import SoftDiceBCELoss
@@ -166,23 +256,17 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
-    model = build_unet3d(cfg.model, tuple(cfg.resolution.shape))
-    model.compile(
-        optimizer=make_optimizer(cfg, steps),
-        loss=SoftDiceBCELoss(bce_weight=t.bce_weight),
-        metrics=make_dice_metrics(cfg.model.out_channels),
-        jit_compile=False,
-    )
+    model, export_model, offload_stats = build_models(cfg, plan, backend)
+    loss = SoftDiceBCELoss(bce_weight=t.bce_weight)
+    model.compile(optimizer=make_optimizer(cfg, steps), loss=loss, metrics=make_dice_metrics(cfg.model.out_channels),
+                  jit_compile=False)  # XLA would drop the LMS host placements
+    if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
+        export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
     if state:
         last = run_dir / "checkpoints" / "last.keras"
         if not last.is_file():
             raise FileNotFoundError(f"{run_dir}/state.json says {initial_epoch} epochs are done but {last} is missing.")
-        restored = keras.models.load_model(last, compile=True)
-        model.optimizer.build(model.trainable_variables)
-        model.set_weights(restored.get_weights())
-        for mine, theirs in zip(model.optimizer.variables, restored.optimizer.variables):
-            mine.assign(theirs)
-        del restored
+        _restore(model, export_model, last)
         log.info("resuming %s from epoch %d (optimizer step %d)", run_dir, initial_epoch,
                  int(model.optimizer.iterations.numpy()))
 
@@ -195,11 +279,14 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
               "run_dir": str(run_dir)},
     )
     tracker.log_artifact(run_dir / "split.json")
+    for path in plan_files:
+        tracker.log_artifact(path, "plan")
     train_ds = make_train_dataset(train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels,
                                   cfg.model.out_channels, initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch)
     val_ds = make_eval_dataset(val_dirs, 1, cfg.model.in_channels, cfg.model.out_channels)
-    checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state)
-    callbacks = [checkpoint, TrackingCallback(tracker), *extra_callbacks]
+    checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model)
+    callbacks = [MemoryStatsCallback(backend.device, offload_stats), checkpoint, TrackingCallback(tracker),
+                 *extra_callbacks]
     log.info("training %s: %d train / %d val cases, %d steps/epoch, epochs %d..%d, run %s",
              run_name, len(train_dirs), len(val_dirs), steps, initial_epoch + 1, t.epochs, run_dir)
     status = "FAILED"

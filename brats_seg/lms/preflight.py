@@ -1,0 +1,65 @@
+"""Pre-flight memory check: plan the run before any model is built.
+
+Used by ``train.py`` (a run predicted not to fit fails with the numbers and the fix) and by
+``scripts/plan_memory.py``. Pure Python: no TensorFlow import, so it runs in a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+from brats_seg.config import TrainConfig
+from brats_seg.lms.planner import Plan, compare_strategies, parse_limit, plan_lms_from_config
+
+__all__ = ["planning_device", "plan_run", "compare_run"]
+
+log = logging.getLogger(__name__)
+
+
+def planning_device(cfg: TrainConfig) -> str:
+    """``GPU`` or ``CPU``: the device the run's memory must fit on (no TensorFlow import)."""
+    if cfg.backend.name in ("gpu", "gpu_lms"):
+        return "GPU"
+    if cfg.backend.name == "cpu_onednn":
+        return "CPU"
+    return "GPU" if shutil.which("nvidia-smi") else "CPU"
+
+
+def plan_run(cfg: TrainConfig, device: str | None = None, strategy: str | None = None) -> Plan:
+    """The plan for ``cfg`` (``lms.name`` unless ``strategy`` is given) against ``lms.limit``.
+
+    On CPU the budget is a share of the RAM available now and offload is not allowed (a
+    CPU-only run has no separate device memory to offload from).
+
+    Raises:
+        PlanDoesNotFitError: with the smallest predicted peak and what would fit.
+    """
+    from brats_seg.backend import device_memory_bytes
+
+    device = device or planning_device(cfg)
+    if strategy is not None and strategy != cfg.lms.name:
+        cfg = _with_strategy(cfg, strategy)
+    return plan_lms_from_config(cfg, device_memory_bytes(device), allow_offload=device == "GPU")
+
+
+def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]:
+    """``(limit_bytes, {strategy: prediction})`` for off/recompute/offload/auto; never raises for fit."""
+    from brats_seg.backend import device_memory_bytes
+
+    device = device or planning_device(cfg)
+    limit = parse_limit(cfg.lms.limit, device_memory_bytes(device))
+    return limit, compare_strategies(
+        cfg.model, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, "adam", limit,
+        size_bytes=int(cfg.lms.size), prefetch=int(cfg.lms.prefetch),
+        host_bandwidth_bps=cfg.lms.host_bandwidth_gbps * 1e9, device_flops=cfg.lms.device_tflops * 1e12,
+        allow_offload=device == "GPU",
+    )
+
+
+def _with_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.lms.name = strategy
+    return out

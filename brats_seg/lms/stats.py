@@ -1,0 +1,115 @@
+"""Memory statistics of a run: device peak bytes per epoch, LMS traffic and recomputation.
+
+* GPU: ``tf.config.experimental.get_memory_info("GPU:0")["peak"]``, reset each epoch.
+* CPU: the process's peak resident set (``VmHWM`` in ``/proc/self/status``), reset each
+  epoch by writing ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0); where that is not
+  possible the peak since process start is reported and said so once.
+
+:class:`MemoryStatsCallback` logs ``peak_bytes`` and the per-step ``lms_offloaded_bytes``
+and ``lms_recomputed_flops`` counted by the LMS wrapper, per epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import keras
+
+__all__ = ["peak_rss_bytes", "reset_peak_rss", "current_rss_bytes", "device_peak_bytes", "reset_device_peak",
+           "MemoryStatsCallback"]
+
+log = logging.getLogger(__name__)
+_warned_reset = False
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process since start or the last :func:`reset_peak_rss`."""
+    kb = _status_kb("VmHWM")
+    if kb is not None:
+        return kb * 1024
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now."""
+    kb = _status_kb("VmRSS")
+    if kb is not None:
+        return kb * 1024
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the peak RSS to the current RSS; False where the kernel does not allow it."""
+    global _warned_reset
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        if not _warned_reset:
+            log.warning("cannot reset the peak RSS here (/proc/self/clear_refs); peaks are since process start")
+            _warned_reset = True
+        return False
+
+
+def device_peak_bytes(device: str) -> int:
+    """Peak bytes of the training device since the last reset (GPU allocator, or process RSS)."""
+    if device == "GPU":
+        import tensorflow as tf
+
+        return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+    return peak_rss_bytes()
+
+
+def reset_device_peak(device: str) -> None:
+    if device == "GPU":
+        import tensorflow as tf
+
+        tf.config.experimental.reset_memory_stats("GPU:0")
+    else:
+        reset_peak_rss()
+
+
+class MemoryStatsCallback(keras.callbacks.Callback):
+    """Per epoch: device peak bytes and LMS per-step stats, into the epoch logs.
+
+    The values land in ``logs`` before the checkpoint and tracking callbacks read them,
+    so they are in ``history.csv``, ``state.json`` and MLflow.
+
+    Args:
+        device: ``GPU`` or ``CPU``.
+        offload_stats: the :class:`~brats_seg.lms.offload.OffloadStats` of the LMS wrapper, or None.
+    """
+
+    def __init__(self, device: str, offload_stats=None) -> None:
+        super().__init__()
+        self.device = device
+        self.offload_stats = offload_stats
+
+    def on_epoch_begin(self, epoch, logs=None):
+        reset_device_peak(self.device)
+        if self.offload_stats is not None:
+            self.offload_stats.reset()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        logs["peak_bytes"] = float(device_peak_bytes(self.device))
+        if self.offload_stats is not None:
+            stats = self.offload_stats.result()
+            logs["lms_offloaded_bytes"] = float(stats["lms_offloaded_bytes"])
+            logs["lms_recomputed_flops"] = float(stats["lms_recomputed_flops"])

@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""Time the real training step and measure its memory; print one JSON line.
+
+    python scripts/benchmark.py resolution=half lms=recompute benchmark.steps=3
+    python scripts/benchmark.py resolution=full lms=off trainer.batch_size=1 backend=cpu_onednn
+
+Builds the configured model and LMS plan exactly as ``train.py`` does, runs the compiled
+training step (``train_on_batch``, the function ``model.fit`` runs) on random tensors, and
+prints: the overrides, ``step_s`` (median seconds per step, first excluded),
+``voxels_per_s``, ``peak_bytes`` (device peak on GPU; process peak RSS on CPU),
+``baseline_bytes`` (0 on GPU; on CPU the RSS just before the model is built) and
+``predicted_peak_bytes`` (the planner's prediction of ``peak_bytes - baseline_bytes``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from brats_seg.cli import to_config, user_errors  # noqa: E402
+from brats_seg.config import register_configs  # noqa: E402
+
+register_configs()
+
+
+def benchmark(conf, overrides: list[str]) -> dict:
+    from brats_seg.backend import configure
+
+    backend = configure(conf.backend)
+    import numpy as np
+    import tensorflow as tf
+
+    from brats_seg.lms.planner import estimate_peak
+    from brats_seg.lms.preflight import plan_run
+    from brats_seg.lms.stats import current_rss_bytes, device_peak_bytes, reset_device_peak
+    from brats_seg.training.loop import build_models, effective_lms, make_optimizer
+    from brats_seg.training.losses import SoftDiceBCELoss
+
+    strategy = effective_lms(conf, backend)
+    conf.lms.limit = "1e15"  # measure whatever it takes; the prediction is compared, not enforced
+    plan = plan_run(conf, backend.device, strategy)
+    fixed = strategy if strategy in ("off", "recompute", "offload") else None
+    predicted = estimate_peak(conf.model, conf.resolution.shape, conf.trainer.batch_size, conf.backend.precision,
+                              "adam", fixed, conf.lms.size, conf.lms.prefetch).peak_bytes if fixed else plan.predicted_peak_bytes
+
+    b, shape = conf.trainer.batch_size, tuple(conf.resolution.shape)
+    rng = np.random.default_rng(conf.trainer.seed)
+    x = tf.constant(rng.standard_normal((b, *shape, conf.model.in_channels), dtype=np.float32))
+    y = tf.constant((rng.random((b, *shape, conf.model.out_channels)) < 0.05).astype(np.float32))
+
+    baseline = current_rss_bytes() if backend.device == "CPU" else 0
+    reset_device_peak(backend.device)
+    model, _, stats = build_models(conf, plan, backend)
+    model.compile(optimizer=make_optimizer(conf, 100), loss=SoftDiceBCELoss(), jit_compile=False)
+    times = []
+    for _ in range(max(conf.benchmark.steps, 1) + 1):
+        t0 = time.perf_counter()
+        model.train_on_batch(x, y)
+        times.append(time.perf_counter() - t0)
+    peak = device_peak_bytes(backend.device)
+    step_s = statistics.median(times[1:])
+    result = {
+        "overrides": overrides,
+        "backend": backend.name,
+        "device": backend.device,
+        "strategy": strategy,
+        "resolution": conf.resolution.name,
+        "shape": list(shape),
+        "batch_size": b,
+        "precision": conf.backend.precision,
+        "steps": len(times) - 1,
+        "step_s": round(step_s, 4),
+        "first_step_s": round(times[0], 3),
+        "voxels_per_s": round(b * float(np.prod(shape)) / step_s, 1),
+        "peak_bytes": int(peak),
+        "baseline_bytes": int(baseline),
+        "measured_bytes": int(peak - baseline),
+        "predicted_peak_bytes": int(predicted),
+        "prediction_error": round((predicted - (peak - baseline)) / max(peak - baseline, 1), 4),
+        "recomputed_flops": plan.recomputed_flops,
+        "moved_bytes": plan.moved_bytes,
+    }
+    if stats is not None:
+        result.update({k: v for k, v in stats.result().items()})
+    return result
+
+
+@hydra.main(config_path="../configs", config_name="benchmark", version_base="1.3")
+def main(cfg) -> None:
+    conf = to_config(cfg)
+    with user_errors():
+        result = benchmark(conf, list(HydraConfig.get().overrides.task))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""End to end: ``train.py`` with overrides, then ``evaluate.py``; the MLflow store holds the run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(args, cwd):
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"{args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.mark.slow
+def test_train_then_evaluate_is_tracked_in_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "mlruns.db"
+    uri = f"sqlite:///{db}"
+    run_dir = tmp_path / "run"
+    common = [f"tracking.uri={uri}", "tracking.system_metrics=false"]
+    _run([str(REPO / "train.py"), "resolution=tiny", "data=synthetic", f"data.root={tmp_path / 'synthetic'}",
+          "data.synthetic_cases=5", f"data.cache_dir={tmp_path / 'cache'}", "model.depth=2", "model.base_filters=4",
+          "trainer.epochs=2", "trainer.batch_size=1", f"run_dir={run_dir}", *common], cwd=tmp_path)
+    assert (run_dir / "checkpoints" / "best.keras").is_file()
+    assert json.loads((run_dir / "state.json").read_text())["epoch"] == 2
+
+    out = _run([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}"], cwd=tmp_path)
+    assert "WT" in out.stdout
+    split = json.loads((run_dir / "split.json").read_text())
+    with open(run_dir / "eval" / "test" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["case_id"] for r in rows) == sorted(split["test"])
+    assert list(rows[0])[:7] == ["case_id", "dice_wt", "dice_tc", "dice_et", "hd95_wt", "hd95_tc", "hd95_et"]
+
+    run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    assert run.data.params["model.base_filters"] == "4"
+    assert run.data.params["resolution.name"] == "tiny"
+    assert run.data.tags["backend"] == "cpu_onednn" and run.data.tags["resolution"] == "tiny"
+    assert "git_commit" in run.data.tags
+    history = client.get_metric_history(run_id, "val_dice_mean")
+    assert [m.step for m in history] == [1, 2]  # per-epoch metrics
+    assert any(k.startswith("test_dice_wt") for k in run.data.metrics)
+    top = {a.path for a in client.list_artifacts(run_id)}
+    assert "checkpoints" in top and "eval" in top
+    evaluated = {a.path for a in client.list_artifacts(run_id, "eval/test")}
+    assert "eval/test/metrics.csv" in evaluated and "eval/test/summary.json" in evaluated

@@ -1,0 +1,139 @@
+"""LMS wired into training: the real U-Net's gradients, pre-flight, CPU rules, plan_memory.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from brats_seg.config import BackendConfig, LMSConfig, ModelConfig, ResolutionConfig, TrainConfig, TrainerConfig
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ResolutionConfig(name="small", spacing_mm=4.0, shape=[16, 16, 8])
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from brats_seg.backend import configure
+
+    return configure(BackendConfig(name="cpu_onednn"))
+
+
+def _cfg(strategy: str) -> TrainConfig:
+    return TrainConfig(resolution=SMALL, model=ModelConfig(depth=2, base_filters=4),
+                       trainer=TrainerConfig(batch_size=2), lms=LMSConfig(name=strategy, limit="1e12", size=0))
+
+
+def _gradients(strategy, backend):
+    import keras
+    import tensorflow as tf
+
+    from brats_seg.lms.preflight import plan_run
+    from brats_seg.training.loop import build_models
+    from brats_seg.training.losses import SoftDiceBCELoss
+
+    cfg = _cfg(strategy)
+    plan = plan_run(cfg, "GPU" if strategy == "offload" else "CPU", strategy)  # offload plans need a GPU budget
+    keras.utils.set_random_seed(0)
+    model, export_model, _ = build_models(cfg, plan, backend)
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.standard_normal((2, 16, 16, 8, 4)), tf.float32)
+    y = tf.constant(rng.random((2, 16, 16, 8, 3)) < 0.2, tf.float32)
+    loss_fn = SoftDiceBCELoss()
+
+    @tf.function(jit_compile=False)
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    loss, grads = step()
+    names = [v.path for v in model.trainable_variables]
+    assert [v.path for v in export_model.trainable_variables] == sorted(names, key=names.index)
+    return float(loss), {n: g.numpy() for n, g in zip(names, grads)}, plan
+
+
+@pytest.mark.parametrize("strategy", ["recompute", "offload"])
+def test_real_unet_gradients_agree_with_keep(strategy, backend):
+    loss_keep, g_keep, _ = _gradients("off", backend)
+    loss_lms, g_lms, plan = _gradients(strategy, backend)
+    assert any(p != "keep" for p in plan.policies.values())
+    assert abs(loss_keep - loss_lms) < 1e-6
+    assert set(g_keep) == set(g_lms)
+    for name in g_keep:
+        np.testing.assert_allclose(g_lms[name], g_keep[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_lms_checkpoint_loads_into_plain_model(backend, tmp_path):
+    """The export twin shares the LMS model's weights and saves as .keras; evaluation loads it."""
+    import keras
+
+    from brats_seg.lms.preflight import plan_run
+    from brats_seg.model.unet3d import build_unet3d
+    from brats_seg.training.loop import build_models
+
+    cfg = _cfg("recompute")
+    model, export_model, _ = build_models(cfg, plan_run(cfg, "CPU"), backend)
+    assert model is not export_model
+    model.trainable_variables[0].assign(model.trainable_variables[0] + 1.0)  # train the LMS model...
+    export_model.save(tmp_path / "best.keras")  # ...save its twin
+    plain = build_unet3d(cfg.model, tuple(cfg.resolution.shape))
+    plain.load_weights(tmp_path / "best.keras")
+    for a, b in zip(plain.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_run_predicted_not_to_fit_fails_before_building(backend, tmp_path):
+    from brats_seg.training.loop import preflight_plan
+
+    cfg = _cfg("off")
+    cfg.resolution = ResolutionConfig(name="full", spacing_mm=1.0, shape=[192, 224, 160])
+    cfg.model = ModelConfig(depth=4, base_filters=16)
+    cfg.lms.limit = "2GB"
+    with pytest.raises(ValueError) as err:
+        preflight_plan(cfg, backend)
+    msg = str(err.value)
+    assert "2.00 GB" in msg and "lms=recompute" in msg and "resolution" in msg
+
+
+def test_offload_on_cpu_is_refused_with_the_reason(backend):
+    from brats_seg.training.loop import preflight_plan
+
+    with pytest.raises(ValueError, match="no separate device memory"):
+        preflight_plan(_cfg("offload"), backend)
+
+
+def test_gpu_lms_without_gpu_points_to_cpu_onednn():
+    from brats_seg.backend import BackendError, configure
+
+    with pytest.raises(BackendError, match="backend=cpu_onednn"):
+        configure(BackendConfig(name="gpu_lms"))
+
+
+def _plan_memory(*args):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "plan_memory.py"), "backend=cpu_onednn", *args],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def test_plan_memory_json_and_table():
+    out = _plan_memory("resolution=full", "lms.limit=16GB", "trainer.batch_size=1", "plan.format=json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["limit_bytes"] == 16 * 10**9
+    assert set(data["strategies"]) == {"off", "recompute", "offload", "auto"}
+    for name in ("off", "recompute", "auto"):
+        assert {"predicted_peak_bytes", "recomputed_flops", "moved_bytes"} <= set(data["strategies"][name])
+    assert data["strategies"]["recompute"]["predicted_peak_bytes"] < data["strategies"]["off"]["predicted_peak_bytes"]
+    assert [row["block"] for row in data["plan"]][0] == "enc0" and "policy" in data["plan"][0]
+    table = _plan_memory("resolution=full", "lms.limit=16GB", "trainer.batch_size=1")
+    assert table.returncode == 0 and "dec0" in table.stdout and "recompute" in table.stdout
+
+
+def test_plan_memory_says_what_would_fit():
+    out = _plan_memory("resolution=2x", "lms=recompute", "lms.limit=16GB", "trainer.batch_size=1")
+    assert out.returncode == 1
+    assert "does not fit" in out.stdout and "full 192x224x160" in out.stdout
