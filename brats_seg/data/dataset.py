@@ -64,14 +64,14 @@ def dataset_cache_dir(data: DataConfig) -> Path:
 
 
 def ensure_synthetic(data: DataConfig) -> None:
-    """For ``data=synthetic``: generate the dataset into ``data.root`` unless it is there."""
+    """For ``data=synthetic``: generate the cases of ``data.root`` that are not there yet.
+
+    Writing skips complete cases in milliseconds, and completes a case an interrupted
+    run left half-written (each file is written atomically).
+    """
     from brats_seg.data.synthetic import write_synthetic_dataset
 
-    root = Path(data.root)
-    if root.is_dir() and len([p for p in root.iterdir() if p.is_dir()]) >= data.synthetic_cases:
-        return
-    log.info("generating %d synthetic cases (%s layout) into %s", data.synthetic_cases, data.layout, root)
-    write_synthetic_dataset(root, data.layout, data.synthetic_cases, data.synthetic_seed)
+    write_synthetic_dataset(Path(data.root), data.layout, data.synthetic_cases, data.synthetic_seed)
 
 
 def prepare_dataset(
