@@ -27,6 +27,9 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python train.py experiment=demo
 	$(BIN)/python scripts/evaluate.py run_dir=outputs/demo
+	@echo ""
+	@echo "results:   outputs/demo/eval/test/ (metrics.csv, summary.json, predictions/, overlays/)"
+	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns.db   then open http://127.0.0.1:5000"
 
 clean:
 	rm -rf $(VENV) .pytest_cache outputs multirun

@@ -79,8 +79,10 @@ def configure_environment(cfg: BackendConfig) -> None:
         os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_auto_jit=2")
 
 
-def device_memory_bytes(device: str) -> int:
-    """Total memory of GPU 0 (via nvidia-smi) or the RAM available now on CPU, in bytes."""
+def device_memory_bytes(device: str, gpu_memory_limit_mb: int = 0) -> int:
+    """Total memory of GPU 0 (via nvidia-smi, or the configured cap) or the RAM available now on CPU, in bytes."""
+    if device == "GPU" and gpu_memory_limit_mb > 0:
+        return gpu_memory_limit_mb * 1024 * 1024
     if device == "GPU" and shutil.which("nvidia-smi"):
         try:
             out = subprocess.run(
@@ -123,8 +125,12 @@ def configure(cfg: BackendConfig) -> ResolvedBackend:
             f"backend={name} needs a GPU, and TensorFlow sees none here. Use backend=cpu_onednn "
             "(with lms=recompute to fit a RAM budget), or check the CUDA install (pip install '.[gpu]')."
         )
+    if gpus and cfg.gpu_memory_limit_mb > 0:
+        tf.config.set_logical_device_configuration(
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cfg.gpu_memory_limit_mb)])
+        log.info("GPU 0 limited to %d MB (backend.gpu_memory_limit_mb)", cfg.gpu_memory_limit_mb)
     for gpu in gpus:
-        if cfg.memory_growth:
+        if cfg.memory_growth and cfg.gpu_memory_limit_mb <= 0:
             try:
                 tf.config.experimental.set_memory_growth(gpu, True)
             except RuntimeError:

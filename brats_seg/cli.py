@@ -36,9 +36,10 @@ def user_errors():
     to do), so they are shown as they are.
     """
     from brats_seg.backend import BackendError
+    from brats_seg.lms.planner import PlanDoesNotFitError
 
     try:
         yield
-    except (ValueError, FileNotFoundError, BackendError) as e:
+    except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError) as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None

@@ -101,6 +101,7 @@ class BackendConfig:
     onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS on CPU
     memory_growth: bool = True  # GPU: allocate as needed instead of all at start
     xla: bool = False  # GPU only; forced off with LMS (XLA drops host placements)
+    gpu_memory_limit_mb: int = 0  # >0: cap GPU 0 with a logical device limit (emulate a smaller GPU)
     log_level: str = "2"  # TF_CPP_MIN_LOG_LEVEL: 0 all, 1 no INFO, 2 no WARNING, 3 no ERROR
 
 

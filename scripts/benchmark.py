@@ -44,7 +44,8 @@ def benchmark(conf, overrides: list[str]) -> dict:
     from brats_seg.training.losses import SoftDiceBCELoss
 
     strategy = effective_lms(conf, backend)
-    conf.lms.limit = "1e15"  # measure whatever it takes; the prediction is compared, not enforced
+    if strategy != "auto":  # a fixed strategy is measured whatever it takes; auto plans to lms.limit
+        conf.lms.limit = "1e15"
     plan = plan_run(conf, backend.device, strategy)
     fixed = strategy if strategy in ("off", "recompute", "offload") else None
     predicted = estimate_peak(conf.model, conf.resolution.shape, conf.trainer.batch_size, conf.backend.precision,

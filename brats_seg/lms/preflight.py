@@ -40,7 +40,8 @@ def plan_run(cfg: TrainConfig, device: str | None = None, strategy: str | None =
     device = device or planning_device(cfg)
     if strategy is not None and strategy != cfg.lms.name:
         cfg = _with_strategy(cfg, strategy)
-    return plan_lms_from_config(cfg, device_memory_bytes(device), allow_offload=device == "GPU")
+    return plan_lms_from_config(cfg, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb),
+                                allow_offload=device == "GPU")
 
 
 def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]:
@@ -48,7 +49,7 @@ def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]
     from brats_seg.backend import device_memory_bytes
 
     device = device or planning_device(cfg)
-    limit = parse_limit(cfg.lms.limit, device_memory_bytes(device))
+    limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
     return limit, compare_strategies(
         cfg.model, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, "adam", limit,
         size_bytes=int(cfg.lms.size), prefetch=int(cfg.lms.prefetch),

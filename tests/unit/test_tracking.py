@@ -238,11 +238,12 @@ def test_refused_call_warns_but_stays_connected(store_uri, tmp_path, caplog):
 def test_system_metrics_are_logged(store_uri, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     tracker = Tracker.start(_cfg(store_uri, system_metrics=True), tmp_path / "run", "sysmetrics", {}, {})
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30.0  # a busy machine can delay the first sample by seconds
+    metrics = {}
+    while time.monotonic() < deadline and "system/cpu_utilization_percentage" not in metrics:
+        time.sleep(0.5)
+        metrics = _client(store_uri).get_run(tracker.run_id).data.metrics
     tracker.end()
-    metrics = _client(store_uri).get_run(tracker.run_id).data.metrics
-    if not any(k.startswith("system/") for k in metrics):
-        pytest.skip("no system-metrics sample within 1 s on this (busy) machine")
     assert "system/cpu_utilization_percentage" in metrics
 
 
