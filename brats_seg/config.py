@@ -35,10 +35,6 @@ __all__ = [
     "flatten_config",
 ]
 
-MODALITIES = ("flair", "t1", "t1ce", "t2")  # project channel order, whatever the layout
-REGIONS = ("wt", "tc", "et")  # whole tumour, tumour core, enhancing tumour
-
-
 @dataclass
 class DataConfig:
     name: str = "synthetic"  # config name; `synthetic` generates a brats2021-layout dataset

@@ -25,18 +25,12 @@ __all__ = [
     "LabelConvention",
     "LABELS",
     "REGION_NAMES",
-    "check_labels",
     "invalid_label_values",
     "labels_to_regions",
     "regions_to_labels",
-    "LabelError",
 ]
 
 REGION_NAMES = ("wt", "tc", "et")
-
-
-class LabelError(ValueError):
-    """A label map holds values outside its layout's set."""
 
 
 @dataclass(frozen=True)
@@ -77,18 +71,6 @@ def invalid_label_values(label: np.ndarray, layout: str) -> list:
     """Values present in ``label`` that are not in the layout's label set."""
     conv = _convention(layout)
     return [v for v in np.unique(label).tolist() if v not in conv.values]
-
-
-def check_labels(label: np.ndarray, layout: str, source: str = "label map") -> None:
-    """Raise :class:`LabelError` naming ``source`` if ``label`` holds values outside the layout's set."""
-    conv = _convention(layout)
-    bad = invalid_label_values(label, layout)
-    if bad:
-        raise LabelError(
-            f"{source}: label values {bad} are not in the {layout} label set {list(conv.values)}. "
-            f"Is this dataset really laid out as data={layout}? If so, fix or remove this case "
-            f"(or run with data.on_error=skip)."
-        )
 
 
 def labels_to_regions(label: np.ndarray, layout: str) -> np.ndarray:
