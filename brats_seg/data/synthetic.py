@@ -436,8 +436,11 @@ def _sample_contrast(rng, params: CaseParams) -> _Contrast:
         solid = rng.uniform([0.80, 0.55, 0.58, 1.10], [1.30, 0.72, 0.78, 1.60])
     gain = np.array([rng.uniform(0.5, 0.9), -0.22, -0.2, rng.uniform(1.0, 1.6)])
     main = params.lesions[0]
-    border_mm = rng.uniform(0.35, 0.7) * max(main.r_wt_mm - main.r_core_mm, 6.0)
-    return _Contrast(normal, necrosis, solid, gain, float(rng.uniform(0.2, 0.4)), float(border_mm))
+    # Annotators draw WT on the visible FLAIR hyperintensity, so edema stays above grey
+    # matter out to its labelled border: it fades over the outer fifth to half of its
+    # thickness to p_edge of its full contrast, not to nothing.
+    border_mm = rng.uniform(0.2, 0.45) * max(main.r_wt_mm - main.r_core_mm, 6.0)
+    return _Contrast(normal, necrosis, solid, gain, float(rng.uniform(0.45, 0.65)), float(border_mm))
 
 
 def _normal_images(rng, grid: _Grid, frac: dict[str, np.ndarray], con: _Contrast) -> list[np.ndarray]:
