@@ -196,20 +196,26 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
 
 
 def _restore(model, export_model, last: Path) -> None:
-    """Weights and optimizer state of ``last.keras`` into the (shared) models, matched by path."""
+    """Weights and optimizer state of ``last.keras`` into the (shared) models.
+
+    Optimizer variables are matched by path without the optimizer's own name, which
+    depends on how many optimizers the process has made (``adam_3/enc0_conv1_kernel_momentum``).
+    """
     import keras
+
+    def key(v) -> str:
+        return v.path.split("/", 1)[-1]
 
     restored = keras.models.load_model(last, compile=True)
     export_model.set_weights(restored.get_weights())
     model.optimizer.build(model.trainable_variables)
-    theirs = {v.path: v for v in restored.optimizer.variables}
-    mine = model.optimizer.variables
-    if [v.path for v in mine] != [v.path for v in restored.optimizer.variables]:
-        missing = [v.path for v in mine if v.path not in theirs]
-        if missing:
-            raise ValueError(f"{last}: optimizer state lacks {missing[:3]}...; the checkpoint is from another model.")
-    for v in mine:
-        v.assign(theirs[v.path])
+    theirs = {key(v): v for v in restored.optimizer.variables}
+    missing = [v.path for v in model.optimizer.variables if key(v) not in theirs]
+    if missing:
+        raise ValueError(f"{last}: its optimizer state lacks {missing[:3]}: the checkpoint is from another model. "
+                         "Resume with the config it was trained with, or start a new run_dir=.")
+    for v in model.optimizer.variables:
+        v.assign(theirs[key(v)])
 
 
 def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> TrainResult:
