@@ -134,6 +134,7 @@ class EvaluateConfig:
     overlays: bool = True  # a PNG per case: three slices with reference and prediction contours
     window: List[int] = field(default_factory=list)  # sliding window (x,y,z); empty = half the network grid
     window_overlap: float = 0.5  # sliding mode: fraction of the window shared by neighbours
+    mirror: bool = True  # average with the L-R mirrored prediction (test-time mirroring, as nnU-Net)
 
 
 @dataclass

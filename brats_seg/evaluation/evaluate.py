@@ -196,7 +196,8 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
     meta = entry.meta
     case_id, layout = entry.case_id, meta["layout"]
     probs = predict_case_native(
-        model, entry, meta["record"], mode=eval_cfg.mode, window=eval_cfg.window, overlap=eval_cfg.window_overlap
+        model, entry, meta["record"], mode=eval_cfg.mode, window=eval_cfg.window, overlap=eval_cfg.window_overlap,
+        mirror=eval_cfg.mirror
     )  # (x, y, z, R) native RAS
     ref_vol, ref = _load_reference(case_id, meta["label"], layout)
     check_native_shape(case_id, meta["label"], probs, ref.shape[:3])

@@ -297,6 +297,7 @@ def predict_volume(
     overlap: float = 0.5,
     depth: int | None = None,
     batch_size: int = 1,
+    mirror: bool = False,
 ) -> np.ndarray:
     """Probabilities of one image on the network grid.
 
@@ -310,6 +311,8 @@ def predict_volume(
         depth: down-sampling steps (windows are multiples of ``2**depth``); None = the
             model's MaxPooling3D count.
         batch_size: windows per forward pass.
+        mirror: also predict the left-right mirrored image (axis x, as in training
+            augmentation) and average the two (test-time mirroring, as nnU-Net does).
 
     Returns:
         float32 ``(X, Y, Z, R)`` probabilities.
@@ -322,6 +325,10 @@ def predict_volume(
     if not 0 <= overlap < 1:
         raise ValueError(f"evaluate.window_overlap={overlap}: use a fraction in [0, 1).")
     image = _check_image(model, image)
+    if mirror:
+        probs = predict_volume(model, image, mode, window, overlap, depth, batch_size)
+        mirrored = predict_volume(model, np.ascontiguousarray(image[::-1]), mode, window, overlap, depth, batch_size)
+        return 0.5 * (probs + mirrored[::-1])
     shape = tuple(int(s) for s in image.shape[:3])
     if mode == "whole":
         return _forward(_model_for(model, shape), image[None])[0]
@@ -367,6 +374,7 @@ def predict_case_native(
     window: Sequence[int] | None = None,
     overlap: float = 0.5,
     depth: int | None = None,
+    mirror: bool = False,
 ) -> np.ndarray:
     """Probabilities of one case on its native RAS grid.
 
@@ -376,7 +384,7 @@ def predict_case_native(
             network-grid image ``(X, Y, Z, C)``.
         record: the case's :class:`PreprocessRecord` (or dict); taken from the entry's
             meta.json when None.
-        mode, window, overlap, depth: see :func:`predict_volume`.
+        mode, window, overlap, depth, mirror: see :func:`predict_volume`.
 
     Returns:
         float32 ``(x, y, z, R)`` on the native RAS grid of the case's files; 0 outside
@@ -389,7 +397,7 @@ def predict_case_native(
         image = np.asarray(case, dtype=np.float32)
     if record is None:
         raise ValueError("predict_case_native needs the case's PreprocessRecord when given an array.")
-    probs = predict_volume(model, image, mode=mode, window=window, overlap=overlap, depth=depth)
+    probs = predict_volume(model, image, mode=mode, window=window, overlap=overlap, depth=depth, mirror=mirror)
     return invert_to_native(probs, record)
 
 
@@ -566,7 +574,8 @@ def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_
         allow_crop=config.data.allow_crop,
     )
     probs = predict_case_native(
-        model, net_image, record, mode=eval_cfg.mode, window=eval_cfg.window, overlap=eval_cfg.window_overlap
+        model, net_image, record, mode=eval_cfg.mode, window=eval_cfg.window, overlap=eval_cfg.window_overlap,
+        mirror=eval_cfg.mirror
     )  # (x, y, z, R)
     regions = threshold_regions(probs, eval_cfg.threshold)
     path = save_mask(regions_to_mask(regions, config.data.layout), ref.original_affine, ref.original_header,

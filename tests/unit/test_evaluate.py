@@ -463,3 +463,19 @@ def test_evaluate_script_exits_2_with_a_message(tmp_path, args, message):
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
 
+
+
+def test_mirror_averages_the_left_right_mirrored_prediction():
+    """Test-time mirroring: mean of f(x) and flip(f(flip(x))) along x, exactly."""
+    import keras
+
+    from brats_seg.evaluation.inference import predict_volume
+
+    inp = keras.Input((8, 8, 8, 4))
+    out = keras.layers.Conv3D(3, 3, padding="same", activation="sigmoid", kernel_initializer="glorot_uniform")(inp)
+    model = keras.Model(inp, out)
+    image = np.random.default_rng(0).standard_normal((8, 8, 8, 4)).astype(np.float32)
+    plain = predict_volume(model, image)
+    flipped = predict_volume(model, np.ascontiguousarray(image[::-1]))[::-1]
+    np.testing.assert_allclose(predict_volume(model, image, mirror=True), 0.5 * (plain + flipped), rtol=1e-6)
+    assert not np.allclose(plain, flipped)  # the model is not symmetric, so mirroring changes something
