@@ -30,7 +30,8 @@ Calibration: every memory coefficient is a field of :class:`MemoryModel` (one pl
 Measure real peaks for a few workloads and use :func:`fit_memory_model`, which fits
 ``runtime_bytes`` (intercept) and ``activation_factor`` (slope) by least squares;
 the other fields encode per-layer assumptions to revisit only if the residuals show
-a pattern (e.g. mixed precision predicted low -> ``norm_saved_tensors``).
+a pattern (e.g. mixed precision predicted low -> ``norm_saved_tensors``). The defaults
+are calibrated on CPU; ``docs/lms_calibration.md`` has the measurements and commands.
 
 Units: bytes are SI in printed tables (1 GB = 1e9 bytes); :func:`parse_limit` reads
 both ``GB`` (1e9) and ``GiB`` (2**30).
@@ -144,27 +145,51 @@ class MemoryModel:
     ``runtime_bytes`` and ``activation_factor`` to measured peaks; the other fields are
     per-layer assumptions (see :data:`SAVED_FOR_BACKWARD`).
 
+    Calibrated on CPU (oneDNN, float32, Adam, batch 1) against the peak RSS that
+    ``scripts/benchmark.py`` measures above the already-imported runtime; the
+    measurements, the per-component evidence and the commands are in
+    ``docs/lms_calibration.md``. GPU backends are not calibrated: there cuDNN takes real
+    convolution workspace (raise ``workspace_factor``) and the allocator is the GPU BFC.
+
     Attributes:
-        runtime_bytes: constant of the TensorFlow runtime. On CPU the process RSS of
-            Python + TF + Keras after import and graph tracing (~1 GB); on a GPU the
-            allocator's share of cuDNN/cuBLAS handles (smaller; calibrate per backend).
-        activation_factor: multiplies every activation/gradient/transient byte:
-            allocator rounding and fragmentation (BFC bins, glibc arenas on CPU).
+        runtime_bytes: memory the runtime adds besides tensors once the model is built
+            and the step traced: the traced and Grappler-optimised graphs, oneDNN
+            primitive caches and JIT kernels, Python objects. TensorFlow's own import
+            (~0.85 GB RSS on CPU) is NOT in it: the benchmark's baseline (and any budget
+            taken from the RAM available after start-up) already contains it. Measured
+            0.14-0.2 GB (RSS beyond the allocator's peak at the smallest workloads); 0.17 GB.
+        activation_factor: multiplies every activation/gradient/transient byte. Two
+            effects meet here and nearly cancel, hence 1.0: allocator rounding and
+            fragmentation (oneDNN's BFC allocator rounds chunks up and never gives touched
+            pages back: RSS +4..+34% over the allocator's own peak at full resolution) and
+            the block granularity of :func:`simulate` (the worst layer's working set, the
+            block's saved tensors and its input gradients are counted at once, though the
+            saved tensors are freed layer by layer in backward and the input gradients
+            appear only at the block's end: +6..+25% over the allocator's peak).
         workspace_factor: convolution scratch = this x the largest convolution's
-            max(input, output) bytes. 27 would be a fully materialised 3x3x3 im2col;
-            oneDNN direct convolutions and cuDNN implicit-GEMM algorithms need about
-            one activation or less, hence 1.0.
+            max(input, output) bytes. 0 on CPU: oneDNN's direct 3D convolutions (forward
+            and both backward passes) allocate no workspace tensor (a profiler trace of
+            every allocation of the step shows none); cuDNN's algorithms on a GPU do (1.0,
+            about one activation, was the previous, unmeasured, default).
         norm_saved_tensors: full-size float32 tensors a norm layer saves (its upcast
-            input). Under a float32 policy the first one is the conv output itself.
-            2.0 would model an implementation that also keeps the normalised output.
+            input). Under a float32 policy the first one is the conv output itself; under
+            mixed precision the trace shows the float32 upcast kept and the low-precision
+            conv output freed. 2.0 would model an implementation that also keeps the
+            normalised output (Keras' GroupNormalization does not).
         norm_forward_scratch_tensors: full-size float32 temporaries in a norm forward
-            (squared difference for the variance, ``x * scale`` before the shift).
+            besides its output: one, the squared difference of the variance (freed before
+            the output is written) or, under mixed precision, the float32 normalised
+            output before its downcast.
         norm_backward_scratch_tensors: full-size float32 temporaries in a norm backward
-            (``dy * x`` for the scale gradient, the variance path, the upcast gradient).
+            besides the gradients of its input and output: one (the trace shows ``dy``,
+            ``dy * inv`` and the tiled statistics gradient alive at once, then their sum).
         trilinear_scratch_factor: transient of TrilinearUpSampling3D as a multiple of
             its output (the shifted copies and the interleaved stack of the last axis).
-        loss_tensors: head-output-sized float32 tensors alive in the loss step (clipped
-            probabilities, two logs, ``1 - p``, products for Dice, the gradient).
+            Not measured (the default model up-samples by transposed convolution).
+        loss_tensors: head-output-sized float32 tensors alive in the loss step besides
+            the head output and its gradient: clipped probabilities, ``1 - p``, the logs,
+            the reciprocal and products of the BCE gradient, the tiled Dice gradients and
+            clip's two boolean masks (a quarter each) -- 8.5 at the worst moment measured.
         prefetched_batches: extra batches held by the input pipeline in the same memory
             (0 on a GPU, where tf.data buffers live in host RAM; the prefetch depth when
             planning host RAM on the CPU backend).
@@ -172,14 +197,14 @@ class MemoryModel:
             backward is two convs); used to cost how much transfer compute can hide.
     """
 
-    runtime_bytes: int = 1_000_000_000
+    runtime_bytes: int = 170_000_000
     activation_factor: float = 1.0
-    workspace_factor: float = 1.0
+    workspace_factor: float = 0.0
     norm_saved_tensors: float = 1.0
-    norm_forward_scratch_tensors: float = 2.0
-    norm_backward_scratch_tensors: float = 3.0
+    norm_forward_scratch_tensors: float = 1.0
+    norm_backward_scratch_tensors: float = 1.0
     trilinear_scratch_factor: float = 2.0
-    loss_tensors: float = 6.0
+    loss_tensors: float = 8.5
     prefetched_batches: int = 0
     backward_flops_factor: float = 2.0
 
