@@ -14,7 +14,6 @@ prints: the overrides, ``step_s`` (median seconds per step, first excluded),
 
 from __future__ import annotations
 
-import gc
 import json
 import statistics
 import sys
@@ -52,13 +51,13 @@ def benchmark(conf, overrides: list[str]) -> dict:
     predicted = estimate_peak(conf.model, conf.resolution.shape, conf.trainer.batch_size, conf.backend.precision,
                               "adam", fixed, conf.lms.size, conf.lms.prefetch).peak_bytes if fixed else plan.predicted_peak_bytes
 
-    gc.collect()
-    baseline = current_rss_bytes() if backend.device == "CPU" else 0  # before the batch: the plan counts it
-    reset_device_peak(backend.device)
     b, shape = conf.trainer.batch_size, tuple(conf.resolution.shape)
     rng = np.random.default_rng(conf.trainer.seed)
     x = tf.constant(rng.standard_normal((b, *shape, conf.model.in_channels), dtype=np.float32))
     y = tf.constant((rng.random((b, *shape, conf.model.out_channels)) < 0.05).astype(np.float32))
+
+    baseline = current_rss_bytes() if backend.device == "CPU" else 0  # just before the model is built
+    reset_device_peak(backend.device)
     model, _, stats = build_models(conf, plan, backend)
     model.compile(optimizer=make_optimizer(conf, 100), loss=SoftDiceBCELoss(), jit_compile=False)
     times = []

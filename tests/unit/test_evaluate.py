@@ -103,8 +103,10 @@ class OracleModel:
         self._truth = {}
         for entry in entries:
             image = np.load(entry.image_path).astype(np.float32)
-            regions = np.load(entry.regions_path)[..., :out_channels]
-            self._truth[_image_key(image)] = 0.05 + 0.9 * regions.astype(np.float32)
+            truth = 0.05 + 0.9 * np.load(entry.regions_path)[..., :out_channels].astype(np.float32)
+            self._truth[_image_key(image)] = truth
+            # test-time mirroring (evaluate.mirror) asks for the L-R mirrored image too
+            self._truth[_image_key(np.ascontiguousarray(image[::-1]))] = np.ascontiguousarray(truth[::-1])
 
     def __call__(self, batch, training=False):
         return np.stack([self._truth[_image_key(x)] for x in np.asarray(batch)])
