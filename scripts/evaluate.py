@@ -34,13 +34,10 @@ def main(cfg) -> None:
     with user_errors():
         check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
 
-    from brats_seg.backend import BackendError, configure
+    from brats_seg.backend import configure
 
-    try:
+    with user_errors():
         configure(conf.backend)
-    except BackendError as e:
-        sys.stderr.write(f"error: {e}\n")
-        raise SystemExit(2) from None
     from brats_seg.evaluation.evaluate import eval_dir, evaluate_run, format_summary_table
 
     with user_errors():

@@ -38,13 +38,10 @@ def main(cfg) -> None:
         run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
         cases = find_input_cases(conf.input, run.data.layout)
 
-    from brats_seg.backend import BackendError, configure
+    from brats_seg.backend import configure
 
-    try:
+    with user_errors():
         configure(conf.backend)
-    except BackendError as e:
-        sys.stderr.write(f"error: {e}\n")
-        raise SystemExit(2) from None
     from brats_seg.evaluation.inference import load_run_model, predict_new_cases
 
     with user_errors():

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from brats_seg.data.errors import CaseError
-from brats_seg.data.labels import LABELS, invalid_label_values, labels_to_regions
+from brats_seg.data.labels import check_label_map, labels_to_regions
 from brats_seg.data.layouts import Case
 from brats_seg.data.nifti import load_volume
 from brats_seg.data.preprocess import check_same_grid, preprocess_case
@@ -112,18 +112,9 @@ def _load_case_arrays(case: Case):
     if case.label is not None:
         label_vol = load_volume(case.label, case.case_id)
         check_same_grid(case.case_id, grid[:1] + [(str(label_vol.path), label_vol.original_shape, label_vol.original_affine)])
-        rounded = np.rint(label_vol.data)
-        if not np.array_equal(rounded, label_vol.data):
-            raise CaseError(case.case_id, case.label, "label map holds non-integer values",
-                            "A segmentation must hold integer labels; re-export it.")
-        bad = invalid_label_values(rounded, case.layout)
-        if bad:
-            raise CaseError(
-                case.case_id, case.label,
-                f"label values {[int(v) for v in bad]} are not in the {case.layout} label set {list(LABELS[case.layout].values)}",
-                f"Is the dataset really laid out as data={case.layout}? If so, fix or remove this case "
-                "(or run with data.on_error=skip).",
-            )
+        check_label_map(case.case_id, case.label, label_vol.data, case.layout,
+                        f"Is the dataset really laid out as data={case.layout}? If so, fix or remove this case "
+                        "(or run with data.on_error=skip).")
     return image, ref, label_vol
 
 

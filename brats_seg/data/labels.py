@@ -26,6 +26,7 @@ __all__ = [
     "LABELS",
     "REGION_NAMES",
     "invalid_label_values",
+    "check_label_map",
     "labels_to_regions",
     "regions_to_labels",
 ]
@@ -71,6 +72,27 @@ def invalid_label_values(label: np.ndarray, layout: str) -> list:
     """Values present in ``label`` that are not in the layout's label set."""
     conv = _convention(layout)
     return [v for v in np.unique(label).tolist() if v not in conv.values]
+
+
+def check_label_map(case_id: str, path, data: np.ndarray, layout: str, hint: str) -> np.ndarray:
+    """``data`` as an integer label map, or a CaseError naming the file and the bad values.
+
+    Args:
+        case_id, path: for the message.
+        data: the label (or mask) file's voxels.
+        layout: whose label set applies.
+        hint: what the user should do about bad values.
+    """
+    from brats_seg.data.errors import CaseError
+
+    labels = np.rint(data)
+    if not np.array_equal(labels, data):
+        raise CaseError(case_id, path, "label map holds non-integer values", "Write it as an integer label map.")
+    bad = invalid_label_values(labels, layout)
+    if bad:
+        raise CaseError(case_id, path, f"label values {[int(v) for v in bad]} are not in the {layout} label set "
+                        f"{list(_convention(layout).values)}", hint)
+    return labels.astype(np.int16)
 
 
 def labels_to_regions(label: np.ndarray, layout: str) -> np.ndarray:

@@ -43,7 +43,7 @@ import numpy as np
 from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry, prepare_cases
 from brats_seg.data.errors import CaseError, DataError, DatasetError
-from brats_seg.data.labels import LABELS, REGION_NAMES, invalid_label_values, labels_to_regions
+from brats_seg.data.labels import REGION_NAMES, check_label_map, labels_to_regions
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.nifti import Volume, load_volume, save_mask
 from brats_seg.data.splits import load_split
@@ -162,16 +162,8 @@ def _prepare_entries(config: TrainConfig, case_ids: list[str], progress: bool) -
 def _load_reference(case_id: str, path: str | Path, layout: str) -> tuple[Volume, np.ndarray]:
     """The label file (RAS) and its regions ``(x, y, z, 3)`` uint8, labels checked."""
     vol = load_volume(path, case_id)
-    labels = np.rint(vol.data)
-    if not np.array_equal(labels, vol.data):
-        raise CaseError(case_id, path, "label map holds non-integer values", "A segmentation must hold integer labels.")
-    bad = invalid_label_values(labels, layout)
-    if bad:
-        raise CaseError(
-            case_id, path, f"label values {[int(v) for v in bad]} are not in the {layout} label set "
-            f"{list(LABELS[layout].values)}", f"Is this really data={layout}?",
-        )
-    return vol, labels_to_regions(labels.astype(np.int16), layout)
+    labels = check_label_map(case_id, path, vol.data, layout, f"Is this really data={layout}?")
+    return vol, labels_to_regions(labels, layout)
 
 
 def _case_metrics(pred: np.ndarray, ref: np.ndarray, spacing_mm) -> dict[str, float]:
@@ -345,17 +337,9 @@ def _load_prediction(case_id: str, path: Path, ref: Volume, layout: str) -> np.n
             f"the reference {ref.path} (RAS shape {ref.data.shape}, affine {np.round(ref.affine_ras, 3).tolist()})",
             "A mask must be on its reference label file's grid: write it with scripts/predict.py, or resample it first.",
         )
-    labels = np.rint(vol.data)
-    if not np.array_equal(labels, vol.data):
-        raise CaseError(case_id, path, "mask holds non-integer values", "Write masks as integer label maps.")
-    bad = invalid_label_values(labels, layout)
-    if bad:
-        raise CaseError(
-            case_id, path, f"label values {[int(v) for v in bad]} are not in the {layout} label set "
-            f"{list(LABELS[layout].values)}",
-            "Write masks in the layout's own labels, or pass the data= the masks were written for.",
-        )
-    return labels_to_regions(labels.astype(np.int16), layout)
+    labels = check_label_map(case_id, path, vol.data, layout,
+                             "Write masks in the layout's own labels, or pass the data= the masks were written for.")
+    return labels_to_regions(labels, layout)
 
 
 def score_masks(

@@ -50,8 +50,8 @@ class _PerSampleMean(keras.metrics.Metric):
         self.total = self.add_variable(shape=(), initializer="zeros", name="total", dtype="float32")
         self.count = self.add_variable(shape=(), initializer="zeros", name="count", dtype="float32")
 
-    def _per_sample(self, dice):  # (B, R) -> (B,)
-        raise NotImplementedError
+    def _per_sample(self, dice):  # (B, R) -> (B,): the mean over regions; RegionDice picks one
+        return ops.mean(dice, axis=-1)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         values = self._per_sample(compute_hard_dice(y_true, y_pred, self.threshold))  # (B,)
@@ -118,9 +118,6 @@ class MeanDice(_PerSampleMean):
 
     def __init__(self, name: str = "dice_mean", threshold: float = 0.5, dtype=None):
         super().__init__(threshold=threshold, name=name, dtype=dtype)
-
-    def _per_sample(self, dice):
-        return ops.mean(dice, axis=-1)
 
 
 def make_dice_metrics(out_channels: int = 3, threshold: float = 0.5) -> list[keras.metrics.Metric]:
