@@ -38,6 +38,15 @@ no "backward phase". Control dependencies therefore carry the plan:
 (per graph and thread, so each ``MirroredStrategy`` replica has its own) records its block
 calls in order, and ``B``'s backward issues ``A``'s copy back.
 
+Kept tails: for a block named in ``keep_tails`` whose ``apply_fn`` has a ``split =
+(front, tail)`` (``apply == tail(front(...))``, as ``brats_seg.model.unet3d.Block``),
+only ``front`` runs under the recompute/offload policy; ``tail`` (its last conv unit) runs
+normally and TensorFlow keeps what it saves. Meant for the last block before the head:
+its backward follows its forward at once, so recomputing its tail would rebuild tensors
+that would otherwise have lived only a moment longer, and the peak of its backward
+(``front``'s recomputation) no longer holds the tail's tensors. The last segment of
+PyTorch's ``checkpoint_sequential`` is not checkpointed for the same reason.
+
 Skips: blocks named in ``offload_skips`` send their output to the host when produced; a
 later block (not the next one) taking that tensor among its ``inputs`` gets a copy back
 issued when the block ``prefetch`` positions before it starts (a dependency on that
@@ -340,6 +349,7 @@ class BlockWrapper:
         stats: OffloadStats | None = None,
         compute_device: str | None = None,
         block_layers: Mapping[str, Iterable] | None = None,
+        keep_tails: set[str] | None = None,
     ):
         bad = {name: p for name, p in policies.items() if p not in POLICIES}
         if bad:
@@ -353,6 +363,7 @@ class BlockWrapper:
         self.stats = stats
         self.compute_device = compute_device
         self.block_layers = dict(block_layers or {})
+        self.keep_tails = set(keep_tails or ())
         self._passes: dict[int, _Pass] = {}  # thread id -> its latest forward pass
         self._lock = threading.Lock()
         self._checked: set[str] = set()  # blocks whose layers were checked
@@ -399,7 +410,14 @@ class BlockWrapper:
         inputs = self._fetch_skips(fwd, call, inputs)
         if fwd.graph is not None:
             call.inputs = inputs
-        y = apply_fn(*inputs) if policy == "keep" else self._custom_gradient_block(fwd, call, apply_fn, inputs)
+        split = getattr(apply_fn, "split", None) if block_name in self.keep_tails else None
+        if policy == "keep":
+            y = apply_fn(*inputs)
+        elif split is not None:  # front under the policy, tail kept
+            front, tail = split
+            y = tail(self._custom_gradient_block(fwd, call, front, inputs))
+        else:
+            y = self._custom_gradient_block(fwd, call, apply_fn, inputs)
         target = call.index - self.prefetch
         if self.prefetch > 0 and target >= 0 and fwd.calls[target].policy == "offload":
             call.prefetch_for.append(fwd.calls[target])
@@ -598,6 +616,7 @@ def make_block_wrapper(
     stats: OffloadStats | None = None,
     compute_device: str | None = None,
     block_layers: Mapping[str, Iterable] | None = None,
+    keep_tails: set[str] | None = None,
 ) -> BlockWrapper:
     """Build the ``block_wrapper(block_name, apply_fn, inputs) -> output`` for the U-Net builder.
 
@@ -614,6 +633,8 @@ def make_block_wrapper(
             output's placement), else ``/GPU:0`` if any GPU is visible, else ``/CPU:0``.
         block_layers: optional block name -> layers, checked (like what ``apply_fn``
             references) for BatchNormalization and random layers.
+        keep_tails: block names whose ``apply_fn.split`` tail (last conv unit) is kept
+            while the front follows the block's policy (``Plan.keep_tails``).
 
     Returns:
         The :class:`BlockWrapper`.
@@ -621,4 +642,5 @@ def make_block_wrapper(
     Raises:
         ValueError: an unknown policy or a negative ``prefetch``.
     """
-    return BlockWrapper(policies, host_device, prefetch, offload_skips, stats, compute_device, block_layers)
+    return BlockWrapper(policies, host_device, prefetch, offload_skips, stats, compute_device, block_layers,
+                        keep_tails)

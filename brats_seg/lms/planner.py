@@ -19,7 +19,8 @@ The module has four parts:
    in which someone needs it (its producer kept it, a consumer kept or will recompute
    from it, an offloaded copy has come back ``prefetch`` blocks early); gradients of
    block outputs live from their first producer in backward to their consumer. The
-   predicted peak is the largest step, and where it happens is reported.
+   predicted peak is the largest step, and where it happens is reported. A recomputed
+   or offloaded last block before the head keeps its last conv unit (:func:`tail_kept`).
 3. **Planning** (:func:`plan_lms`, :func:`compare_strategies`): ``off`` / ``recompute``
    / ``offload`` / ``auto`` (greedy by peak bytes saved per overhead second, then a
    pass that undoes every move not needed to fit). :class:`PlanDoesNotFitError` says
@@ -73,6 +74,7 @@ __all__ = [
     "plan_lms",
     "plan_lms_from_config",
     "simulate",
+    "tail_kept",
 ]
 
 logger = logging.getLogger(__name__)
@@ -281,6 +283,14 @@ class BlockCost:
         recomputable: False when a layer writes state in forward (BatchNormalization's
             moving statistics would be updated twice): such a block is always kept, as
             ``brats_seg.lms.offload`` refuses to recompute it.
+        tail_start: index in ``layers`` of the block's last conv unit (the tail of
+            ``Block.split``), None for the head. With the tail kept (the last block
+            before the head, see :func:`tail_kept`), only the layers before it are
+            recomputed.
+        tail_saved_bytes: internal tensors the tail keeps (its input, the conv output).
+        tail_backward_bytes: the tail's backward working set (internal gradients + scratch).
+        front_backward_bytes: the front's recomputed tensors + its backward working set.
+        tail_forward_flops: forward FLOPs of the tail (not recomputed when kept).
     """
 
     name: str
@@ -297,6 +307,11 @@ class BlockCost:
     backward_working_bytes: int
     forward_flops: float
     recomputable: bool = True
+    tail_start: int | None = None
+    tail_saved_bytes: int = 0
+    tail_backward_bytes: int = 0
+    front_backward_bytes: int = 0
+    tail_forward_flops: float = 0.0
 
     @property
     def input_bytes(self) -> int:
@@ -317,7 +332,7 @@ class BlockCost:
 
 def _finish_block(
     name: str, inputs: Sequence[str], output: str, layers: list[LayerCost], tensor_bytes: dict[str, int],
-    skip_input: str | None = None, recomputable: bool = True,
+    skip_input: str | None = None, recomputable: bool = True, tail_start: int | None = None,
 ) -> BlockCost:
     """Derive a block's memory quantities from its layer table."""
     inputs = tuple(inputs)
@@ -326,6 +341,26 @@ def _finish_block(
 
     def size(names: Iterable[str]) -> int:
         return sum(tensor_bytes[t] for t in set(names))
+
+    def backward_working(part: Sequence[LayerCost]) -> int:
+        return max(
+            size(t for t in (*layer.inputs, layer.output) if t in internal) + layer.backward_scratch_bytes
+            for layer in part
+        )
+
+    def internal_saved(part: Sequence[LayerCost]) -> int:
+        return size(t for layer in part for t in layer.saved if t in internal)
+
+    tail_fields: dict[str, Any] = {}
+    if tail_start is not None:
+        front, tail = layers[:tail_start], layers[tail_start:]
+        tail_fields = {
+            "tail_start": tail_start,
+            "tail_saved_bytes": internal_saved(tail),
+            "tail_backward_bytes": backward_working(tail),
+            "front_backward_bytes": internal_saved(front) + backward_working(front),
+            "tail_forward_flops": sum(layer.forward_flops for layer in tail),
+        }
 
     fwd_keep = max(
         size(t for t in (*layer.inputs, layer.output, *layer.creates) if t in internal and t not in saved)
@@ -336,10 +371,7 @@ def _finish_block(
         size(t for t in (*layer.inputs, layer.output, *layer.creates) if t in internal) + layer.forward_scratch_bytes
         for layer in layers
     )
-    bwd = max(
-        size(t for t in (*layer.inputs, layer.output) if t in internal) + layer.backward_scratch_bytes
-        for layer in layers
-    )
+    bwd = backward_working(layers)
     return BlockCost(
         name=name,
         inputs=inputs,
@@ -355,6 +387,7 @@ def _finish_block(
         backward_working_bytes=bwd,
         forward_flops=sum(layer.forward_flops for layer in layers),
         recomputable=recomputable,
+        **tail_fields,
     )
 
 
@@ -367,6 +400,7 @@ class _BlockBuilder:
         self.stateful_norm = stateful_norm  # batch norm: moving statistics written in forward
         self.tensors: dict[str, int] = dict(inputs)
         self.layers: list[LayerCost] = []
+        self.tail_start: int | None = None  # index of the last conv unit's first layer
 
     def tensor(self, part: str, voxels: int, channels: int, dtype_bytes: int | None = None) -> str:
         name = part if part == self.name else f"{self.name}/{part}"
@@ -433,6 +467,8 @@ class _BlockBuilder:
     def two_conv(self, x: str, cin: int, filters: int, voxels: int, norm: str, groups: int) -> str:
         """[Conv3D(F, 3, same, no bias) -> Norm -> ReLU] x 2; the last ReLU writes the block output."""
         for i in (1, 2):
+            if i == 2:
+                self.tail_start = len(self.layers)
             c = self.conv(f"conv{i}", x, cin if i == 1 else filters, filters, voxels, kernel=3, bias=False)
             n = self.norm(f"norm{i}", c, filters, voxels, norm, groups)
             x = self.relu(f"relu{i}", n, filters, voxels, out=self.name if i == 2 else None)
@@ -440,7 +476,8 @@ class _BlockBuilder:
 
     def finish(self, inputs: Sequence[str], skip_input: str | None = None) -> BlockCost:
         recomputable = not (self.stateful_norm and any(layer.kind == "norm" for layer in self.layers))
-        return _finish_block(self.name, inputs, self.name, self.layers, self.tensors, skip_input, recomputable)
+        return _finish_block(self.name, inputs, self.name, self.layers, self.tensors, skip_input, recomputable,
+                             self.tail_start)
 
 
 @dataclass(frozen=True)
@@ -721,6 +758,27 @@ def _offloadable(net: NetworkCost, tensor: str, size_bytes: int) -> bool:
     return tensor not in net.pinned and net.tensor_bytes[tensor] >= size_bytes
 
 
+def tail_kept(net: NetworkCost, i: int, policy: str) -> bool:
+    """Whether block ``i`` under ``policy`` keeps its tail (last conv unit) un-recomputed.
+
+    True for the last block before the head when it is recomputed or offloaded: its
+    backward follows its forward at once (only the head and the loss run in between),
+    so recomputing the tail would save nothing across the step, only cost its FLOPs,
+    while recomputing just the front lowers the block's own backward peak (the tail's
+    tensors are freed before the front is rebuilt). As PyTorch's
+    ``checkpoint_sequential`` leaves its last segment un-checkpointed.
+    """
+    blk = net.blocks[i]
+    return policy != "keep" and blk.tail_start is not None and i == len(net.blocks) - 2
+
+
+def _recomputed_flops(net: NetworkCost, i: int, policy: str) -> float:
+    blk = net.blocks[i]
+    if policy == "keep":
+        return 0.0
+    return blk.forward_flops - (blk.tail_forward_flops if tail_kept(net, i, policy) else 0.0)
+
+
 def simulate(
     net: NetworkCost,
     policies: Sequence[str],
@@ -802,6 +860,12 @@ def simulate(
             add(kept, blk.internal_saved_bytes, [(i, back(i))])
             transient[i] += blk.forward_working_keep_bytes
             transient[back(i)] += blk.backward_working_bytes
+        elif tail_kept(net, i, policies[i]):
+            # The tail's saved tensors live until its backward, which runs first in the
+            # block's backward step; the front is rebuilt once they are freed.
+            add(kept, blk.tail_saved_bytes, [(i, back(i) - 1)])
+            transient[i] += blk.forward_working_drop_bytes
+            transient[back(i)] += max(blk.tail_saved_bytes + blk.tail_backward_bytes, blk.front_backward_bytes)
         else:
             transient[i] += blk.forward_working_drop_bytes
             transient[back(i)] += blk.internal_saved_bytes + blk.backward_working_bytes
@@ -849,6 +913,9 @@ class BlockPlan:
         skip_bytes: bytes of the skip input (``dec{l}``), else 0.
         forward_flops: forward FLOPs of the block.
         overhead_s: predicted extra seconds per step (recompute + transfers not hidden).
+        tail_kept: the block's last conv unit is kept, only the rest is recomputed /
+            offloaded (the last block before the head; see :func:`tail_kept`).
+            :attr:`Plan.keep_tails` lists them for ``brats_seg.lms.offload``.
     """
 
     block: str
@@ -862,6 +929,7 @@ class BlockPlan:
     skip_bytes: int = 0
     forward_flops: float = 0.0
     overhead_s: float = 0.0
+    tail_kept: bool = False
 
 
 @dataclass(frozen=True)
@@ -883,11 +951,13 @@ def _block_row(net: NetworkCost, i: int, policy: str, skip_offloaded: bool, cost
     blk, n = net.blocks[i], len(net.blocks)
     bw, back_factor = costing.host_bandwidth_bps, net.memory_model.backward_flops_factor
     moved = [t for t in blk.inputs if _offloadable(net, t, costing.size_bytes)] if policy == "offload" else []
+    recomputed = _recomputed_flops(net, i, policy)
+    tail = tail_kept(net, i, policy)
     if policy == "keep":
         kept = blk.keep_saved_bytes
     else:
-        kept = sum(blk.tensor_bytes[t] for t in blk.inputs if t not in moved)
-    overhead = 0.0 if policy == "keep" else _forward_s(net, i, costing)
+        kept = sum(blk.tensor_bytes[t] for t in blk.inputs if t not in moved) + (blk.tail_saved_bytes if tail else 0)
+    overhead = recomputed / costing.device_flops
     moved_one_way = sum(blk.tensor_bytes[t] for t in moved)
     if moved_one_way:
         # To host: overlaps the block's own forward. Back: overlaps the backward of the
@@ -908,8 +978,9 @@ def _block_row(net: NetworkCost, i: int, policy: str, skip_offloaded: bool, cost
         policy=policy,
         kept_bytes=int(kept),
         moved_bytes=int(2 * (moved_one_way + skip_moved)),
-        recomputed_flops=0.0 if policy == "keep" else blk.forward_flops,
+        recomputed_flops=recomputed,
         skip_offloaded=bool(skip_moved),
+        tail_kept=tail,
         keep_bytes=blk.keep_saved_bytes,
         input_bytes=blk.input_bytes,
         skip_bytes=blk.skip_bytes,
@@ -998,6 +1069,11 @@ class Plan:
         """Producers (``enc{l}``) of the skips held on the host: ``BlockWrapper(offload_skips=...)``."""
         return {f"enc{b.block.removeprefix('dec')}" for b in self.blocks if b.skip_offloaded}
 
+    @property
+    def keep_tails(self) -> set[str]:
+        """Blocks whose last conv unit is kept: ``BlockWrapper(keep_tails=...)``."""
+        return {b.block for b in self.blocks if b.tail_kept}
+
     def entry(self, block: str) -> BlockPlan:
         """The row of ``block``; KeyError naming the known blocks otherwise."""
         for b in self.blocks:
@@ -1025,8 +1101,9 @@ class Plan:
         lines += [header, "-" * len(header)]
         for b in self.blocks:
             skip = "yes" if b.skip_offloaded else "-"
+            policy = b.policy + ("*" if b.tail_kept else "")
             lines.append(
-                f"{b.block:<11} {b.policy:<10} {format_bytes(b.kept_bytes):>10} {format_bytes(b.moved_bytes):>10} "
+                f"{b.block:<11} {policy:<10} {format_bytes(b.kept_bytes):>10} {format_bytes(b.moved_bytes):>10} "
                 f"{b.recomputed_flops / 1e9:>7.1f} GFLOP {skip:>9} {b.overhead_s * 1e3:>7.1f} ms"
             )
         lines.append("-" * len(header))
@@ -1034,6 +1111,9 @@ class Plan:
             f"{'total':<11} {'':<10} {'':>10} {format_bytes(self.moved_bytes):>10} "
             f"{self.recomputed_flops / 1e9:>7.1f} GFLOP {'':>9} {self.overhead_s * 1e3:>7.1f} ms"
         )
+        if self.keep_tails:
+            lines.append(f"* {', '.join(sorted(self.keep_tails))}: last conv unit kept (its backward follows at once), "
+                         "the rest recomputed")
         if self.peak_breakdown:
             parts = ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {format_bytes(v)}"
                               for k, v in self.peak_breakdown.items())
@@ -1525,7 +1605,7 @@ def fit_memory_model(
 
     Args:
         samples: ``(kwargs of estimate_peak, measured peak bytes)`` pairs, e.g.
-            ``({"model_cfg": ModelConfig(), "input_shape": (96, 112, 80), "batch_size": 1}, 2.1e9)``.
+            ``({"model_cfg": ModelConfig(depth=4), "input_shape": (96, 112, 80), "batch_size": 1}, 2.1e9)``.
         base: the other coefficients; default :class:`MemoryModel()`.
 
     Returns:

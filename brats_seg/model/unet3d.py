@@ -15,6 +15,11 @@ Block structure (the LMS planner models exactly this; keep them in step)::
     Up         = Conv3DTranspose(F_l, 2, strides 2)            (upsample=transpose)
                | TrilinearUpSampling3D(2) -> Conv3D(F_l, 1)     (upsample=trilinear)
 
+Every TwoConv block also exposes ``Block.split = (front, tail)``: ``tail`` is its last
+conv unit, ``front`` everything before it. LMS recomputes ``front`` and keeps ``tail`` in
+the last block before the head, whose backward runs right after its forward (see
+``brats_seg.lms``).
+
 Every layer is named ``<block>_<part>`` (``enc0_conv1``, ``dec2_up``, ``head_conv``), so
 ``model.get_layer("bottleneck_conv2")`` works and a plan can address a block by its
 prefix. Each block is a :class:`Block`: its layers are created (and built) once by a
@@ -53,6 +58,7 @@ NORMS = ("instance", "group", "batch")
 UPSAMPLES = ("transpose", "trilinear")
 IN_CHANNELS = (1, 4)  # FLAIR only | FLAIR, T1, T1ce, T2
 OUT_CHANNELS = (1, 3)  # WT only | WT, TC, ET
+CONV_UNIT_LAYERS = 3  # conv -> norm -> ReLU: the tail of Block.split
 NORM_EPSILON = 1e-5  # instance/group norm; the usual value (PyTorch, MONAI) rather than Keras' 1e-3
 
 # (block_name, block, inputs) -> output; see build_unet3d.
@@ -200,12 +206,17 @@ class Block:
         apply: the forward pass ``apply(*inputs) -> output``, built only from ``layers``.
         build_fn: ``build_fn(*input_shapes) -> output_shape``; builds every layer from
             shapes without adding nodes to any graph (see :meth:`build`).
+        split: ``(front, tail)`` with ``apply(*inputs) == tail(front(*inputs))``: ``tail``
+            is the block's last conv unit (``conv2 -> norm2 -> relu2``), ``front`` the rest.
+            LMS can recompute ``front`` and keep ``tail`` (see ``brats_seg.lms``). None for
+            the head.
     """
 
     name: str
     layers: tuple
     apply: Callable[..., Any]
     build_fn: Callable[..., tuple]
+    split: tuple[Callable[..., Any], Callable[[Any], Any]] | None = None
 
     def __call__(self, *inputs):
         return self.apply(*inputs)
@@ -229,32 +240,43 @@ def _chain_block(
     parts: Sequence[layers.Layer],
     up: Sequence[layers.Layer] = (),
     merge: layers.Layer | None = None,
+    tail: int = 0,
 ) -> Block:
     """A block that runs its layers as a chain.
 
     Without ``merge``: ``apply(x) = parts[-1](...parts[0](x))``.
     With ``merge`` (decoder): ``apply(x, skip)`` runs ``up`` on ``x``, merges
-    ``[up(x), skip]``, then runs ``parts``.
+    ``[up(x), skip]``, then runs ``parts``. ``tail > 0``: the last ``tail`` parts form
+    :attr:`Block.split`'s tail.
     """
     parts, up = tuple(parts), tuple(up)
+    front_parts, tail_parts = (parts[:-tail], parts[-tail:]) if tail else (parts, ())
 
-    def forward(run, run_merge, x, skip=None):
+    def run_front(run, x, skip=None):
         for layer in up:
             x = run(layer, x)
         if merge is not None:
-            x = run_merge(merge, [x, skip])
-        for layer in parts:
+            x = run(merge, [x, skip])
+        for layer in front_parts:
+            x = run(layer, x)
+        return x
+
+    def run_tail(run, x):
+        for layer in tail_parts:
             x = run(layer, x)
         return x
 
     def apply(*inputs):
-        return forward(_call, _call, *inputs)
+        return run_tail(_call, run_front(_call, *inputs))
 
     def build_fn(*input_shapes):
-        return forward(_build, _build, *[tuple(s) for s in input_shapes])
+        return run_tail(_build, run_front(_build, *[tuple(s) for s in input_shapes]))
 
+    split = None
+    if tail:
+        split = (lambda *inputs: run_front(_call, *inputs), lambda x: run_tail(_call, x))
     block_layers = up + ((merge,) if merge is not None else ()) + parts
-    return Block(name=name, layers=block_layers, apply=apply, build_fn=build_fn)
+    return Block(name=name, layers=block_layers, apply=apply, build_fn=build_fn, split=split)
 
 
 def _call(layer: layers.Layer, x):
@@ -298,7 +320,7 @@ def encoder_block(name: str, filters: int, cfg: ModelConfig, pool: bool) -> Bloc
     """``enc0`` (no pool), ``enc{l}`` and ``bottleneck`` (MaxPool3D(2) first): ``(B,x,y,z,C)`` ->
     ``(B,x',y',z',filters)`` with ``x' = x`` or ``x / 2``."""
     parts = [layers.MaxPooling3D(2, name=f"{name}_pool")] if pool else []
-    return _chain_block(name, parts + _two_conv_layers(name, filters, cfg))
+    return _chain_block(name, parts + _two_conv_layers(name, filters, cfg), tail=CONV_UNIT_LAYERS)
 
 
 def decoder_block(name: str, filters: int, cfg: ModelConfig) -> Block:
@@ -308,7 +330,7 @@ def decoder_block(name: str, filters: int, cfg: ModelConfig) -> Block:
     else:
         up = [TrilinearUpSampling3D(name=f"{name}_up"), layers.Conv3D(filters, 1, name=f"{name}_upconv")]
     merge = layers.Concatenate(axis=-1, name=f"{name}_concat")
-    return _chain_block(name, _two_conv_layers(name, filters, cfg), up=up, merge=merge)
+    return _chain_block(name, _two_conv_layers(name, filters, cfg), up=up, merge=merge, tail=CONV_UNIT_LAYERS)
 
 
 def _prior_logit(prior: float) -> float:

@@ -186,12 +186,13 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
     if all(p == "keep" for p in policies.values()):
         return export_model, export_model, None
     batch = max(cfg.trainer.batch_size, 1)
-    stats = OffloadStats({row.block: row.forward_flops / batch for row in plan.blocks})
+    stats = OffloadStats({row.block: row.recomputed_flops / batch for row in plan.blocks})
     wrapper = make_block_wrapper(policies, host_device="/CPU:0", prefetch=cfg.lms.prefetch,
-                                 offload_skips=plan.offload_skips, stats=stats,
+                                 offload_skips=plan.offload_skips, stats=stats, keep_tails=plan.keep_tails,
                                  compute_device="/GPU:0" if backend.device == "GPU" else "/CPU:0")
     model = build_unet3d(cfg.model, shape, block_wrapper=wrapper, blocks=blocks)
-    log.info("LMS: %s", ", ".join(f"{b}={p}" for b, p in policies.items() if p != "keep"))
+    log.info("LMS: %s", ", ".join(f"{b}={p}" + (" (last conv unit kept)" if b in plan.keep_tails else "")
+                                  for b, p in policies.items() if p != "keep"))
     return model, export_model, stats
 
 

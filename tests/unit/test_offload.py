@@ -75,15 +75,26 @@ def make_tiny_blocks(filters: int = 4, down: str = "max", extra: dict | None = N
     return blocks
 
 
+def _run_layers(block_layers: list, x, skip=None):
+    for layer in block_layers:
+        x = layer([x, skip]) if isinstance(layer, layers.Concatenate) else layer(x)
+    return x
+
+
 def block_apply(block_layers: list):
-    """``apply(x[, skip])`` running ``block_layers`` in order (concat merges the skip)."""
+    """``apply(x[, skip])`` running ``block_layers`` in order (concat merges the skip).
+
+    Like ``unet3d.Block``, blocks with layers before their last conv unit carry
+    ``split = (front, tail)``: the tail is the conv unit (``conv -> norm -> relu``).
+    """
 
     def apply(x, skip=None):
-        for layer in block_layers:
-            x = layer([x, skip]) if isinstance(layer, layers.Concatenate) else layer(x)
-        return x
+        return _run_layers(block_layers, x, skip)
 
     apply.layers = block_layers
+    if len(block_layers) > 3 and block_layers[-3].name.endswith("_conv1"):
+        apply.split = (lambda x, skip=None: _run_layers(block_layers[:-3], x, skip),
+                       lambda x: _run_layers(block_layers[-3:], x))
     return apply
 
 
@@ -171,6 +182,8 @@ PLANS = {
     "mixed+skips": (MIXED_PLAN, {"offload_skips": {"enc0"}}),
     "mixed prefetch=2": (MIXED_PLAN, {"prefetch": 2}),
     "mixed prefetch=0": (MIXED_PLAN, {"prefetch": 0, "offload_skips": {"enc0"}}),
+    "recompute, kept tails": ("recompute", {"keep_tails": {"dec0", "dec1", "enc1"}}),
+    "offload, kept tails": ("offload", {"keep_tails": {"dec0"}, "offload_skips": {"enc0"}}),
 }
 
 

@@ -63,6 +63,8 @@ class Traced:
             return apply(*inputs)
 
         spy.layers = apply.layers
+        if hasattr(apply, "split"):
+            spy.split = apply.split
         return spy
 
     def ops(self, pattern: str) -> list:
@@ -194,6 +196,20 @@ def test_block_internals_kept_only_when_kept(policy):
         assert internals, "the keep plan should keep activations (test sanity)"
     else:
         assert internals == []
+
+
+@pytest.mark.parametrize("policy", ["recompute", "offload"])
+def test_kept_tail_is_kept_and_its_front_recomputed(policy):
+    """dec0 = [up, concat] + tail [conv1, norm1, relu1]: only the tail's tensors are kept
+    for backward, and the backward re-runs the up-sampling but not the tail's conv."""
+    traced = Traced(policy, keep_tails={"dec0"})
+    internals = {t.op.name for t in traced.kept() if t.op.type != "Placeholder" and INTERNAL.search(t.op.name)}
+    assert internals and all(re.search(r"/dec0_(conv1|norm1|relu1)", name) for name in internals), internals
+    assert any("dec0_conv1" in name for name in internals)  # the tail's conv output, for the norm's gradient
+    recomputed = {op.type for op in traced.ops(r"^lms_dec0_recompute/") if op.type.startswith("Conv3D")}
+    assert "Conv3DBackpropInputV2" in recomputed  # the recomputed transposed conv (up)
+    assert "Conv3D" not in recomputed  # the tail's conv is not run again
+    assert [op for op in traced.backward if op.name.startswith("lms_dec1_recompute/") and op.type == "Conv3D"]
 
 
 @pytest.mark.parametrize("policy,backward_convs", [("keep", 2), ("recompute", 8), ("offload", 8)])

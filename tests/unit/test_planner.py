@@ -22,6 +22,7 @@ from brats_seg.lms.planner import (
     plan_lms,
     plan_lms_from_config,
     simulate,
+    tail_kept,
 )
 
 FULL = (192, 224, 160)
@@ -115,6 +116,36 @@ def test_hand_count_tiny_network():
     assert timeline.kept_bytes[loss_step] == expected_kept
 
 
+def test_hand_count_kept_tail_of_the_last_block():
+    """Recomputed, the block before the head (dec0) keeps its last conv unit: its input
+    r1, the conv output c2 (the norm's input) and the norm's stats stay from its forward
+    to the start of its backward, and only the front's FLOPs are recomputed.
+
+    Same network as the hand count above (level-0 F-channel tensor: 256*F bytes).
+    """
+    cfg = ModelConfig(depth=1, base_filters=2)
+    net = compute_network_cost(cfg, (4, 4, 4), 1, "float32", "adam")
+    dec0 = net.blocks[2]
+    assert dec0.tail_saved_bytes == 512 + 512 + 16
+    tail_flops = 2 * 27 * 2 * 2 * 64 + 8 * 64 * 2 + 64 * 2  # conv2, norm2, relu2
+    assert dec0.tail_forward_flops == tail_flops
+    assert [tail_kept(net, i, "recompute") for i in range(4)] == [False, False, True, False]
+    assert not tail_kept(net, 2, "keep")
+
+    plan = plan_lms(cfg, (4, 4, 4), 1, "float32", "adam", 10**12, "recompute", size_bytes=0)
+    assert plan.keep_tails == {"dec0"}
+    assert plan.entry("dec0").recomputed_flops == dec0.forward_flops - tail_flops
+    assert plan.entry("enc0").recomputed_flops == net.blocks[0].forward_flops
+    assert plan.entry("dec0").kept_bytes == 128 + 512 + (512 + 512 + 16)  # its inputs + the tail
+    assert "dec0: last conv unit kept" in plan.format_table()
+    # At the loss step: the blocks' outputs (enc0 512, bottleneck 128, dec0 512, head 768) and dec0's tail.
+    timeline = simulate(net, ["recompute"] * 4, size_bytes=0, prefetch=1)
+    assert timeline.kept_bytes[timeline.steps.index("loss")] == 512 + 128 + 512 + 768 + (512 + 512 + 16)
+    # ... and no longer once dec0's backward starts (the tail's tensors are freed first).
+    assert timeline.kept_bytes[timeline.steps.index("backward dec0")] == 512 + 128
+    assert Plan.from_json(plan.to_json()).keep_tails == {"dec0"}
+
+
 def test_norm_saves_float32_copy_under_mixed_precision():
     cfg = ModelConfig(depth=1, base_filters=2)
     f32 = compute_network_cost(cfg, (4, 4, 4), 1, "float32")
@@ -129,7 +160,7 @@ def test_norm_saves_float32_copy_under_mixed_precision():
 
 @pytest.mark.parametrize("strategy", ["off", "recompute", "offload"])
 def test_peak_grows_with_batch_and_resolution(strategy):
-    cfg = ModelConfig()
+    cfg = ModelConfig(depth=4)
     by_batch = [estimate_peak(cfg, HALF, b, strategy=strategy).peak_bytes for b in (1, 2, 4)]
     assert by_batch == sorted(by_batch) and len(set(by_batch)) == 3
     by_shape = [estimate_peak(cfg, s, 1, strategy=strategy).peak_bytes for s in ((48, 48, 48), HALF, FULL)]
@@ -139,8 +170,8 @@ def test_peak_grows_with_batch_and_resolution(strategy):
 @pytest.mark.parametrize(
     "cfg, shape, policy",
     [
-        (ModelConfig(), FULL, "float32"),
-        (ModelConfig(), HALF, "mixed_float16"),
+        (ModelConfig(depth=4), FULL, "float32"),
+        (ModelConfig(depth=4), HALF, "mixed_float16"),
         (ModelConfig(norm="group", upsample="trilinear"), HALF, "float32"),
         (ModelConfig(depth=3, base_filters=8), (48, 56, 40), "float32"),
         (ModelConfig(depth=2, base_filters=32, norm="group", groups=4), (64, 64, 64), "mixed_bfloat16"),
@@ -153,13 +184,13 @@ def test_recompute_below_off_and_offload_not_above_recompute(cfg, shape, policy)
 
 
 def test_offload_peak_grows_with_prefetch():
-    cfg = ModelConfig()
+    cfg = ModelConfig(depth=4)
     by_prefetch = [estimate_peak(cfg, FULL, 1, strategy="offload", prefetch=k).peak_bytes for k in (0, 1, 3, 20)]
     assert by_prefetch == sorted(by_prefetch)
 
 
 def test_mixed_precision_below_float32():
-    p32, p16 = peaks(ModelConfig(), FULL, 1, "float32"), peaks(ModelConfig(), FULL, 1, "fp16")
+    p32, p16 = peaks(ModelConfig(depth=4), FULL, 1, "float32"), peaks(ModelConfig(depth=4), FULL, 1, "fp16")
     assert p16["off"] < p32["off"]
 
 
@@ -212,9 +243,9 @@ def test_runtime_allowance_excludes_the_imported_runtime():
     """The baseline of a measurement (and the RAM available to a run) already holds the
     imported TensorFlow (~0.85 GB RSS); the allowance is only what building and tracing add."""
     assert 0.05 * GB <= MemoryModel().runtime_bytes <= 0.3 * GB
-    net = compute_network_cost(ModelConfig(), HALF, 1)
+    net = compute_network_cost(ModelConfig(depth=4), HALF, 1)
     assert net.persistent["workspace_bytes"] == 0  # oneDNN's direct convolutions take no workspace tensor
-    assert compute_network_cost(ModelConfig(), HALF, 1, memory_model=MemoryModel(workspace_factor=1.0)).persistent[
+    assert compute_network_cost(ModelConfig(depth=4), HALF, 1, memory_model=MemoryModel(workspace_factor=1.0)).persistent[
         "workspace_bytes"] == max(layer.workspace_ref_bytes for blk in net.blocks for layer in blk.layers)
 
 
@@ -228,9 +259,9 @@ def test_memory_model_rejects_bad_coefficients():
 def test_fit_memory_model_recovers_coefficients():
     truth = MemoryModel(runtime_bytes=1_500_000_000, activation_factor=1.2)
     workloads = [
-        {"model_cfg": ModelConfig(), "input_shape": HALF, "batch_size": 1},
-        {"model_cfg": ModelConfig(), "input_shape": HALF, "batch_size": 4},
-        {"model_cfg": ModelConfig(), "input_shape": FULL, "batch_size": 1},
+        {"model_cfg": ModelConfig(depth=4), "input_shape": HALF, "batch_size": 1},
+        {"model_cfg": ModelConfig(depth=4), "input_shape": HALF, "batch_size": 4},
+        {"model_cfg": ModelConfig(depth=4), "input_shape": FULL, "batch_size": 1},
     ]
     samples = [(w, estimate_peak(**w, memory_model=truth).peak_bytes) for w in workloads]
     fitted = fit_memory_model(samples)
@@ -244,7 +275,7 @@ def test_fit_memory_model_recovers_coefficients():
 
 
 def test_auto_with_huge_limit_keeps_everything():
-    plan = plan_lms(ModelConfig(), FULL, 1, "float32", "adam", 10**15, "auto")
+    plan = plan_lms(ModelConfig(depth=4), FULL, 1, "float32", "adam", 10**15, "auto")
     assert all(b.policy == "keep" and not b.skip_offloaded for b in plan.blocks)
     assert plan.recomputed_flops == 0 and plan.moved_bytes == 0 and plan.overhead_s == 0
     assert plan.predicted_peak_bytes == plan.strategies["off"]["predicted_peak_bytes"]
@@ -253,8 +284,8 @@ def test_auto_with_huge_limit_keeps_everything():
 @pytest.mark.parametrize(
     "cfg, shape, batch, policy",
     [
-        (ModelConfig(), FULL, 1, "float32"),
-        (ModelConfig(), HALF, 3, "mixed_float16"),
+        (ModelConfig(depth=4), FULL, 1, "float32"),
+        (ModelConfig(depth=4), HALF, 3, "mixed_float16"),
         (ModelConfig(norm="group", upsample="trilinear"), HALF, 2, "float32"),
         (ModelConfig(depth=3, base_filters=8), (48, 56, 40), 2, "mixed_bfloat16"),
     ],
@@ -270,17 +301,17 @@ def test_auto_fits_whenever_offload_fits(cfg, shape, batch, policy, fraction):
 
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.9])
 def test_auto_without_offload_fits_whenever_recompute_fits(fraction):
-    p = peaks(ModelConfig(), FULL, 1, allow_offload=False)
+    p = peaks(ModelConfig(depth=4), FULL, 1, allow_offload=False)
     assert p["offload"] is None
     limit = int(p["recompute"] + fraction * (p["off"] - p["recompute"]))
-    plan = plan_lms(ModelConfig(), FULL, 1, "float32", "adam", limit, "auto", allow_offload=False)
+    plan = plan_lms(ModelConfig(depth=4), FULL, 1, "float32", "adam", limit, "auto", allow_offload=False)
     assert plan.fits and plan.predicted_peak_bytes <= limit
 
 
 @pytest.mark.parametrize("limit_gb", [1e6, 8.0, 6.5, 5.8, 4.0])
 def test_allow_offload_false_never_offloads(limit_gb):
     try:
-        plan = plan_lms(ModelConfig(), FULL, 1, "float32", "adam", int(limit_gb * GB), "auto", allow_offload=False)
+        plan = plan_lms(ModelConfig(depth=4), FULL, 1, "float32", "adam", int(limit_gb * GB), "auto", allow_offload=False)
     except PlanDoesNotFitError as err:
         assert err.best_strategy != "offload" and "offload" not in str(err)
         return
@@ -292,11 +323,11 @@ def test_allow_offload_false_never_offloads(limit_gb):
 
 def test_offload_strategy_needs_a_gpu():
     with pytest.raises(ValueError, match="lms=recompute or lms=auto"):
-        plan_lms(ModelConfig(), HALF, 1, "float32", "adam", 10**15, "offload", allow_offload=False)
+        plan_lms(ModelConfig(depth=4), HALF, 1, "float32", "adam", 10**15, "offload", allow_offload=False)
 
 
 def test_size_threshold_respected():
-    cfg = ModelConfig()
+    cfg = ModelConfig(depth=4)
     net = compute_network_cost(cfg, HALF, 1)
     size = 20 * 10**6  # between the small deep tensors and the big shallow ones at half resolution
     sizes = [b for b in net.tensor_bytes.values()]
@@ -319,10 +350,10 @@ def test_size_threshold_respected():
 
 
 def test_offload_strategy_sends_skips_to_host():
-    plan = plan_lms(ModelConfig(), FULL, 1, "float32", "adam", 10**15, "offload", size_bytes=0)
+    plan = plan_lms(ModelConfig(depth=4), FULL, 1, "float32", "adam", 10**15, "offload", size_bytes=0)
     assert [b.block for b in plan.blocks if b.skip_offloaded] == ["dec3", "dec2", "dec1", "dec0"]
     assert plan.offload_skips == {"enc0", "enc1", "enc2", "enc3"}  # the names brats_seg.lms.offload takes
-    assert not any(b.skip_offloaded for b in plan_lms(ModelConfig(), FULL, 1, "float32", "adam", 10**15,
+    assert not any(b.skip_offloaded for b in plan_lms(ModelConfig(depth=4), FULL, 1, "float32", "adam", 10**15,
                                                        "recompute").blocks)
 
 
@@ -338,7 +369,7 @@ def test_batch_norm_blocks_are_always_kept(strategy):
 
 
 def test_too_small_limit_suggests_batch_and_resolution():
-    cfg = ModelConfig()
+    cfg = ModelConfig(depth=4)
     one, two = peaks(cfg, FULL, 1)["offload"], peaks(cfg, FULL, 2)["offload"]
     limit = (one + two) // 2
     with pytest.raises(PlanDoesNotFitError) as info:
@@ -353,7 +384,7 @@ def test_too_small_limit_suggests_batch_and_resolution():
 
 
 def test_much_too_small_limit_suggests_a_smaller_resolution():
-    cfg = ModelConfig()
+    cfg = ModelConfig(depth=4)
     limit = (peaks(cfg, HALF)["offload"] + peaks(cfg, FULL)["offload"]) // 2
     with pytest.raises(PlanDoesNotFitError) as info:
         plan_lms(cfg, FULL, 1, "float32", "adam", limit, "auto")
@@ -362,7 +393,7 @@ def test_much_too_small_limit_suggests_a_smaller_resolution():
 
 
 def test_fixed_strategy_over_the_limit_points_to_auto():
-    cfg = ModelConfig()
+    cfg = ModelConfig(depth=4)
     p = peaks(cfg, FULL)
     limit = (p["off"] + p["offload"]) // 2
     with pytest.raises(PlanDoesNotFitError, match="use lms=auto"):
@@ -381,7 +412,7 @@ def test_fixed_strategy_over_the_limit_points_to_auto():
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
-    args = {"model_cfg": ModelConfig(), "input_shape": HALF, "batch_size": 1, "policy": "float32",
+    args = {"model_cfg": ModelConfig(depth=4), "input_shape": HALF, "batch_size": 1, "policy": "float32",
             "optimizer": "adam", "limit_bytes": 10**15, "strategy": "auto", **kwargs}
     with pytest.raises(ValueError, match=match):
         plan_lms(**args)
@@ -401,7 +432,7 @@ def test_plan_from_train_config():
 
 
 def test_json_round_trip_has_the_required_keys():
-    cfg = ModelConfig()
+    cfg = ModelConfig(depth=4)
     p = peaks(cfg, FULL)
     plan = plan_lms(cfg, FULL, 1, "float32", "adam", (p["off"] + p["offload"]) // 2, "auto")
     data = json.loads(plan.to_json())
@@ -417,7 +448,7 @@ def test_json_round_trip_has_the_required_keys():
 
 
 def test_auto_strategy_absent_with_reason_when_nothing_fits():
-    out = compare_strategies(ModelConfig(), FULL, 1, "float32", "adam", 10**8)
+    out = compare_strategies(ModelConfig(depth=4), FULL, 1, "float32", "adam", 10**8)
     assert out["auto"]["predicted_peak_bytes"] is None and "no plan fits" in out["auto"]["reason"]
     assert out["off"]["fits"] is False and out["off"]["predicted_peak_bytes"] > 10**8
 
@@ -437,7 +468,7 @@ def test_format_table_names_every_block():
 
 def test_planner_does_not_import_tensorflow():
     code = ("import sys, brats_seg.lms.planner as p; "
-            "p.plan_lms(p.ModelConfig(), (96, 112, 80), 1, 'float32', 'adam', 10**15); "
+            "p.plan_lms(p.ModelConfig(depth=4), (96, 112, 80), 1, 'float32', 'adam', 10**15); "
             "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

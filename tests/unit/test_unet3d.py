@@ -13,6 +13,7 @@ from brats_seg.model.unet3d import (  # noqa: E402
     TrilinearUpSampling3D,
     build_unet3d,
     level_filters,
+    make_unet_blocks,
     unet_block_names,
 )
 
@@ -213,6 +214,37 @@ def test_block_wrapper_sees_every_block_in_order_with_built_layers():
     assert all(n == 1 for name, n in calls if not name.startswith("dec"))
     plain = build_unet3d(cfg, (16, 16, 8))
     assert [w.shape for w in wrapped.weights] == [w.shape for w in plain.weights]
+
+
+@pytest.mark.parametrize("upsample", ["transpose", "trilinear"])
+def test_block_split_is_front_then_last_conv_unit(upsample):
+    """``Block.split = (front, tail)``: tail(front(x)) is the block, tail runs conv2/norm2/relu2 only."""
+    cfg = _cfg(depth=2, upsample=upsample)
+    blocks = make_unet_blocks(cfg)
+    build_unet3d(cfg, (8, 8, 8), blocks=blocks)
+    assert blocks["head"].split is None
+    rng = np.random.default_rng(5)
+    x0 = rng.standard_normal((1, 8, 8, 8, 4)).astype("float32")
+    e0 = blocks["enc0"](x0)
+    b = blocks["bottleneck"](blocks["enc1"](e0))
+    d1 = blocks["dec1"](b, blocks["enc1"](e0))
+    for name, inputs in [("enc0", [x0]), ("enc1", [e0]), ("dec0", [d1, e0])]:
+        block = blocks[name]
+        front, tail = block.split
+        mid = front(*inputs)
+        assert mid.shape[-1] == block.layers[-3].filters  # relu1's output: conv2's input
+        np.testing.assert_allclose(np.asarray(tail(mid)), np.asarray(block(*inputs)), rtol=1e-6, atol=1e-6)
+    seen = []
+    for layer in (blocks["dec0"].layers[-3], blocks["dec0"].layers[-2]):
+        original = layer.call
+
+        def spy(*args, _layer=layer, _call=original, **kwargs):
+            seen.append(_layer.name)
+            return _call(*args, **kwargs)
+
+        layer.call = spy
+    blocks["dec0"].split[1](blocks["dec0"].split[0](d1, e0))
+    assert seen == ["dec0_conv2", "dec0_norm2"]
 
 
 class _RecomputeBlock(keras.layers.Layer):
