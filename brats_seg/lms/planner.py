@@ -288,8 +288,10 @@ class BlockCost:
             before the head, see :func:`tail_kept`), only the layers before it are
             recomputed.
         tail_saved_bytes: internal tensors the tail keeps (its input, the conv output).
-        tail_backward_bytes: the tail's backward working set (internal gradients + scratch).
-        front_backward_bytes: the front's recomputed tensors + its backward working set.
+        tail_backward_bytes: the tail's backward peak: walking its layers backward, the
+            tensors not yet freed plus the current layer's gradients and scratch.
+        front_backward_bytes: the same for the recomputed front (the recomputation's saved
+            tensors are freed layer by layer as its backward proceeds).
         tail_forward_flops: forward FLOPs of the tail (not recomputed when kept).
     """
 
@@ -351,14 +353,23 @@ def _finish_block(
     def internal_saved(part: Sequence[LayerCost]) -> int:
         return size(t for layer in part for t in layer.saved if t in internal)
 
+    def segment_backward_peak(part: Sequence[LayerCost]) -> int:
+        """Backward through ``part`` layer by layer (last first): what layers up to the
+        current one saved, plus the current layer's internal gradients and scratch."""
+        return max(
+            internal_saved(part[: k + 1])
+            + size(t for t in (*part[k].inputs, part[k].output) if t in internal) + part[k].backward_scratch_bytes
+            for k in range(len(part))
+        )
+
     tail_fields: dict[str, Any] = {}
     if tail_start is not None:
         front, tail = layers[:tail_start], layers[tail_start:]
         tail_fields = {
             "tail_start": tail_start,
             "tail_saved_bytes": internal_saved(tail),
-            "tail_backward_bytes": backward_working(tail),
-            "front_backward_bytes": internal_saved(front) + backward_working(front),
+            "tail_backward_bytes": segment_backward_peak(tail),
+            "front_backward_bytes": segment_backward_peak(front),
             "tail_forward_flops": sum(layer.forward_flops for layer in tail),
         }
 
@@ -865,7 +876,7 @@ def simulate(
             # block's backward step; the front is rebuilt once they are freed.
             add(kept, blk.tail_saved_bytes, [(i, back(i) - 1)])
             transient[i] += blk.forward_working_drop_bytes
-            transient[back(i)] += max(blk.tail_saved_bytes + blk.tail_backward_bytes, blk.front_backward_bytes)
+            transient[back(i)] += max(blk.tail_backward_bytes, blk.front_backward_bytes)
         else:
             transient[i] += blk.forward_working_drop_bytes
             transient[back(i)] += blk.internal_saved_bytes + blk.backward_working_bytes

@@ -198,36 +198,37 @@ def test_full_resolution_is_plausible():
     """16 filters at 192x224x160, float32, batch 1 trains in 8.4 GB above the imported
     TensorFlow on CPU (peak RSS 9.6 GB; docs/lms_calibration.md): the calibrated
     prediction is within 15% of it, at the start of dec0's backward, and recompute
-    saves at least a quarter of it."""
+    saves more than 35% of it (measured: 43.5%)."""
     cfg = ModelConfig(depth=4, base_filters=16, norm="instance")
     t = estimate_peak(cfg, FULL, 1, "float32")
     assert 0.85 * 8.4 * GB <= t.peak_bytes <= 1.15 * 8.4 * GB
     assert t.peak_at == "backward dec0"
-    assert estimate_peak(cfg, FULL, 1, "float32", strategy="recompute").peak_bytes < 0.75 * t.peak_bytes
+    assert estimate_peak(cfg, FULL, 1, "float32", strategy="recompute").peak_bytes < 0.65 * t.peak_bytes
 
 
 # Measured on CPU (backend=cpu_onednn, float32, Adam, batch 1, depth 4 unless noted):
 # scripts/benchmark.py's measured_bytes, i.e. peak RSS of model build + steps above the RSS
 # just before the build. (base_filters, shape, depth, lms) -> bytes; docs/lms_calibration.md.
+# The recompute rows were re-measured once the last block kept its last conv unit.
 MEASURED = {
     (8, (64, 64, 48), 4, "off"): 0.314e9,
-    (8, (64, 64, 48), 4, "recompute"): 0.296e9,
+    (8, (64, 64, 48), 4, "recompute"): 0.290e9,
     (8, HALF, 4, "off"): 0.741e9,
-    (8, HALF, 4, "recompute"): 0.584e9,
+    (8, HALF, 4, "recompute"): 0.541e9,
     (8, FULL, 4, "off"): 4.284e9,
-    (8, FULL, 4, "recompute"): 2.781e9,
+    (8, FULL, 4, "recompute"): 2.430e9,
     (16, (48, 56, 40), 3, "off"): 0.283e9,
-    (16, (48, 56, 40), 3, "recompute"): 0.258e9,
+    (16, (48, 56, 40), 3, "recompute"): 0.257e9,
     (16, (64, 64, 48), 4, "off"): 0.539e9,
-    (16, (64, 64, 48), 4, "recompute"): 0.458e9,
+    (16, (64, 64, 48), 4, "recompute"): 0.420e9,
     (16, HALF, 4, "off"): 1.361e9,
-    (16, HALF, 4, "recompute"): 0.997e9,
+    (16, HALF, 4, "recompute"): 0.880e9,
     (16, (128, 128, 96), 4, "off"): 2.178e9,
-    (16, (128, 128, 96), 4, "recompute"): 1.524e9,
+    (16, (128, 128, 96), 4, "recompute"): 1.492e9,
     (16, (160, 192, 128), 4, "off"): 5.159e9,
-    (16, (160, 192, 128), 4, "recompute"): 3.099e9,
+    (16, (160, 192, 128), 4, "recompute"): 2.605e9,
     (16, FULL, 4, "off"): 8.382e9,
-    (16, FULL, 4, "recompute"): 5.960e9,
+    (16, FULL, 4, "recompute"): 4.760e9,
 }
 
 
