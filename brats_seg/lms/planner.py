@@ -344,23 +344,17 @@ def _finish_block(
     def size(names: Iterable[str]) -> int:
         return sum(tensor_bytes[t] for t in set(names))
 
-    def backward_working(part: Sequence[LayerCost]) -> int:
-        return max(
-            size(t for t in (*layer.inputs, layer.output) if t in internal) + layer.backward_scratch_bytes
-            for layer in part
-        )
+    def layer_backward(layer: LayerCost) -> int:
+        """Internal gradients (of the layer's input and output) and scratch while it runs backward."""
+        return size(t for t in (*layer.inputs, layer.output) if t in internal) + layer.backward_scratch_bytes
 
     def internal_saved(part: Sequence[LayerCost]) -> int:
         return size(t for layer in part for t in layer.saved if t in internal)
 
     def segment_backward_peak(part: Sequence[LayerCost]) -> int:
         """Backward through ``part`` layer by layer (last first): what layers up to the
-        current one saved, plus the current layer's internal gradients and scratch."""
-        return max(
-            internal_saved(part[: k + 1])
-            + size(t for t in (*part[k].inputs, part[k].output) if t in internal) + part[k].backward_scratch_bytes
-            for k in range(len(part))
-        )
+        current one saved, plus the current layer's working set."""
+        return max(internal_saved(part[: k + 1]) + layer_backward(part[k]) for k in range(len(part)))
 
     tail_fields: dict[str, Any] = {}
     if tail_start is not None:
@@ -382,7 +376,6 @@ def _finish_block(
         size(t for t in (*layer.inputs, layer.output, *layer.creates) if t in internal) + layer.forward_scratch_bytes
         for layer in layers
     )
-    bwd = backward_working(layers)
     return BlockCost(
         name=name,
         inputs=inputs,
@@ -392,10 +385,10 @@ def _finish_block(
         tensor_bytes=dict(tensor_bytes),
         saved=saved,
         keep_saved_bytes=size(saved),
-        internal_saved_bytes=size(t for t in saved if t in internal),
+        internal_saved_bytes=internal_saved(layers),
         forward_working_keep_bytes=fwd_keep,
         forward_working_drop_bytes=fwd_drop,
-        backward_working_bytes=bwd,
+        backward_working_bytes=max(layer_backward(layer) for layer in layers),
         forward_flops=sum(layer.forward_flops for layer in layers),
         recomputable=recomputable,
         **tail_fields,
