@@ -30,8 +30,8 @@ The module has four parts:
 Calibration: every memory coefficient is a field of :class:`MemoryModel` (one place).
 Measure real peaks for a few workloads and use :func:`fit_memory_model`, which fits
 ``runtime_bytes`` (intercept) and ``activation_factor`` (slope) by least squares;
-the other fields encode per-layer assumptions to revisit only if the residuals show
-a pattern (e.g. mixed precision predicted low -> ``norm_saved_tensors``). The defaults
+the other fields encode per-layer assumptions or were fitted once, to revisit only if
+the residuals show a pattern (e.g. mixed precision predicted low -> ``norm_saved_tensors``). The defaults
 are calibrated on CPU; ``docs/lms_calibration.md`` has the measurements and commands.
 
 Units: bytes are SI in printed tables (1 GB = 1e9 bytes); :func:`parse_limit` reads
@@ -141,25 +141,32 @@ DEFAULT_DEVICE_FLOPS = _LMS_DEFAULTS.device_tflops * 1e12
 class MemoryModel:
     """Coefficients of the memory model: the one place to calibrate against measurements.
 
-    ``peak = runtime_bytes + weights + weight grads + optimizer slots + data + workspace
-    + activation_factor * (kept activations + activation gradients + transient)`` at
-    the worst step of the simulated timeline. :func:`fit_memory_model` fits
-    ``runtime_bytes`` and ``activation_factor`` to measured peaks; the other fields are
-    per-layer assumptions (see :data:`SAVED_FOR_BACKWARD`).
+    ``peak = runtime + weights + weight grads + optimizer slots + data + workspace
+    + activation_factor * (kept activations + activation gradients + transient)
+    + rebuild allowance`` at the worst step of the simulated timeline, where ``runtime =
+    runtime_bytes + runtime_bytes_per_conv * convolutions`` and the rebuild allowance
+    (recompute/offload only) is ``rebuild_runtime_bytes + rebuild_fragmentation *`` the
+    largest block's rebuilt internals. :func:`fit_memory_model` fits ``runtime_bytes``
+    and ``activation_factor`` to measured peaks; the other fields are per-layer
+    assumptions (see :data:`SAVED_FOR_BACKWARD`) or were fitted once (the docs).
 
     Calibrated on CPU (oneDNN, float32, Adam, batch 1) against the peak RSS that
-    ``scripts/benchmark.py`` measures above the already-imported runtime; the
-    measurements, the per-component evidence and the commands are in
-    ``docs/lms_calibration.md``. GPU backends are not calibrated: there cuDNN takes real
-    convolution workspace (raise ``workspace_factor``) and the allocator is the GPU BFC.
+    ``scripts/benchmark.py`` measures above the already-imported runtime after four
+    steps (the BFC pool keeps touching new pages for a few steps); the measurements,
+    the per-component evidence and the commands are in ``docs/lms_calibration.md``.
+    GPU backends are not calibrated: there cuDNN takes real convolution workspace
+    (raise ``workspace_factor``) and the allocator is the GPU BFC.
 
     Attributes:
-        runtime_bytes: memory the runtime adds besides tensors once the model is built
-            and the step traced: the traced and Grappler-optimised graphs, oneDNN
-            primitive caches and JIT kernels, Python objects. TensorFlow's own import
-            (~0.85 GB RSS on CPU) is NOT in it: the benchmark's baseline (and any budget
-            taken from the RAM available after start-up) already contains it. Measured
-            0.14-0.2 GB (RSS beyond the allocator's peak at the smallest workloads); 0.17 GB.
+        runtime_bytes: a fixed allowance for what the runtime adds besides tensors;
+            0, as everything measured scales with the model (next field). TensorFlow's
+            own import (~0.85 GB RSS on CPU) is NOT in it: the benchmark's baseline (and
+            any budget taken from the RAM available after start-up) already contains it.
+        runtime_bytes_per_conv: per convolution (transposed ones included): its traced
+            and Grappler-optimised graph nodes, the oneDNN primitives and JIT kernels of
+            its forward and two backward passes. RSS beyond the allocator's peak at the
+            smallest workloads is 0.15 GB for the depth-3 U-Net (18 convolutions) and
+            0.18-0.2 GB at depth 4 (23): 8 MB each.
         activation_factor: multiplies every activation/gradient/transient byte. Two
             effects meet here and nearly cancel, hence 1.0: allocator rounding and
             fragmentation (oneDNN's BFC allocator rounds chunks up and never gives touched
@@ -197,9 +204,19 @@ class MemoryModel:
             planning host RAM on the CPU backend).
         backward_flops_factor: backward FLOPs of a block / its forward FLOPs (a conv's
             backward is two convs); used to cost how much transfer compute can hide.
+        rebuild_runtime_bytes: added once any block is recomputed or offloaded: the
+            traced recompute graphs (each wrapped block's backward traces its forward
+            again). Fitted: 25 MB.
+        rebuild_fragmentation: the share of the largest block's rebuilt internals that
+            stays resident beyond the allocator's peak for the rest of the run. Rebuilt
+            tensors leave chunks of their sizes in the BFC pool that differently sized
+            later tensors only partly reuse; the pool's touched pages grow over the
+            first steps (RSS +0.03..+0.08 GB after step 1 at half resolution while the
+            allocator's peak stays put) and never shrink. Fitted: 0.15.
     """
 
-    runtime_bytes: int = 170_000_000
+    runtime_bytes: int = 0
+    runtime_bytes_per_conv: int = 8_000_000
     activation_factor: float = 1.0
     workspace_factor: float = 0.0
     norm_saved_tensors: float = 1.0
@@ -209,6 +226,8 @@ class MemoryModel:
     loss_tensors: float = 8.5
     prefetched_batches: int = 0
     backward_flops_factor: float = 2.0
+    rebuild_runtime_bytes: int = 25_000_000
+    rebuild_fragmentation: float = 0.15
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -686,7 +705,8 @@ def compute_network_cost(
     labels_bytes = batch * voxels[0] * model_cfg.out_channels * DATA_BYTES_PER_ELEMENT
     workspace_ref = max(layer.workspace_ref_bytes for blk in blocks for layer in blk.layers)
     persistent = {
-        "runtime_bytes": int(mm.runtime_bytes),
+        "runtime_bytes": int(mm.runtime_bytes + mm.runtime_bytes_per_conv * sum(
+            1 for blk in blocks for layer in blk.layers if layer.kind in ("conv", "up_transpose"))),
         "weight_bytes": params * FLOAT32_BYTES,
         "weight_gradient_bytes": trainable * FLOAT32_BYTES,
         "optimizer_slot_bytes": OPTIMIZER_SLOTS[optimizer] * trainable * FLOAT32_BYTES,
@@ -819,6 +839,7 @@ def simulate(
     kept = [0] * steps
     grads = [0] * steps
     transient = [0] * steps
+    rebuilt = [0] * steps  # internals a recomputed block rebuilds in its backward
 
     def add(arr: list[int], nbytes: int, intervals: Iterable[tuple[int, int]]) -> None:
         alive = [False] * steps
@@ -870,14 +891,21 @@ def simulate(
             add(kept, blk.tail_saved_bytes, [(i, back(i) - 1)])
             transient[i] += blk.forward_working_drop_bytes
             transient[back(i)] += max(blk.tail_backward_bytes, blk.front_backward_bytes)
+            rebuilt[back(i)] += blk.internal_saved_bytes - blk.tail_saved_bytes
         else:
             transient[i] += blk.forward_working_drop_bytes
             transient[back(i)] += blk.internal_saved_bytes + blk.backward_working_bytes
+            rebuilt[back(i)] += blk.internal_saved_bytes
     transient[n] += net.loss_bytes
 
     factor = net.memory_model.activation_factor
+    # Rebuilt tensors leave freed chunks of their sizes in the pool that later, differently
+    # sized tensors only partly reuse: the largest rebuild's share stays resident.
+    fragmentation = int(net.memory_model.rebuild_fragmentation * max(rebuilt))
+    if any(rebuilt):
+        fragmentation += net.memory_model.rebuild_runtime_bytes
     fixed = net.persistent_bytes
-    total = tuple(int(fixed + factor * (kept[t] + grads[t] + transient[t])) for t in range(steps))
+    total = tuple(int(fixed + factor * (kept[t] + grads[t] + transient[t]) + fragmentation) for t in range(steps))
     labels = (
         *(f"forward {b.name}" for b in blocks),
         "loss",
