@@ -2,7 +2,7 @@
 
 Tensors are channels-last ``(batch, x, y, z, channels)`` throughout.
 
-:func:`make_block_wrapper` returns the ``block_wrapper(block_name, apply_fn, inputs)``
+:class:`BlockWrapper` is the ``block_wrapper(block_name, apply_fn, inputs)``
 that the U-Net builder calls once per block (``enc0 .. bottleneck .. dec0, head``, in
 forward order). Per block the plan says:
 
@@ -95,7 +95,6 @@ __all__ = [
     "OffloadStats",
     "RecomputeError",
     "find_recompute_unsafe_layers",
-    "make_block_wrapper",
 ]
 
 logger = logging.getLogger(__name__)
@@ -334,10 +333,29 @@ def _current_graph() -> Any:
 
 
 class BlockWrapper:
-    """Runs U-Net blocks under a keep/recompute/offload plan; see :func:`make_block_wrapper`.
+    """Runs U-Net blocks under a keep/recompute/offload plan.
 
     Call as ``wrapper(block_name, apply_fn, inputs) -> output``; ``apply_fn(*inputs)`` runs
     the block's (already built) Keras layers. Blocks missing from the plan are kept.
+
+    Args:
+        policies: block name -> ``keep`` | ``recompute`` | ``offload``; missing blocks are kept.
+        host_device: where offloaded tensors live.
+        prefetch: a block's copy back is issued when the gradient reaches the block this
+            many positions later in forward order (``0``: when its own gradient arrives).
+        offload_skips: block names whose OUTPUT (a skip that a later block receives among
+            its ``inputs``) stays on the host between producer and consumer. Useful when the
+            producer is recompute/offload (a kept block's last ReLU keeps its output anyway).
+        stats: optional :class:`OffloadStats` counting bytes offloaded and FLOPs recomputed.
+        compute_device: device for copies back; default: the device the block ran on (its
+            output's placement), else ``/GPU:0`` if any GPU is visible, else ``/CPU:0``.
+        block_layers: optional block name -> layers, checked (like what ``apply_fn``
+            references) for BatchNormalization and random layers.
+        keep_tails: block names whose ``apply_fn.split`` tail (last conv unit) is kept
+            while the front follows the block's policy (``Plan.keep_tails``).
+
+    Raises:
+        ValueError: an unknown policy or a negative ``prefetch``.
     """
 
     def __init__(
@@ -606,41 +624,3 @@ class LMSBlock(keras.layers.Layer):
 
     def call(self, inputs):
         return self.wrapper.run(self.block_name, self.apply_fn, list(inputs))
-
-
-def make_block_wrapper(
-    policies: Mapping[str, str],
-    host_device: str = "/CPU:0",
-    prefetch: int = 1,
-    offload_skips: set[str] | None = None,
-    stats: OffloadStats | None = None,
-    compute_device: str | None = None,
-    block_layers: Mapping[str, Iterable] | None = None,
-    keep_tails: set[str] | None = None,
-) -> BlockWrapper:
-    """Build the ``block_wrapper(block_name, apply_fn, inputs) -> output`` for the U-Net builder.
-
-    Args:
-        policies: block name -> ``keep`` | ``recompute`` | ``offload``; missing blocks are kept.
-        host_device: where offloaded tensors live.
-        prefetch: a block's copy back is issued when the gradient reaches the block this
-            many positions later in forward order (``0``: when its own gradient arrives).
-        offload_skips: block names whose OUTPUT (a skip that a later block receives among
-            its ``inputs``) stays on the host between producer and consumer. Useful when the
-            producer is recompute/offload (a kept block's last ReLU keeps its output anyway).
-        stats: optional :class:`OffloadStats` counting bytes offloaded and FLOPs recomputed.
-        compute_device: device for copies back; default: the device the block ran on (its
-            output's placement), else ``/GPU:0`` if any GPU is visible, else ``/CPU:0``.
-        block_layers: optional block name -> layers, checked (like what ``apply_fn``
-            references) for BatchNormalization and random layers.
-        keep_tails: block names whose ``apply_fn.split`` tail (last conv unit) is kept
-            while the front follows the block's policy (``Plan.keep_tails``).
-
-    Returns:
-        The :class:`BlockWrapper`.
-
-    Raises:
-        ValueError: an unknown policy or a negative ``prefetch``.
-    """
-    return BlockWrapper(policies, host_device, prefetch, offload_skips, stats, compute_device, block_layers,
-                        keep_tails)

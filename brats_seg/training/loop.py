@@ -176,7 +176,7 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
     the plan's keep/recompute/offload wrapper, and the export model (plain, saveable as
     ``.keras``, what evaluation loads) is built on the same blocks.
     """
-    from brats_seg.lms.offload import OffloadStats, make_block_wrapper
+    from brats_seg.lms.offload import BlockWrapper, OffloadStats
     from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
 
     shape = tuple(cfg.resolution.shape)
@@ -187,7 +187,7 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
         return export_model, export_model, None
     batch = max(cfg.trainer.batch_size, 1)
     stats = OffloadStats({row.block: row.recomputed_flops / batch for row in plan.blocks})
-    wrapper = make_block_wrapper(policies, host_device="/CPU:0", prefetch=cfg.lms.prefetch,
+    wrapper = BlockWrapper(policies, host_device="/CPU:0", prefetch=cfg.lms.prefetch,
                                  offload_skips=plan.offload_skips, stats=stats, keep_tails=plan.keep_tails,
                                  compute_device="/GPU:0" if backend.device == "GPU" else "/CPU:0")
     model = build_unet3d(cfg.model, shape, block_wrapper=wrapper, blocks=blocks)

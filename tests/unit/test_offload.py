@@ -23,11 +23,11 @@ tf = pytest.importorskip("tensorflow")
 from keras import layers  # noqa: E402
 
 from brats_seg.lms.offload import (  # noqa: E402
+    BlockWrapper,
     LMSBlock,
     OffloadStats,
     RecomputeError,
     find_recompute_unsafe_layers,
-    make_block_wrapper,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def make_model(policy, seed: int = 1, x_shape=SHAPE, **kwargs) -> TinyUNet:
     keras.utils.set_random_seed(seed)
     plan = policy if isinstance(policy, dict) else {name: policy for name in BLOCKS}
     wrapper_args = kwargs.pop("wrapper_args", {})
-    model = TinyUNet(make_block_wrapper(plan, **wrapper_args), **kwargs)
+    model = TinyUNet(BlockWrapper(plan, **wrapper_args), **kwargs)
     model(tf.zeros(x_shape))
     return model
 
@@ -280,9 +280,9 @@ def test_fit_matches_keep(policy):
 def test_functional_model_wraps_blocks_in_layers():
     """On KerasTensors the wrapper adds one LMSBlock layer per block, owning its weights."""
     keras.utils.set_random_seed(1)
-    ref = tiny_functional_unet(make_block_wrapper({}))  # every block kept
+    ref = tiny_functional_unet(BlockWrapper({}))  # every block kept
     keras.utils.set_random_seed(1)
-    model = tiny_functional_unet(make_block_wrapper(MIXED_PLAN, offload_skips={"enc0"}))
+    model = tiny_functional_unet(BlockWrapper(MIXED_PLAN, offload_skips={"enc0"}))
     assert [layer.name for layer in model.layers[1:]] == BLOCKS
     assert all(isinstance(layer, LMSBlock) for layer in model.layers[1:])
     # conv+GN x5 blocks (3 each) + 2 transposed-conv (kernel, bias) + head conv (kernel, bias)
@@ -333,7 +333,7 @@ def test_inference_adds_no_lms_ops(x):
 def test_batchnorm_in_recompute_block_is_refused(compiled, x):
     keras.utils.set_random_seed(1)
     bn = layers.BatchNormalization(name="enc1_bn")
-    model = TinyUNet(make_block_wrapper({"enc1": "recompute"}), extra={"enc1": bn})
+    model = TinyUNet(BlockWrapper({"enc1": "recompute"}), extra={"enc1": bn})
     model(x)  # inference: fine
     with pytest.raises(RecomputeError, match=r"enc1.*BatchNormalization.*model.norm=instance"):
         gradients(model, x, compiled=compiled)
@@ -341,7 +341,7 @@ def test_batchnorm_in_recompute_block_is_refused(compiled, x):
 
 def test_batchnorm_in_kept_block_is_fine(x):
     keras.utils.set_random_seed(1)
-    model = TinyUNet(make_block_wrapper({"enc0": "recompute"}),
+    model = TinyUNet(BlockWrapper({"enc0": "recompute"}),
                      extra={"enc1": layers.BatchNormalization(name="enc1_bn")})
     model(x)
     assert all(np.all(np.isfinite(g)) for g in gradients(model, x))
@@ -385,9 +385,9 @@ def test_xla_is_refused(x):
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match=r"one of keep, recompute, offload.*'enc0': 'swap'"):
-        make_block_wrapper({"enc0": "swap"})
+        BlockWrapper({"enc0": "swap"})
     with pytest.raises(ValueError, match="lms.prefetch"):
-        make_block_wrapper({}, prefetch=-1)
+        BlockWrapper({}, prefetch=-1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -401,7 +401,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
 import keras
-from brats_seg.lms.offload import OffloadStats, make_block_wrapper
+from brats_seg.lms.offload import BlockWrapper, OffloadStats
 from tests.unit.test_offload import BLOCKS, MIXED_PLAN, SHAPE, TinyUNet, loss_fn
 
 strategy = tf.distribute.MirroredStrategy(["/CPU:1", "/CPU:2"])  # host: /CPU:0
@@ -412,7 +412,7 @@ for name, plan in [("keep", {}), ("offload", {b: "offload" for b in BLOCKS}), ("
     with strategy.scope():
         stats = OffloadStats()
         skips = {"enc0"} if plan else None
-        model = TinyUNet(make_block_wrapper(plan, host_device="/CPU:0", offload_skips=skips, stats=stats))
+        model = TinyUNet(BlockWrapper(plan, host_device="/CPU:0", offload_skips=skips, stats=stats))
         model(x[:1])
 
     @tf.function(jit_compile=False)
