@@ -839,7 +839,7 @@ def simulate(
     kept = [0] * steps
     grads = [0] * steps
     transient = [0] * steps
-    rebuilt = [0] * steps  # internals a recomputed block rebuilds in its backward
+    largest_rebuild = 0  # internals a recomputed block rebuilds in its backward
 
     def add(arr: list[int], nbytes: int, intervals: Iterable[tuple[int, int]]) -> None:
         alive = [False] * steps
@@ -891,21 +891,20 @@ def simulate(
             add(kept, blk.tail_saved_bytes, [(i, back(i) - 1)])
             transient[i] += blk.forward_working_drop_bytes
             transient[back(i)] += max(blk.tail_backward_bytes, blk.front_backward_bytes)
-            rebuilt[back(i)] += blk.internal_saved_bytes - blk.tail_saved_bytes
+            largest_rebuild = max(largest_rebuild, blk.internal_saved_bytes - blk.tail_saved_bytes)
         else:
             transient[i] += blk.forward_working_drop_bytes
             transient[back(i)] += blk.internal_saved_bytes + blk.backward_working_bytes
-            rebuilt[back(i)] += blk.internal_saved_bytes
+            largest_rebuild = max(largest_rebuild, blk.internal_saved_bytes)
     transient[n] += net.loss_bytes
 
-    factor = net.memory_model.activation_factor
+    mm = net.memory_model
+    factor = mm.activation_factor
     # Rebuilt tensors leave freed chunks of their sizes in the pool that later, differently
     # sized tensors only partly reuse: the largest rebuild's share stays resident.
-    fragmentation = int(net.memory_model.rebuild_fragmentation * max(rebuilt))
-    if any(rebuilt):
-        fragmentation += net.memory_model.rebuild_runtime_bytes
+    rebuild = int(mm.rebuild_runtime_bytes + mm.rebuild_fragmentation * largest_rebuild) if largest_rebuild else 0
     fixed = net.persistent_bytes
-    total = tuple(int(fixed + factor * (kept[t] + grads[t] + transient[t]) + fragmentation) for t in range(steps))
+    total = tuple(int(fixed + factor * (kept[t] + grads[t] + transient[t]) + rebuild) for t in range(steps))
     labels = (
         *(f"forward {b.name}" for b in blocks),
         "loss",

@@ -271,7 +271,7 @@ def test_rebuilding_costs_its_runtime_and_a_share_of_the_largest_rebuild():
             continue
         assert len(extra) == 1  # resident for the whole step
         net = compute_network_cost(cfg, HALF, 1)
-        rebuilt = max(blk.internal_saved_bytes - (blk.tail_saved_bytes if i == len(net.blocks) - 2 else 0)
+        rebuilt = max(blk.internal_saved_bytes - (blk.tail_saved_bytes if tail_kept(net, i, strategy) else 0)
                       for i, blk in enumerate(net.blocks))
         mm = MemoryModel()
         assert extra.pop() == pytest.approx(mm.rebuild_runtime_bytes + mm.rebuild_fragmentation * rebuilt, abs=2)
