@@ -33,12 +33,13 @@ __all__ = [
     "config_to_dict",
     "config_from_dict",
     "flatten_config",
+    "resolve_model_outputs",
 ]
 
 @dataclass
 class DataConfig:
     name: str = "synthetic"  # config name; `synthetic` generates a brats2021-layout dataset
-    layout: str = "brats2021"  # msd | brats2021 | brats2023: how files and labels are laid out
+    layout: str = "brats2021"  # msd | brats2021 | brats2023 | brats2024: how files and labels are laid out
     root: str = "data/synthetic"  # dataset folder; relative paths are taken from the cwd
     cache_dir: str = "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>/<resolution>/
     on_error: str = "raise"  # raise | skip: what a bad case does to preparation
@@ -68,7 +69,7 @@ class ModelConfig:
     groups: int = 8  # groups for group norm
     upsample: str = "transpose"  # transpose | trilinear
     in_channels: int = 4  # 4 = FLAIR,T1,T1ce,T2; 1 = FLAIR only
-    out_channels: int = 3  # 3 = WT,TC,ET sigmoid regions; 1 = WT only
+    out_channels: int = 0  # 0 = one sigmoid output per region of data.layout (WT,TC,ET; +RC for brats2024); 1 = WT only
     foreground_prior: float = 0.01  # head bias = logit(prior): start near "background" everywhere
 
 
@@ -246,3 +247,19 @@ def flatten_config(cfg, prefix: str = "") -> dict[str, object]:
         else:
             out[name] = value
     return out
+
+
+def resolve_model_outputs(cfg: TrainConfig) -> TrainConfig:
+    """Set ``model.out_channels`` to the number of regions the model predicts for ``data.layout``.
+
+    ``0`` (the default) becomes one output per region of the layout (3: WT, TC, ET; 4 with
+    the resection cavity of brats2024); ``1`` (WT only) stays. Idempotent: a run folder's
+    config.json holds the resolved value and resolves to itself.
+
+    Raises:
+        ValueError: a value that fits neither, naming the layout's regions.
+    """
+    from brats_seg.data.labels import output_regions
+
+    cfg.model.out_channels = len(output_regions(cfg.data.layout, cfg.model.out_channels))
+    return cfg

@@ -5,7 +5,8 @@
     python scripts/evaluate.py run_dir=outputs/<run> split=val checkpoint=last
     python scripts/evaluate.py run_dir=outputs/<run> evaluate.mode=sliding evaluate.window=[96,96,96]
 
-Prints Dice and HD95 per region (mean ± std, median) and where the files are:
+Prints the means per region of the legacy Dice/HD95, the BraTS 2023-24 lesion-wise ranking
+metrics and today's official lesion-wise Dice/NSD/HD95 (panoptica), and where the files are:
 ``<run_dir>/eval/<split>/{metrics.csv, summary.json, predictions/, overlays/}``; logs
 them to the run's MLflow run. Exits 2 with a message on a run folder without a
 config.json or checkpoint, a bad split, or bad data.
@@ -38,15 +39,19 @@ def main(cfg) -> None:
 
     with user_errors():
         configure(conf.backend)
-    from brats_seg.evaluation.evaluate import eval_dir, evaluate_run, format_summary_table
+    from brats_seg.data.labels import region_names
+    from brats_seg.evaluation.evaluate import eval_dir, evaluate_run
+    from brats_seg.evaluation.run import load_run_config
+    from brats_seg.evaluation.table import format_summary_table
 
     with user_errors():
         summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate)
+    layout = load_run_config(conf.run_dir).data.layout
     out = eval_dir(conf.run_dir, conf.split)
     mode = "sliding-window" if conf.evaluate.mode == "sliding" else "whole-volume"
     print(f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
           f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n")
-    print(format_summary_table(summary))
+    print(format_summary_table(summary, region_names(layout)))
     print(f"\n  metrics      {out / 'metrics.csv'}")
     print(f"  summary      {out / 'summary.json'}")
     print(f"  predictions  {out / 'predictions'}/<case_id>.nii.gz")

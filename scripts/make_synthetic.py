@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-USAGE = "python scripts/make_synthetic.py out=DIR [layout=brats2021|brats2023|msd] [n_cases=10] [seed=0] [labels=true]"
+USAGE = "python scripts/make_synthetic.py out=DIR [layout=brats2021|brats2023|brats2024|msd] [n_cases=10] [seed=0] [labels=true]"
 
 
 @hydra.main(config_path="../configs", config_name="make_synthetic", version_base="1.3")

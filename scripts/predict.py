@@ -29,8 +29,9 @@ register_configs()
 @hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
 def main(cfg) -> None:
     conf = to_config(cfg)
+    from brats_seg.data.layouts import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.inference import RunError, find_input_cases
+    from brats_seg.evaluation.run import RunError, run_regions
 
     with user_errors():  # TensorFlow-free checks first
         if not str(conf.output).strip():
@@ -42,12 +43,14 @@ def main(cfg) -> None:
 
     with user_errors():
         configure(conf.backend)
-    from brats_seg.evaluation.inference import load_run_model, predict_new_cases
+    from brats_seg.evaluation.predict import predict_new_cases
+    from brats_seg.evaluation.run import load_run_model
 
     with user_errors():
         model = load_run_model(conf.run_dir, conf.checkpoint, run)
         written = predict_new_cases(model, cases, run, conf.output, conf.evaluate)
-    labels = "WT only (edema label)" if run.model.out_channels == 1 else "WT/TC/ET"
+    regions = run_regions(run)
+    labels = "WT only (edema label)" if regions == ("wt",) else "/".join(r.upper() for r in regions)
     print(f"\nwrote {len(written)} mask(s) ({run.data.layout} labels, {labels}) to {Path(conf.output)}")
     for path in written[:10]:
         print(f"  {path}")

@@ -22,7 +22,7 @@ def synthetic_root(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("synthetic")
     roots = {}
-    for layout in ("brats2021", "brats2023", "msd"):
+    for layout in ("brats2021", "brats2023", "brats2024", "msd"):
         roots[layout] = base / layout
         write_synthetic_dataset(roots[layout], layout, n_cases=3, seed=0)
     return roots

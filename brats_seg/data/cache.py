@@ -3,7 +3,7 @@
 Layout under ``<cache_root>`` (one per dataset root and resolution)::
 
     <case_id>/image.npy     float16 (X, Y, Z, 4)  z-scored FLAIR, T1, T1ce, T2
-    <case_id>/regions.npy   uint8   (X, Y, Z, 3)  WT, TC, ET (absent for unlabelled cases)
+    <case_id>/regions.npy   uint8   (X, Y, Z, R)  the layout's regions: WT, TC, ET[, RC] (absent unlabelled)
     <case_id>/meta.json     files, fingerprint, original grid, PreprocessRecord
 
 An entry is built in ``.tmp-<case_id>-<random>/`` and renamed into place, so a crash
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+from brats_seg.data.case_io import load_case_image, load_case_label
 from brats_seg.data.errors import CaseError
-from brats_seg.data.labels import check_label_map, labels_to_regions
+from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import Case
-from brats_seg.data.nifti import load_volume
-from brats_seg.data.preprocess import check_same_grid, preprocess_case
+from brats_seg.data.preprocess import preprocess_case
 
 __all__ = [
     "PREPROCESS_VERSION",
@@ -78,6 +78,7 @@ def compute_fingerprint(case: Case, spacing_mm: float, shape, allow_crop: bool) 
     key = {
         "version": PREPROCESS_VERSION,
         "layout": case.layout,
+        "channels": list(case.channels),  # a 4D image's channel order (dataset.json's modality)
         "files": files,
         "spacing_mm": float(spacing_mm),
         "shape": [int(s) for s in shape],
@@ -94,30 +95,6 @@ def load_entry_meta(entry_dir: Path) -> dict | None:
         return None
 
 
-def _load_case_arrays(case: Case):
-    """Load a case's images (x,y,z,4) and label in RAS, checking grids and labels."""
-    if case.layout == "msd":
-        vol = load_volume(case.images[0], case.case_id, expect_ndim=4)
-        if vol.data.shape[-1] != 4:
-            raise CaseError(case.case_id, vol.path, f"expected 4 modalities in the 4th axis, found {vol.data.shape[-1]}",
-                            "MSD Task01 images hold FLAIR, T1w, T1gd, T2w in one 4D file.")
-        image, ref = vol.data, vol
-        grid = [(str(vol.path), vol.original_shape, vol.original_affine)]
-    else:
-        vols = [load_volume(p, case.case_id) for p in case.images]
-        grid = [(str(v.path), v.original_shape, v.original_affine) for v in vols]
-        check_same_grid(case.case_id, grid)
-        image, ref = np.stack([v.data for v in vols], axis=-1), vols[0]
-    label_vol = None
-    if case.label is not None:
-        label_vol = load_volume(case.label, case.case_id)
-        check_same_grid(case.case_id, grid[:1] + [(str(label_vol.path), label_vol.original_shape, label_vol.original_affine)])
-        check_label_map(case.case_id, case.label, label_vol.data, case.layout,
-                        f"Is the dataset really laid out as data={case.layout}? If so, fix or remove this case "
-                        "(or run with data.on_error=skip).")
-    return image, ref, label_vol
-
-
 def _write_npy(path: Path, array: np.ndarray) -> None:
     with open(path, "wb") as f:
         np.save(f, array)
@@ -131,7 +108,8 @@ def build_entry(case: Case, cache_root: Path, spacing_mm: float, shape, allow_cr
     Raises:
         CaseError: the case's files are bad (nothing is written then).
     """
-    image, ref, label_vol = _load_case_arrays(case)
+    image, ref = load_case_image(case)
+    label_vol = load_case_label(case, ref)
     label = None if label_vol is None else label_vol.data.astype(np.uint8)
     out_image, out_label, record = preprocess_case(
         case.case_id, image, ref.spacing_mm, spacing_mm, shape, label=label, allow_crop=allow_crop
@@ -141,6 +119,7 @@ def build_entry(case: Case, cache_root: Path, spacing_mm: float, shape, allow_cr
         "case_id": case.case_id,
         "layout": case.layout,
         "images": [str(p.resolve()) for p in case.images],
+        "channels": list(case.channels),
         "label": str(case.label.resolve()) if case.label is not None else None,
         "fingerprint": fingerprint,
         "preprocess_version": PREPROCESS_VERSION,

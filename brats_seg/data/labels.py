@@ -1,77 +1,185 @@
-"""Label conventions of the three dataset layouts: the one module that owns them.
+"""Label conventions of the dataset layouts: the one module that owns them, as data.
 
-Every layout stores a single label map per case; the project trains on three nested
-binary regions, channels-last ``(x, y, z, 3)`` in the order WT, TC, ET:
+Every layout stores a single label map per case; the project trains on binary regions,
+channels-last ``(x, y, z, R)``, one sigmoid output per region, in the table's order:
 
-=========  ==========================  ========  ======  ====
-layout     labels                      WT        TC      ET
-=========  ==========================  ========  ======  ====
-msd        1 edema, 2 non-enh., 3 enh  1,2,3     2,3     3
-brats2021  1 NCR/NET, 2 ED, 4 ET       1,2,4     1,4     4
-brats2023  1 NETC, 2 SNFH, 3 ET        1,2,3     1,3     3
-=========  ==========================  ========  ======  ====
+=========  =====================================  ========  ======  ====  ====
+layout     labels                                 WT        TC      ET    RC
+=========  =====================================  ========  ======  ====  ====
+msd        1 edema, 2 non-enh., 3 enh.            1,2,3     2,3     3
+brats2021  1 NCR/NET, 2 ED, 4 ET                  1,2,4     1,4     4
+brats2023  1 NETC, 2 SNFH, 3 ET                   1,2,3     1,3     3
+brats2024  1 NETC, 2 SNFH, 3 ET, 4 RC             1,2,3     1,3     3     4
+=========  =====================================  ========  ======  ====  ====
 
-:func:`regions_to_labels` is the exact inverse on any label map of the layout's set,
-so predictions are written back in the layout's own labels.
+A layout is a :class:`LabelTable`: its label values and names, its regions (name and the
+label values forming each) and the order in which predicted regions are painted back
+into a label map (:func:`regions_to_labels`; later entries win, so ET > TC > WT as BraTS
+nests them, and tumour labels win over the resection cavity). Adding a layout is adding
+a table, not a code path. :func:`regions_to_labels` is the exact inverse of
+:func:`labels_to_regions` on any label map of the layout's set.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Sequence
 
 import numpy as np
 
 __all__ = [
-    "LabelConvention",
+    "Region",
+    "LabelTable",
     "LABELS",
-    "REGION_NAMES",
+    "REGION_TITLES",
+    "label_table",
+    "region_names",
+    "region_label_values",
+    "output_regions",
     "invalid_label_values",
     "check_label_map",
     "labels_to_regions",
     "regions_to_labels",
 ]
 
-REGION_NAMES = ("wt", "tc", "et")
+# Human names of the regions, for messages, tables and overlays.
+REGION_TITLES = {"wt": "whole tumour", "tc": "tumour core", "et": "enhancing tumour", "rc": "resection cavity"}
 
 
 @dataclass(frozen=True)
-class LabelConvention:
-    """Label values of one layout, by tissue class.
+class Region:
+    """A binary training/scoring region: the union of some label values."""
+
+    name: str  # "wt", "tc", "et", "rc"
+    labels: tuple[int, ...]  # label values of the layout that form it
+
+
+@dataclass(frozen=True)
+class LabelTable:
+    """The label convention of one layout.
 
     Attributes:
-        edema: peritumoural edema / SNFH (in WT only).
-        core: necrotic and non-enhancing core (in WT and TC).
-        enhancing: enhancing tumour (in WT, TC and ET).
+        names: label value -> the layout's own name for it (background 0 excluded).
+        regions: the regions, in model output order (WT first: WT-only models use channel 0).
+        paint_order: ``(region, label)`` pairs; writing predicted regions as a label map
+            paints each region's voxels with its label in this order, later pairs winning.
+        roles: tissue role -> label value (``edema``, ``core``, ``enhancing``, ``cavity``),
+            for data generators and single-region masks.
     """
 
-    edema: int
-    core: int
-    enhancing: int
+    names: Mapping[int, str]
+    regions: tuple[Region, ...]
+    paint_order: tuple[tuple[str, int], ...]
+    roles: Mapping[str, int]
 
     @property
     def values(self) -> tuple[int, ...]:
         """All valid values, background first."""
-        return (0, *sorted((self.edema, self.core, self.enhancing)))
+        return (0, *sorted(self.names))
+
+    @property
+    def region_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.regions)
+
+    @property
+    def edema(self) -> int:
+        return self.roles["edema"]
+
+    @property
+    def core(self) -> int:
+        return self.roles["core"]
+
+    @property
+    def enhancing(self) -> int:
+        return self.roles["enhancing"]
+
+    @property
+    def cavity(self) -> int | None:
+        return self.roles.get("cavity")
 
 
-LABELS: dict[str, LabelConvention] = {
-    "msd": LabelConvention(edema=1, core=2, enhancing=3),
-    "brats2021": LabelConvention(edema=2, core=1, enhancing=4),
-    "brats2023": LabelConvention(edema=2, core=1, enhancing=3),
-}
+def _table(names: dict[int, str], roles: dict[str, int], cavity: bool = False) -> LabelTable:
+    """The BraTS region scheme (WT = all tumour labels, TC = core + enhancing, ET) over ``roles``."""
+    edema, core, enhancing = roles["edema"], roles["core"], roles["enhancing"]
+    regions = [
+        Region("wt", tuple(sorted((edema, core, enhancing)))),
+        Region("tc", tuple(sorted((core, enhancing)))),
+        Region("et", (enhancing,)),
+    ]
+    paint = [("wt", edema), ("tc", core), ("et", enhancing)]
+    if cavity:
+        regions.append(Region("rc", (roles["cavity"],)))
+        paint.insert(0, ("rc", roles["cavity"]))  # painted first: tumour labels win an overlap
+    return LabelTable(MappingProxyType(names), tuple(regions), tuple(paint), MappingProxyType(roles))
 
 
-def _convention(layout: str) -> LabelConvention:
+LABELS: Mapping[str, LabelTable] = MappingProxyType({
+    "msd": _table({1: "edema", 2: "non-enhancing tumour", 3: "enhancing tumour"},
+                  {"edema": 1, "core": 2, "enhancing": 3}),
+    "brats2021": _table({1: "NCR/NET", 2: "ED", 4: "ET"}, {"edema": 2, "core": 1, "enhancing": 4}),
+    "brats2023": _table({1: "NETC", 2: "SNFH", 3: "ET"}, {"edema": 2, "core": 1, "enhancing": 3}),
+    "brats2024": _table({1: "NETC", 2: "SNFH", 3: "ET", 4: "RC"},
+                        {"edema": 2, "core": 1, "enhancing": 3, "cavity": 4}, cavity=True),
+})
+
+
+def label_table(layout: str) -> LabelTable:
+    """The :class:`LabelTable` of ``layout``; ValueError naming the layouts for an unknown one."""
     try:
         return LABELS[layout]
     except KeyError:
         raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.") from None
 
 
+def region_names(layout: str) -> tuple[str, ...]:
+    """Every region of ``layout``, in model output order: ``("wt", "tc", "et"[, "rc"])``."""
+    return label_table(layout).region_names
+
+
+def region_label_values(layout: str, names: Sequence[str] | None = None) -> dict[str, tuple[int, ...]]:
+    """``{region: label values}`` of ``layout`` (all regions, or ``names``), e.g. for scoring."""
+    regions = {r.name: r.labels for r in label_table(layout).regions}
+    return {n: regions[n] for n in (names if names is not None else regions)}
+
+
+def output_regions(layout: str, out_channels: int) -> tuple[str, ...]:
+    """The regions a model with ``out_channels`` sigmoid outputs predicts for ``layout``.
+
+    Args:
+        layout: the dataset layout.
+        out_channels: ``0`` = one output per region of the layout (the default); ``1`` = WT
+            only; otherwise it must equal the layout's number of regions.
+
+    Raises:
+        ValueError: any other value, naming the layout's regions.
+    """
+    names = region_names(layout)
+    if out_channels in (0, len(names)):
+        return names
+    if out_channels == 1:
+        return names[:1]
+    raise ValueError(
+        f"model.out_channels={out_channels} does not fit data.layout={layout}, whose regions are "
+        f"{', '.join(n.upper() for n in names)}: use model.out_channels=0 (one output per region, the default) "
+        "or 1 (WT only)."
+    )
+
+
 def invalid_label_values(label: np.ndarray, layout: str) -> list:
     """Values present in ``label`` that are not in the layout's label set."""
-    conv = _convention(layout)
-    return [v for v in np.unique(label).tolist() if v not in conv.values]
+    valid = label_table(layout).values
+    return [v for v in np.unique(label).tolist() if v not in valid]
+
+
+def _hint_for(present: set[int], bad: list, layout: str, hint: str) -> str:
+    """"Use data=<other>" when every value present is another layout's (e.g. brats2024's RC 4)."""
+    fits = sorted((o for o, t in LABELS.items() if o != layout and present <= set(t.values)),
+                  key=lambda o: len(LABELS[o].values))
+    if not fits:
+        return hint
+    names = ", ".join(f"{int(v)} = {LABELS[fits[0]].names[int(v)]}" for v in bad)
+    return f"The file's labels are those of data={' or data='.join(fits)} ({names} there): use that layout."
 
 
 def check_label_map(case_id: str, path, data: np.ndarray, layout: str, hint: str) -> np.ndarray:
@@ -81,7 +189,9 @@ def check_label_map(case_id: str, path, data: np.ndarray, layout: str, hint: str
         case_id, path: for the message.
         data: the label (or mask) file's voxels.
         layout: whose label set applies.
-        hint: what the user should do about bad values.
+        hint: what the user should do about bad values (replaced by "use data=<other>"
+            when the bad values are exactly the extra labels of another layout, such as
+            the resection cavity 4 of brats2024 in a brats2023 dataset).
     """
     from brats_seg.data.errors import CaseError
 
@@ -91,48 +201,54 @@ def check_label_map(case_id: str, path, data: np.ndarray, layout: str, hint: str
     bad = invalid_label_values(labels, layout)
     if bad:
         raise CaseError(case_id, path, f"label values {[int(v) for v in bad]} are not in the {layout} label set "
-                        f"{list(_convention(layout).values)}", hint)
+                        f"{list(label_table(layout).values)}",
+                        _hint_for(set(np.unique(labels).astype(int).tolist()), bad, layout, hint))
     return labels.astype(np.int16)
 
 
-def labels_to_regions(label: np.ndarray, layout: str) -> np.ndarray:
-    """Map a label map to nested WT/TC/ET regions.
+def labels_to_regions(label: np.ndarray, layout: str, names: Sequence[str] | None = None) -> np.ndarray:
+    """Map a label map to its binary regions.
 
     Args:
         label: integer label map, shape ``(x, y, z)``.
-        layout: ``msd`` | ``brats2021`` | ``brats2023``.
+        layout: a key of :data:`LABELS`.
+        names: the regions to return, in this order; default every region of the layout.
 
     Returns:
-        uint8 array ``(x, y, z, 3)``: WT, TC, ET in {0, 1}.
+        uint8 array ``(x, y, z, R)`` in {0, 1}.
     """
-    conv = _convention(layout)
     label = np.asarray(label)
-    et = label == conv.enhancing
-    tc = et | (label == conv.core)
-    wt = tc | (label == conv.edema)
-    return np.stack([wt, tc, et], axis=-1).astype(np.uint8)
+    regions = region_label_values(layout, names)
+    return np.stack([np.isin(label, values) for values in regions.values()], axis=-1).astype(np.uint8)
 
 
-def regions_to_labels(regions: np.ndarray, layout: str) -> np.ndarray:
+def regions_to_labels(regions: np.ndarray, layout: str, names: Sequence[str] | None = None) -> np.ndarray:
     """Inverse of :func:`labels_to_regions`, in the layout's own label values.
 
-    Regions need not be nested (a thresholded prediction may have ET outside WT); the
-    innermost region wins, as in the BraTS convention: ET > TC > WT.
+    Regions need not be nested (a thresholded prediction may have ET outside WT): each
+    region is painted with its label in the table's ``paint_order``, later regions
+    winning, so ET > TC > WT as in the BraTS convention, and tumour over cavity. A
+    region not among ``names`` is not painted (a WT-only model's mask holds only the
+    edema label: reading it back gives exactly the predicted WT and empty TC/ET).
 
     Args:
-        regions: array ``(x, y, z, 3)`` (WT, TC, ET), bool or {0, 1}.
-        layout: ``msd`` | ``brats2021`` | ``brats2023``.
+        regions: array ``(x, y, z, R)``, bool or {0, 1}.
+        layout: a key of :data:`LABELS`.
+        names: the region of each channel; default every region of the layout.
 
     Returns:
         uint8 label map ``(x, y, z)``.
     """
-    conv = _convention(layout)
+    table = label_table(layout)
+    names = tuple(names) if names is not None else table.region_names
     regions = np.asarray(regions)
-    if regions.ndim != 4 or regions.shape[-1] != 3:
-        raise ValueError(f"regions should have shape (x, y, z, 3), got {regions.shape}.")
-    wt, tc, et = (regions[..., i].astype(bool) for i in range(3))
+    if regions.ndim != 4 or regions.shape[-1] != len(names):
+        raise ValueError(f"regions should have shape (x, y, z, {len(names)}) for regions {names}, got {regions.shape}.")
+    unknown = sorted(set(names) - set(table.region_names))
+    if unknown:
+        raise ValueError(f"regions {unknown} are not regions of {layout} ({', '.join(table.region_names)}).")
     label = np.zeros(regions.shape[:3], dtype=np.uint8)
-    label[wt] = conv.edema
-    label[tc] = conv.core
-    label[et] = conv.enhancing
+    for region, value in table.paint_order:
+        if region in names:
+            label[regions[..., names.index(region)].astype(bool)] = value
     return label

@@ -1,18 +1,22 @@
-"""Discover cases in the three common BraTS dataset layouts.
+"""Discover cases in the BraTS dataset layouts: the one place that knows file names.
 
-==========  ========================================================  ================
-layout      files                                                     labels
-==========  ========================================================  ================
-msd         dataset.json + imagesTr/*.nii.gz (4D: FLAIR,T1w,T1gd,T2w)  {0,1,2,3}
-            + labelsTr/*.nii.gz
-brats2021   CASE/CASE_{flair,t1,t1ce,t2,seg}.nii.gz (2018-2021;       {0,1,2,4}
+==========  ==========================================================  ================
+layout      files                                                       labels
+==========  ==========================================================  ================
+msd         dataset.json + imagesTr/*.nii.gz (4D, channel order from    {0,1,2,3}
+            dataset.json's ``modality``) + labelsTr/*.nii.gz
+brats2021   CASE/CASE_{flair,t1,t1ce,t2,seg}.nii.gz (2018-2021;         {0,1,2,4}
             2018/19 HGG/ and LGG/ sub-folders too)
-brats2023   CASE/CASE-{t2f,t1n,t1c,t2w,seg}.nii.gz (BraTS-GLI)        {0,1,2,3}
-==========  ========================================================  ================
+brats2023   CASE/CASE-{t2f,t1n,t1c,t2w,seg}.nii.gz (BraTS 2023+: GLI,   {0,1,2,3}
+            MEN, MET, PED, SSA, e.g. BraTS-MET-00001-000)
+brats2024   as brats2023 (BraTS 2024 GLI post-treatment)                {0,1,2,3,4}
+==========  ==========================================================  ================
 
-Whatever the layout, :class:`Case` lists image files in the project's channel order
-FLAIR, T1, T1ce, T2 (msd: one 4D file in that order). A case without a label file is an
-unlabelled case (a test set): fine for prediction, an error for training.
+Whatever the layout, :class:`Case` lists image files so that the project's channel order
+FLAIR, T1, T1ce, T2 can be read from them (msd: one 4D file and the index of each channel
+along its 4th axis). A case without a label file is an unlabelled case (a test set): fine
+for prediction, an error for training. :func:`find_input_cases` resolves what
+``scripts/predict.py input=`` names with the same rules.
 """
 
 from __future__ import annotations
@@ -23,18 +27,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brats_seg.data.errors import CaseError, DatasetError
+from brats_seg.data.nifti import find_nifti, is_nifti, nifti_stem
 
-__all__ = ["Case", "LAYOUTS", "discover_cases", "case_from_dir"]
+__all__ = [
+    "Case",
+    "LAYOUTS",
+    "MSD_CHANNELS",
+    "case_from_dir",
+    "discover_cases",
+    "find_input_cases",
+    "msd_channel_order",
+]
 
 log = logging.getLogger(__name__)
 
-# Per-layout file suffix of each modality in project channel order, and of the label.
-_SUFFIXES = {
-    "brats2021": ("_", ("flair", "t1", "t1ce", "t2"), "seg"),
-    "brats2023": ("-", ("t2f", "t1n", "t1c", "t2w"), "seg"),
-}
-LAYOUTS = ("msd", "brats2021", "brats2023")
-_NIFTI_EXTS = (".nii.gz", ".nii")
+# Per BraTS layout: file-name separator, modality suffixes in project channel order, label suffix.
+_BRATS2021 = ("_", ("flair", "t1", "t1ce", "t2"), "seg")
+_BRATS2023 = ("-", ("t2f", "t1n", "t1c", "t2w"), "seg")
+_SUFFIXES = {"brats2021": _BRATS2021, "brats2023": _BRATS2023, "brats2024": _BRATS2023}
+LAYOUTS = ("msd", "brats2021", "brats2023", "brats2024")
+
+# Names a dataset.json may give each project channel (lower case), FLAIR, T1, T1ce, T2.
+_CHANNEL_NAMES = (
+    ("flair", "t2f", "t2-flair", "t2_flair", "t2flair"),
+    ("t1", "t1w", "t1n", "t1-native", "native t1"),
+    ("t1gd", "t1ce", "t1c", "t1-gd", "t1_gd", "t1 gd", "t1post", "t1-ce", "t1ce-w"),
+    ("t2", "t2w"),
+)
+MSD_CHANNELS = (0, 1, 2, 3)  # MSD Task01's order: FLAIR, T1w, t1gd, T2w
+_INPUT_HELP = "input=<case folder | MSD 4D .nii.gz | folder of 4D images | .txt list | dataset root>"
 
 
 @dataclass(frozen=True)
@@ -43,27 +64,26 @@ class Case:
 
     Attributes:
         case_id: the case's id (folder name, or MSD file stem).
-        layout: ``msd`` | ``brats2021`` | ``brats2023``.
+        layout: a key of ``brats_seg.data.labels.LABELS``.
         images: brats*: four 3D files (FLAIR, T1, T1ce, T2); msd: one 4D file.
         label: the label file, or None for an unlabelled case.
+        channels: 4D images only: the index along the 4th axis of FLAIR, T1, T1ce, T2.
     """
 
     case_id: str
     layout: str
     images: tuple[Path, ...]
     label: Path | None
+    channels: tuple[int, ...] = MSD_CHANNELS
 
     @property
     def files(self) -> tuple[Path, ...]:
         return self.images + ((self.label,) if self.label is not None else ())
 
 
-def _find_file(folder: Path, stem: str) -> Path | None:
-    for ext in _NIFTI_EXTS:
-        p = folder / f"{stem}{ext}"
-        if p.is_file():
-            return p
-    return None
+# ---------------------------------------------------------------------------------------
+# BraTS case folders
+# ---------------------------------------------------------------------------------------
 
 
 def case_from_dir(folder: Path, layout: str, require_label: bool = False) -> Case:
@@ -76,7 +96,7 @@ def case_from_dir(folder: Path, layout: str, require_label: bool = False) -> Cas
     case_id = folder.name
     images = []
     for mod in modalities:
-        p = _find_file(folder, f"{case_id}{sep}{mod}")
+        p = find_nifti(folder, f"{case_id}{sep}{mod}")
         if p is None:
             raise CaseError(
                 case_id,
@@ -85,7 +105,7 @@ def case_from_dir(folder: Path, layout: str, require_label: bool = False) -> Cas
                 "Restore the file, or remove the case folder (or run with data.on_error=skip).",
             )
         images.append(p)
-    label = _find_file(folder, f"{case_id}{sep}{seg}")
+    label = find_nifti(folder, f"{case_id}{sep}{seg}")
     if label is None and require_label:
         raise CaseError(
             case_id,
@@ -98,7 +118,7 @@ def case_from_dir(folder: Path, layout: str, require_label: bool = False) -> Cas
 
 def _looks_like_case_dir(folder: Path, layout: str) -> bool:
     sep, modalities, seg = _SUFFIXES[layout]
-    return any(_find_file(folder, f"{folder.name}{sep}{s}") for s in (*modalities, seg))
+    return any(find_nifti(folder, f"{folder.name}{sep}{s}") for s in (*modalities, seg))
 
 
 def _discover_brats(root: Path, layout: str) -> list[Path]:
@@ -114,6 +134,43 @@ def _discover_brats(root: Path, layout: str) -> list[Path]:
     return found
 
 
+# ---------------------------------------------------------------------------------------
+# MSD: dataset.json
+# ---------------------------------------------------------------------------------------
+
+
+def msd_channel_order(dataset_json: Path, meta: dict) -> tuple[int, ...]:
+    """Index along the 4D images' 4th axis of FLAIR, T1, T1ce, T2, from dataset.json.
+
+    Reads ``modality`` (MSD) or ``channel_names`` (nnU-Net v2): ``{"0": "FLAIR", "1": "T1w",
+    "2": "t1gd", "3": "T2w"}`` in any order and letter case (also t2f/t1n/t1c/t2w, t1ce...).
+
+    Raises:
+        DatasetError: the entry is missing, or its names are not exactly the four
+            contrasts, naming the file and the entry.
+    """
+    entry = meta.get("modality", meta.get("channel_names"))
+    example = '"modality": {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"}'
+    if not isinstance(entry, dict):
+        raise DatasetError(f"{dataset_json}: no 'modality' entry, so the channel order of the 4D images is unknown. "
+                           f"Add it in the order of the images' 4th axis, e.g. {example}.")
+    order: dict[int, int] = {}
+    try:
+        for index, name in entry.items():
+            channel = next(c for c, names in enumerate(_CHANNEL_NAMES) if str(name).strip().lower() in names)
+            if channel in order:
+                raise StopIteration
+            order[channel] = int(index)
+    except (StopIteration, ValueError):
+        order = {}
+    if sorted(order) != [0, 1, 2, 3] or sorted(order.values()) != [0, 1, 2, 3]:
+        raise DatasetError(
+            f"{dataset_json}: 'modality' {entry} is not the four contrasts FLAIR, T1, T1ce (T1gd), T2 at indices "
+            f"0-3, so the images cannot be mapped to the project's channels. Fix the entry, e.g. {example}."
+        )
+    return tuple(order[c] for c in range(4))
+
+
 def _resolve_inside(root: Path, rel: str, dataset_json: Path) -> Path:
     path = (root / rel).resolve()
     if not path.is_relative_to(root.resolve()):
@@ -124,20 +181,12 @@ def _resolve_inside(root: Path, rel: str, dataset_json: Path) -> Path:
     return path
 
 
-def _stem(path: Path) -> str:
-    name = path.name
-    for ext in _NIFTI_EXTS:
-        if name.endswith(ext):
-            return name[: -len(ext)]
-    return path.stem
-
-
-def _msd_case(root: Path, dj: Path, i: int, entry, require_labels: bool) -> Case:
+def _msd_case(root: Path, dj: Path, i: int, entry, require_labels: bool, channels: tuple[int, ...]) -> Case:
     if not isinstance(entry, dict) or "image" not in entry:
         raise DatasetError(f"{dj}: training entry {i} should be {{'image': ..., 'label': ...}}, got {entry!r}.")
     image = _resolve_inside(root, entry["image"], dj)
     label = _resolve_inside(root, entry["label"], dj) if entry.get("label") else None
-    case_id = _stem(image)
+    case_id = nifti_stem(image)
     if not image.is_file():
         raise CaseError(case_id, image, "image file listed in dataset.json is missing",
                         "Restore it or remove its entry from dataset.json (or run with data.on_error=skip).")
@@ -146,7 +195,7 @@ def _msd_case(root: Path, dj: Path, i: int, entry, require_labels: bool) -> Case
             raise CaseError(case_id, label or dj, "label file listed in dataset.json is missing",
                             "Restore it or remove its entry (or run with data.on_error=skip).")
         label = None
-    return Case(case_id, "msd", (image,), label)
+    return Case(case_id, "msd", (image,), label, channels)
 
 
 def _load_dataset_json(root: Path) -> tuple[Path, dict]:
@@ -168,11 +217,12 @@ def _load_dataset_json(root: Path) -> tuple[Path, dict]:
 
 def _discover_msd(root: Path, require_labels: bool, on_error: str):
     dj, meta = _load_dataset_json(root)
+    channels = msd_channel_order(dj, meta)
     cases: list[Case] = []
     skipped: list[tuple[str, str]] = []
     for i, entry in enumerate(meta.get("training", [])):
         try:
-            cases.append(_msd_case(root, dj, i, entry, require_labels))
+            cases.append(_msd_case(root, dj, i, entry, require_labels, channels))
         except CaseError as e:
             if on_error != "skip":
                 raise
@@ -183,8 +233,13 @@ def _discover_msd(root: Path, require_labels: bool, on_error: str):
             if not isinstance(rel, str):
                 raise DatasetError(f"{dj}: test entry {i} should be a path string, got {rel!r}.")
             image = _resolve_inside(root, rel, dj)
-            cases.append(Case(_stem(image), "msd", (image,), None))
+            cases.append(Case(nifti_stem(image), "msd", (image,), None, channels))
     return cases, skipped
+
+
+# ---------------------------------------------------------------------------------------
+# Datasets
+# ---------------------------------------------------------------------------------------
 
 
 def discover_cases(root: str | Path, layout: str, require_labels: bool = True, on_error: str = "raise"):
@@ -192,7 +247,7 @@ def discover_cases(root: str | Path, layout: str, require_labels: bool = True, o
 
     Args:
         root: the dataset folder.
-        layout: ``msd`` | ``brats2021`` | ``brats2023``.
+        layout: one of :data:`LAYOUTS`.
         require_labels: a case without a label file is an error (training/evaluation).
         on_error: ``raise`` | ``skip``: what a bad case does.
 
@@ -237,11 +292,106 @@ def _no_cases_message(root: Path, layout: str) -> str:
         "msd": "dataset.json with a 'training' list",
         "brats2021": "CASE/CASE_flair.nii.gz, CASE_t1, CASE_t1ce, CASE_t2, CASE_seg",
         "brats2023": "CASE/CASE-t2f.nii.gz, CASE-t1n, CASE-t1c, CASE-t2w, CASE-seg",
+        "brats2024": "CASE/CASE-t2f.nii.gz, CASE-t1n, CASE-t1c, CASE-t2w, CASE-seg",
     }[layout]
     hint = ""
     for other in ("brats2021", "brats2023"):
-        if other != layout and _discover_brats(root, other):
-            hint = f" The files look like the {other} layout: try data={other}."
+        if _SUFFIXES[other] != _SUFFIXES.get(layout) and _discover_brats(root, other):
+            hint = f" The files look like the {other} layout: try data={other} (or data=brats2024 for post-treatment labels)."
     if (root / "dataset.json").is_file() and layout != "msd":
         hint = " There is a dataset.json: try data=msd."
     return f"no cases found under {root} for layout {layout} (expected {expected}).{hint}"
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs of scripts/predict.py
+# ---------------------------------------------------------------------------------------
+
+
+def _folder_naming(folder: Path, layout: str) -> str | None:
+    """The BraTS layout whose file names ``<folder>/<folder name><sep>*`` the folder holds (``layout`` first)."""
+    for name in dict.fromkeys([layout, *_SUFFIXES]):
+        sep = _SUFFIXES[name][0] if name in _SUFFIXES else None
+        if sep and any(is_nifti(p) for p in folder.glob(f"{folder.name}{sep}*")):
+            return name
+    return None
+
+
+def _image_channels(image: Path) -> tuple[int, ...]:
+    """Channel order of a loose 4D image: from the dataset.json of its dataset (MSD imagesTs/), else MSD's."""
+    for folder in (image.parent, image.parent.parent):
+        dj = folder / "dataset.json"
+        if dj.is_file():
+            return msd_channel_order(dj, _load_dataset_json(folder)[1])
+    return MSD_CHANNELS
+
+
+def _cases_at(path: Path, layout: str, allow_root: bool) -> list[Case]:
+    if path.is_file():
+        if is_nifti(path):
+            return [Case(nifti_stem(path), "msd", (path,), None, _image_channels(path))]  # a 4D image
+        raise DatasetError(f"input {path} is not a NIfTI image or a .txt list: pass {_INPUT_HELP}.")
+    if not path.is_dir():
+        raise DatasetError(f"input {path} does not exist: pass {_INPUT_HELP}.")
+    if allow_root and (path / "dataset.json").is_file():
+        return discover_cases(path, "msd", require_labels=False)[0]
+    naming = _folder_naming(path, layout)
+    if naming is not None:
+        return [case_from_dir(path, naming)]
+    images = sorted(p for p in path.iterdir() if is_nifti(p))
+    if images:  # e.g. MSD imagesTs/
+        return [Case(nifti_stem(p), "msd", (p,), None, _image_channels(p)) for p in images]
+    if allow_root:
+        return discover_cases(path, layout, require_labels=False)[0]
+    raise DatasetError(f"{path} is neither a case folder nor a 4D image: list {_INPUT_HELP.split('=')[1]} entries.")
+
+
+def _read_list(path: Path) -> list[Path]:
+    entries = []
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        entry = Path(line).expanduser()
+        if not entry.is_absolute():
+            beside = path.parent / entry
+            entry = beside if beside.exists() or not entry.exists() else entry
+        entries.append(entry)
+    if not entries:
+        raise DatasetError(f"input list {path} names no case: write one case folder or 4D image per line.")
+    return entries
+
+
+def find_input_cases(source: str | Path, layout: str) -> list[Case]:
+    """The cases named by ``scripts/predict.py input=``.
+
+    Accepted: a BraTS case folder (brats2021 or brats2023 file names); a 4D image
+    (``.nii``/``.nii.gz``; channel order from the dataset.json of its dataset if there is
+    one, else MSD's FLAIR, T1, T1ce, T2); a folder of such images (e.g. MSD ``imagesTs/``);
+    a dataset root (MSD with dataset.json, or case folders in ``layout``; labels not
+    needed); or a ``.txt`` file listing case folders or 4D images, one per line (relative
+    paths are taken from the list's folder; blank lines and ``#`` comments are ignored).
+
+    Args:
+        source: the ``input=`` value.
+        layout: the run's ``data.layout`` (tried first for case folders and roots).
+
+    Returns:
+        Cases (images only; any label file is ignored by prediction), in input order.
+
+    Raises:
+        DatasetError: nothing usable at ``source``, or duplicate case ids.
+        CaseError: a case folder lacks a modality file.
+    """
+    if not str(source).strip():
+        raise DatasetError(f"input is not set: pass {_INPUT_HELP}.")
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".txt":
+        cases = [case for entry in _read_list(path) for case in _cases_at(entry, layout, allow_root=False)]
+    else:
+        cases = _cases_at(path, layout, allow_root=True)
+    ids = [c.case_id for c in cases]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise DatasetError(f"input {path}: case ids {dupes} occur more than once; their masks would overwrite each other.")
+    return cases

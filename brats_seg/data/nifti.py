@@ -22,9 +22,43 @@ from nibabel import orientations as ornt
 
 from brats_seg.data.errors import CaseError
 
-__all__ = ["Volume", "load_volume", "save_mask", "to_original_orientation", "spacing_of"]
+__all__ = [
+    "NIFTI_SUFFIXES",
+    "Volume",
+    "find_nifti",
+    "is_nifti",
+    "load_volume",
+    "nifti_stem",
+    "save_mask",
+    "spacing_of",
+    "to_original_orientation",
+]
 
 log = logging.getLogger(__name__)
+
+NIFTI_SUFFIXES = (".nii.gz", ".nii")  # the file names the project reads and writes
+
+
+def is_nifti(path: Path) -> bool:
+    """True for an existing ``.nii``/``.nii.gz`` file."""
+    return path.is_file() and path.name.endswith(NIFTI_SUFFIXES)
+
+
+def nifti_stem(path: Path) -> str:
+    """``CASE`` of ``CASE.nii.gz`` / ``CASE.nii`` (the plain stem of other names)."""
+    for suffix in NIFTI_SUFFIXES:
+        if path.name.endswith(suffix):
+            return path.name[: -len(suffix)]
+    return path.stem
+
+
+def find_nifti(folder: Path, stem: str) -> Path | None:
+    """``<folder>/<stem>.nii.gz`` or ``.nii``, whichever exists (gzip first), else None."""
+    for suffix in NIFTI_SUFFIXES:
+        path = folder / f"{stem}{suffix}"
+        if path.is_file():
+            return path
+    return None
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """tf.data pipelines over the preprocessing cache: deterministic, resumable, memory-mapped.
 
 A cache entry is a folder per case holding ``image.npy`` (float16, ``(x, y, z, 4)``:
-FLAIR, T1, T1ce, T2) and ``regions.npy`` (uint8, ``(x, y, z, 3)``: WT, TC, ET), written by
+FLAIR, T1, T1ce, T2) and ``regions.npy`` (uint8, ``(x, y, z, R)``: the layout's regions, WT
+first: WT, TC, ET, and RC for brats2024), written by
 ``brats_seg.data.cache``. Arrays are opened with ``mmap_mode="r"`` and read one case at a
 time, so the dataset never sits in memory. Elements are channels-last float32
 ``image (B, x, y, z, in_channels)`` and ``regions (B, x, y, z, out_channels)``.
@@ -35,8 +36,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 IMAGE_FILE = "image.npy"  # float16 (x, y, z, 4): FLAIR, T1, T1ce, T2
-REGIONS_FILE = "regions.npy"  # uint8 (x, y, z, 3): WT, TC, ET
-CACHE_CHANNELS = {IMAGE_FILE: 4, REGIONS_FILE: 3}
+REGIONS_FILE = "regions.npy"  # uint8 (x, y, z, R): the layout's regions, WT first
 CACHE_DTYPES = {IMAGE_FILE: np.float16, REGIONS_FILE: np.uint8}
 FLIP_PROBABILITY = 0.5  # L-R flip along x
 SCALE_RANGE = 0.1  # intensity scale in [1 - 0.1, 1 + 0.1], per channel
@@ -98,20 +98,24 @@ def _open(case_dir: Path, filename: str) -> np.ndarray:
         ) from error
 
 
-def _check_cases(case_dirs: Sequence[Path]) -> tuple[int, int, int]:
+def _check_cases(case_dirs: Sequence[Path], out_channels: int) -> tuple[int, int, int]:
     """Check every case's files (headers only) and return the common spatial shape."""
     if not case_dirs:
         raise ValueError("no case folders given: the split is empty; check data.root and the split file.")
     spatial: tuple[int, ...] | None = None
     first = case_dirs[0]
     for case_dir in case_dirs:
-        for filename, channels in CACHE_CHANNELS.items():
+        for filename in (IMAGE_FILE, REGIONS_FILE):
             array = _open(case_dir, filename)
             expected_dtype = CACHE_DTYPES[filename]
-            if array.ndim != 4 or array.shape[-1] != channels or array.dtype != expected_dtype:
+            channels_ok = array.ndim == 4 and (
+                array.shape[-1] == 4 if filename == IMAGE_FILE else array.shape[-1] >= out_channels)
+            if not channels_ok or array.dtype != expected_dtype:
+                expected = "4" if filename == IMAGE_FILE else f">= {out_channels}"
                 raise ValueError(
                     f"{case_dir / filename} is {array.dtype} {array.shape}, expected "
-                    f"{np.dtype(expected_dtype)} (x, y, z, {channels}); re-run scripts/prepare_data.py."
+                    f"{np.dtype(expected_dtype)} (x, y, z, {expected} channels); re-run scripts/prepare_data.py "
+                    "(a model with more outputs than the cached regions was trained on another layout?)."
                 )
             if spatial is None:
                 spatial = tuple(array.shape[:3])
@@ -138,8 +142,8 @@ def _make_loader(case_dirs: Sequence[Path], in_channels: int, out_channels: int)
 def _check_channels(in_channels: int, out_channels: int) -> None:
     if in_channels not in (1, 4):
         raise ValueError(f"in_channels must be 4 (FLAIR,T1,T1ce,T2) or 1 (FLAIR only), got {in_channels!r}.")
-    if out_channels not in (1, 3):
-        raise ValueError(f"out_channels must be 3 (WT,TC,ET) or 1 (WT only), got {out_channels!r}.")
+    if not isinstance(out_channels, (int, np.integer)) or out_channels < 1:
+        raise ValueError(f"out_channels must be the number of regions trained (>= 1, WT first), got {out_channels!r}.")
 
 
 def _load_map(case_dirs, spatial, in_channels, out_channels):
@@ -241,7 +245,7 @@ def make_train_dataset(
         seed: run seed (``trainer.seed``, >= 0): case order and augmentation derive from it.
         augment: random L-R flip along x and per-channel intensity scale +-10%, shift +-0.1.
         in_channels: 4 (FLAIR, T1, T1ce, T2) or 1 (FLAIR only).
-        out_channels: 3 (WT, TC, ET) or 1 (WT only).
+        out_channels: regions trained, the first ``out_channels`` of the cache (1 = WT only).
         initial_epoch: first epoch yielded (the resume point; Keras' ``initial_epoch``).
         max_steps_per_epoch: cap on batches per epoch (``trainer.steps_per_epoch``);
             Keras must be given ``steps_per_epoch(len(case_dirs), batch_size, cap)``.
@@ -258,7 +262,7 @@ def make_train_dataset(
     if not isinstance(initial_epoch, (int, np.integer)) or initial_epoch < 0:
         raise ValueError(f"initial_epoch must be an integer >= 0, got {initial_epoch!r}.")
     steps = steps_per_epoch(len(paths), batch_size, max_steps_per_epoch)
-    spatial = _check_cases(paths)
+    spatial = _check_cases(paths, out_channels)
     per_epoch = steps * batch_size
     seed, initial_epoch = int(seed), int(initial_epoch)
 
@@ -296,7 +300,7 @@ def make_eval_dataset(
         case_dirs: cache folders of the cases.
         batch_size: cases per batch; the last batch may be smaller.
         in_channels: 4 (FLAIR, T1, T1ce, T2) or 1 (FLAIR only).
-        out_channels: 3 (WT, TC, ET) or 1 (WT only).
+        out_channels: regions trained, the first ``out_channels`` of the cache (1 = WT only).
 
     Returns:
         Dataset of ``(image float32 (B, x, y, z, in_channels), regions float32
@@ -306,7 +310,7 @@ def make_eval_dataset(
     _check_channels(in_channels, out_channels)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-    spatial = _check_cases(paths)
+    spatial = _check_cases(paths, out_channels)
     ds = tf.data.Dataset.range(len(paths)).map(
         _load_map(paths, spatial, in_channels, out_channels), num_parallel_calls=tf.data.AUTOTUNE
     )

@@ -56,6 +56,7 @@ __all__ = [
     "sample_case_params",
     "generate_case",
     "tissue_to_labels",
+    "add_resection_cavity",
     "case_files",
     "write_synthetic_dataset",
 ]
@@ -91,7 +92,8 @@ class SyntheticCase:
             integer-valued intensities in [0, 32767]; 0 exactly outside the brain and
             >= 1 inside it (so ``images["flair"] > 0`` is the brain mask).
         tissue: uint8 ``(240, 240, 155)``: 0 background/normal brain, 1 edema,
-            2 necrotic or non-enhancing core, 3 enhancing tumour.
+            2 necrotic or non-enhancing core, 3 enhancing tumour, 4 resection cavity
+            (only after :func:`add_resection_cavity`, for brats2024).
         affine: float ``(4, 4)`` voxel-to-world (mm), axcodes L, P, S.
         params: the drawn layout (tumour foci in mm, enhancement, scales).
     """
@@ -112,11 +114,12 @@ class SyntheticCase:
 
 
 def tissue_to_labels(tissue: np.ndarray, layout: str) -> np.ndarray:
-    """Map tissue codes 1 edema / 2 core / 3 enhancing to ``layout``'s label values.
+    """Map tissue codes 1 edema / 2 core / 3 enhancing / 4 cavity to ``layout``'s label values.
 
     Args:
-        tissue: uint8 ``(x, y, z)`` with values in {0, 1, 2, 3}.
-        layout: ``msd`` | ``brats2021`` | ``brats2023``.
+        tissue: uint8 ``(x, y, z)`` with values in {0, 1, 2, 3} (and 4 for a layout
+            with a resection-cavity label).
+        layout: a key of ``brats_seg.data.labels.LABELS``.
 
     Returns:
         uint8 ``(x, y, z)`` label map.
@@ -124,7 +127,9 @@ def tissue_to_labels(tissue: np.ndarray, layout: str) -> np.ndarray:
     if layout not in LABELS:
         raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.")
     conv = LABELS[layout]
-    lut = np.array([0, conv.edema, conv.core, conv.enhancing], dtype=np.uint8)
+    lut = np.array([0, conv.edema, conv.core, conv.enhancing, conv.cavity or 0], dtype=np.uint8)
+    if conv.cavity is None and (tissue == 4).any():
+        raise ValueError(f"layout {layout} has no resection-cavity label; the case has a cavity (use brats2024).")
     return lut[tissue]
 
 
@@ -552,6 +557,39 @@ def generate_case(rng: np.random.Generator) -> SyntheticCase:
     return SyntheticCase(out, tissue, AFFINE.copy(), params)
 
 
+def add_resection_cavity(case: SyntheticCase, rng: np.random.Generator) -> SyntheticCase:
+    """A post-treatment version of ``case``: part of the tumour core resected (BraTS 2024 GLI).
+
+    A fluid-filled cavity (tissue code 4; CSF-like on every contrast: dark on FLAIR and T1,
+    bright on T2) replaces an ellipsoid around the tumour core's centre, of 0.5-0.9 times the
+    core's extent; the tumour outside it stays (residual enhancing rim, edema). Cases
+    without a tumour core are returned unchanged.
+    """
+    core = np.argwhere(case.tissue >= 2)
+    if core.size == 0:
+        return case
+    centre = core.mean(0) + rng.uniform(-2, 2, 3)
+    semi = np.maximum((core.max(0) - core.min(0)) / 2 * rng.uniform(0.5, 0.9, 3), 3.0)  # mm at 1 mm voxels
+    lo = np.maximum(np.floor(centre - semi).astype(int) - 1, 0)
+    hi = np.minimum(np.ceil(centre + semi).astype(int) + 2, SHAPE)
+    box = tuple(slice(a, b) for a, b in zip(lo, hi))
+    grid = np.stack(np.meshgrid(*[np.arange(a, b) for a, b in zip(lo, hi)], indexing="ij"), -1)
+    cavity = (((grid - centre) / semi) ** 2).sum(-1) <= 1.0
+    cavity &= case.images["flair"][box] > 0  # inside the brain
+    tissue = case.tissue.copy()
+    tissue[box][cavity] = 4
+    images = {}
+    normal = case.tissue == 0
+    for m, name in enumerate(MODALITIES):
+        img = case.images[name].copy()
+        reference = float(np.median(img[normal & (img > 0)])) / _NORMAL["gm"][m]  # ~ white matter on T1 = 1
+        fluid = reference * _NORMAL["csf"][m]
+        noise = rng.normal(0.0, 0.03 * fluid + 1.0, int(cavity.sum()))
+        img[box][cavity] = np.clip(np.rint(fluid + noise), 1, INT16_MAX)
+        images[name] = img
+    return SyntheticCase(images, tissue, case.affine, case.params)
+
+
 # --------------------------------------------------------------------------- writing
 
 _BRATS2023_SUFFIX = {"flair": "t2f", "t1": "t1n", "t1ce": "t1c", "t2": "t2w"}
@@ -562,6 +600,8 @@ def _case_id(layout: str, i: int) -> str:
         return f"BraTS2021_{i:05d}"
     if layout == "brats2023":
         return f"BraTS-GLI-{i:05d}-000"
+    if layout == "brats2024":
+        return f"BraTS-GLI-{i:05d}-100"  # the 2024 post-treatment timepoints
     return f"BRATS_{i + 1:03d}"
 
 
@@ -571,7 +611,7 @@ def case_files(out_dir: str | os.PathLike, layout: str, i: int, with_labels: boo
     out, cid = Path(out_dir), _case_id(layout, i)
     if layout == "brats2021":
         files = {m: out / cid / f"{cid}_{m}.nii.gz" for m in (*MODALITIES, "seg")}
-    elif layout == "brats2023":
+    elif layout in ("brats2023", "brats2024"):
         files = {m: out / cid / f"{cid}-{_BRATS2023_SUFFIX.get(m, m)}.nii.gz" for m in (*MODALITIES, "seg")}
     elif layout == "msd":
         images = "imagesTr" if with_labels else "imagesTs"
@@ -671,7 +711,8 @@ def write_synthetic_dataset(
 
     Args:
         out_dir: dataset root (created if needed).
-        layout: ``brats2021`` | ``brats2023`` | ``msd``.
+        layout: ``brats2021`` | ``brats2023`` | ``brats2024`` (with a resection cavity in
+            ~75 % of cases) | ``msd``.
         n_cases: number of cases, >= 1.
         seed: dataset seed, >= 0.
         with_labels: False writes no label files (an unlabelled test set; for msd the
@@ -694,7 +735,12 @@ def write_synthetic_dataset(
         case_ids.append(_case_id(layout, i))
         if all(p.exists() for p in files.values()):
             continue
-        _write_case(generate_case(np.random.default_rng([int(seed), i])), files, layout)
+        case = generate_case(np.random.default_rng([int(seed), i]))
+        if LABELS[layout].cavity is not None:  # post-treatment: most cases have a resection cavity
+            cavity_rng = np.random.default_rng([int(seed), i, 4])
+            if cavity_rng.random() < 0.75:
+                case = add_resection_cavity(case, cavity_rng)
+        _write_case(case, files, layout)
         written += 1
     if layout == "msd":
         _write_msd_json(out, case_ids, with_labels)

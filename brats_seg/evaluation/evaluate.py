@@ -1,31 +1,28 @@
-"""Evaluate a training run on held-out cases, and score existing masks, the BraTS way.
+"""Evaluate a training run on held-out cases, the BraTS way.
 
 :func:`evaluate_run` (``scripts/evaluate.py``), per case of the run's split:
 
 1. inference on the cached network-grid image (whole volume, or sliding windows);
 2. undo the crop and the resampling: probabilities on the native RAS grid;
-3. threshold (``evaluate.threshold``) -> regions WT, TC, ET (or WT only);
-4. metrics against the ORIGINAL label file (loaded again, RAS), with its voxel spacing;
-5. the prediction as NIfTI in the layout's own labels with the label file's affine and
-   header, and an overlay PNG (FLAIR on the native grid, reference solid, prediction dashed).
+3. threshold (``evaluate.threshold``) -> the regions the model predicts -> one label map
+   in the layout's own values (the nesting rule resolves non-nested regions);
+4. that label map is written as NIfTI with the label file's affine and header, and every
+   metric is computed from it against the ORIGINAL label file (loaded again, RAS, with its
+   voxel spacing) by :func:`brats_seg.evaluation.scoring.score_case`, the function
+   ``scripts/score.py`` uses on the written files: both give the same ``metrics.csv``;
+5. an overlay PNG (FLAIR on the native grid, reference solid, prediction dashed).
 
 Files, under ``<run_dir>/eval/<split>/``::
 
-    metrics.csv                 case_id, dice_wt, dice_tc, dice_et, hd95_wt, ..., spec_et
-    summary.json                n_cases, and mean/median/std/n per metric column
+    metrics.csv                 case_id, dice_wt, ..., lesion23_hd95_<r> (brats_seg.evaluation.table)
+    summary.json                n_cases, and mean/median/std/n/n_inf per metric column
     predictions/<case_id>.nii.gz
     overlays/<case_id>.png
 
-WT-only models (``model.out_channels=1``): only WT is scored; the TC/ET columns stay
-in metrics.csv (same columns for every run) and hold NaN (``nan`` in the CSV, ``null``
-statistics with ``n: 0`` in summary.json). Their masks carry the layout's edema label
-(see :mod:`brats_seg.evaluation.inference`).
-
-:func:`score_masks` (``scripts/score.py``) scores masks that already exist, with the
-same metric code and no model (and no TensorFlow). A reference case without a
-prediction file counts as an **empty prediction** (Dice 0 / HD95 373.13 mm where the
-reference is not empty), as the BraTS challenge scores a missing submission, and is
-listed in a warning.
+WT-only models (``model.out_channels=1``): only WT is scored; the other regions' columns
+stay in metrics.csv (same columns for every run of a layout) as empty cells (``null``
+statistics with ``n: 0`` in summary.json). Scoring their written masks with
+``scripts/score.py`` scores TC/ET as empty predictions instead.
 
 Nothing here imports TensorFlow at module level.
 """
@@ -35,40 +32,35 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry, prepare_cases
-from brats_seg.data.errors import CaseError, DataError, DatasetError
-from brats_seg.data.labels import REGION_NAMES, check_label_map, labels_to_regions
+from brats_seg.data.errors import DataError, DatasetError
+from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.layouts import discover_cases
-from brats_seg.data.nifti import Volume, load_volume, save_mask
+from brats_seg.data.nifti import load_volume, save_mask
 from brats_seg.data.splits import load_split
-from brats_seg.evaluation.inference import (
+from brats_seg.evaluation.predict import check_native_shape, predict_case_labels, predict_case_native
+from brats_seg.evaluation.run import (
     RunError,
     check_evaluate_config,
-    check_native_shape,
     checkpoint_path,
     load_run_config,
     load_run_model,
-    predict_case_native,
-    regions_to_mask,
-    threshold_regions,
+    run_regions,
 )
-from brats_seg.evaluation.metrics import HD95_EMPTY_MM, METRIC_COLUMNS, MetricsTable, compute_case_metrics
+from brats_seg.evaluation.scoring import load_reference, score_case
+from brats_seg.evaluation.table import MetricsTable
 
 __all__ = [
     "SPLITS",
-    "ScoreResult",
     "eval_dir",
     "check_run_dir",
     "split_case_ids",
     "evaluate_run",
-    "score_masks",
-    "format_summary_table",
 ]
 
 log = logging.getLogger(__name__)
@@ -103,7 +95,7 @@ def check_run_dir(
     config = load_run_config(run_dir)
     checkpoint_path(run_dir, checkpoint)
     if eval_cfg is not None:
-        check_evaluate_config(eval_cfg, config.model.depth)
+        check_evaluate_config(eval_cfg, config.model)
     return config
 
 
@@ -159,49 +151,35 @@ def _prepare_entries(config: TrainConfig, case_ids: list[str], progress: bool) -
     return entries
 
 
-def _load_reference(case_id: str, path: str | Path, layout: str) -> tuple[Volume, np.ndarray]:
-    """The label file (RAS) and its regions ``(x, y, z, 3)`` uint8, labels checked."""
-    vol = load_volume(path, case_id)
-    labels = check_label_map(case_id, path, vol.data, layout, f"Is this really data={layout}?")
-    return vol, labels_to_regions(labels, layout)
-
-
-def _case_metrics(pred: np.ndarray, ref: np.ndarray, spacing_mm) -> dict[str, float]:
-    """Metrics of every contract column; regions the model does not predict are NaN."""
-    names = REGION_NAMES[: pred.shape[-1]]
-    values = compute_case_metrics(pred, ref[..., : len(names)], spacing_mm, region_names=names)
-    return {c: values.get(c, math.nan) for c in METRIC_COLUMNS[1:]}
-
-
 def _flair_native(meta: dict) -> np.ndarray:
     """FLAIR ``(x, y, z)`` on the native RAS grid (first image file; MSD: 4D channel 0)."""
     first = meta["images"][0]
     if len(meta["images"]) == 1:
-        return load_volume(first, meta["case_id"], expect_ndim=4).data[..., 0]
+        return load_volume(first, meta["case_id"], expect_ndim=4).data[..., meta.get("channels", [0])[0]]
     return load_volume(first, meta["case_id"]).data
 
 
 def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: EvaluateConfig, out: Path) -> dict:
-    """Infer, invert, threshold, score and write one case; returns its metrics row."""
+    """Infer, invert, threshold, write and score one case; returns its metrics row."""
     from brats_seg.evaluation.overlays import save_overlay
 
     meta = entry.meta
     case_id, layout = entry.case_id, meta["layout"]
+    names = run_regions(config)
     probs = predict_case_native(
         model, entry, meta["record"], mode=eval_cfg.mode, window=eval_cfg.window, overlap=eval_cfg.window_overlap,
         mirror=eval_cfg.mirror
     )  # (x, y, z, R) native RAS
-    ref_vol, ref = _load_reference(case_id, meta["label"], layout)
-    check_native_shape(case_id, meta["label"], probs, ref.shape[:3])
-    pred = threshold_regions(probs, eval_cfg.threshold)  # (x, y, z, R) bool
-    metrics = _case_metrics(pred, ref, ref_vol.spacing_mm)
-    save_mask(regions_to_mask(pred, layout), ref_vol.original_affine, ref_vol.original_header,
-              out / "predictions" / f"{case_id}.nii.gz")
+    ref_vol, ref_labels = load_reference(case_id, meta["label"], layout)
+    check_native_shape(case_id, meta["label"], probs, ref_labels.shape)
+    labels, pred = predict_case_labels(probs, layout, names, eval_cfg.threshold)  # what is written, and its regions
+    save_mask(labels, ref_vol.original_affine, ref_vol.original_header, out / "predictions" / f"{case_id}.nii.gz")
+    metrics = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names)
     if eval_cfg.overlays:
-        n = pred.shape[-1]
-        dice = "  ".join(f"{r.upper()} {metrics[f'dice_{r}']:.3f}" for r in REGION_NAMES[:n])
-        save_overlay(_flair_native(meta), ref[..., :n], pred, out / "overlays" / f"{case_id}.png",
-                     title=f"{case_id}  Dice {dice}", spacing_mm=ref_vol.spacing_mm, region_names=REGION_NAMES[:n])
+        dice = "  ".join(f"{r.upper()} {metrics[f'dice_{r}']:.3f}" for r in names)
+        save_overlay(_flair_native(meta), labels_to_regions(ref_labels, layout, names), pred,
+                     out / "overlays" / f"{case_id}.png", title=f"{case_id}  Dice {dice}",
+                     spacing_mm=ref_vol.spacing_mm, region_names=names)
     return metrics
 
 
@@ -261,7 +239,7 @@ def evaluate_run(
         config = check_run_dir(run_dir, checkpoint, split, eval_cfg)
     else:
         config = load_run_config(run_dir)
-        check_evaluate_config(eval_cfg, config.model.depth)
+        check_evaluate_config(eval_cfg, config.model)
     run_dir = Path(run_dir).expanduser()
     case_ids = split_case_ids(run_dir, split)
     if not case_ids:
@@ -269,7 +247,7 @@ def evaluate_run(
     entries = _prepare_entries(config, case_ids, progress)
     model = model if model is not None else load_run_model(run_dir, checkpoint, config)
     out = eval_dir(run_dir, split)
-    table = MetricsTable(region_names=REGION_NAMES)
+    table = MetricsTable(region_names(config.data.layout))
     bar = tqdm(entries, desc=f"evaluating {split}", unit="case", disable=not progress)
     for entry in bar:
         row = _evaluate_case(model, entry, config, eval_cfg, out)
@@ -281,149 +259,3 @@ def evaluate_run(
     log.info("evaluated %d %s cases of %s: mean Dice WT %.3f", len(table), split, run_dir, summary["dice_wt"]["mean"])
     _log_to_mlflow(run_dir, config, split, summary, out)
     return summary
-
-
-# ---------------------------------------------------------------------------------------
-# Scoring existing masks
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class ScoreResult:
-    """What :func:`score_masks` did.
-
-    Attributes:
-        summary: as in summary.json.
-        csv_path, summary_path: files written.
-        missing: reference cases without a prediction file (scored as empty masks).
-        unmatched: prediction files without a reference case (ignored).
-    """
-
-    summary: dict
-    csv_path: Path
-    summary_path: Path
-    missing: list[str] = field(default_factory=list)
-    unmatched: list[str] = field(default_factory=list)
-
-
-_NIFTI_EXTS = (".nii.gz", ".nii")
-
-
-def _find_prediction(pred_dir: Path, case_id: str) -> Path | None:
-    for ext in _NIFTI_EXTS:
-        p = pred_dir / f"{case_id}{ext}"
-        if p.is_file():
-            return p
-    return None
-
-
-def _mask_ids(pred_dir: Path) -> set[str]:
-    """Case ids of the ``<case_id>.nii[.gz]`` files in ``pred_dir``."""
-    ids = set()
-    for p in pred_dir.iterdir():
-        ext = next((e for e in _NIFTI_EXTS if p.name.endswith(e)), None)
-        if ext and p.is_file():
-            ids.add(p.name[: -len(ext)])
-    return ids
-
-
-def _load_prediction(case_id: str, path: Path, ref: Volume, layout: str) -> np.ndarray:
-    """Prediction regions ``(x, y, z, 3)`` on the reference grid, labels checked."""
-    vol = load_volume(path, case_id)
-    if vol.data.shape != ref.data.shape or not np.allclose(vol.affine_ras, ref.affine_ras, atol=1e-3):
-        raise CaseError(
-            case_id, path,
-            f"grid (RAS shape {vol.data.shape}, affine {np.round(vol.affine_ras, 3).tolist()}) differs from that of "
-            f"the reference {ref.path} (RAS shape {ref.data.shape}, affine {np.round(ref.affine_ras, 3).tolist()})",
-            "A mask must be on its reference label file's grid: write it with scripts/predict.py, or resample it first.",
-        )
-    labels = check_label_map(case_id, path, vol.data, layout,
-                             "Write masks in the layout's own labels, or pass the data= the masks were written for.")
-    return labels_to_regions(labels, layout)
-
-
-def score_masks(
-    pred_dir: str | Path,
-    ref_dir: str | Path,
-    layout: str,
-    out: str | Path | None = None,
-    on_error: str = "raise",
-    progress: bool = True,
-) -> ScoreResult:
-    """Score ``<pred_dir>/<case_id>.nii.gz`` masks against a labelled dataset.
-
-    Args:
-        pred_dir: folder of masks in the layout's own labels, on the references' grids.
-        ref_dir: dataset root holding the reference label files.
-        layout: ``msd`` | ``brats2021`` | ``brats2023`` (of the references and the masks).
-        out: CSV path; default ``<pred_dir>/metrics.csv``. summary.json goes beside it.
-        on_error: ``raise`` | ``skip``: what a bad reference case does to discovery.
-        progress: show a tqdm bar.
-
-    Returns:
-        A :class:`ScoreResult`.
-
-    Raises:
-        DatasetError: ``pred_dir`` or ``ref_dir`` unusable.
-        CaseError: a mask on another grid or with labels outside the layout's set
-            (naming both files).
-    """
-    from tqdm.auto import tqdm
-
-    if not str(pred_dir).strip():
-        raise DatasetError("pred_dir is not set: pass pred_dir=<folder of <case_id>.nii.gz masks>.")
-    pred_dir = Path(pred_dir).expanduser()
-    if not pred_dir.is_dir():
-        raise DatasetError(f"pred_dir {pred_dir} is not a folder: pass pred_dir=<folder of <case_id>.nii.gz masks>.")
-    cases, _ = discover_cases(ref_dir, layout, require_labels=True, on_error=on_error)
-    table = MetricsTable(region_names=REGION_NAMES)
-    missing = []
-    for case in tqdm(cases, desc="scoring", unit="case", disable=not progress):
-        ref_vol, ref = _load_reference(case.case_id, case.label, layout)
-        path = _find_prediction(pred_dir, case.case_id)
-        if path is None:
-            missing.append(case.case_id)
-            pred = np.zeros_like(ref)  # BraTS: a missing prediction is an empty mask
-        else:
-            pred = _load_prediction(case.case_id, path, ref_vol, layout)
-        table.add(case.case_id, compute_case_metrics(pred, ref, ref_vol.spacing_mm))
-    unmatched = sorted(_mask_ids(pred_dir) - {c.case_id for c in cases})
-    if missing:
-        log.warning("%d of %d reference cases have no prediction in %s and count as empty masks "
-                    "(Dice 0, HD95 %.2f mm where the reference is not empty): %s",
-                    len(missing), len(cases), pred_dir, HD95_EMPTY_MM, ", ".join(missing))
-    if unmatched:
-        log.warning("%d mask(s) in %s have no reference case and are ignored: %s", len(unmatched), pred_dir,
-                    ", ".join(unmatched))
-    csv_path = Path(out).expanduser() if out else pred_dir / "metrics.csv"
-    table.save_csv(csv_path)
-    summary_path = table.save_summary_json(csv_path.with_name("summary.json"))
-    return ScoreResult(table.summary(), csv_path, summary_path, missing, unmatched)
-
-
-# ---------------------------------------------------------------------------------------
-# Reporting
-# ---------------------------------------------------------------------------------------
-
-
-def _cell(stats: dict, digits: int) -> tuple[str, str]:
-    mean, std, median = stats.get("mean"), stats.get("std"), stats.get("median")
-    if mean is None or not math.isfinite(mean):
-        return "n/a", "n/a"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}", f"{median:.{digits}f}"
-
-
-def format_summary_table(summary: dict) -> str:
-    """A plain-text table of Dice and HD95 (mean ± std, median) per region.
-
-    Args:
-        summary: as returned by :func:`evaluate_run` / in summary.json.
-    """
-    header = f"{'region':<7}{'Dice mean ± std':>18}{'median':>9}{'HD95 mm mean ± std':>22}{'median':>9}"
-    lines = [header, "-" * len(header)]
-    for region in REGION_NAMES:
-        dice, dice_med = _cell(summary.get(f"dice_{region}", {}), 3)
-        hd, hd_med = _cell(summary.get(f"hd95_{region}", {}), 2)
-        lines.append(f"{region.upper():<7}{dice:>18}{dice_med:>9}{hd:>22}{hd_med:>9}")
-    return "\n".join(lines)
-

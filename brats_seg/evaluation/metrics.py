@@ -1,13 +1,14 @@
-"""BraTS segmentation metrics: Dice, HD95, sensitivity, specificity.
+"""Legacy BraTS segmentation metrics (BraTS 2012-2022): Dice, HD95, sensitivity, specificity.
 
 Three layers, as in MONAI:
 
 * pure per-mask functions (:func:`compute_dice`, :func:`compute_hd95_mm`,
   :func:`compute_sensitivity`, :func:`compute_specificity`) on one binary mask pair;
-* a per-case function (:func:`compute_case_metrics`) over the nested regions
-  ``(x, y, z, R)``, channels-last, in RAS (WT, TC, ET by default);
-* an accumulator (:class:`MetricsTable`) that collects cases and writes the
-  ``metrics.csv`` and ``summary.json`` of the command-line contract.
+* a per-case function (:func:`compute_case_metrics`) over the regions ``(x, y, z, R)``,
+  channels-last, in RAS;
+* the accumulator that writes ``metrics.csv``/``summary.json`` is
+  :class:`brats_seg.evaluation.table.MetricsTable`; the lesion-wise metrics of BraTS 2023+
+  are in :mod:`brats_seg.evaluation.lesionwise`.
 
 Masks are compared on the native grid of the reference label file; spacings are in mm.
 Pure numpy (plus DeepMind's ``surface_distance`` for HD95): no TensorFlow here.
@@ -32,32 +33,22 @@ and 0 otherwise. Specificity is computed over the whole volume, background inclu
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import logging
 import math
-import os
-import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 import surface_distance
 
-from brats_seg.data.labels import REGION_NAMES
-
 __all__ = [
     "HD95_EMPTY_MM",
-    "METRIC_NAMES",
-    "METRIC_COLUMNS",
+    "LEGACY_METRICS",
     "compute_dice",
     "compute_hd95_mm",
     "compute_sensitivity",
     "compute_specificity",
     "compute_case_metrics",
-    "MetricsTable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,12 +58,7 @@ logger = logging.getLogger(__name__)
 HD95_EMPTY_MM = 373.13
 
 # Metric prefixes, in the column order of the contract.
-METRIC_NAMES = ("dice", "hd95", "sens", "spec")
-
-# Columns of <run_dir>/eval/<split>/metrics.csv, in order (DESIGN.md "Files").
-METRIC_COLUMNS = ("case_id",) + tuple(f"{m}_{r}" for m in METRIC_NAMES for r in REGION_NAMES)
-
-_SUMMARY_STATS = ("mean", "median", "std")
+LEGACY_METRICS = ("dice", "hd95", "sens", "spec")
 
 
 # ---------------------------------------------------------------------------------------
@@ -214,7 +200,7 @@ def compute_case_metrics(
     pred_regions: np.ndarray,
     ref_regions: np.ndarray,
     spacing_mm: Sequence[float],
-    region_names: Sequence[str] = REGION_NAMES,
+    region_names: Sequence[str] = ("wt", "tc", "et"),
 ) -> dict[str, float]:
     """All metrics of one case, per region.
 
@@ -227,7 +213,7 @@ def compute_case_metrics(
 
     Returns:
         ``{"dice_<r>", "hd95_<r>", "sens_<r>", "spec_<r>"}`` for each region ``r``,
-        ordered as :data:`METRIC_COLUMNS` (dice for all regions, then hd95, ...).
+        ordered as the table's columns (dice for all regions, then hd95, ...).
 
     Raises:
         ValueError: shapes differ, are not 4D, the channel count differs from
@@ -253,7 +239,7 @@ def compute_case_metrics(
         )
     spacing = _check_spacing_mm(spacing_mm)
 
-    per_metric: dict[str, dict[str, float]] = {m: {} for m in METRIC_NAMES}
+    per_metric: dict[str, dict[str, float]] = {m: {} for m in LEGACY_METRICS}
     for i, region in enumerate(region_names):
         pred = _as_mask(f"pred_regions[..., {i}] ({region})", pred_regions[..., i])
         ref = _as_mask(f"ref_regions[..., {i}] ({region})", ref_regions[..., i])
@@ -263,198 +249,6 @@ def compute_case_metrics(
         per_metric["spec"][region] = compute_specificity(pred, ref)
     return {
         f"{metric}_{region}": float(value)
-        for metric in METRIC_NAMES
+        for metric in LEGACY_METRICS
         for region, value in per_metric[metric].items()
     }
-
-
-# ---------------------------------------------------------------------------------------
-# Accumulator
-# ---------------------------------------------------------------------------------------
-
-
-def _write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _json_number(value: float) -> float | None:
-    """NaN/inf are not JSON; write them as null."""
-    return value if math.isfinite(value) else None
-
-
-class MetricsTable:
-    """Per-case metrics of one evaluation split, written as ``metrics.csv``/``summary.json``.
-
-    Columns are :data:`METRIC_COLUMNS` restricted to the regions present: fixed by
-    ``region_names`` if given, else by the first case added. Every case must then
-    carry exactly those metric keys.
-
-    Example::
-
-        table = MetricsTable()
-        table.add("BraTS2021_00000", compute_case_metrics(pred, ref, spacing_mm))
-        table.save_csv(run_dir / "eval/test/metrics.csv")
-        table.save_summary_json(run_dir / "eval/test/summary.json")
-
-    Args:
-        region_names: regions whose columns the table holds, e.g. ``("wt",)``;
-            ``None`` to take them from the first case.
-    """
-
-    def __init__(self, region_names: Sequence[str] | None = None) -> None:
-        self._metric_columns: tuple[str, ...] | None = None
-        if region_names is not None:
-            self._metric_columns = self._columns_for_keys(
-                {f"{m}_{r}" for m in METRIC_NAMES for r in region_names}, "region_names"
-            )
-        self._rows: dict[str, dict[str, float]] = {}
-
-    @staticmethod
-    def _columns_for_keys(keys: set[str], source: str) -> tuple[str, ...]:
-        unknown = sorted(keys - set(METRIC_COLUMNS[1:]))
-        if unknown:
-            raise ValueError(
-                f"{source}: unknown metric keys {unknown}; "
-                f"expected keys among {METRIC_COLUMNS[1:]}."
-            )
-        return tuple(c for c in METRIC_COLUMNS[1:] if c in keys)
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """CSV columns: ``case_id`` then the metric columns present, in contract order."""
-        return ("case_id",) + (self._metric_columns or ())
-
-    @property
-    def case_ids(self) -> tuple[str, ...]:
-        """Case ids in the order they were added."""
-        return tuple(self._rows)
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __contains__(self, case_id: object) -> bool:
-        return case_id in self._rows
-
-    def add(self, case_id: str, metrics: Mapping[str, float]) -> None:
-        """Add one case.
-
-        Args:
-            case_id: unique case identifier (e.g. ``BraTS2021_00000``).
-            metrics: output of :func:`compute_case_metrics` (extra ``case_id`` key ignored).
-
-        Raises:
-            ValueError: empty or duplicate ``case_id``, unknown metric keys, or keys
-                different from the table's columns.
-        """
-        if not isinstance(case_id, str) or not case_id:
-            raise ValueError(f"case_id should be a non-empty string, got {case_id!r}.")
-        if case_id in self._rows:
-            raise ValueError(f"case {case_id!r} is already in the table; case ids must be unique.")
-        values = {k: v for k, v in metrics.items() if k != "case_id"}
-        columns = self._columns_for_keys(set(values), f"case {case_id!r}")
-        if self._metric_columns is None:
-            self._metric_columns = columns
-        elif columns != self._metric_columns:
-            missing = sorted(set(self._metric_columns) - set(columns))
-            extra = sorted(set(columns) - set(self._metric_columns))
-            raise ValueError(
-                f"case {case_id!r} has different metrics from the table: missing {missing}, "
-                f"extra {extra}. Evaluate every case with the same region_names."
-            )
-        self._rows[case_id] = {c: float(values[c]) for c in columns}
-
-    def values(self, column: str) -> np.ndarray:
-        """All cases' values of one metric column, float64 ``(n_cases,)``."""
-        if column not in (self._metric_columns or ()):
-            raise KeyError(f"no column {column!r} in the table; columns are {self.columns}.")
-        return np.array([row[column] for row in self._rows.values()], dtype=np.float64)
-
-    def summary(self) -> dict:
-        """Mean, median and standard deviation (population, ``ddof=0``) per metric column.
-
-        NaN values (none come from :func:`compute_case_metrics`) are left out of
-        their column's statistics; ``n`` counts the values used.
-
-        Returns:
-            ``{"n_cases": int, "<column>": {"mean", "median", "std": float, "n": int}, ...}``;
-            statistics of a column with no values are NaN.
-        """
-        out: dict = {"n_cases": len(self._rows)}
-        for column in self._metric_columns or ():
-            v = self.values(column)
-            v = v[~np.isnan(v)]
-            if v.size == 0:
-                stats = dict.fromkeys(_SUMMARY_STATS, math.nan)
-            else:
-                stats = {
-                    "mean": float(np.mean(v)),
-                    "median": float(np.median(v)),
-                    "std": float(np.std(v)),
-                }
-            out[column] = {**stats, "n": int(v.size)}
-        return out
-
-    def save_csv(self, path: str | os.PathLike) -> Path:
-        """Write ``metrics.csv`` (one row per case, :attr:`columns`), atomically.
-
-        Floats are written at full precision (``repr``); parent folders are created.
-
-        Returns:
-            The path written.
-        """
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(self.columns)
-        for case_id, row in self._rows.items():
-            writer.writerow([case_id] + [repr(row[c]) for c in self._metric_columns or ()])
-        text = buf.getvalue()
-        path = _write_text_atomic(path, text)
-        logger.info("Wrote metrics of %d cases to %s", len(self._rows), path)
-        return path
-
-    def save_summary_json(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`summary` as JSON (NaN as ``null``), atomically.
-
-        Returns:
-            The path written.
-        """
-        summary = self.summary()
-        for column in self._metric_columns or ():
-            for stat in _SUMMARY_STATS:
-                summary[column][stat] = _json_number(summary[column][stat])
-        path = _write_text_atomic(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
-        logger.info("Wrote metrics summary to %s", path)
-        return path
-
-    @classmethod
-    def load_csv(cls, path: str | os.PathLike) -> MetricsTable:
-        """Read a ``metrics.csv`` written by :meth:`save_csv` (e.g. to resume an evaluation).
-
-        Raises:
-            ValueError: the file has no ``case_id`` column or unknown columns.
-        """
-        path = Path(path)
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None or reader.fieldnames[0] != "case_id":
-                raise ValueError(
-                    f"{path}: first column should be 'case_id', got {reader.fieldnames}. "
-                    f"Is this a metrics.csv written by brats_seg?"
-                )
-            table = cls()
-            table._metric_columns = table._columns_for_keys(set(reader.fieldnames[1:]), str(path))
-            for row in reader:
-                table.add(row.pop("case_id"), {k: float(v) for k, v in row.items()})
-        return table
-

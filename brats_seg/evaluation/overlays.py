@@ -23,15 +23,13 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from brats_seg.data.labels import REGION_NAMES
-
 __all__ = ["save_overlay", "compute_overlay_centre", "REGION_COLOURS"]
 
 logger = logging.getLogger(__name__)
 
 # Okabe-Ito colours (colour-blind safe), one per region; reference solid, prediction dashed.
-REGION_COLOURS = {"wt": "#F0E442", "tc": "#56B4E9", "et": "#D55E00"}
-_FALLBACK_COLOURS = ("#009E73", "#CC79A7", "#E69F00", "#0072B2")
+REGION_COLOURS = {"wt": "#F0E442", "tc": "#56B4E9", "et": "#D55E00", "rc": "#CC79A7"}
+_FALLBACK_COLOURS = ("#009E73", "#E69F00", "#0072B2")
 _LINESTYLES = {"ref": "solid", "pred": "dashed"}
 # points; nested regions often share a boundary (TC and ET outer rims), so outer regions
 # are drawn first and wider, leaving a visible rim around the inner region's line.
@@ -140,7 +138,7 @@ def save_overlay(
         title: text put before the view convention in the figure title (e.g. case id
             and Dice).
         spacing_mm: voxel size ``(x, y, z)`` in mm, for the pixel aspect.
-        region_names: one name per region channel; default ``("wt", "tc", "et")[:R]``.
+        region_names: one name per region channel; default ``("wt", "tc", "et", "rc")[:R]``.
 
     Returns:
         The path written.
@@ -157,7 +155,7 @@ def save_overlay(
     ref = _check_regions("ref_regions", ref_regions, shape)
     pred = _check_regions("pred_regions", pred_regions, shape)
     n_regions = max((r.shape[-1] for r in (ref, pred) if r is not None), default=0)
-    names = tuple(region_names) if region_names is not None else REGION_NAMES[:n_regions]
+    names = tuple(region_names) if region_names is not None else ("wt", "tc", "et", "rc")[:n_regions]
     if len(names) < n_regions:
         raise ValueError(
             f"region_names {names} has {len(names)} names for {n_regions} region channels; "

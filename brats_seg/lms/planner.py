@@ -1665,6 +1665,13 @@ def fit_memory_model(
     return dataclasses.replace(base, runtime_bytes=int(max(0.0, runtime)), activation_factor=max(0.0, factor))
 
 
+def _resolved_model(cfg: TrainConfig) -> ModelConfig:
+    """``cfg.model`` with ``out_channels`` resolved from the layout (0 = one per region), unchanged ``cfg``."""
+    from brats_seg.data.labels import output_regions
+
+    return dataclasses.replace(cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels)))
+
+
 def plan_lms_from_config(cfg: TrainConfig, device_bytes: int, allow_offload: bool, optimizer: str = "adam",
                          memory_model: MemoryModel | None = None) -> Plan:
     """:func:`plan_lms` from the composed config (``lms``, ``model``, ``resolution``, ``trainer``, ``backend``).
@@ -1677,7 +1684,7 @@ def plan_lms_from_config(cfg: TrainConfig, device_bytes: int, allow_offload: boo
         memory_model: coefficients; default :class:`MemoryModel()`.
     """
     return plan_lms(
-        cfg.model,
+        _resolved_model(cfg),
         tuple(cfg.resolution.shape),
         cfg.trainer.batch_size,
         cfg.backend.precision,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 
-from brats_seg.config import TrainConfig
+from brats_seg.config import TrainConfig, resolve_model_outputs
 from brats_seg.lms.planner import Plan, compare_strategies, parse_limit, plan_lms_from_config
 
 __all__ = ["planning_device", "plan_run", "compare_run"]
@@ -38,6 +38,7 @@ def plan_run(cfg: TrainConfig, device: str | None = None, strategy: str | None =
     from brats_seg.backend import device_memory_bytes
 
     device = device or planning_device(cfg)
+    resolve_model_outputs(cfg)
     if strategy is not None and strategy != cfg.lms.name:
         cfg = _with_strategy(cfg, strategy)
     return plan_lms_from_config(cfg, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb),
@@ -49,6 +50,7 @@ def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]
     from brats_seg.backend import device_memory_bytes
 
     device = device or planning_device(cfg)
+    resolve_model_outputs(cfg)
     limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
     return limit, compare_strategies(
         cfg.model, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, "adam", limit,

@@ -57,7 +57,6 @@ logger = logging.getLogger(__name__)
 NORMS = ("instance", "group", "batch")
 UPSAMPLES = ("transpose", "trilinear")
 IN_CHANNELS = (1, 4)  # FLAIR only | FLAIR, T1, T1ce, T2
-OUT_CHANNELS = (1, 3)  # WT only | WT, TC, ET
 CONV_UNIT_LAYERS = 3  # conv -> norm -> ReLU: the tail of Block.split
 NORM_EPSILON = 1e-5  # instance/group norm; the usual value (PyTorch, MONAI) rather than Keras' 1e-3
 
@@ -119,8 +118,12 @@ def check_unet_config(cfg: ModelConfig, input_shape: Sequence[int]) -> None:
         raise ValueError(
             f"model.in_channels must be 4 (FLAIR,T1,T1ce,T2) or 1 (FLAIR only), got {cfg.in_channels!r}."
         )
-    if cfg.out_channels not in OUT_CHANNELS:
-        raise ValueError(f"model.out_channels must be 3 (WT,TC,ET) or 1 (WT only), got {cfg.out_channels!r}.")
+    if not isinstance(cfg.out_channels, int) or cfg.out_channels < 1:
+        raise ValueError(
+            f"model.out_channels must be the number of sigmoid outputs (>= 1), got {cfg.out_channels!r}; "
+            "0 means one output per region of data.layout and is resolved by "
+            "brats_seg.config.resolve_model_outputs before a model is built."
+        )
     if cfg.norm not in NORMS:
         raise ValueError(f"model.norm must be one of {', '.join(NORMS)}, got {cfg.norm!r}.")
     if cfg.norm == "group" and (not isinstance(cfg.groups, int) or cfg.groups < 1):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brats_seg.backend import ResolvedBackend
-from brats_seg.config import TrainConfig, config_to_dict, flatten_config
+from brats_seg.config import TrainConfig, config_to_dict, flatten_config, resolve_model_outputs
 from brats_seg.data.dataset import prepare_dataset
 
 __all__ = ["TrainResult", "train", "resolve_paths", "make_optimizer", "check_resumable"]
@@ -233,6 +233,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
     if not cfg.run_dir:
         raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
     resolve_paths(cfg)
+    resolve_model_outputs(cfg)  # one sigmoid output per region of the layout (or WT only)
     ds = prepare_dataset(cfg.data, cfg.resolution)  # fails here, with the data layer's message
     if not ds.split["train"] or not ds.split["val"]:
         raise ValueError(
@@ -251,6 +252,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
     from brats_seg.tracking.mlflow import Tracker, git_commit, make_run_name
     from brats_seg.training.callbacks import RunCheckpoint, TrackingCallback, load_state
     from brats_seg.training.losses import SoftDiceBCELoss
+    from brats_seg.data.labels import output_regions
     from brats_seg.training.metrics import make_dice_metrics
 
     t = cfg.trainer
@@ -265,7 +267,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
         tf.config.experimental.enable_op_determinism()
     model, export_model, offload_stats = build_models(cfg, plan, backend)
     loss = SoftDiceBCELoss(bce_weight=t.bce_weight)
-    model.compile(optimizer=make_optimizer(cfg, steps), loss=loss, metrics=make_dice_metrics(cfg.model.out_channels),
+    model.compile(optimizer=make_optimizer(cfg, steps), loss=loss, metrics=make_dice_metrics(output_regions(cfg.data.layout, cfg.model.out_channels)),
                   jit_compile=False)  # XLA would drop the LMS host placements
     if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
         export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)

@@ -1,7 +1,7 @@
 """Training metrics: hard Dice per region, averaged per sample over an epoch.
 
-Tensors are channels-last ``(batch, x, y, z, regions)``; regions are WT, TC, ET (or WT
-only). Like BraTS scoring, a sample whose prediction and reference are both empty scores
+Tensors are channels-last ``(batch, x, y, z, regions)``; regions are those of the layout
+(WT, TC, ET, and RC for brats2024) or WT only. Like BraTS scoring, a sample whose prediction and reference are both empty scores
 Dice 1, and the epoch value is the mean of per-sample Dice (not a pooled Dice). These are
 training/validation monitors on the network grid; the scores that count are computed on
 the native grid by ``brats_seg.evaluation``.
@@ -15,9 +15,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-__all__ = ["RegionDice", "MeanDice", "compute_hard_dice", "make_dice_metrics", "REGION_METRIC_NAMES"]
+__all__ = ["RegionDice", "MeanDice", "compute_hard_dice", "make_dice_metrics"]
 
-REGION_METRIC_NAMES = ("dice_wt", "dice_tc", "dice_et")  # by region index
 SPATIAL_AXES = (1, 2, 3)  # x, y, z of (B, x, y, z, R)
 
 
@@ -78,15 +77,15 @@ class RegionDice(_PerSampleMean):
     """Mean over samples of the hard Dice of one region.
 
     Args:
-        region_index: channel of the region in ``(B, x, y, z, R)``: 0 WT, 1 TC, 2 ET.
-        name: metric name; default ``dice_wt`` / ``dice_tc`` / ``dice_et`` by index.
+        region_index: channel of the region in ``(B, x, y, z, R)`` (0 = WT).
+        name: metric name, ``dice_<region>`` (e.g. ``dice_tc``).
         threshold: probability threshold (``y_pred > threshold`` is foreground).
     """
 
-    def __init__(self, region_index: int, name: str | None = None, threshold: float = 0.5, dtype=None):
-        if not isinstance(region_index, int) or not 0 <= region_index < len(REGION_METRIC_NAMES):
-            raise ValueError(f"region_index must be 0 (WT), 1 (TC) or 2 (ET), got {region_index!r}.")
-        super().__init__(threshold=threshold, name=name or REGION_METRIC_NAMES[region_index], dtype=dtype)
+    def __init__(self, region_index: int, name: str, threshold: float = 0.5, dtype=None):
+        if not isinstance(region_index, int) or region_index < 0:
+            raise ValueError(f"region_index must be a channel index >= 0, got {region_index!r}.")
+        super().__init__(threshold=threshold, name=name, dtype=dtype)
         self.region_index = region_index
 
     def update_state(self, y_true, y_pred, sample_weight=None):
@@ -94,7 +93,7 @@ class RegionDice(_PerSampleMean):
         if regions is not None and self.region_index >= regions:
             raise ValueError(
                 f"{self.name}: region_index {self.region_index} is out of range for {regions} output "
-                f"region(s); use make_dice_metrics(out_channels={regions})."
+                f"region(s); make the metrics from the model's regions (make_dice_metrics)."
             )
         super().update_state(y_true, y_pred, sample_weight)
 
@@ -120,18 +119,19 @@ class MeanDice(_PerSampleMean):
         super().__init__(threshold=threshold, name=name, dtype=dtype)
 
 
-def make_dice_metrics(out_channels: int = 3, threshold: float = 0.5) -> list[keras.metrics.Metric]:
-    """The Dice metrics a model with ``out_channels`` regions is compiled with.
+def make_dice_metrics(regions=("wt", "tc", "et"), threshold: float = 0.5) -> list[keras.metrics.Metric]:
+    """The Dice metrics a model predicting ``regions`` is compiled with.
 
     Args:
-        out_channels: 3 (WT, TC, ET) or 1 (WT only).
+        regions: region names in output-channel order (``brats_seg.data.labels.output_regions``).
         threshold: probability threshold.
 
     Returns:
-        ``[dice_wt, dice_tc, dice_et, dice_mean]`` for 3 regions, ``[dice_wt, dice_mean]`` for 1
-        (so ``val_dice_mean`` always exists for model selection).
+        ``[dice_<r> for r in regions] + [dice_mean]`` (so ``val_dice_mean`` always exists for
+        model selection).
     """
-    if out_channels not in (1, 3):
-        raise ValueError(f"out_channels must be 3 (WT,TC,ET) or 1 (WT only), got {out_channels!r}.")
-    regions = [RegionDice(i, threshold=threshold) for i in range(out_channels)]
-    return [*regions, MeanDice(threshold=threshold)]
+    regions = tuple(regions)
+    if not regions or len(set(regions)) != len(regions):
+        raise ValueError(f"regions must be distinct region names, one per output channel, got {regions!r}.")
+    per_region = [RegionDice(i, name=f"dice_{r}", threshold=threshold) for i, r in enumerate(regions)]
+    return [*per_region, MeanDice(threshold=threshold)]

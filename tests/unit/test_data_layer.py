@@ -11,14 +11,15 @@ import pytest
 
 from brats_seg.data.cache import load_entry_meta
 from brats_seg.data.dataset import prepare_dataset
-from brats_seg.data.labels import LABELS, labels_to_regions, regions_to_labels
+from brats_seg.data.errors import CaseError, DataError
+from brats_seg.data.labels import LABELS, check_label_map, labels_to_regions, output_regions, regions_to_labels
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.nifti import load_volume, save_mask
 from brats_seg.data.preprocess import invert_to_native, resample
 from brats_seg.data.splits import make_split
 from tests.conftest import TINY, data_config
 
-LAYOUTS = ("brats2021", "brats2023", "msd")
+LAYOUTS = ("brats2021", "brats2023", "brats2024", "msd")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -55,22 +56,135 @@ def test_unlabelled_cases_are_found_for_prediction(dataset_copy):
     assert len(cases) == 3 and all(c.label is None for c in cases)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+def test_brats2024_cases_carry_the_resection_cavity_and_prepare_four_regions(synthetic_root, tmp_path):
+    root = synthetic_root["brats2024"]
+    cases, _ = discover_cases(root, "brats2024")
+    assert [c.case_id for c in cases] == ["BraTS-GLI-00000-100", "BraTS-GLI-00001-100", "BraTS-GLI-00002-100"]
+    labels = [np.unique(load_volume(c.label, c.case_id).data) for c in cases]
+    assert any(4 in v for v in labels)
+    with pytest.raises(DataError, match=r"label values \[4\] are not in the brats2023.*use data=brats2024|"
+                                        r"label values \[4\] are not in the brats2023.*data=brats2024"):
+        prepare_dataset(data_config(root, "brats2023", tmp_path / "as2023"), TINY, progress=False)
+    ds = prepare_dataset(data_config(root, "brats2024", tmp_path), TINY, progress=False)
+    regions = [np.load(e.regions_path) for e in ds.entries]
+    assert all(r.shape[-1] == 4 for r in regions) and any(r[..., 3].any() for r in regions)
+    assert all(not (r[..., 3] & r[..., 0]).any() for r in regions)  # the cavity is not tumour
+
+
+def test_brats2023_layout_discovers_every_sub_challenge(dataset_copy):
+    root = dataset_copy("brats2023")
+    for folder, prefix in zip(sorted(p for p in root.iterdir() if p.is_dir()), ("MEN", "MET", "PED")):
+        new_id = folder.name.replace("GLI", prefix)
+        for f in folder.iterdir():
+            f.rename(folder / f.name.replace(folder.name, new_id))
+        folder.rename(root / new_id)
+    (root / "BraTS-SSA-00007-000").mkdir()
+    for f in (root / sorted(p.name for p in root.iterdir())[0]).iterdir():
+        target = root / "BraTS-SSA-00007-000" / f.name.replace(f.parent.name, "BraTS-SSA-00007-000")
+        target.write_bytes(f.read_bytes())
+    ids = [c.case_id for c in discover_cases(root, "brats2023")[0]]
+    assert [i.split("-")[1] for i in ids] == ["MEN", "MET", "PED", "SSA"]
+
+
+def _msd_with_modality(root, modality: dict) -> None:
+    dj = root / "dataset.json"
+    meta = json.loads(dj.read_text())
+    meta["modality"] = modality
+    dj.write_text(json.dumps(meta))
+
+
+def test_msd_channels_are_mapped_by_the_names_in_dataset_json(dataset_copy, tmp_path):
+    """A dataset whose 4D images hold T2w, t1gd, FLAIR, T1w is read as FLAIR, T1, T1ce, T2."""
+    from brats_seg.data.case_io import load_case_image
+
+    root = dataset_copy("msd")
+    case = discover_cases(root, "msd")[0][0]
+    reference, _ = load_case_image(case)  # MSD order
+    img = nib.load(case.images[0])
+    order = [3, 2, 0, 1]  # file channel i holds project channel order[i]
+    data = np.asarray(img.dataobj)[..., order]
+    nib.save(nib.Nifti1Image(data, img.affine, img.header), case.images[0])
+    _msd_with_modality(root, {"0": "T2w", "1": "T1GD", "2": "flair", "3": "t1w"})
+    moved = discover_cases(root, "msd")[0][0]
+    assert moved.channels == (2, 3, 1, 0)
+    image, _ = load_case_image(moved)
+    np.testing.assert_array_equal(image, reference)
+
+
+@pytest.mark.parametrize("modality, match", [
+    ({"0": "FLAIR", "1": "T1w", "2": "t1gd"}, "not the four contrasts"),
+    ({"0": "FLAIR", "1": "T1w", "2": "DWI", "3": "T2w"}, "not the four contrasts"),
+    ({"0": "FLAIR", "1": "FLAIR", "2": "t1gd", "3": "T2w"}, "not the four contrasts"),
+    (None, "no 'modality' entry"),
+])
+def test_msd_unknown_modality_sets_are_errors_naming_the_file(dataset_copy, modality, match):
+    from brats_seg.data.errors import DatasetError
+
+    root = dataset_copy("msd")
+    dj = root / "dataset.json"
+    meta = json.loads(dj.read_text())
+    if modality is None:
+        del meta["modality"]
+    else:
+        meta["modality"] = modality
+    dj.write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match=match) as e:
+        discover_cases(root, "msd")
+    assert str(dj) in str(e.value)
+
+
+# The table of DESIGN.md "Label conventions": region -> label values, per layout.
+DESIGN_REGIONS = {
+    "msd": {"wt": {1, 2, 3}, "tc": {2, 3}, "et": {3}},
+    "brats2021": {"wt": {1, 2, 4}, "tc": {1, 4}, "et": {4}},
+    "brats2023": {"wt": {1, 2, 3}, "tc": {1, 3}, "et": {3}},
+    "brats2024": {"wt": {1, 2, 3}, "tc": {1, 3}, "et": {3}, "rc": {4}},
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LABELS))
 def test_label_region_label_round_trip(layout):
-    conv = LABELS[layout]
+    table = LABELS[layout]
     rng = np.random.default_rng(0)
-    label = rng.choice(np.array(conv.values), size=(7, 6, 5)).astype(np.uint8)
+    label = rng.choice(np.array(table.values), size=(7, 6, 5)).astype(np.uint8)
     regions = labels_to_regions(label, layout)
-    assert regions.shape == (7, 6, 5, 3) and regions.dtype == np.uint8
+    expected = DESIGN_REGIONS[layout]
+    assert regions.shape == (7, 6, 5, len(expected)) and regions.dtype == np.uint8
+    assert table.region_names == tuple(expected)
     # nested regions: ET ⊂ TC ⊂ WT
     assert np.all(regions[..., 2] <= regions[..., 1]) and np.all(regions[..., 1] <= regions[..., 0])
     np.testing.assert_array_equal(regions_to_labels(regions, layout), label)
-    # the table of DESIGN.md
-    wt = {"msd": {1, 2, 3}, "brats2021": {1, 2, 4}, "brats2023": {1, 2, 3}}[layout]
-    tc = {"msd": {2, 3}, "brats2021": {1, 4}, "brats2023": {1, 3}}[layout]
-    et = {"msd": {3}, "brats2021": {4}, "brats2023": {3}}[layout]
-    for i, values in enumerate((wt, tc, et)):
+    for i, values in enumerate(expected.values()):
         np.testing.assert_array_equal(regions[..., i].astype(bool), np.isin(label, list(values)))
+
+
+@pytest.mark.parametrize("layout", sorted(LABELS))
+def test_non_nested_regions_are_painted_innermost_first(layout):
+    """ET outside WT is ET; TC-only is the core label; a voxel of tumour and cavity is tumour."""
+    table = LABELS[layout]
+    names = table.region_names
+    cases = {("et",): table.enhancing, ("tc",): table.core, ("wt", "et"): table.enhancing,
+             ("wt", "tc"): table.core, ("wt",): table.edema, (): 0}
+    if "rc" in names:
+        cases.update({("rc",): table.cavity, ("wt", "rc"): table.edema, ("et", "rc"): table.enhancing})
+    regions = np.zeros((len(cases), 1, 1, len(names)), bool)
+    for i, on in enumerate(cases):
+        for name in on:
+            regions[i, 0, 0, names.index(name)] = True
+    np.testing.assert_array_equal(regions_to_labels(regions, layout)[:, 0, 0], list(cases.values()))
+
+
+def test_output_regions_follow_the_layout():
+    assert output_regions("brats2024", 0) == ("wt", "tc", "et", "rc")
+    assert output_regions("brats2021", 0) == output_regions("brats2021", 3) == ("wt", "tc", "et")
+    assert output_regions("msd", 1) == ("wt",)
+    with pytest.raises(ValueError, match="out_channels=3 does not fit data.layout=brats2024.*WT, TC, ET, RC"):
+        output_regions("brats2024", 3)
+
+
+def test_cavity_labels_in_a_brats2023_dataset_say_to_use_brats2024():
+    with pytest.raises(CaseError, match=r"label values \[4\].*use data=brats2024|data=brats2024.*4 = RC"):
+        check_label_map("BraTS-GLI-00001-100", "seg.nii.gz", np.array([0.0, 1, 2, 3, 4]), "brats2023", "fix it")
 
 
 def _write(path, data, affine, header=None):

@@ -1,9 +1,7 @@
-"""Tests of brats_seg.evaluation.metrics: per-mask maths, BraTS empty rules, per case, table."""
+"""Tests of brats_seg.evaluation.metrics: per-mask maths, BraTS empty rules, per case."""
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import warnings
 
@@ -14,8 +12,7 @@ from scipy import ndimage
 
 from brats_seg.evaluation.metrics import (
     HD95_EMPTY_MM,
-    METRIC_COLUMNS,
-    MetricsTable,
+    LEGACY_METRICS,
     compute_case_metrics,
     compute_dice,
     compute_hd95_mm,
@@ -185,7 +182,7 @@ def test_case_metrics_three_regions():
     pred[..., 2] = 0  # predicted ET empty
     assert ref[..., 2].any()
     m = compute_case_metrics(pred, ref, spacing)
-    assert tuple(m) == METRIC_COLUMNS[1:]
+    assert tuple(m) == tuple(f"{name}_{r}" for name in LEGACY_METRICS for r in ("wt", "tc", "et"))
     for i, r in enumerate(("wt", "tc", "et")):
         p, q = pred[..., i].astype(bool), ref[..., i].astype(bool)
         assert m[f"dice_{r}"] == pytest.approx(compute_dice(p, q))
@@ -223,85 +220,3 @@ def test_case_metrics_shape_mismatch_names_both_shapes():
 def test_case_metrics_bad_arguments(shape, region_names, spacing, match):
     with pytest.raises(ValueError, match=match):
         compute_case_metrics(np.zeros(shape, bool), np.zeros(shape, bool), spacing, region_names)
-
-
-# ---------------------------------------------------------------------------------------
-# MetricsTable
-# ---------------------------------------------------------------------------------------
-
-
-def _filled_table(n_cases=4, seed=0):
-    rng = np.random.default_rng(seed)
-    table = MetricsTable()
-    expected = {}
-    for i in range(n_cases):
-        metrics = {c: float(rng.uniform(0, 10)) for c in METRIC_COLUMNS[1:]}
-        table.add(f"case_{i:03d}", metrics)
-        expected[f"case_{i:03d}"] = metrics
-    return table, expected
-
-
-def test_table_csv_columns_and_rows(tmp_path):
-    table, expected = _filled_table()
-    path = table.save_csv(tmp_path / "eval" / "test" / "metrics.csv")
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    assert tuple(rows[0]) == METRIC_COLUMNS
-    assert [r[0] for r in rows[1:]] == list(expected)
-    for row in rows[1:]:
-        assert [float(v) for v in row[1:]] == [expected[row[0]][c] for c in METRIC_COLUMNS[1:]]
-    assert sorted(p.name for p in path.parent.iterdir()) == ["metrics.csv"]  # no temp left
-
-
-def test_table_csv_one_region(tmp_path):
-    table = MetricsTable()
-    table.add("a", {"dice_wt": 0.5, "hd95_wt": 2.0, "sens_wt": 0.25, "spec_wt": 1.0})
-    path = table.save_csv(tmp_path / "metrics.csv")
-    assert path.read_text().splitlines() == [
-        "case_id,dice_wt,hd95_wt,sens_wt,spec_wt",
-        "a,0.5,2.0,0.25,1.0",
-    ]
-    assert MetricsTable.load_csv(path).summary() == table.summary()
-
-
-def test_table_summary_against_numpy(tmp_path):
-    table, expected = _filled_table(n_cases=5)
-    summary = table.summary()
-    assert summary["n_cases"] == 5
-    for c in METRIC_COLUMNS[1:]:
-        v = np.array([expected[k][c] for k in expected])
-        assert summary[c]["mean"] == pytest.approx(np.mean(v))
-        assert summary[c]["median"] == pytest.approx(np.median(v))
-        assert summary[c]["std"] == pytest.approx(np.std(v))
-        assert summary[c]["n"] == 5
-    path = table.save_summary_json(tmp_path / "summary.json")
-    assert json.loads(path.read_text()) == summary  # JSON floats round-trip exactly
-
-
-def test_table_round_trip(tmp_path):
-    table, _ = _filled_table()
-    loaded = MetricsTable.load_csv(table.save_csv(tmp_path / "metrics.csv"))
-    assert loaded.case_ids == table.case_ids
-    assert loaded.summary() == table.summary()
-
-
-def test_table_rejects_bad_cases():
-    table = MetricsTable(region_names=("wt",))
-    assert table.columns == ("case_id", "dice_wt", "hd95_wt", "sens_wt", "spec_wt")
-    good = {"dice_wt": 1.0, "hd95_wt": 0.0, "sens_wt": 1.0, "spec_wt": 1.0}
-    table.add("a", good)
-    with pytest.raises(ValueError, match="'a' is already"):
-        table.add("a", good)
-    with pytest.raises(ValueError, match=r"extra \['dice_tc'\]"):
-        table.add("b", {**good, "dice_tc": 1.0})
-    with pytest.raises(ValueError, match=r"unknown metric keys \['dice_xx'\]"):
-        table.add("c", {**good, "dice_xx": 1.0})
-    with pytest.raises(ValueError, match="non-empty string"):
-        table.add("", good)
-
-
-def test_empty_table_summary_json(tmp_path):
-    table = MetricsTable(region_names=("wt",))
-    summary = json.loads(table.save_summary_json(tmp_path / "summary.json").read_text())
-    assert summary["n_cases"] == 0
-    assert summary["dice_wt"] == {"mean": None, "median": None, "std": None, "n": 0}

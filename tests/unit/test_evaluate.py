@@ -29,20 +29,17 @@ from brats_seg.data.cache import prepare_cases
 from brats_seg.data.dataset import dataset_cache_dir
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import discover_cases
-from brats_seg.evaluation.evaluate import evaluate_run, score_masks, split_case_ids
-from brats_seg.evaluation.inference import (
-    RunError,
-    default_window,
-    gaussian_importance_map,
-    predict_volume,
-    regions_to_mask,
-    sliding_window_starts,
-)
-from brats_seg.evaluation.metrics import HD95_EMPTY_MM, METRIC_COLUMNS
+from brats_seg.evaluation.evaluate import evaluate_run, split_case_ids
+from brats_seg.evaluation.metrics import HD95_EMPTY_MM
+from brats_seg.evaluation.predict import regions_to_mask
+from brats_seg.evaluation.run import RunError, check_evaluate_config
+from brats_seg.evaluation.scoring import score_masks
+from brats_seg.evaluation.sliding import default_window, gaussian_importance_map, predict_volume, sliding_window_starts
+from brats_seg.evaluation.table import metric_columns
 from tests.conftest import TINY, data_config
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY_MODEL = ModelConfig(depth=2, base_filters=4)
+TINY_MODEL = ModelConfig(depth=2, base_filters=4, out_channels=3)
 CONTRACT_COLUMNS = [
     "case_id", "dice_wt", "dice_tc", "dice_et", "hd95_wt", "hd95_tc", "hd95_et",
     "sens_wt", "sens_tc", "sens_et", "spec_wt", "spec_tc", "spec_et",
@@ -98,12 +95,14 @@ class OracleModel:
 
     layers = ()
 
-    def __init__(self, entries, out_channels: int = 3) -> None:
+    def __init__(self, entries, out_channels: int = 3, transform=None) -> None:
         self.input_shape = (None, *TINY.shape, 4)
         self._truth = {}
         for entry in entries:
             image = np.load(entry.image_path).astype(np.float32)
-            truth = 0.05 + 0.9 * np.load(entry.regions_path)[..., :out_channels].astype(np.float32)
+            regions = np.load(entry.regions_path)[..., :out_channels]
+            regions = transform(regions) if transform is not None else regions
+            truth = 0.05 + 0.9 * regions.astype(np.float32)
             self._truth[_image_key(image)] = truth
             # test-time mirroring (evaluate.mirror) asks for the L-R mirrored image too
             self._truth[_image_key(np.ascontiguousarray(image[::-1]))] = np.ascontiguousarray(truth[::-1])
@@ -229,7 +228,7 @@ def test_sliding_agrees_with_whole_for_a_unet():
 
     keras.utils.set_random_seed(0)
     # foreground_prior=0.5: head bias 0, probabilities spread around 0.5 (the sensitive case).
-    model = build_unet3d(ModelConfig(depth=2, base_filters=4, norm="batch", foreground_prior=0.5), TINY.shape)
+    model = build_unet3d(ModelConfig(depth=2, base_filters=4, norm="batch", foreground_prior=0.5, out_channels=3), TINY.shape)
     image = _image(1)
     whole = predict_volume(model, image)
     sliding = predict_volume(model, image, mode="sliding", window=[32, 32, 32], overlap=0.5)
@@ -253,7 +252,7 @@ def test_wt_only_regions_are_written_with_the_edema_label():
     wt = np.zeros((4, 4, 4, 1), dtype=bool)
     wt[1:3, 1:3, 1:3] = True
     for layout, conv in LABELS.items():
-        mask = regions_to_mask(wt, layout)
+        mask = regions_to_mask(wt, layout, ("wt",))
         assert set(np.unique(mask)) == {0, conv.edema}
         assert np.array_equal(mask > 0, wt[..., 0])
 
@@ -314,19 +313,22 @@ def test_masks_sit_on_the_original_label_grid(evaluated):
 
 def test_metrics_csv_has_the_contract_columns_and_one_row_per_test_case(evaluated):
     columns, rows = read_csv(evaluated.run_dir / "eval" / "test" / "metrics.csv")
-    assert columns == CONTRACT_COLUMNS == list(METRIC_COLUMNS)
+    assert columns[: len(CONTRACT_COLUMNS)] == CONTRACT_COLUMNS  # the legacy columns first, as before
+    assert columns == list(metric_columns(("wt", "tc", "et")))
     assert [r["case_id"] for r in rows] == evaluated.test_ids
     for row in rows:  # the oracle scores well only if the way back to the native grid is right
         assert float(row["dice_wt"]) > 0.8 and float(row["hd95_wt"]) < 10
         assert all(math.isfinite(float(row[c])) for c in CONTRACT_COLUMNS[1:])
+        assert float(row["lesion_dice_wt"]) > 0.8 and float(row["lesion23_dice_wt"]) > 0.7
+        assert int(float(row["lesions_ref_wt"])) >= 1 and float(row["rq_wt"]) > 0
 
 
 def test_summary_json_has_mean_median_std_per_column(evaluated):
     summary = json.loads((evaluated.run_dir / "eval" / "test" / "summary.json").read_text())
-    assert set(summary) == {"n_cases", *CONTRACT_COLUMNS[1:]}
+    assert set(summary) == {"n_cases", *metric_columns(("wt", "tc", "et"))[1:]}
     assert summary["n_cases"] == len(evaluated.test_ids)
-    for column in CONTRACT_COLUMNS[1:]:
-        assert {"mean", "median", "std"} <= set(summary[column])
+    for column in metric_columns(("wt", "tc", "et"))[1:]:
+        assert {"mean", "median", "std", "n", "n_inf"} <= set(summary[column])
     assert summary["dice_wt"]["mean"] == pytest.approx(evaluated.summary["dice_wt"]["mean"])
 
 
@@ -336,18 +338,54 @@ def test_overlays_are_written(evaluated):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_scoring_the_written_masks_reproduces_the_evaluation(evaluated, tmp_path):
-    # The oracle's regions are nested, so the label map keeps them exactly: score.py's code
-    # path (masks read back from disk) must give the same numbers as evaluate_run.
-    result = score_masks(evaluated.run_dir / "eval" / "test" / "predictions", evaluated.root, evaluated.layout,
-                         out=tmp_path / "scores.csv", progress=False)
-    _, evaluated_rows = read_csv(evaluated.run_dir / "eval" / "test" / "metrics.csv")
-    _, scored_rows = read_csv(result.csv_path)
+def _assert_score_py_reproduces(run_dir: Path, root: Path, layout: str, test_ids, tmp_path) -> list[dict]:
+    """scripts/score.py's code path on the written masks gives metrics.csv cell for cell."""
+    result = score_masks(run_dir / "eval" / "test" / "predictions", root, layout, out=tmp_path / "scores.csv",
+                         progress=False)
+    columns, evaluated_rows = read_csv(run_dir / "eval" / "test" / "metrics.csv")
+    scored_columns, scored_rows = read_csv(result.csv_path)
+    assert scored_columns == columns
     scored = {r["case_id"]: r for r in scored_rows}
     for row in evaluated_rows:
-        for column in CONTRACT_COLUMNS[1:]:
-            assert float(scored[row["case_id"]][column]) == pytest.approx(float(row[column]), abs=1e-9), column
-    assert result.missing == [c for c in case_ids(evaluated.root, evaluated.layout) if c not in evaluated.test_ids]
+        assert scored[row["case_id"]] == row
+    assert result.missing == [c for c in case_ids(root, layout) if c not in test_ids]
+    return evaluated_rows
+
+
+def test_scoring_the_written_masks_reproduces_the_evaluation(evaluated, tmp_path):
+    _assert_score_py_reproduces(evaluated.run_dir, evaluated.root, evaluated.layout, evaluated.test_ids, tmp_path)
+
+
+def test_non_nested_network_output_is_scored_as_the_mask_that_is_written(brats_eval, tmp_path):
+    """A network whose ET sticks out of its WT and TC (and whose TC misses its ET): the file
+    written is the nested label map (ET wins), and metrics.csv scores that file, so score.py
+    on the written masks gives the same CSV, and WT includes the ET voxels outside WT."""
+
+    def shift_et(regions):
+        out = regions.copy()
+        out[..., 2] = np.roll(regions[..., 2], 6, axis=0)  # ET moved 6 voxels (24 mm) along x
+        out[..., 1] = regions[..., 1] & ~regions[..., 2]  # TC without its ET
+        return out
+
+    run_dir = brats_eval.base / "run_non_nested"
+    make_run_dir(run_dir, brats_eval.root, "brats2021", brats_eval.base, brats_eval.split)
+    evaluate_run(run_dir, "test", eval_cfg=EvaluateConfig(overlays=False, mirror=False),
+                 model=OracleModel(brats_eval.entries, transform=shift_et), progress=False)
+    rows = _assert_score_py_reproduces(run_dir, brats_eval.root, "brats2021", brats_eval.test_ids, tmp_path)
+    table = LABELS["brats2021"]
+    with_et = 0
+    for row in rows:
+        mask = np.asarray(nib.load(run_dir / "eval" / "test" / "predictions" / f"{row['case_id']}.nii.gz").dataobj)
+        ref = np.asarray(nib.load(_label_file(brats_eval, row["case_id"])).dataobj)
+        wt, tc, et = (np.isin(mask, r.labels) for r in table.regions)
+        if np.isin(ref, table.regions[2].labels).any():  # the generator makes some cases without ET
+            with_et += 1
+            assert (et & ~np.isin(ref, table.regions[0].labels)).any(), row["case_id"]  # ET outside the true WT is kept
+        assert np.all(et <= tc) and np.all(tc <= wt)  # and the written map is nested
+        ref_wt = np.isin(ref, table.regions[0].labels)
+        expected = 2 * np.sum(wt & ref_wt) / (wt.sum() + ref_wt.sum())
+        assert float(row["dice_wt"]) == pytest.approx(expected, abs=1e-12)
+    assert with_et >= 1
 
 
 class _FakeTracker:
@@ -384,10 +422,10 @@ def test_wt_only_model_scores_wt_and_logs_to_mlflow(evaluated, monkeypatch):
                            model=OracleModel(evaluated.entries, out_channels=1), progress=False)
 
     columns, rows = read_csv(run_dir / "eval" / "test" / "metrics.csv")
-    assert columns == CONTRACT_COLUMNS
+    assert columns == list(metric_columns(("wt", "tc", "et")))
     for row in rows:
-        assert float(row["dice_wt"]) > 0.8
-        assert all(math.isnan(float(row[f"{m}_{r}"])) for m in ("dice", "hd95", "sens", "spec") for r in ("tc", "et"))
+        assert float(row["dice_wt"]) > 0.8 and float(row["lesion_dice_wt"]) > 0.8
+        assert all(row[c] == "" for c in columns if c.endswith(("_tc", "_et")))  # not predicted: undefined
     assert summary["dice_tc"]["n"] == 0 and math.isnan(summary["dice_tc"]["mean"])
     saved = json.loads((run_dir / "eval" / "test" / "summary.json").read_text())
     assert saved["dice_et"]["mean"] is None
@@ -421,13 +459,45 @@ def test_run_without_config_or_checkpoint_says_train_first(brats_eval, tmp_path)
 
 
 def test_bad_evaluate_settings_are_refused_before_any_work(brats_eval):
+    run_dir = brats_eval.base / "run_batchnorm"
+    make_run_dir(run_dir, brats_eval.root, "brats2021", brats_eval.base, brats_eval.split,
+                 model_cfg=ModelConfig(depth=2, base_filters=4, out_channels=3, norm="batch"))
     with pytest.raises(RunError, match="evaluate.window=\\[30, 32, 32\\] is not divisible"):
-        evaluate_run(brats_eval.run_dir, "test", eval_cfg=EvaluateConfig(mode="sliding", window=[30, 32, 32]),
+        evaluate_run(run_dir, "test", eval_cfg=EvaluateConfig(mode="sliding", window=[30, 32, 32]),
                      model=OracleModel([]))
 
 
+@pytest.mark.parametrize("norm", ["instance", "group"])
+def test_sliding_windows_are_refused_for_volume_normalised_models(brats_eval, norm):
+    """Instance/group norm statistics over a window differ from the whole volume the model
+    trained on: refused with the reason, before any model is loaded or case prepared."""
+    cfg = EvaluateConfig(mode="sliding")
+    model = ModelConfig(depth=2, base_filters=4, out_channels=3, norm=norm)
+    with pytest.raises(RunError, match=f"evaluate.mode=sliding with model.norm={norm}.*evaluate.mode=whole"):
+        check_evaluate_config(cfg, model)
+    check_evaluate_config(EvaluateConfig(mode="whole"), model)
+    check_evaluate_config(cfg, ModelConfig(depth=2, base_filters=4, out_channels=3, norm="batch"))
+    with pytest.raises(RunError, match="model.norm=instance"):
+        evaluate_run(brats_eval.run_dir, "test", eval_cfg=cfg, model=OracleModel([]))
+
+
+def test_instance_norm_statistics_differ_between_a_window_and_the_whole_volume():
+    """Why the refusal: the same voxels give other outputs in a window than in the whole volume."""
+    import keras
+
+    from brats_seg.model.unet3d import build_unet3d
+
+    keras.utils.set_random_seed(0)
+    model = build_unet3d(ModelConfig(depth=2, base_filters=4, out_channels=3, foreground_prior=0.5), TINY.shape)
+    image = _image(2)
+    whole = predict_volume(model, image)
+    window = predict_volume(model, image[:32, :32, :32])  # the corner window, whole-volume mode on it
+    diff = np.abs(window[8:24, 8:24, 8:24] - whole[8:24, 8:24, 8:24])  # interior: no padding effect
+    assert diff.mean() > 1e-3
+
+
 def test_load_run_model_restores_the_checkpoint(tmp_path):
-    from brats_seg.evaluation.inference import load_run_model
+    from brats_seg.evaluation.run import load_run_model
 
     model = fixed_head_unet(bias=(1.0, 0.0, -1.0))
     cfg = make_run_dir(tmp_path / "run", tmp_path / "data", "brats2021", tmp_path, {"train": [], "val": [], "test": []},
@@ -447,7 +517,7 @@ def test_evaluate_script_runs_on_a_checkpoint(brats_eval, tmp_path):
     make_run_dir(run_dir, brats_eval.root, "brats2021", brats_eval.base, brats_eval.split, model=fixed_head_unet())
     result = run_script("evaluate.py", f"run_dir={run_dir}", "split=test", "evaluate.overlays=false", *CLI_BACKEND)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Dice mean ± std" in result.stdout and "WT" in result.stdout
+    assert "BraTS 2023-24 rank" in result.stdout and "lesion-wise (2025+)" in result.stdout and "WT" in result.stdout
     assert str(run_dir / "eval" / "test" / "metrics.csv") in result.stdout
     _, rows = read_csv(run_dir / "eval" / "test" / "metrics.csv")
     assert [r["case_id"] for r in rows] == brats_eval.test_ids
@@ -470,8 +540,6 @@ def test_evaluate_script_exits_2_with_a_message(tmp_path, args, message):
 def test_mirror_averages_the_left_right_mirrored_prediction():
     """Test-time mirroring: mean of f(x) and flip(f(flip(x))) along x, exactly."""
     import keras
-
-    from brats_seg.evaluation.inference import predict_volume
 
     inp = keras.Input((8, 8, 8, 4))
     out = keras.layers.Conv3D(3, 3, padding="same", activation="sigmoid", kernel_initializer="glorot_uniform")(inp)

@@ -138,7 +138,7 @@ def test_region_dice_is_mean_of_per_sample_dice_over_the_epoch():
     batches = _batches()
     expected = np.concatenate([_numpy_hard_dice(t, p) for t, p in batches])  # (5, 3)
     assert expected[0, 2] == 1.0 and expected[4, 1] == 0.0
-    metrics = make_dice_metrics(3)
+    metrics = make_dice_metrics(("wt", "tc", "et"))
     assert [m.name for m in metrics] == ["dice_wt", "dice_tc", "dice_et", "dice_mean"]
     for t, p in batches:
         for m in metrics:
@@ -154,14 +154,14 @@ def test_region_dice_is_mean_of_per_sample_dice_over_the_epoch():
 def test_region_dice_sample_weight():
     t, p = _batches()[0]
     weights = np.array([1.0, 0.0, 2.0], np.float32)
-    metric = RegionDice(0)
+    metric = RegionDice(0, name="dice_wt")
     metric.update_state(t, p, sample_weight=weights)
     d = _numpy_hard_dice(t, p)[:, 0]
     np.testing.assert_allclose(float(metric.result()), (d * weights).sum() / weights.sum(), rtol=1e-6)
 
 
 def test_wt_only_metrics_and_errors():
-    metrics = make_dice_metrics(1)
+    metrics = make_dice_metrics(("wt",))
     assert [m.name for m in metrics] == ["dice_wt", "dice_mean"]
     t, p = _batches()[0]
     t, p = t[..., :1], p[..., :1]
@@ -169,12 +169,13 @@ def test_wt_only_metrics_and_errors():
         m.update_state(t, p)
     np.testing.assert_allclose(float(metrics[0].result()), float(metrics[1].result()))
     with pytest.raises(ValueError, match="region_index 2.*1 output"):
-        RegionDice(2).update_state(t, p)
-    with pytest.raises(ValueError, match="region_index.*got 3"):
-        RegionDice(3)
-    with pytest.raises(ValueError, match="out_channels.*got 2"):
-        make_dice_metrics(2)
+        RegionDice(2, name="dice_et").update_state(t, p)
+    with pytest.raises(ValueError, match="region_index.*got -1"):
+        RegionDice(-1, name="dice_x")
+    with pytest.raises(ValueError, match="distinct region names"):
+        make_dice_metrics(("wt", "wt"))
     assert RegionDice(1, name="val_tc").name == "val_tc"
+    assert [m.name for m in make_dice_metrics(("wt", "tc", "et", "rc"))][-2:] == ["dice_rc", "dice_mean"]
     assert MeanDice().name == "dice_mean"
 
 
@@ -184,7 +185,7 @@ def test_loss_and_metrics_inside_compiled_model():
     t = np.concatenate([b[0] for b in batches])
     p = np.concatenate([b[1] for b in batches])
     model = keras.Sequential([keras.Input((4, 3, 2, 3)), keras.layers.Identity()])
-    model.compile(loss=SoftDiceBCELoss(), metrics=make_dice_metrics(3))
+    model.compile(loss=SoftDiceBCELoss(), metrics=make_dice_metrics())
     results = model.evaluate(p, t, batch_size=2, verbose=0, return_dict=True)
     expected = _numpy_hard_dice(t, p)
     np.testing.assert_allclose(results["dice_et"], expected[:, 2].mean(), rtol=1e-5)

@@ -196,8 +196,10 @@ def test_bad_cache_entries_name_the_file(cases, tmp_path):
 def test_argument_errors(cases):
     with pytest.raises(ValueError, match="in_channels.*got 3"):
         make_train_dataset(cases, 2, seed=0, augment=False, in_channels=3)
-    with pytest.raises(ValueError, match="out_channels.*got 2"):
-        make_eval_dataset(cases, out_channels=2)
+    with pytest.raises(ValueError, match="out_channels.*got 0"):
+        make_eval_dataset(cases, out_channels=0)
+    with pytest.raises(ValueError, match=r"regions\.npy.*\(x, y, z, >= 4 channels\)"):
+        make_eval_dataset(cases, out_channels=4)  # more outputs than the cached regions
     with pytest.raises(ValueError, match="seed.*-1"):
         make_train_dataset(cases, 2, seed=-1, augment=False)
     with pytest.raises(ValueError, match="5 training case.*batch of 8"):
@@ -222,7 +224,7 @@ def test_feeds_keras_fit_with_loss_and_metrics(tmp_path):
         _write_case(d, i, rng, shape=(8, 8, 4))
     cfg = ModelConfig(depth=2, base_filters=2, out_channels=3)
     model = build_unet3d(cfg, (8, 8, 4))
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=SoftDiceBCELoss(), metrics=make_dice_metrics(3))
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=SoftDiceBCELoss(), metrics=make_dice_metrics())
     train = make_train_dataset(dirs, batch_size=2, seed=0, augment=True)
     history = model.fit(
         train,

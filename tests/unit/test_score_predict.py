@@ -14,10 +14,10 @@ import pytest
 from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.errors import CaseError, DatasetError
 from brats_seg.data.labels import LABELS
-from brats_seg.data.layouts import discover_cases
-from brats_seg.evaluation.evaluate import score_masks
-from brats_seg.evaluation.inference import find_input_cases
+from brats_seg.data.layouts import discover_cases, find_input_cases
 from brats_seg.evaluation.metrics import HD95_EMPTY_MM
+from brats_seg.evaluation.scoring import score_masks
+from brats_seg.evaluation.table import metric_columns
 from tests.conftest import TINY
 from tests.unit.test_evaluate import (
     CLI_BACKEND,
@@ -52,11 +52,15 @@ def test_masks_equal_to_the_references_score_perfectly(synthetic_root, tmp_path)
     assert result.csv_path == tmp_path / "pred" / "metrics.csv"
     assert result.summary_path == tmp_path / "pred" / "summary.json" and result.summary_path.is_file()
     columns, rows = read_csv(result.csv_path)
-    assert columns == CONTRACT_COLUMNS and [r["case_id"] for r in rows] == ids
+    assert columns[: len(CONTRACT_COLUMNS)] == CONTRACT_COLUMNS and [r["case_id"] for r in rows] == ids
     for row in rows:
         for region in ("wt", "tc", "et"):
             assert float(row[f"dice_{region}"]) == 1.0 and float(row[f"hd95_{region}"]) == 0.0
             assert float(row[f"sens_{region}"]) == 1.0 and float(row[f"spec_{region}"]) == 1.0
+            if row[f"lesions_ref_{region}"] not in ("", "0.0"):  # a region with lesions: every one matched
+                assert float(row[f"lesion_dice_{region}"]) == 1.0 and float(row[f"lesion_hd95_{region}"]) == 0.0
+                assert row[f"lesions_tp_{region}"] == row[f"lesions_ref_{region}"] == row[f"lesions_pred_{region}"]
+                assert float(row[f"rq_{region}"]) == 1.0 and float(row[f"lesion23_dice_{region}"]) == 1.0
     assert result.missing == [] and result.unmatched == []
 
 
@@ -114,12 +118,40 @@ def test_score_script(synthetic_root, tmp_path):
         cwd=ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Dice mean ± std" in result.stdout
+    assert "BraTS 2023-24 rank" in result.stdout
     assert "1 case(s) had no mask" in result.stdout and "BRATS_002" in result.stdout and "empty" in result.stdout
     columns, rows = read_csv(out)
-    assert columns == CONTRACT_COLUMNS and [r["case_id"] for r in rows] == ids
+    assert columns == list(metric_columns(("wt", "tc", "et"))) and [r["case_id"] for r in rows] == ids
     summary = json.loads((out.parent / "summary.json").read_text())
     assert summary["n_cases"] == len(ids)
+
+
+def test_score_brats2024_writes_the_resection_cavity_columns(synthetic_root, tmp_path):
+    """score.py data=brats2024: WT, TC, ET and RC columns; RC scored from label 4 alone."""
+    root = synthetic_root["brats2024"]
+    ids = _copy_references(root, "brats2024", tmp_path / "pred")
+    cavity_case = next(c for c in discover_cases(root, "brats2024")[0]
+                       if 4 in np.unique(np.asarray(nib.load(c.label).dataobj)))
+    mask = tmp_path / "pred" / f"{cavity_case.case_id}.nii.gz"
+    img = nib.load(mask)
+    data = np.asarray(img.dataobj).copy()
+    data[data == 4] = 0  # the cavity missed: RC empty, the tumour regions untouched
+    nib.save(nib.Nifti1Image(data, img.affine, img.header), mask)
+    out = tmp_path / "scores.csv"
+    result = run_script("score.py", f"pred_dir={tmp_path / 'pred'}", f"ref_dir={root}", "data=brats2024", f"out={out}",
+                        timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RC" in result.stdout
+    columns, rows = read_csv(out)
+    assert columns == list(metric_columns(("wt", "tc", "et", "rc"))) and [r["case_id"] for r in rows] == ids
+    row = next(r for r in rows if r["case_id"] == cavity_case.case_id)
+    assert float(row["dice_wt"]) == float(row["dice_et"]) == 1.0
+    assert float(row["dice_rc"]) == 0.0 and float(row["hd95_rc"]) == HD95_EMPTY_MM
+    assert float(row["lesion_dice_rc"]) == 0.0 and row["lesion_hd95_rc"] == "373"  # infinite: the parser's 373
+    assert float(row["lesions_pred_rc"]) == 0.0 and float(row["lesions_ref_rc"]) >= 1
+    assert float(row["lesion23_dice_rc"]) == 0.0 and float(row["lesion23_hd95_rc"]) == 374.0
+    no_cavity = next(r for r in rows if r["case_id"] != cavity_case.case_id and float(r["dice_rc"]) == 1.0)
+    assert no_cavity["lesion_dice_rc"] == "" and no_cavity["nsd_rc"] == ""  # no lesion on either side: undefined
 
 
 def test_score_script_exits_2_on_a_bad_reference_root(tmp_path):
@@ -129,7 +161,8 @@ def test_score_script_exits_2_on_a_bad_reference_root(tmp_path):
 
 
 def test_scoring_does_not_import_tensorflow():
-    code = ("import sys; import brats_seg.evaluation.evaluate, brats_seg.evaluation.inference; "
+    code = ("import sys; import brats_seg.evaluation.evaluate, brats_seg.evaluation.scoring, "
+            "brats_seg.evaluation.predict, brats_seg.data.layouts; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=CLI_ENV, capture_output=True, text=True,
                          timeout=60)
@@ -195,7 +228,7 @@ def test_predict_script_writes_a_mask_with_the_inputs_header(dataset_copy, tmp_p
     out = tmp_path / "masks"
     result = run_script("predict.py", f"run_dir={run_dir}", f"input={case_dir}", f"output={out}", *CLI_BACKEND)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"wrote 1 mask(s) (brats2021 labels" in result.stdout
+    assert "wrote 1 mask(s) (brats2021 labels" in result.stdout
 
     flair = nib.load(case_dir / f"{case_dir.name}_flair.nii.gz")
     mask = nib.load(out / f"{case_dir.name}.nii.gz")
@@ -219,8 +252,36 @@ def test_predict_script_exits_2_on_bad_input(synthetic_root, tmp_path):
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_brats2024_trains_four_outputs_and_predicts_the_cavity_label(synthetic_root, tmp_path):
+    """Training on brats2024 derives 4 sigmoid outputs (no model.out_channels given) and
+    monitors dice_rc; a model predicting RC writes label 4."""
+    from brats_seg.backend import configure
+    from brats_seg.config import BackendConfig, TrackingConfig, TrainerConfig
+    from brats_seg.evaluation.predict import predict_new_cases
+    from brats_seg.training.loop import train
+    from tests.conftest import data_config
+
+    root = synthetic_root["brats2024"]
+    cfg = TrainConfig(data=data_config(root, "brats2024", tmp_path), resolution=TINY,
+                      model=ModelConfig(depth=2, base_filters=4),
+                      trainer=TrainerConfig(epochs=1, batch_size=1, steps_per_epoch=1, val_every=1),
+                      tracking=TrackingConfig(name="none"), run_dir=str(tmp_path / "run"))
+    cfg.data.val_fraction, cfg.data.test_fraction = 0.34, 0.0
+    train(cfg, configure(BackendConfig(name="cpu_onednn")))
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["model"]["out_channels"] == 4
+    history = json.loads((tmp_path / "run" / "state.json").read_text())["history"]
+    assert "dice_rc" in history[0] and "val_dice_rc" in history[0]
+
+    model = fixed_head_unet(ModelConfig(depth=2, base_filters=4, out_channels=4), bias=(-8.0, -8.0, -8.0, 8.0))
+    case = discover_cases(root, "brats2024")[0][0]
+    (written,) = predict_new_cases(model, find_input_cases(case.images[0].parent, "brats2024"), cfg,
+                                   tmp_path / "out", EvaluateConfig(overlays=False), progress=False)
+    assert set(np.unique(np.asarray(nib.load(written).dataobj))) == {0, 4}
+
+
 def test_predict_an_msd_4d_image_keeps_its_affine(synthetic_root, tmp_path):
-    from brats_seg.evaluation.inference import predict_new_cases
+    from brats_seg.evaluation.predict import predict_new_cases
 
     image4d = sorted((synthetic_root["msd"] / "imagesTr").glob("*.nii.gz"))[0]
     cfg = TrainConfig(resolution=TINY, model=ModelConfig(depth=2, base_filters=4))

@@ -183,7 +183,7 @@ def test_policy_is_reset_after_mixed_precision_test():
         ({"depth": 3}, (20, 16, 16), r"\(20, 16, 16\).*2\*\*depth = 8.*model.depth=3.*\(16, 16, 16\) or \(24, 16, 16\)"),
         ({"depth": 2}, (6, 8, 8), r"\(6, 8, 8\).*\(4, 8, 8\) or \(8, 8, 8\)"),
         ({"in_channels": 2}, (8, 8, 8), "in_channels.*got 2"),
-        ({"out_channels": 4}, (8, 8, 8), "out_channels.*got 4"),
+        ({"out_channels": 0}, (8, 8, 8), "out_channels.*got 0.*resolve_model_outputs"),
         ({"norm": "layer"}, (8, 8, 8), "norm.*instance, group, batch.*'layer'"),
         ({"upsample": "nearest"}, (8, 8, 8), "upsample.*'nearest'"),
         ({"depth": 0}, (8, 8, 8), "depth.*got 0"),

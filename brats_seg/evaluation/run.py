@@ -1,0 +1,151 @@
+"""A trained run as evaluation and prediction see it: its config, checkpoint and model.
+
+The model of a run is rebuilt from its ``config.json`` and its weights are loaded from
+``checkpoints/<best|last>.keras`` (:func:`load_run_model`), so a training model wrapped
+for Large Model Support loads into a plain one. Nothing here imports TensorFlow or Keras
+at module level: they are imported inside :func:`load_run_model`, after
+``brats_seg.backend.configure``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig, config_from_dict, resolve_model_outputs
+from brats_seg.data.errors import DataError
+from brats_seg.data.labels import output_regions
+
+__all__ = [
+    "MODES",
+    "RunError",
+    "check_evaluate_config",
+    "checkpoint_path",
+    "load_run_config",
+    "load_run_model",
+    "run_regions",
+]
+
+log = logging.getLogger(__name__)
+
+MODES = ("whole", "sliding")
+
+
+class RunError(DataError):
+    """A run folder or the inference settings cannot be used (no config.json, no checkpoint,
+    unreadable files, a bad ``evaluate.*`` value); the message says what to do."""
+
+
+def load_run_config(run_dir: str | Path) -> TrainConfig:
+    """The :class:`TrainConfig` a run was trained with (``<run_dir>/config.json``), outputs resolved.
+
+    Raises:
+        RunError: the folder or its config.json is missing or unreadable.
+    """
+    run_dir = Path(run_dir).expanduser()
+    path = run_dir / "config.json"
+    if not path.is_file():
+        what = "does not exist" if not run_dir.is_dir() else "has no config.json"
+        raise RunError(f"run folder {run_dir} {what}, so it is not a training run; train first: "
+                       f"python train.py run_dir={run_dir}")
+    try:
+        return resolve_model_outputs(config_from_dict(TrainConfig, json.loads(path.read_text())))
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as e:
+        raise RunError(f"{path} cannot be read as a brats-seg run config ({e}). Re-run training into a new run_dir.") from e
+
+
+def run_regions(config: TrainConfig) -> tuple[str, ...]:
+    """The regions the run's model predicts, in output order (``("wt", "tc", "et")``, ...)."""
+    return output_regions(config.data.layout, config.model.out_channels)
+
+
+def checkpoint_path(run_dir: str | Path, checkpoint: str = "best") -> Path:
+    """``<run_dir>/checkpoints/<best|last>.keras``, or ``checkpoint`` itself if it is a ``.keras`` file.
+
+    Raises:
+        RunError: the checkpoint file does not exist.
+    """
+    run_dir = Path(run_dir).expanduser()
+    if checkpoint in ("best", "last"):
+        path = run_dir / "checkpoints" / f"{checkpoint}.keras"
+    elif checkpoint.endswith(".keras"):
+        path = Path(checkpoint).expanduser()
+    else:
+        raise RunError(f"checkpoint={checkpoint!r}: use best, last, or the path of a .keras file.")
+    if not path.is_file():
+        raise RunError(f"checkpoint {path} not found: the run has not saved a model yet; train first: "
+                       f"python train.py run_dir={run_dir}")
+    return path
+
+
+def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None) -> None:
+    """Check ``evaluate.*`` against the run's model up front (before a model is loaded).
+
+    Sliding windows are refused for instance and group norm: the network was trained on
+    whole volumes, and those layers normalise every feature map over the volume they are
+    given, so a window would be normalised with its own statistics, not the ones the
+    model learned with. Whole-volume inference needs far less memory than training (no
+    activations are kept for backward), so a model that trained whole infers whole.
+
+    Args:
+        cfg: the inference settings.
+        model: the run's model config (norm; windows are multiples of ``2**depth``).
+
+    Raises:
+        RunError: naming the bad key and value.
+    """
+    from brats_seg.evaluation.sliding import resolve_window
+
+    if cfg.mode not in MODES:
+        raise RunError(f"evaluate.mode={cfg.mode!r}: use one of {', '.join(MODES)}.")
+    if not 0 < cfg.threshold < 1:
+        raise RunError(f"evaluate.threshold={cfg.threshold}: use a probability in (0, 1), e.g. 0.5.")
+    if not 0 <= cfg.window_overlap < 1:
+        raise RunError(f"evaluate.window_overlap={cfg.window_overlap}: use a fraction in [0, 1), e.g. 0.5.")
+    if model is None:
+        return
+    if cfg.mode == "sliding" and model.norm in ("instance", "group"):
+        raise RunError(
+            f"evaluate.mode=sliding with model.norm={model.norm}: this model normalises every feature map over "
+            "the whole volume it was trained on, so a window would be normalised with its own statistics and "
+            "give other predictions than the model learned. Use evaluate.mode=whole (inference keeps no "
+            "activations for backward and needs far less memory than the training that fitted), or train "
+            "with model.norm=batch for sliding-window inference."
+        )
+    if cfg.window:
+        try:
+            resolve_window(cfg.window, tuple(cfg.window), model.depth)
+        except ValueError as e:
+            raise RunError(str(e)) from None
+
+
+def load_run_model(run_dir: str | Path, checkpoint: str = "best", config: TrainConfig | None = None):
+    """Rebuild a run's U-Net (no LMS wrapping) and load a checkpoint's weights.
+
+    Args:
+        run_dir: the training run's folder.
+        checkpoint: ``best`` | ``last`` | path of a ``.keras`` file.
+        config: the run's config (read from ``config.json`` if None).
+
+    Returns:
+        A Keras model ``(B, X, Y, Z, in_channels) -> (B, X, Y, Z, out_channels)`` on the
+        run's network grid.
+
+    Raises:
+        RunError: missing config/checkpoint, or weights that do not fit the config.
+    """
+    from brats_seg.model.unet3d import build_unet3d
+
+    config = config or load_run_config(run_dir)
+    path = checkpoint_path(run_dir, checkpoint)
+    model = build_unet3d(config.model, tuple(config.resolution.shape))
+    try:
+        model.load_weights(str(path))
+    except (ValueError, KeyError, OSError) as e:
+        raise RunError(
+            f"weights of {path} do not fit the model of {Path(run_dir) / 'config.json'} ({e}). "
+            "Was config.json edited after training? Restore it, or evaluate another run."
+        ) from e
+    log.info("loaded %s into unet3d depth=%d base_filters=%d", path, config.model.depth, config.model.base_filters)
+    return model
