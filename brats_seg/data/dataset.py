@@ -63,12 +63,23 @@ def dataset_cache_dir(data: DataConfig) -> Path:
     return Path(data.cache_dir).expanduser() / f"{data.name}_{hashlib.sha256(root.encode()).hexdigest()[:8]}"
 
 
+GENERATED = ("synthetic", "mni_gliomas")  # data.name values whose root is generated on first use
+
+
 def ensure_synthetic(data: DataConfig) -> None:
-    """For ``data=synthetic``: generate the cases of ``data.root`` that are not there yet.
+    """For ``data=synthetic`` and ``data=mni_gliomas``: generate the cases of ``data.root``
+    that are not there yet.
 
     Writing skips complete cases in milliseconds, and completes a case an interrupted
-    run left half-written (each file is written atomically).
+    run left half-written (each file is written atomically; the label file last).
     """
+    if data.name == "mni_gliomas":
+        from brats_seg.data.mni_gliomas import write_mni_glioma_dataset
+
+        if data.layout != "brats2021":
+            raise ValueError(f"data=mni_gliomas is written in the brats2021 layout, got data.layout={data.layout!r}.")
+        write_mni_glioma_dataset(Path(data.root), data.synthetic_cases, data.synthetic_seed)
+        return
     from brats_seg.data.synthetic import write_synthetic_dataset
 
     write_synthetic_dataset(Path(data.root), data.layout, data.synthetic_cases, data.synthetic_seed)
@@ -88,7 +99,7 @@ def prepare_dataset(
     if data.on_error not in ("raise", "skip"):
         raise ValueError(f"data.on_error should be 'raise' or 'skip', got {data.on_error!r}.")
     t0 = time.perf_counter()
-    if data.name == "synthetic":
+    if data.name in GENERATED:
         ensure_synthetic(data)
     cases, skipped = discover_cases(data.root, data.layout, require_labels=True, on_error=data.on_error)
     base = dataset_cache_dir(data)

@@ -122,10 +122,10 @@ def split_case_ids(run_dir: str | Path, split: str) -> list[str]:
 
 def _prepare_entries(config: TrainConfig, case_ids: list[str], progress: bool) -> list[CacheEntry]:
     """Cache entries of ``case_ids`` (prepared now only if missing or stale), in id order."""
-    from brats_seg.data.dataset import dataset_cache_dir, ensure_synthetic
+    from brats_seg.data.dataset import GENERATED, dataset_cache_dir, ensure_synthetic
 
     data = config.data
-    if data.name == "synthetic":
+    if data.name in GENERATED:
         ensure_synthetic(data)
     try:
         cases, skipped = discover_cases(data.root, data.layout, require_labels=False, on_error="skip")
