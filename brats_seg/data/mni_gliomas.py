@@ -38,7 +38,8 @@ import nibabel as nib
 import numpy as np
 import scipy.ndimage as ndi
 
-from brats_seg.data.synthetic import _save_nifti
+from brats_seg.data.nifti import save_nifti
+from brats_seg.data.synthetic import check_generator_args
 
 __all__ = ["GRID_SHAPE", "MNICase", "generate_mni_case", "mni_case_id", "write_mni_glioma_dataset"]
 
@@ -225,7 +226,7 @@ def _bias_field(c: np.ndarray) -> np.ndarray:
     x, y, z = (np.linspace(-1, 1, n, dtype=np.float32) for n in GRID_SHAPE)
     x, y, z = x[:, None, None], y[None, :, None], z[None, None, :]
     p = (c[0] * x + c[1] * y + c[2] * z + c[3] * x * x + c[4] * y * y + c[5] * z * z
-         + c[6] * x * y + c[7] * y * z + c[8] * x * z + 0 * c[9])
+         + c[6] * x * y + c[7] * y * z + c[8] * x * z)
     return np.exp(0.15 * p / 3).astype(np.float32)
 
 
@@ -243,9 +244,8 @@ def generate_mni_case(rng: np.random.Generator) -> MNICase:
     u, e = _grow(rng, wm, gm, seed_vox, target)
     comp = _compartments(rng, u, e, brain)
     # Intensities on the template grid.
-    tex = np.clip(t1, 0, 1)  # the template's own T1 texture, to modulate every contrast
     images = {}
-    bias_src = rng.uniform(-1, 1, 10)
+    bias_src = rng.uniform(-1, 1, 9)
     box = tuple(slice(max(b.start - 4, 0), b.stop + 4) for b in ndi.find_objects((e > 0.01).astype(np.int8))[0])
     shape = tuple(b.stop - b.start for b in (slice(b.start, min(b.stop, n)) for b, n in zip(box, u.shape)))
     box = tuple(slice(b.start, b.start + n) for b, n in zip(box, shape))
@@ -254,7 +254,7 @@ def generate_mni_case(rng: np.random.Generator) -> MNICase:
         mean = {k: v * rng.uniform(0.93, 1.07) for k, v in _MEANS[m].items()}
         img = csf * mean["csf"] + gm * mean["gm"] + wm * mean["wm"]
         if m in ("t1", "t1ce"):
-            img *= 0.85 + 0.3 * tex
+            img *= 0.85 + 0.3 * t1  # the template's own T1 texture
         het = 1 + 0.08 * _smooth_noise(rng, shape, 1.5)
         part = img[box]
         for key, w in weights.items():
@@ -298,10 +298,7 @@ def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed
     """
     from tqdm.auto import tqdm
 
-    if int(n_cases) < 1:
-        raise ValueError(f"n_cases should be >= 1, got {n_cases}.")
-    if int(seed) < 0:
-        raise ValueError(f"seed should be >= 0 (it seeds np.random.default_rng), got {seed}.")
+    check_generator_args(n_cases, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ids = []
@@ -318,7 +315,7 @@ def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed
             f[0, 3], f[1, 3] = GRID_SHAPE[0] - 1, GRID_SHAPE[1] - 1
             affine, axes = case.affine @ f, (0, 1)
         for m in MODALITIES:
-            _save_nifti(files[m], np.flip(case.images[m], axes).astype(np.int16), affine)
-        _save_nifti(files["seg"], np.flip(case.labels, axes), affine)  # last: a complete case has its label
+            save_nifti(files[m], np.flip(case.images[m], axes).astype(np.int16), affine, "brats-seg MNI glioma")
+        save_nifti(files["seg"], np.flip(case.labels, axes), affine, "brats-seg MNI glioma")  # last: a complete case has its label
     log.info("MNI glioma dataset in %s: %d cases.", out, len(ids))
     return ids

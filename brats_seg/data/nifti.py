@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ import numpy as np
 from nibabel import orientations as ornt
 
 from brats_seg.data.errors import CaseError
+from brats_seg.files import atomic_path
 
 __all__ = [
     "NIFTI_SUFFIXES",
@@ -179,14 +178,20 @@ def save_mask(
         img.header.set_slope_inter(np.nan, np.nan)  # integer labels: never scaled
     img.set_qform(original_affine, code=int(original_header["qform_code"]))
     img.set_sform(original_affine, code=int(original_header["sform_code"]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffix = ".nii.gz" if path.name.endswith(".gz") else ".nii"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=".nii.gz" if path.name.endswith(".gz") else ".nii") as tmp:
         nib.save(img, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
+
+
+def save_nifti(path: str | Path, data: np.ndarray, affine: np.ndarray, description: str) -> Path:
+    """Write a generated volume reproducibly: .nii.gz at gzip level 1 with mtime 0 (same data,
+    same bytes), qform and sform set to ``affine`` (mm), atomically."""
+    img = nib.Nifti1Image(data, affine)
+    img.header.set_xyzt_units("mm", "sec")
+    img.set_qform(affine, code=1)
+    img.set_sform(affine, code=1)
+    img.header["descrip"] = description.encode()[:79]
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        with gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=f, mtime=0) as gz:
+            img.to_file_map({"image": nib.FileHolder(fileobj=gz), "header": nib.FileHolder(fileobj=gz)})
+    return Path(path)

@@ -31,20 +31,19 @@ images / uint8 labels in any of the three layouts.
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import nibabel as nib
 import numpy as np
 from scipy import ndimage as ndi
 from tqdm import tqdm
 
 from brats_seg.data.labels import LABELS
+from brats_seg.data.nifti import save_nifti
+from brats_seg.files import write_text_atomic
 
 __all__ = [
     "SHAPE",
@@ -605,6 +604,17 @@ def _case_id(layout: str, i: int) -> str:
     return f"BRATS_{i + 1:03d}"
 
 
+_DESCRIPTION = "brats-seg synthetic"
+
+
+def check_generator_args(n_cases: int, seed: int) -> None:
+    """Refuse a case count below 1 or a negative seed, naming the value (every generator)."""
+    if int(n_cases) < 1:
+        raise ValueError(f"n_cases should be >= 1, got {n_cases}.")
+    if int(seed) < 0:
+        raise ValueError(f"seed should be >= 0 (it seeds np.random.default_rng), got {seed}.")
+
+
 def case_files(out_dir: str | os.PathLike, layout: str, i: int, with_labels: bool = True) -> dict[str, Path]:
     """Paths of case ``i``'s files: keys ``flair``, ``t1``, ``t1ce``, ``t2``, ``seg`` for the
     BraTS layouts, ``image`` (4D) and ``seg`` for msd; ``seg`` only if ``with_labels``."""
@@ -623,43 +633,15 @@ def case_files(out_dir: str | os.PathLike, layout: str, i: int, with_labels: boo
     return files
 
 
-def _atomic_write(path: Path, write: Callable[[object], None]) -> None:
-    """Write ``path`` through a temp file in the same folder, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _save_nifti(path: Path, data: np.ndarray, affine: np.ndarray) -> None:
-    """Save a NIfTI (.nii.gz, gzip level 1, mtime 0 so the bytes are reproducible)."""
-    img = nib.Nifti1Image(data, affine)
-    img.header.set_xyzt_units("mm", "sec")
-    img.set_qform(affine, code=1)
-    img.set_sform(affine, code=1)
-    img.header["descrip"] = b"brats-seg synthetic"
-
-    def write(f) -> None:
-        with gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=f, mtime=0) as gz:
-            img.to_file_map({"image": nib.FileHolder(fileobj=gz), "header": nib.FileHolder(fileobj=gz)})
-
-    _atomic_write(path, write)
-
-
 def _write_case(case: SyntheticCase, files: dict[str, Path], layout: str) -> None:
     as_int16 = {m: case.images[m].astype(np.int16) for m in MODALITIES}
     if layout == "msd":
-        _save_nifti(files["image"], np.stack([as_int16[m] for m in MODALITIES], axis=-1), case.affine)
+        save_nifti(files["image"], np.stack([as_int16[m] for m in MODALITIES], axis=-1), case.affine, _DESCRIPTION)
     else:
         for m in MODALITIES:
-            _save_nifti(files[m], as_int16[m], case.affine)
+            save_nifti(files[m], as_int16[m], case.affine, _DESCRIPTION)
     if "seg" in files:
-        _save_nifti(files["seg"], case.labels(layout), case.affine)
+        save_nifti(files["seg"], case.labels(layout), case.affine, _DESCRIPTION)
 
 
 def _write_msd_json(out: Path, case_ids: list[str], with_labels: bool) -> None:
@@ -693,7 +675,7 @@ def _write_msd_json(out: Path, case_ids: list[str], with_labels: bool) -> None:
     else:
         meta["test"] = sorted(set(meta["test"]) | {f"./imagesTs/{c}.nii.gz" for c in case_ids})
     meta["numTraining"], meta["numTest"] = len(meta["training"]), len(meta["test"])
-    _atomic_write(path, lambda f: f.write((json.dumps(meta, indent=4) + "\n").encode()))
+    write_text_atomic(path, json.dumps(meta, indent=4) + "\n")
 
 
 def write_synthetic_dataset(
@@ -723,10 +705,7 @@ def write_synthetic_dataset(
     """
     if layout not in LABELS:
         raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.")
-    if int(n_cases) < 1:
-        raise ValueError(f"n_cases should be >= 1, got {n_cases}.")
-    if int(seed) < 0:
-        raise ValueError(f"seed should be >= 0 (it seeds np.random.default_rng), got {seed}.")
+    check_generator_args(n_cases, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     case_ids, written = [], 0

@@ -94,8 +94,8 @@ _CHALLENGE = re.compile(r"BraTS-([A-Z]{3})-", re.IGNORECASE)
 
 
 def lesion23_params_for(case_id: str) -> Lesion23Params:
-    """The 2023 parameters for a case, from its ``BraTS-XXX-`` prefix; GLI's otherwise
-    (BraTS 2021 and MSD case ids are all gliomas)."""
+    """The 2023 parameters for a case, from its ``BraTS-<challenge>-`` prefix; for any other
+    case id those of GLI (BraTS 2021 and MSD case ids are all gliomas)."""
     m = _CHALLENGE.match(case_id)
     if m and m.group(1).upper() in LESION23_PARAMS:
         return LESION23_PARAMS[m.group(1).upper()]
@@ -116,7 +116,7 @@ _PANOPTICA_FIELDS = {
     "lesions_pred": "n_pred_instances",
     "lesions_tp": "tp",
     "rq": "rq",
-    "pq": "pq",
+    "pq": "pq_dsc",  # panoptica names the panoptic quality by its matching metric
 }
 
 
@@ -232,14 +232,11 @@ def compute_panoptica_metrics(
     for region in table:
         result = results[region]
         for column, attr in _PANOPTICA_FIELDS.items():
-            value = _panoptica_value(result, attr)
-            out[f"{column}_{region}"] = value
+            out[f"{column}_{region}"] = _panoptica_value(result, attr)
     return out
 
 
 def _panoptica_value(result, attr: str) -> float:
-    if attr == "pq":  # panoptica names the panoptic quality by its matching metric
-        attr = "pq_dsc"
     try:
         value = getattr(result, attr)
     except Exception:  # noqa: BLE001 - panoptica raises when a metric is undefined
@@ -292,7 +289,7 @@ def compute_lesion23_metrics(
         lesion counts of the 2023 code (lesions at or under the threshold not counted).
     """
     pred, ref, spacing = _check_pair(np.asarray(pred_mask) != 0, np.asarray(ref_mask) != 0, spacing_mm)
-    pred, ref = pred.astype(bool), ref.astype(bool)
+    pred, ref = pred != 0, ref != 0
     voxel_mm3 = spacing[0] * spacing[1] * spacing[2]
     pred_cc = cc3d.connected_components(pred, connectivity=26)
     pred_boxes = ndi.find_objects(pred_cc)
@@ -355,11 +352,10 @@ def compute_lesionwise_metrics(
     Raises:
         LesionwiseError: bad input, or panoptica failed.
     """
-    pred, ref, spacing = _check_pair(pred_labels, ref_labels, spacing_mm)
-    values = compute_panoptica_metrics(pred, ref, spacing, table)
+    values = compute_panoptica_metrics(pred_labels, ref_labels, spacing_mm, table)  # checks the input
+    pred, ref = np.asarray(pred_labels), np.asarray(ref_labels)
     for region, labels in table.items():
-        labels = list(labels)
-        scores = compute_lesion23_metrics(np.isin(pred, labels), np.isin(ref, labels), spacing, lesion23)
+        scores = compute_lesion23_metrics(np.isin(pred, list(labels)), np.isin(ref, list(labels)), spacing_mm, lesion23)
         values[f"lesion23_dice_{region}"] = scores["dice"]
         values[f"lesion23_hd95_{region}"] = scores["hd95"]
     return values

@@ -17,11 +17,13 @@ import csv
 import json
 import logging
 import math
-import os
+import io
 import time
 from pathlib import Path
 
 import keras
+
+from brats_seg.files import atomic_path, write_text_atomic
 
 __all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "load_state"]
 
@@ -40,16 +42,9 @@ def load_state(run_dir: str | Path) -> RunState | None:
     return RunState(json.loads(path.read_text()))
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _save_model_atomic(model: keras.Model, path: Path) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")  # keeps the .keras suffix Keras requires
-    model.save(tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:  # keeps the .keras suffix Keras requires
+        model.save(tmp)
 
 
 class RunCheckpoint(keras.callbacks.Callback):
@@ -94,7 +89,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
         self.state["epoch"] = epoch + 1
         self.state["history"].append(row)
-        _atomic_write_text(self.run_dir / "state.json", json.dumps(self.state, indent=1))
+        write_text_atomic(self.run_dir / "state.json", json.dumps(self.state, indent=1))
         self._write_history_csv()
         best_epoch = self.state["best_epoch"] or 0
         if self.patience and epoch + 1 - best_epoch >= self.patience:
@@ -105,12 +100,11 @@ class RunCheckpoint(keras.callbacks.Callback):
     def _write_history_csv(self) -> None:
         rows = self.state["history"]
         keys = list(dict.fromkeys(k for r in rows for k in r))
-        tmp = self.run_dir / ".tmp-history.csv"
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, self.run_dir / "history.csv")
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\r\n")  # csv's default, as before
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text_atomic(self.run_dir / "history.csv", buf.getvalue())
 
 
 class TrackingCallback(keras.callbacks.Callback):
