@@ -8,8 +8,9 @@ Builds the configured model and LMS plan exactly as ``train.py`` does, runs the 
 training step (``train_on_batch``, the function ``model.fit`` runs) on random tensors, and
 prints: the overrides, ``step_s`` (median seconds per step, first excluded),
 ``voxels_per_s``, ``peak_bytes`` (device peak on GPU; process peak RSS on CPU),
-``baseline_bytes`` (0 on GPU; on CPU the RSS just before the model is built) and
-``predicted_peak_bytes`` (the planner's prediction of ``peak_bytes - baseline_bytes``).
+``baseline_bytes`` (0 on GPU; on CPU the RSS just before the model is built),
+``allocator_peak_bytes`` (TensorFlow's allocator's own peak of live tensors, from the model
+build on; None where TensorFlow keeps no statistics) and ``predicted_peak_bytes`` (the planner's prediction of ``peak_bytes - baseline_bytes``).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def benchmark(conf, overrides: list[str]) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from brats_seg.lms.planner import estimate_peak
+    from brats_seg.cpu import cpu_isa, cpu_model_name
+    from brats_seg.lms.planner import estimate_peak, memory_model_for
     from brats_seg.lms.preflight import plan_run
-    from brats_seg.lms.stats import current_rss_bytes, device_peak_bytes, reset_device_peak
+    from brats_seg.lms.stats import allocator_peak_bytes, current_rss_bytes, device_peak_bytes, reset_device_peak
     from brats_seg.training.loop import build_models, effective_lms, make_optimizer
     from brats_seg.training.losses import SoftDiceBCELoss
 
@@ -49,7 +51,8 @@ def benchmark(conf, overrides: list[str]) -> dict:
     plan = plan_run(conf, backend.device, strategy)
     fixed = strategy if strategy in ("off", "recompute", "offload") else None
     predicted = estimate_peak(conf.model, conf.resolution.shape, conf.trainer.batch_size, conf.backend.precision,
-                              "adam", fixed, conf.lms.size, conf.lms.prefetch).peak_bytes if fixed else plan.predicted_peak_bytes
+                              "adam", fixed, conf.lms.size, conf.lms.prefetch,
+                              memory_model_for(backend.device)).peak_bytes if fixed else plan.predicted_peak_bytes
 
     b, shape = conf.trainer.batch_size, tuple(conf.resolution.shape)
     rng = np.random.default_rng(conf.trainer.seed)
@@ -66,11 +69,14 @@ def benchmark(conf, overrides: list[str]) -> dict:
         model.train_on_batch(x, y)
         times.append(time.perf_counter() - t0)
     peak = device_peak_bytes(backend.device)
+    allocator_peak = allocator_peak_bytes(backend.device)
     step_s = statistics.median(times[1:])
     result = {
         "overrides": overrides,
         "backend": backend.name,
         "device": backend.device,
+        "cpu": cpu_model_name(),
+        "cpu_isa": cpu_isa(),
         "strategy": strategy,
         "resolution": conf.resolution.name,
         "shape": list(shape),
@@ -83,6 +89,7 @@ def benchmark(conf, overrides: list[str]) -> dict:
         "peak_bytes": int(peak),
         "baseline_bytes": int(baseline),
         "measured_bytes": int(peak - baseline),
+        "allocator_peak_bytes": allocator_peak,
         "predicted_peak_bytes": int(predicted),
         "prediction_error": round((predicted - (peak - baseline)) / max(peak - baseline, 1), 4),
         "recomputed_flops": plan.recomputed_flops,

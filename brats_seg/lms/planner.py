@@ -56,6 +56,8 @@ __all__ = [
     "DTYPE_POLICIES",
     "LayerCost",
     "MemoryModel",
+    "CPU_MEMORY_MODELS",
+    "memory_model_for",
     "NetworkCost",
     "OPTIMIZER_SLOTS",
     "POLICIES",
@@ -144,7 +146,8 @@ class MemoryModel:
     ``peak = runtime + weights + weight grads + optimizer slots + data + workspace
     + activation_factor * (kept activations + activation gradients + transient)
     + rebuild allowance`` at the worst step of the simulated timeline, where ``runtime =
-    runtime_bytes + runtime_bytes_per_conv * convolutions`` and the rebuild allowance
+    runtime_bytes + (runtime_bytes_per_conv + runtime_bytes_per_conv_filter * base_filters)
+    * convolutions`` and the rebuild allowance
     (recompute/offload only) is ``rebuild_runtime_bytes + rebuild_fragmentation *`` the
     largest block's rebuilt internals. :func:`fit_memory_model` fits ``runtime_bytes``
     and ``activation_factor`` to measured peaks; the other fields are per-layer
@@ -167,6 +170,10 @@ class MemoryModel:
             its forward and two backward passes. RSS beyond the allocator's peak at the
             smallest workloads is 0.15 GB for the depth-3 U-Net (18 convolutions) and
             0.18-0.2 GB at depth 4 (23): 8 MB each.
+        runtime_bytes_per_conv_filter: the part of the per-convolution runtime that grows
+            with the network's width, per base filter. 0 on AVX-512 (not resolved by its
+            calibration grid of 8 and 16 filters); on AVX2 the RSS beyond the allocator at
+            64x64x48 is 8.7 / 10.6 / 13.2 MB per convolution at 8 / 16 / 32 filters.
         activation_factor: multiplies every activation/gradient/transient byte. Two
             effects meet here and nearly cancel, hence 1.0: allocator rounding and
             fragmentation (oneDNN's BFC allocator rounds chunks up and never gives touched
@@ -213,10 +220,19 @@ class MemoryModel:
             later tensors only partly reuse; the pool's touched pages grow over the
             first steps (RSS +0.03..+0.08 GB after step 1 at half resolution while the
             allocator's peak stays put) and never shrink. Fitted: 0.15.
+        conv_weight_grad_scratch: memory oneDNN allocates itself (outside TensorFlow's
+            allocator) for a 3x3x3 convolution's gradient by weights, in units of one
+            sample's input plus one im2col slice ``cin x 27 x y x z`` (the gemm
+            implementation's transposed input copy and column buffer); the largest one is
+            added to the step. 0 with AVX-512 (direct kernels, no such buffer); 1 on
+            AVX2-only CPUs, where oneDNN picks ``gemm:jit`` for it (RSS beyond the
+            allocator's peak +0.55 GB at full resolution, 8 filters, against 0.50 GB for
+            ``dec0``'s first convolution by this formula).
     """
 
     runtime_bytes: int = 0
     runtime_bytes_per_conv: int = 8_000_000
+    runtime_bytes_per_conv_filter: int = 0
     activation_factor: float = 1.0
     workspace_factor: float = 0.0
     norm_saved_tensors: float = 1.0
@@ -228,6 +244,7 @@ class MemoryModel:
     backward_flops_factor: float = 2.0
     rebuild_runtime_bytes: int = 25_000_000
     rebuild_fragmentation: float = 0.15
+    conv_weight_grad_scratch: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -239,6 +256,40 @@ class MemoryModel:
                 f"MemoryModel.norm_saved_tensors must be >= 1 (a norm layer keeps at least its input), "
                 f"got {self.norm_saved_tensors!r}."
             )
+
+
+#: The calibrated CPU coefficients per instruction set oneDNN runs on (see
+#: :mod:`brats_seg.cpu`). The defaults of :class:`MemoryModel` were measured on an AVX-512
+#: CPU (Sapphire Rapids). On an AVX2-only CPU (AMD EPYC) oneDNN computes the gradient by
+#: weights with its gemm implementation and scratch of its own, JIT-compiles more kernel
+#: variants per convolution, and the pool keeps more of the rebuilt tensors' pages; the
+#: three are fitted on a calibration grid and checked on points it did not include
+#: (docs/lms_calibration.md, "AVX2-only CPUs").
+CPU_MEMORY_MODELS: dict[str, MemoryModel] = {
+    "avx512": MemoryModel(),
+    "avx2": MemoryModel(conv_weight_grad_scratch=1.0, runtime_bytes_per_conv=8_500_000,
+                        runtime_bytes_per_conv_filter=120_000, rebuild_runtime_bytes=0, rebuild_fragmentation=0.95),
+}
+
+
+def memory_model_for(device: str, isa: str | None = None) -> MemoryModel:
+    """The coefficients for the device a run trains on.
+
+    Args:
+        device: ``CPU`` or ``GPU``.
+        isa: the CPU's instruction set (``avx512`` | ``avx2`` | ``other``); detected when None.
+            A CPU with neither is planned as AVX2 (the larger of the two presets).
+
+    Returns:
+        The CPU preset of the host's instruction set, or the uncalibrated GPU default.
+    """
+    if device != "CPU":
+        return MemoryModel()
+    if isa is None:
+        from brats_seg.cpu import cpu_isa
+
+        isa = cpu_isa()
+    return CPU_MEMORY_MODELS.get(isa, CPU_MEMORY_MODELS["avx2"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -264,6 +315,8 @@ class LayerCost:
         forward_scratch_bytes: unnamed temporaries while the layer runs forward.
         backward_scratch_bytes: unnamed temporaries while it runs backward.
         workspace_ref_bytes: max(input, output) bytes for convolutions (workspace), else 0.
+        weight_grad_scratch_ref_bytes: for 3x3x3 convolutions, one sample's input plus
+            one im2col slice (see ``MemoryModel.conv_weight_grad_scratch``), else 0.
     """
 
     name: str
@@ -278,6 +331,7 @@ class LayerCost:
     forward_scratch_bytes: int = 0
     backward_scratch_bytes: int = 0
     workspace_ref_bytes: int = 0
+    weight_grad_scratch_ref_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -418,8 +472,9 @@ class _BlockBuilder:
     """Accumulates the layer table of one block (internal helper of compute_network_cost)."""
 
     def __init__(self, name: str, inputs: Mapping[str, int], batch: int, act_bytes: int, mm: MemoryModel,
-                 stateful_norm: bool = False):
+                 stateful_norm: bool = False, x_extent: int = 1):
         self.name, self.batch, self.act_bytes, self.mm = name, batch, act_bytes, mm
+        self.x_extent = x_extent  # voxels along x at this block's level: voxels // x_extent = one y-z slice
         self.stateful_norm = stateful_norm  # batch norm: moving statistics written in forward
         self.tensors: dict[str, int] = dict(inputs)
         self.layers: list[LayerCost] = []
@@ -434,11 +489,15 @@ class _BlockBuilder:
              dtype_bytes: int | None = None, out: str | None = None) -> str:
         y = self.tensor(out or part, voxels, cout, dtype_bytes)
         params = kernel**3 * cin * cout + (cout if bias else 0)
+        spatial = kernel > 1  # the 1x1x1 head/up-projection convolutions take other kernels
+        element = dtype_bytes or self.act_bytes
+        grad_scratch = cin * (voxels + kernel**3 * (voxels // self.x_extent)) * element if spatial else 0
         self.layers.append(LayerCost(
             name=f"{self.name}_{part}", kind="conv", inputs=(x,), output=y, saved=(x,),
             forward_flops=2.0 * kernel**3 * cin * cout * voxels * self.batch,
             params=params, trainable_params=params,
             workspace_ref_bytes=max(self.tensors[x], self.tensors[y]),
+            weight_grad_scratch_ref_bytes=grad_scratch,
         ))
         return y
 
@@ -630,9 +689,9 @@ def compute_network_cost(
     globals_: dict[str, int] = {"image": image_bytes}
     blocks: list[BlockCost] = []
 
-    def builder(name: str, inputs: Sequence[str]) -> _BlockBuilder:
+    def builder(name: str, inputs: Sequence[str], level: int = 0) -> _BlockBuilder:
         return _BlockBuilder(name, {t: globals_[t] for t in inputs}, batch, act, mm,
-                             stateful_norm=model_cfg.norm == "batch")
+                             stateful_norm=model_cfg.norm == "batch", x_extent=input_shape[0] // 2**level)
 
     # enc0: (Keras autocast to the compute dtype under mixed precision) -> TwoConv(F_0).
     b = builder("enc0", ["image"])
@@ -647,7 +706,7 @@ def compute_network_cost(
     for level in range(1, depth + 1):
         name = f"enc{level}" if level < depth else "bottleneck"
         prev = blocks[-1].name
-        b = builder(name, [prev])
+        b = builder(name, [prev], level)
         p = b.simple("pool", "pool", [prev], voxels[level], filters[level - 1], "in+out",
                      flops=POOL_FLOPS_PER_INPUT_ELEMENT * batch * voxels[level - 1] * filters[level - 1])
         b.two_conv(p, filters[level - 1], filters[level], voxels[level], model_cfg.norm,
@@ -659,7 +718,7 @@ def compute_network_cost(
     for level in reversed(range(depth)):
         name, prev, skip = f"dec{level}", blocks[-1].name, f"enc{level}"
         cin, v = filters[level + 1], voxels[level]
-        b = builder(name, [prev, skip])
+        b = builder(name, [prev, skip], level)
         if model_cfg.upsample == "transpose":
             u = b.tensor("up", v, filters[level])
             params = 8 * cin * filters[level] + filters[level]
@@ -704,14 +763,17 @@ def compute_network_cost(
     trainable = sum(layer.trainable_params for blk in blocks for layer in blk.layers)
     labels_bytes = batch * voxels[0] * model_cfg.out_channels * DATA_BYTES_PER_ELEMENT
     workspace_ref = max(layer.workspace_ref_bytes for blk in blocks for layer in blk.layers)
+    weight_grad_scratch_ref = max(layer.weight_grad_scratch_ref_bytes for blk in blocks for layer in blk.layers)
     persistent = {
-        "runtime_bytes": int(mm.runtime_bytes + mm.runtime_bytes_per_conv * sum(
+        "runtime_bytes": int(mm.runtime_bytes + (mm.runtime_bytes_per_conv + mm.runtime_bytes_per_conv_filter
+                                                  * model_cfg.base_filters) * sum(
             1 for blk in blocks for layer in blk.layers if layer.kind in ("conv", "up_transpose"))),
         "weight_bytes": params * FLOAT32_BYTES,
         "weight_gradient_bytes": trainable * FLOAT32_BYTES,
         "optimizer_slot_bytes": OPTIMIZER_SLOTS[optimizer] * trainable * FLOAT32_BYTES,
         "data_bytes": (image_bytes + labels_bytes) * (1 + int(mm.prefetched_batches)),
         "workspace_bytes": int(mm.workspace_factor * workspace_ref),
+        "library_scratch_bytes": int(mm.conv_weight_grad_scratch * weight_grad_scratch_ref),
     }
     return NetworkCost(
         blocks=tuple(blocks),

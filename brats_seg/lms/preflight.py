@@ -10,7 +10,7 @@ import logging
 import shutil
 
 from brats_seg.config import TrainConfig, resolve_model_outputs
-from brats_seg.lms.planner import Plan, compare_strategies, parse_limit, plan_lms_from_config
+from brats_seg.lms.planner import Plan, compare_strategies, memory_model_for, parse_limit, plan_lms_from_config
 
 __all__ = ["planning_device", "plan_run", "compare_run"]
 
@@ -42,7 +42,7 @@ def plan_run(cfg: TrainConfig, device: str | None = None, strategy: str | None =
     if strategy is not None and strategy != cfg.lms.name:
         cfg = _with_strategy(cfg, strategy)
     return plan_lms_from_config(cfg, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb),
-                                allow_offload=device == "GPU")
+                                allow_offload=device == "GPU", memory_model=memory_model_for(device))
 
 
 def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]:
@@ -56,7 +56,7 @@ def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]
         cfg.model, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, "adam", limit,
         size_bytes=int(cfg.lms.size), prefetch=int(cfg.lms.prefetch),
         host_bandwidth_bps=cfg.lms.host_bandwidth_gbps * 1e9, device_flops=cfg.lms.device_tflops * 1e12,
-        allow_offload=device == "GPU",
+        allow_offload=device == "GPU", memory_model=memory_model_for(device),
     )
 
 

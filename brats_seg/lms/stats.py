@@ -17,6 +17,7 @@ from pathlib import Path
 import keras
 
 __all__ = ["peak_rss_bytes", "reset_peak_rss", "current_rss_bytes", "device_peak_bytes", "reset_device_peak",
+           "allocator_peak_bytes", "reset_allocator_peak",
            "MemoryStatsCallback"]
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,32 @@ def reset_device_peak(device: str) -> None:
         tf.config.experimental.reset_memory_stats("GPU:0")
     else:
         reset_peak_rss()
+        reset_allocator_peak(device)
+
+
+def allocator_peak_bytes(device: str) -> int | None:
+    """Peak bytes of live tensors in TensorFlow's own allocator since the last reset.
+
+    On CPU with oneDNN the allocator is a BFC allocator that keeps statistics; without it
+    (oneDNN off) TensorFlow raises, and None is returned. The RSS peak is larger: it also
+    holds the runtime, memory oneDNN allocates itself (e.g. gemm scratch) and the pool's
+    touched but free pages.
+    """
+    import tensorflow as tf
+
+    try:
+        return int(tf.config.experimental.get_memory_info(f"{device}:0")["peak"])
+    except (ValueError, RuntimeError, tf.errors.OpError):
+        return None
+
+
+def reset_allocator_peak(device: str) -> None:
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats(f"{device}:0")
+    except (ValueError, RuntimeError, tf.errors.OpError):
+        pass
 
 
 class MemoryStatsCallback(keras.callbacks.Callback):
