@@ -87,6 +87,7 @@ class TrainerConfig:
     bce_weight: float = 1.0  # loss = soft Dice + bce_weight * BCE
     val_every: int = 1  # epochs between validations
     deterministic: bool = True  # TF op determinism: bit-identical resume; may slow some GPU kernels
+    dead_region_epochs: int = 3  # epochs of an empty prediction (reference not empty) before warning that a region is dead; 0 = off
 
 
 @dataclass

@@ -25,7 +25,7 @@ import keras
 
 from brats_seg.files import atomic_path, write_text_atomic
 
-__all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "load_state"]
+__all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "DeadRegionWarning", "load_state"]
 
 log = logging.getLogger(__name__)
 
@@ -126,3 +126,62 @@ class TrackingCallback(keras.callbacks.Callback):
         if self.extra_metrics is not None:
             metrics.update(self.extra_metrics(epoch))
         self.tracker.log_metrics(metrics, step=epoch + 1)
+
+
+class DeadRegionWarning(keras.callbacks.Callback):
+    """Warn once per region when its prediction stays empty while its reference is not.
+
+    Reads the per-region monitors of :func:`brats_seg.training.metrics.make_region_monitors`
+    from the epoch logs: ``vol_<r>`` (mean predicted mL per case) and ``ref_vol_<r>`` (mean
+    reference mL per case), for training and, where validated, ``val_`` ones. A region whose
+    predicted volume is 0 in every case for ``epochs`` epochs in a row while its reference
+    is not empty is a dead output: one warning names the region and the epoch (and the run
+    goes on: a region can still start late). On resume the count continues from the history.
+
+    Args:
+        regions: region names in output-channel order.
+        epochs: consecutive epochs of an empty prediction before the warning; 0 = never warn.
+        history: ``state.json``'s per-epoch rows of a resumed run.
+    """
+
+    def __init__(self, regions, epochs: int = 3, history=()) -> None:
+        super().__init__()
+        if epochs < 0:
+            raise ValueError(f"trainer.dead_region_epochs must be >= 0 (0 = off), got {epochs!r}.")
+        self.regions, self.epochs = tuple(regions), int(epochs)
+        self.empty_epochs: dict[tuple[str, str], int] = {}
+        self.warned: dict[str, int] = {}  # region -> the epoch (1-based) its warning was given
+        for row in history:
+            self._count(row)
+
+    def _count(self, logs) -> list[tuple[str, str]]:
+        """Update the consecutive-empty counts; return the (prefix, region) pairs now dead."""
+        dead = []
+        for prefix in ("", "val_"):
+            for r in self.regions:
+                pred, ref = logs.get(f"{prefix}vol_{r}"), logs.get(f"{prefix}ref_vol_{r}")
+                if pred is None or ref is None:
+                    continue  # not measured this epoch (validation every few epochs)
+                key = (prefix, r)
+                self.empty_epochs[key] = self.empty_epochs.get(key, 0) + 1 if float(pred) <= 0 < float(ref) else 0
+                if self.epochs and self.empty_epochs[key] >= self.epochs:
+                    dead.append(key)
+        if "epoch" in logs:  # a history row: a warning was already given when it happened
+            for _, r in dead:
+                self.warned.setdefault(r, int(logs["epoch"]))
+        return dead
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        for prefix, r in self._count(logs):
+            if r in self.warned:
+                continue
+            self.warned[r] = epoch + 1
+            which = "validation" if prefix else "training"
+            log.warning(
+                "region %s: the prediction has been empty in every %s case for %d epochs up to epoch %d, while "
+                "the reference holds %.2f mL per case on average: the %s output is not learning. Its mean "
+                "probability per epoch is prob_%s in history.csv (and MLflow); see README 'Training monitors'.",
+                r.upper(), which, self.empty_epochs[(prefix, r)], epoch + 1,
+                float(logs[f"{prefix}ref_vol_{r}"]), r.upper(), r,
+            )

@@ -250,10 +250,10 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
     from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
     from brats_seg.lms.stats import MemoryStatsCallback
     from brats_seg.tracking.mlflow import Tracker, git_commit, make_run_name
-    from brats_seg.training.callbacks import RunCheckpoint, TrackingCallback, load_state
+    from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
     from brats_seg.training.losses import SoftDiceBCELoss
     from brats_seg.data.labels import output_regions
-    from brats_seg.training.metrics import make_dice_metrics
+    from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
 
     t = cfg.trainer
     state = load_state(run_dir)
@@ -267,7 +267,10 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
         tf.config.experimental.enable_op_determinism()
     model, export_model, offload_stats = build_models(cfg, plan, backend)
     loss = SoftDiceBCELoss(bce_weight=t.bce_weight)
-    model.compile(optimizer=make_optimizer(cfg, steps), loss=loss, metrics=make_dice_metrics(output_regions(cfg.data.layout, cfg.model.out_channels)),
+    regions = output_regions(cfg.data.layout, cfg.model.out_channels)
+    voxel_ml = cfg.resolution.spacing_mm**3 / 1000.0
+    model.compile(optimizer=make_optimizer(cfg, steps), loss=loss,
+                  metrics=[*make_dice_metrics(regions), *make_region_monitors(regions, voxel_ml)],
                   jit_compile=False)  # XLA would drop the LMS host placements
     if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
         export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
@@ -294,8 +297,9 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
                                   cfg.model.out_channels, initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch)
     val_ds = make_eval_dataset(val_dirs, 1, cfg.model.in_channels, cfg.model.out_channels)
     checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model)
-    callbacks = [MemoryStatsCallback(backend.device, offload_stats), checkpoint, TrackingCallback(tracker),
-                 *extra_callbacks]
+    callbacks = [MemoryStatsCallback(backend.device, offload_stats),
+                 DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())),
+                 checkpoint, TrackingCallback(tracker), *extra_callbacks]
     log.info("training %s: %d train / %d val cases, %d steps/epoch, epochs %d..%d, run %s",
              run_name, len(train_dirs), len(val_dirs), steps, initial_epoch + 1, t.epochs, run_dir)
     status = "FAILED"

@@ -15,7 +15,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-__all__ = ["RegionDice", "MeanDice", "compute_hard_dice", "make_dice_metrics"]
+__all__ = ["RegionDice", "MeanDice", "RegionProbability", "RegionVolume", "compute_hard_dice", "make_dice_metrics",
+           "make_region_monitors"]
 
 SPATIAL_AXES = (1, 2, 3)  # x, y, z of (B, x, y, z, R)
 
@@ -52,8 +53,11 @@ class _PerSampleMean(keras.metrics.Metric):
     def _per_sample(self, dice):  # (B, R) -> (B,): the mean over regions; RegionDice picks one
         return ops.mean(dice, axis=-1)
 
+    def _values(self, y_true, y_pred):  # (B,) per-sample values to average
+        return self._per_sample(compute_hard_dice(y_true, y_pred, self.threshold))
+
     def update_state(self, y_true, y_pred, sample_weight=None):
-        values = self._per_sample(compute_hard_dice(y_true, y_pred, self.threshold))  # (B,)
+        values = self._values(y_true, y_pred)  # (B,)
         if sample_weight is None:
             weights = ops.ones_like(values)
         else:
@@ -89,12 +93,7 @@ class RegionDice(_PerSampleMean):
         self.region_index = region_index
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        regions = y_pred.shape[-1]
-        if regions is not None and self.region_index >= regions:
-            raise ValueError(
-                f"{self.name}: region_index {self.region_index} is out of range for {regions} output "
-                f"region(s); make the metrics from the model's regions (make_dice_metrics)."
-            )
+        _check_region_index(self, y_pred)
         super().update_state(y_true, y_pred, sample_weight)
 
     def _per_sample(self, dice):
@@ -117,6 +116,90 @@ class MeanDice(_PerSampleMean):
 
     def __init__(self, name: str = "dice_mean", threshold: float = 0.5, dtype=None):
         super().__init__(threshold=threshold, name=name, dtype=dtype)
+
+
+def _check_region_index(metric, y_pred) -> None:
+    regions = y_pred.shape[-1]
+    if regions is not None and metric.region_index >= regions:
+        raise ValueError(
+            f"{metric.name}: region_index {metric.region_index} is out of range for {regions} output "
+            f"region(s); make the metrics from the model's regions (make_dice_metrics, make_region_monitors)."
+        )
+
+
+@keras.saving.register_keras_serializable(package="brats_seg")
+class RegionProbability(_PerSampleMean):
+    """Mean predicted probability of one region over all voxels, averaged over samples.
+
+    A monitor, not a score: a region output whose mean probability stays at the head's
+    prior (``model.foreground_prior``) or falls below it while the reference is not
+    empty is not learning.
+
+    Args:
+        region_index: channel of the region in ``(B, x, y, z, R)``.
+        name: ``prob_<region>``.
+    """
+
+    def __init__(self, region_index: int, name: str, dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.region_index = int(region_index)
+
+    def _values(self, y_true, y_pred):
+        _check_region_index(self, y_pred)
+        return ops.mean(ops.cast(y_pred[..., self.region_index], "float32"), axis=SPATIAL_AXES)  # (B,)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "region_index": self.region_index}
+
+
+@keras.saving.register_keras_serializable(package="brats_seg")
+class RegionVolume(_PerSampleMean):
+    """Mean volume per sample (mL on the network grid) of one region, predicted or reference.
+
+    Args:
+        region_index: channel of the region in ``(B, x, y, z, R)``.
+        name: ``vol_<region>`` (predicted, ``y_pred > threshold``) or ``ref_vol_<region>``.
+        voxel_ml: volume of one network voxel in mL (``spacing_mm ** 3 / 1000``).
+        reference: measure ``y_true`` (> 0.5) instead of the prediction.
+        threshold: probability threshold for the prediction.
+    """
+
+    def __init__(self, region_index: int, name: str, voxel_ml: float = 1.0, reference: bool = False,
+                 threshold: float = 0.5, dtype=None):
+        if voxel_ml <= 0:
+            raise ValueError(f"voxel_ml must be > 0 (mL per network voxel), got {voxel_ml!r}.")
+        super().__init__(threshold=threshold, name=name, dtype=dtype)
+        self.region_index = int(region_index)
+        self.voxel_ml = float(voxel_ml)
+        self.reference = bool(reference)
+
+    def _values(self, y_true, y_pred):
+        _check_region_index(self, y_pred)
+        mask = (y_true[..., self.region_index] if self.reference else y_pred[..., self.region_index])
+        cut = 0.5 if self.reference else self.threshold
+        voxels = ops.sum(ops.cast(ops.cast(mask, "float32") > cut, "float32"), axis=SPATIAL_AXES)  # (B,)
+        return voxels * self.voxel_ml
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "region_index": self.region_index, "voxel_ml": self.voxel_ml,
+                "reference": self.reference}
+
+
+def make_region_monitors(regions=("wt", "tc", "et"), voxel_ml: float = 1.0,
+                         threshold: float = 0.5) -> list[keras.metrics.Metric]:
+    """Per-region training monitors: ``prob_<r>``, ``vol_<r>`` and ``ref_vol_<r>`` (mL).
+
+    Args:
+        regions: region names in output-channel order.
+        voxel_ml: volume of one network voxel in mL.
+        threshold: probability threshold of the predicted volume.
+    """
+    out: list[keras.metrics.Metric] = []
+    for i, r in enumerate(regions):
+        out += [RegionProbability(i, name=f"prob_{r}"),
+                RegionVolume(i, name=f"vol_{r}", voxel_ml=voxel_ml, threshold=threshold),
+                RegionVolume(i, name=f"ref_vol_{r}", voxel_ml=voxel_ml, reference=True)]
+    return out
 
 
 def make_dice_metrics(regions=("wt", "tc", "et"), threshold: float = 0.5) -> list[keras.metrics.Metric]:

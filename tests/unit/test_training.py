@@ -72,6 +72,11 @@ def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     hist = json.loads((tmp_path / "resumed" / "state.json").read_text())["history"]
     assert [h["epoch"] for h in hist] == [1, 2]
+    header = (tmp_path / "full" / "history.csv").read_text().splitlines()[0].split(",")
+    for r in ("wt", "tc", "et"):  # the per-region monitors, for training and validation
+        for col in (f"prob_{r}", f"vol_{r}", f"ref_vol_{r}", f"val_prob_{r}", f"val_vol_{r}", f"val_ref_vol_{r}"):
+            assert col in header, col
+    assert all(h["ref_vol_wt"] > 0 and 0 < h["prob_wt"] < 1 for h in hist)
 
 
 def test_run_dir_with_a_different_config_is_refused(synthetic_root, tmp_path, backend):
