@@ -71,6 +71,8 @@ class ModelConfig:
     in_channels: int = 4  # 4 = FLAIR,T1,T1ce,T2; 1 = FLAIR only
     out_channels: int = 0  # 0 = one sigmoid output per region of data.layout (WT,TC,ET; +RC for brats2024); 1 = WT only
     foreground_prior: float = 0.01  # head bias = logit(prior): start near "background" everywhere
+    regions: str = "nested"  # nested: sub-regions predicted within the tumour (P(TC) = P(WT) * P(TC|WT), same for ET), so the bulk of the volume cannot push a small region to empty; independent: one free sigmoid each
+    region_parents: List[int] = field(default_factory=list)  # resolved from data.layout: the containing output of each output, -1 = none; empty = independent
 
 
 @dataclass
@@ -251,7 +253,7 @@ def flatten_config(cfg, prefix: str = "") -> dict[str, object]:
 
 
 def resolve_model_outputs(cfg: TrainConfig) -> TrainConfig:
-    """Set ``model.out_channels`` to the number of regions the model predicts for ``data.layout``.
+    """Set ``model.out_channels`` (and ``model.region_parents``) from ``data.layout``.
 
     ``0`` (the default) becomes one output per region of the layout (3: WT, TC, ET; 4 with
     the resection cavity of brats2024); ``1`` (WT only) stays. Idempotent: a run folder's
@@ -260,7 +262,11 @@ def resolve_model_outputs(cfg: TrainConfig) -> TrainConfig:
     Raises:
         ValueError: a value that fits neither, naming the layout's regions.
     """
-    from brats_seg.data.labels import output_regions
+    from brats_seg.data.labels import output_regions, region_parents
 
+    if cfg.model.regions not in ("nested", "independent"):
+        raise ValueError(f"model.regions={cfg.model.regions!r}: use nested (the default) or independent.")
     cfg.model.out_channels = len(output_regions(cfg.data.layout, cfg.model.out_channels))
+    parents = region_parents(cfg.data.layout, cfg.model.out_channels)
+    cfg.model.region_parents = list(parents) if cfg.model.regions == "nested" else [-1] * len(parents)
     return cfg

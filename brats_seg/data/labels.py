@@ -37,6 +37,7 @@ __all__ = [
     "region_names",
     "region_label_values",
     "output_regions",
+    "region_parents",
     "invalid_label_values",
     "check_label_map",
     "labels_to_regions",
@@ -164,6 +165,25 @@ def output_regions(layout: str, out_channels: int) -> tuple[str, ...]:
         f"{', '.join(n.upper() for n in names)}: use model.out_channels=0 (one output per region, the default) "
         "or 1 (WT only)."
     )
+
+
+def region_parents(layout: str, out_channels: int = 0) -> tuple[int, ...]:
+    """For each output region, the index of the outermost other output region containing it, or -1.
+
+    Derived from the label sets, not written per layout: TC's and ET's labels are strict
+    subsets of WT's, so BraTS gives ``(-1, 0, 0)``; the resection cavity of brats2024 lies in
+    no tumour region (``(-1, 0, 0, -1)``); a WT-only model has ``(-1,)``. A model with nested
+    outputs predicts each sub-region within the tumour (``P(TC) = P(WT) * P(TC | WT)``,
+    ``P(ET) = P(WT) * P(ET | WT)``); that ET lies in TC is left to the nesting rule of the
+    written label map, as for independent outputs.
+    """
+    names = output_regions(layout, out_channels)
+    sets = {r.name: set(r.labels) for r in label_table(layout).regions}
+    parents = []
+    for name in names:
+        holders = [j for j, other in enumerate(names) if sets[name] < sets[other]]
+        parents.append(max(holders, key=lambda j: len(sets[names[j]]), default=-1))
+    return tuple(parents)
 
 
 def invalid_label_values(label: np.ndarray, layout: str) -> list:

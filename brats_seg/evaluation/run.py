@@ -50,7 +50,10 @@ def load_run_config(run_dir: str | Path) -> TrainConfig:
         raise RunError(f"run folder {run_dir} {what}, so it is not a training run; train first: "
                        f"python train.py run_dir={run_dir}")
     try:
-        return resolve_model_outputs(config_from_dict(TrainConfig, json.loads(path.read_text())))
+        stored = json.loads(path.read_text())
+        if isinstance(stored.get("model"), dict):  # runs from before model.regions had independent sigmoids
+            stored["model"].setdefault("regions", "independent")
+        return resolve_model_outputs(config_from_dict(TrainConfig, stored))
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as e:
         raise RunError(f"{path} cannot be read as a brats-seg run config ({e}). Re-run training into a new run_dir.") from e
 

@@ -118,6 +118,8 @@ SAVED_FOR_BACKWARD = {
     "up_trilinear": "nothing (gathers and constant scalings are linear)",
     "cast": "nothing",
     "sigmoid": "its output",
+    "nest": "its inputs and output (each region's probability times its parent's: the product's "
+    "gradient needs both factors)",
 }
 
 # Forward FLOPs of the cheap layers (convolutions are counted exactly: 2*K^3*Cin*Cout per output voxel).
@@ -738,16 +740,21 @@ def compute_network_cost(
         blocks.append(b.finish([prev, skip], skip_input=skip))
         globals_[name] = blocks[-1].output_bytes
 
-    # head: Conv3D(C_out, 1) + sigmoid in float32 (input upcast under mixed precision).
+    # head: Conv3D(C_out, 1) + sigmoid in float32 (input upcast under mixed precision), and
+    # each nested region times its parent's probability.
     b = builder("head", ["dec0"])
     x = "dec0"
     if mixed:
         x = b.simple("cast", "cast", [x], voxels[0], filters[0], "", dtype_bytes=FLOAT32_BYTES)
     logits = b.conv("conv", x, filters[0], model_cfg.out_channels, voxels[0], kernel=1, bias=True,
                     dtype_bytes=FLOAT32_BYTES)
-    b.simple("sigmoid", "sigmoid", [logits], voxels[0], model_cfg.out_channels, "out",
-             flops=SIGMOID_FLOPS_PER_ELEMENT * batch * voxels[0] * model_cfg.out_channels,
-             dtype_bytes=FLOAT32_BYTES, out="head")
+    nested = any(p >= 0 for p in model_cfg.region_parents)  # NestedRegionSigmoid (model.regions=nested)
+    sig = b.simple("sigmoid", "sigmoid", [logits], voxels[0], model_cfg.out_channels, "out",
+                   flops=SIGMOID_FLOPS_PER_ELEMENT * batch * voxels[0] * model_cfg.out_channels,
+                   dtype_bytes=FLOAT32_BYTES, out=None if nested else "head")
+    if nested:
+        b.simple("nest", "nest", [sig], voxels[0], model_cfg.out_channels, "in+out",
+                 flops=batch * voxels[0] * model_cfg.out_channels, dtype_bytes=FLOAT32_BYTES, out="head")
     blocks.append(b.finish(["dec0"]))
     globals_["head"] = blocks[-1].output_bytes
 

@@ -342,15 +342,70 @@ def _prior_logit(prior: float) -> float:
     return float(math.log(prior / (1.0 - prior)))
 
 
+@keras.saving.register_keras_serializable(package="brats_seg")
+class NestedRegionSigmoid(layers.Layer):
+    """Region probabilities from logits, each region within the one that contains it.
+
+    ``p_r = sigmoid(z_r) * p_parent(r)`` (``sigmoid(z_r)`` alone where ``parents[r] < 0``):
+    with the parents of :func:`brats_seg.data.labels.region_parents`, for BraTS
+    ``P(TC) = P(WT) * P(TC | WT)`` and ``P(ET) = P(WT) * P(ET | WT)``. A sub-region's logit is
+    trained only where the tumour is predicted: background voxels far from it, where
+    ``P(WT)`` is near 0, give it no gradient, so a small region is not pushed to "empty" by
+    the bulk of the volume before it has learned what it looks like (see README "Region
+    outputs"). Each sub-region is one product away from WT, not a chain of them: a product
+    of several uncertain factors falls under the 0.5 threshold.
+
+    Input ``(B, x, y, z, R)`` logits -> ``(B, x, y, z, R)`` probabilities, float32.
+
+    Args:
+        parents: per region, the index of its parent region (earlier in the order), or -1.
+    """
+
+    def __init__(self, parents, **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        self.parents = tuple(int(p) for p in parents)
+        bad = [(r, p) for r, p in enumerate(self.parents) if p >= r]
+        if bad:
+            raise ValueError(f"region parents must come earlier in the output order, got {self.parents!r}.")
+
+    def call(self, logits):
+        if logits.shape[-1] is not None and logits.shape[-1] != len(self.parents):
+            raise ValueError(f"{len(self.parents)} region parents for {logits.shape[-1]} output channels.")
+        probs = []
+        for r, parent in enumerate(self.parents):
+            p = ops.sigmoid(logits[..., r:r + 1])
+            probs.append(p if parent < 0 else p * probs[parent])
+        return ops.concatenate(probs, axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "parents": list(self.parents)}
+
+
 def head_block(cfg: ModelConfig) -> Block:
     """``head``: ``(B,x,y,z,F_0)`` -> sigmoid probabilities ``(B,x,y,z,out_channels)``, float32
-    whatever the dtype policy (the loss and metrics then see float32)."""
+    whatever the dtype policy (the loss and metrics then see float32).
+
+    With ``cfg.region_parents`` naming a parent for some region (``model.regions=nested``,
+    resolved from the layout), the head ends in :class:`NestedRegionSigmoid`; else in one
+    independent sigmoid per region.
+    """
+    parents = list(cfg.region_parents) or [-1] * cfg.out_channels
+    if len(parents) != cfg.out_channels:
+        raise ValueError(f"model.region_parents={parents} must give one parent per output ({cfg.out_channels}).")
+    nested = any(p >= 0 for p in parents)
+    # Bias at the log-odds of a foreground prior: the net starts predicting background
+    # (tumour is ~1% of voxels) instead of 0.5 everywhere, which speeds up early training.
+    # A nested region's sigmoid is its probability within its parent: it starts at 0.5.
+    bias = np.array([_prior_logit(cfg.foreground_prior) if p < 0 else 0.0 for p in parents], np.float32)
     parts = [
-        # Bias at the log-odds of a foreground prior: the net starts predicting background
-        # (tumour is ~1% of voxels) instead of 0.5 everywhere, which speeds up early training.
         layers.Conv3D(cfg.out_channels, 1, dtype="float32", name="head_conv",
-                      bias_initializer=keras.initializers.Constant(_prior_logit(cfg.foreground_prior))),
-        layers.Activation("sigmoid", dtype="float32", name="head_sigmoid"),
+                      bias_initializer=keras.initializers.Constant(bias)),
+        NestedRegionSigmoid(parents, name="head_sigmoid") if nested
+        else layers.Activation("sigmoid", dtype="float32", name="head_sigmoid"),
     ]
     return _chain_block("head", parts)
 

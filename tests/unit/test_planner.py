@@ -552,3 +552,14 @@ def test_planner_does_not_import_tensorflow():
             "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_nested_region_head_keeps_its_sigmoids_and_products():
+    """NestedRegionSigmoid multiplies each sub-region by WT: its backward needs both factors,
+    so the head keeps one more head-sized float32 tensor than with independent sigmoids."""
+    plain = compute_network_cost(ModelConfig(depth=4), HALF, 1)
+    nested = compute_network_cost(ModelConfig(depth=4, region_parents=[-1, 0, 0]), HALF, 1)
+    head_plain, head_nested = plain.blocks[-1], nested.blocks[-1]
+    assert [layer.kind for layer in head_nested.layers][-2:] == ["sigmoid", "nest"]
+    head_bytes = 96 * 112 * 80 * 3 * 4
+    assert head_nested.keep_saved_bytes - head_plain.keep_saved_bytes == head_bytes

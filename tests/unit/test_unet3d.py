@@ -285,3 +285,66 @@ def test_save_and_load_keras_file(tmp_path):
     model.save(path)
     loaded = keras.models.load_model(path)
     np.testing.assert_allclose(_forward(loaded, (8, 8, 8, 4)).numpy(), _forward(model, (8, 8, 8, 4)).numpy(), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------
+# Nested region outputs (model.regions=nested)
+# ---------------------------------------------------------------------------------------
+
+
+def test_region_parents_follow_the_label_sets_of_each_layout():
+    from brats_seg.data.labels import region_parents
+
+    assert region_parents("brats2021") == (-1, 0, 0)  # TC and ET within WT, the outermost region holding them
+    assert region_parents("msd") == (-1, 0, 0)
+    assert region_parents("brats2024") == (-1, 0, 0, -1)  # the resection cavity is no tumour region
+    assert region_parents("brats2023", out_channels=1) == (-1,)  # WT only
+
+
+def test_nested_sigmoid_is_each_region_times_its_parent():
+    from brats_seg.model.unet3d import NestedRegionSigmoid
+
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(2, 3, 4, 5, 4)).astype(np.float32)
+    p = np.asarray(NestedRegionSigmoid((-1, 0, 1, -1))(z))
+    s = 1 / (1 + np.exp(-z))
+    np.testing.assert_allclose(p[..., 0], s[..., 0], rtol=1e-6)
+    np.testing.assert_allclose(p[..., 1], s[..., 0] * s[..., 1], rtol=1e-5)
+    np.testing.assert_allclose(p[..., 2], s[..., 0] * s[..., 1] * s[..., 2], rtol=1e-5)
+    np.testing.assert_allclose(p[..., 3], s[..., 3], rtol=1e-6)  # no parent
+    assert (p[..., 2] <= p[..., 1]).all() and (p[..., 1] <= p[..., 0]).all()  # nested by construction
+    with pytest.raises(ValueError, match="earlier in the output order"):
+        NestedRegionSigmoid((1, -1))
+
+
+def test_nested_head_saves_loads_and_starts_each_child_at_half_its_parent(tmp_path):
+    import keras
+
+    from brats_seg.model.unet3d import build_unet3d
+
+    cfg = ModelConfig(depth=2, base_filters=4, out_channels=3, region_parents=[-1, 0, 1], foreground_prior=0.01)
+    model = build_unet3d(cfg, (16, 16, 16))
+    bias = model.get_layer("head_conv").bias.numpy()
+    np.testing.assert_allclose(bias, [np.log(0.01 / 0.99), 0.0, 0.0], rtol=1e-6)
+    x = np.random.default_rng(0).normal(size=(1, 16, 16, 16, 4)).astype(np.float32)
+    p = model.predict(x, verbose=0)
+    assert (p[..., 2] <= p[..., 1] + 1e-7).all() and (p[..., 1] <= p[..., 0] + 1e-7).all()
+    model.save(tmp_path / "m.keras")
+    np.testing.assert_allclose(keras.models.load_model(tmp_path / "m.keras").predict(x, verbose=0), p, rtol=1e-6)
+    independent = build_unet3d(ModelConfig(depth=2, base_filters=4, out_channels=3), (16, 16, 16))
+    assert independent.get_layer("head_sigmoid").__class__.__name__ == "Activation"
+    with pytest.raises(ValueError, match="one parent per output"):
+        build_unet3d(ModelConfig(depth=2, base_filters=4, out_channels=3, region_parents=[-1, 0]), (16, 16, 16))
+
+
+def test_resolving_the_config_sets_the_parents_of_the_layout():
+    from brats_seg.config import DataConfig, TrainConfig, resolve_model_outputs
+
+    cfg = resolve_model_outputs(TrainConfig(data=DataConfig(layout="brats2024")))
+    assert cfg.model.out_channels == 4 and cfg.model.region_parents == [-1, 0, 0, -1]
+    cfg = TrainConfig(data=DataConfig(layout="brats2021"))
+    cfg.model.regions = "independent"
+    assert resolve_model_outputs(cfg).model.region_parents == [-1, -1, -1]
+    cfg.model.regions = "hierarchical"
+    with pytest.raises(ValueError, match="model.regions"):
+        resolve_model_outputs(cfg)
