@@ -140,8 +140,8 @@ class RegionProbability(_PerSampleMean):
         name: ``prob_<region>``.
     """
 
-    def __init__(self, region_index: int, name: str, dtype=None):
-        super().__init__(name=name, dtype=dtype)
+    def __init__(self, region_index: int, name: str, threshold: float = 0.5, dtype=None):
+        super().__init__(threshold=threshold, name=name, dtype=dtype)  # threshold unused: kept for the config round trip
         self.region_index = int(region_index)
 
     def _values(self, y_true, y_pred):

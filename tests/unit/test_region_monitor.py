@@ -96,3 +96,12 @@ def test_dead_region_count_continues_from_a_resumed_history(caplog):
     assert quiet.warned == {}
     with pytest.raises(ValueError, match="dead_region_epochs"):
         DeadRegionWarning(("tc",), epochs=-1)
+
+
+def test_monitors_round_trip_through_their_config():
+    """Checkpoints are loaded with compile=True on resume: the metrics must deserialize."""
+    import keras
+
+    for m in make_region_monitors(REGIONS, 0.008):
+        clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(m))
+        assert type(clone) is type(m) and clone.get_config() == m.get_config()
