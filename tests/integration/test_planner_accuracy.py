@@ -1,7 +1,7 @@
 """Planner accuracy on CPU: predicted vs measured training memory at three input sizes.
 
 Each point runs ``scripts/benchmark.py`` in a fresh subprocess (so the peak RSS is its
-own) for four steps (the BFC pool's resident pages grow over the first few, more under
+own) for four steps, the small points three times (median) (the BFC pool's resident pages grow over the first few, more under
 recompute; a training run holds the steady state) and compares ``predicted_peak_bytes``
 with ``peak_bytes - baseline_bytes``. The model
 is the default U-Net at 8 base filters, which keeps the full-resolution points to about a
@@ -19,11 +19,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SIZES = {  # name -> overrides; depth 4 needs shapes divisible by 16
-    "64x64x48": ["resolution.shape=[64,64,48]", "resolution.name=s64"],
-    "half 96x112x80": ["resolution=half"],
-    "full 192x224x160": ["resolution=full"],
+SIZES = {  # name -> (overrides, runs); depth 4 needs shapes divisible by 16
+    "64x64x48": (["resolution.shape=[64,64,48]", "resolution.name=s64"], 3),
+    "half 96x112x80": (["resolution=half"], 3),
+    "full 192x224x160": (["resolution=full"], 1),
 }
+# A single run of one point spreads by up to +-9% on a 2-core AVX2 CPU (half resolution,
+# recompute: 0.70-0.83 GB over four runs; the order of TensorFlow's two inter-op threads
+# decides which chunks the pool hands out), so the cheap points are measured three times
+# and their median is compared; full resolution (a minute and more per run) once.
 TOLERANCE = 0.15
 
 
@@ -40,9 +44,10 @@ def _bench(overrides, strategy):
 @pytest.mark.slow
 def test_predicted_peak_within_15_percent_of_measured():
     rows = []
-    for name, overrides in SIZES.items():
+    for name, (overrides, runs) in SIZES.items():
         for strategy in ("off", "recompute"):
-            r = _bench(overrides, strategy)
+            results = sorted((_bench(overrides, strategy) for _ in range(runs)), key=lambda r: r["measured_bytes"])
+            r = results[len(results) // 2]  # the median run
             rows.append((name, strategy, r["measured_bytes"], r["predicted_peak_bytes"], r["prediction_error"], r["step_s"]))
     lines = [f"{'input':<18} {'lms':<10} {'measured':>10} {'predicted':>10} {'error':>7} {'step_s':>7}"]
     lines += [f"{n:<18} {s:<10} {m / 1e9:>8.2f}GB {p / 1e9:>8.2f}GB {e:>+7.1%} {t:>7.2f}" for n, s, m, p, e, t in rows]
