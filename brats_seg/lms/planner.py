@@ -474,7 +474,7 @@ class _BlockBuilder:
     """Accumulates the layer table of one block (internal helper of compute_network_cost)."""
 
     def __init__(self, name: str, inputs: Mapping[str, int], batch: int, act_bytes: int, mm: MemoryModel,
-                 stateful_norm: bool = False, x_extent: int = 1):
+                 x_extent: int, stateful_norm: bool = False):
         self.name, self.batch, self.act_bytes, self.mm = name, batch, act_bytes, mm
         self.x_extent = x_extent  # voxels along x at this block's level: voxels // x_extent = one y-z slice
         self.stateful_norm = stateful_norm  # batch norm: moving statistics written in forward
@@ -693,7 +693,7 @@ def compute_network_cost(
 
     def builder(name: str, inputs: Sequence[str], level: int = 0) -> _BlockBuilder:
         return _BlockBuilder(name, {t: globals_[t] for t in inputs}, batch, act, mm,
-                             stateful_norm=model_cfg.norm == "batch", x_extent=input_shape[0] // 2**level)
+                             x_extent=input_shape[0] // 2**level, stateful_norm=model_cfg.norm == "batch")
 
     # enc0: (Keras autocast to the compute dtype under mixed precision) -> TwoConv(F_0).
     b = builder("enc0", ["image"])
