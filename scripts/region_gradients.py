@@ -33,6 +33,7 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
     import numpy as np
     import tensorflow as tf
 
+    from brats_seg.data.dataset import prepare_dataset
     from brats_seg.data.pipeline import make_eval_dataset
     from brats_seg.evaluation.run import load_run_config, load_run_model, run_regions
     from brats_seg.model.unet3d import build_unet3d
@@ -47,8 +48,6 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
     names = json.loads((Path(run_dir) / "split.json").read_text()).get(split)
     if not names:
         raise ValueError(f"{run_dir}/split.json has no cases in split={split!r}: use train, val or test.")
-    from brats_seg.data.dataset import prepare_dataset
-
     entries = {e.case_id: e.path for e in prepare_dataset(cfg.data, cfg.resolution).entries}
     dirs = [entries[n] for n in names if n in entries]
     features = keras.Model(model.input, model.get_layer("head_conv").output)  # logits (B, x, y, z, R)
