@@ -18,7 +18,15 @@ from dataclasses import dataclass
 
 from brats_seg.config import BackendConfig
 
-__all__ = ["BackendError", "ResolvedBackend", "configure", "configure_environment", "physical_cores", "device_memory_bytes"]
+__all__ = [
+    "BackendError",
+    "ResolvedBackend",
+    "check_precision",
+    "configure",
+    "configure_environment",
+    "device_memory_bytes",
+    "physical_cores",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +87,35 @@ def configure_environment(cfg: BackendConfig) -> None:
         os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_auto_jit=2")
 
 
+def check_precision(precision: str, device: str, cpuinfo: str | None = None) -> None:
+    """Refuse a precision the device cannot train in, before any model is built.
+
+    Args:
+        precision: ``backend.precision`` (fp32 | fp16 | bf16).
+        device: ``CPU`` or ``GPU``.
+        cpuinfo: ``/proc/cpuinfo`` text to judge (tests); None reads the host's.
+
+    Raises:
+        BackendError: fp16 on a CPU, or bf16 on a CPU without native bfloat16, saying why and what to use.
+    """
+    if device != "CPU":
+        return
+    if precision == "fp16":
+        raise BackendError("backend.precision=fp16 needs a GPU; on CPU use fp32 (or bf16 on a CPU with AMX/AVX512-BF16).")
+    if precision == "bf16":
+        from brats_seg.cpu import cpu_model_name, has_native_bf16
+
+        if not has_native_bf16(cpuinfo):
+            raise BackendError(
+                f"backend.precision=bf16 needs a CPU that computes bfloat16 natively (AVX512-BF16 or AMX-BF16); "
+                f"this one ({cpu_model_name(cpuinfo)}) does not, so oneDNN refuses bf16 and TensorFlow falls back "
+                "to its Eigen kernels, which are many times slower and, for a 3D convolution's input gradient, "
+                "allocate an im2col buffer of voxels x 27 x channels (11.9 GB for one layer at full resolution, "
+                "enough to end the run in an out-of-memory error). Use backend.precision=fp32 here; with "
+                "lms=recompute (or lms=auto and lms.limit) it fits the same budgets bf16 would."
+            )
+
+
 def device_memory_bytes(device: str, gpu_memory_limit_mb: int = 0) -> int:
     """Total memory of GPU 0 (via nvidia-smi, or the configured cap) or the RAM available now on CPU, in bytes."""
     if device == "GPU" and gpu_memory_limit_mb > 0:
@@ -102,7 +139,8 @@ def configure(cfg: BackendConfig) -> ResolvedBackend:
     """Set the environment, import TensorFlow, apply threads/memory growth/precision.
 
     Raises:
-        BackendError: ``gpu``/``gpu_lms`` without a visible GPU, or fp16 on CPU.
+        BackendError: ``gpu``/``gpu_lms`` without a visible GPU, or a precision the chosen
+            device cannot train in (:func:`check_precision`).
     """
     configure_environment(cfg)
     import keras
@@ -135,8 +173,7 @@ def configure(cfg: BackendConfig) -> ResolvedBackend:
                 tf.config.experimental.set_memory_growth(gpu, True)
             except RuntimeError:
                 log.warning("GPUs already initialised; memory growth left as it is")
-    if cfg.precision == "fp16" and not gpus:
-        raise BackendError("backend.precision=fp16 needs a GPU; on CPU use fp32 or bf16.")
+    check_precision(cfg.precision, "GPU" if name != "cpu_onednn" else "CPU")
     policy = _POLICIES[cfg.precision]
     keras.mixed_precision.set_global_policy(policy)
     resolved = ResolvedBackend(

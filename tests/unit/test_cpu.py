@@ -1,7 +1,13 @@
-"""CPU feature detection from /proc/cpuinfo text (both kinds of machine this project runs on)."""
+"""CPU feature detection from /proc/cpuinfo text (both kinds of machine this project runs on),
+and the precision check that uses it."""
 
 from __future__ import annotations
 
+import pytest
+
+from brats_seg import cpu
+from brats_seg.backend import BackendError, check_precision, configure
+from brats_seg.config import BackendConfig
 from brats_seg.cpu import cpu_flags, cpu_isa, cpu_model_name, has_native_bf16
 
 SAPPHIRE_RAPIDS = """processor\t: 0
@@ -33,3 +39,35 @@ def test_unknown_cpu():
     assert cpu_flags("") == frozenset()
     assert cpu_isa("") == "other" and not has_native_bf16("")
     assert cpu_isa("flags : avx512f avx2\n") == "avx2"  # AVX-512 F alone is not oneDNN's avx512_core
+
+
+# --- backend.precision against what the CPU can do (issue: bf16 on a CPU without native bf16) ---
+
+def test_bf16_refused_on_a_cpu_without_native_bf16_with_the_reason_and_the_fix():
+    with pytest.raises(BackendError) as err:
+        check_precision("bf16", "CPU", EPYC)
+    message = str(err.value)
+    assert "AVX512-BF16 or AMX-BF16" in message and "AMD EPYC" in message
+    assert "im2col" in message and "backend.precision=fp32" in message
+
+
+def test_bf16_accepted_where_it_is_native_or_on_a_gpu():
+    check_precision("bf16", "CPU", SAPPHIRE_RAPIDS)
+    check_precision("bf16", "GPU", EPYC)
+    check_precision("fp32", "CPU", EPYC)
+
+
+def test_fp16_refused_on_cpu_whatever_the_flags():
+    with pytest.raises(BackendError, match="fp16 needs a GPU"):
+        check_precision("fp16", "CPU", SAPPHIRE_RAPIDS)
+
+
+def test_configure_refuses_bf16_before_any_model_on_a_faked_avx2_cpu(monkeypatch):
+    """The entry points' own path: configure() with the host's flags faked to an AVX2-only CPU."""
+    import keras
+
+    monkeypatch.setattr(cpu, "_cpuinfo", lambda: EPYC)
+    before = keras.mixed_precision.global_policy().name
+    with pytest.raises(BackendError, match="backend.precision=bf16 needs a CPU"):
+        configure(BackendConfig(name="cpu_onednn", precision="bf16"))
+    assert keras.mixed_precision.global_policy().name == before  # refused before the policy was set
