@@ -352,8 +352,11 @@ class NestedRegionSigmoid(layers.Layer):
     trained only where the tumour is predicted: background voxels far from it, where
     ``P(WT)`` is near 0, give it no gradient, so a small region is not pushed to "empty" by
     the bulk of the volume before it has learned what it looks like (see README "Region
-    outputs"). Each sub-region is one product away from WT, not a chain of them: a product
-    of several uncertain factors falls under the 0.5 threshold.
+    outputs"). The parent factor is a constant to the sub-region's gradient
+    (``stop_gradient``): the parent learns from its own reference alone, not pushed down
+    at oedema voxels by the TC/ET losses through the product. Each sub-region is one
+    product away from WT, not a chain of them: a product of several uncertain factors
+    falls under the 0.5 threshold.
 
     Input ``(B, x, y, z, R)`` logits -> ``(B, x, y, z, R)`` probabilities, float32.
 
@@ -375,7 +378,7 @@ class NestedRegionSigmoid(layers.Layer):
         probs = []
         for r, parent in enumerate(self.parents):
             p = ops.sigmoid(logits[..., r:r + 1])
-            probs.append(p if parent < 0 else p * probs[parent])
+            probs.append(p if parent < 0 else p * ops.stop_gradient(probs[parent]))
         return ops.concatenate(probs, axis=-1)
 
     def compute_output_shape(self, input_shape):

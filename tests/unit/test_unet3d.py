@@ -317,6 +317,25 @@ def test_nested_sigmoid_is_each_region_times_its_parent():
         NestedRegionSigmoid((1, -1))
 
 
+def test_a_sub_region_loss_does_not_reach_its_parents_logit():
+    """The parent factor is a constant to the child's loss: a TC-only loss moves the TC logit
+    (by ``P(WT) * sigmoid'(z_TC)`` per unit of ``dL/dP(TC)``) and leaves WT's logit alone,
+    so WT learns from its own reference only."""
+    import tensorflow as tf
+
+    from brats_seg.model.unet3d import NestedRegionSigmoid
+
+    z = tf.Variable(np.random.default_rng(2).normal(size=(1, 3, 3, 3, 3)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        tc = NestedRegionSigmoid((-1, 0, 0))(z)[..., 1]
+        loss = tf.reduce_sum(tc)
+    grad = tape.gradient(loss, z).numpy()
+    s = 1 / (1 + np.exp(-z.numpy()))
+    np.testing.assert_array_equal(grad[..., 0], 0.0)
+    np.testing.assert_array_equal(grad[..., 2], 0.0)
+    np.testing.assert_allclose(grad[..., 1], s[..., 0] * s[..., 1] * (1 - s[..., 1]), rtol=1e-5)
+
+
 def test_nested_head_saves_loads_and_starts_each_child_at_half_its_parent(tmp_path):
     import keras
 
