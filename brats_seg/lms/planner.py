@@ -49,11 +49,20 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from brats_seg.config import LMSConfig, ModelConfig, TrainConfig
+from brats_seg.model.topology import (
+    BlockSpec,
+    LayerSpec,
+    TensorSpec,
+    check_batch_size,
+    check_input_shape,
+    check_policy,
+    unet_topology,
+)
 
 __all__ = [
     "BlockCost",
     "BlockPlan",
-    "DTYPE_POLICIES",
+    "DTYPE_BYTES",
     "LayerCost",
     "MemoryModel",
     "CPU_MEMORY_MODELS",
@@ -88,10 +97,8 @@ logger = logging.getLogger(__name__)
 POLICIES = ("keep", "recompute", "offload")  # per block
 STRATEGIES = ("off", "recompute", "offload", "auto")  # per plan (`lms=` config group)
 
-# Dtype policy -> bytes per activation element (weights are float32 under every policy).
-DTYPE_POLICIES = {"float32": 4, "mixed_float16": 2, "mixed_bfloat16": 2}
-PRECISION_ALIASES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}  # backend.precision
-FLOAT32_BYTES = 4
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # a tensor's dtype -> bytes per element
+FLOAT32_BYTES = 4  # weights, their gradients and optimizer slots are float32 under every policy
 DATA_BYTES_PER_ELEMENT = 4  # the pipeline hands image and region targets to the model as float32
 
 # Optimizer -> float32 slot variables per trainable weight.
@@ -470,98 +477,127 @@ def _finish_block(
     )
 
 
-class _BlockBuilder:
-    """Accumulates the layer table of one block (internal helper of compute_network_cost)."""
+# Layers without weights: kind -> (what they save for backward, forward FLOPs per output
+# element, or per input element for pool), as SAVED_FOR_BACKWARD says.
+_WEIGHTLESS = {
+    "cast": ("", 0.0),
+    "relu": ("out", RELU_FLOPS_PER_ELEMENT),
+    "pool": ("in+out", POOL_FLOPS_PER_INPUT_ELEMENT),
+    "concat": ("", 0.0),
+    "up_trilinear": ("", TRILINEAR_FLOPS_PER_OUTPUT_ELEMENT),
+    "sigmoid": ("out", SIGMOID_FLOPS_PER_ELEMENT),
+}
 
-    def __init__(self, name: str, inputs: Mapping[str, int], batch: int, act_bytes: int, mm: MemoryModel,
-                 x_extent: int, stateful_norm: bool = False):
-        self.name, self.batch, self.act_bytes, self.mm = name, batch, act_bytes, mm
-        self.x_extent = x_extent  # voxels along x at this block's level: voxels // x_extent = one y-z slice
-        self.stateful_norm = stateful_norm  # batch norm: moving statistics written in forward
-        self.tensors: dict[str, int] = dict(inputs)
+
+class _BlockCosting:
+    """Prices the layers of one topology block, in call order (helper of compute_network_cost)."""
+
+    def __init__(self, block: BlockSpec, tensor_bytes: Mapping[str, int], input_shape: Sequence[int], batch: int,
+                 mm: MemoryModel):
+        self.block, self.input_shape, self.batch, self.mm = block, tuple(input_shape), batch, mm
+        self.tensors: dict[str, int] = {t.name: tensor_bytes[t.name] for t in block.inputs}
         self.layers: list[LayerCost] = []
-        self.tail_start: int | None = None  # index of the last conv unit's first layer
 
-    def tensor(self, part: str, voxels: int, channels: int, dtype_bytes: int | None = None) -> str:
-        name = part if part == self.name else f"{self.name}/{part}"
-        self.tensors[name] = self.batch * voxels * channels * (dtype_bytes or self.act_bytes)
-        return name
+    def voxels(self, t: TensorSpec) -> int:
+        return math.prod(self.input_shape) // 8**t.level
 
-    def conv(self, part: str, x: str, cin: int, cout: int, voxels: int, kernel: int, bias: bool,
-             dtype_bytes: int | None = None, out: str | None = None) -> str:
-        y = self.tensor(out or part, voxels, cout, dtype_bytes)
-        params = kernel**3 * cin * cout + (cout if bias else 0)
-        spatial = kernel > 1  # the 1x1x1 head/up-projection convolutions take other kernels
-        element = dtype_bytes or self.act_bytes
-        grad_scratch = cin * (voxels + kernel**3 * (voxels // self.x_extent)) * element if spatial else 0
+    def add_tensor(self, t: TensorSpec) -> str:
+        self.tensors[t.name] = self.batch * self.voxels(t) * t.channels * DTYPE_BYTES[t.dtype]
+        return t.name
+
+    def conv(self, layer: LayerSpec) -> None:
+        """``conv`` and ``up_transpose``: a convolution saves its input; FLOPs counted exactly."""
+        x, y = layer.inputs[0], layer.output
+        self.add_tensor(y)
+        cin, cout, k = x.channels, y.channels, layer.kernel
+        if layer.kind == "up_transpose":  # stride k: each output voxel gets one kernel tap per input channel
+            flops = 2.0 * cin * cout * self.voxels(y) * self.batch
+        else:
+            flops = 2.0 * k**3 * cin * cout * self.voxels(y) * self.batch
+        # gemm weight-gradient scratch of a 3x3x3 conv: one sample's input plus one y-z im2col slice
+        slice_voxels = self.voxels(y) // y.shape(self.input_shape)[0]
+        grad_scratch = cin * (self.voxels(y) + k**3 * slice_voxels) * DTYPE_BYTES[y.dtype] if layer.kind == "conv" \
+            and k > 1 else 0
         self.layers.append(LayerCost(
-            name=f"{self.name}_{part}", kind="conv", inputs=(x,), output=y, saved=(x,),
-            forward_flops=2.0 * kernel**3 * cin * cout * voxels * self.batch,
-            params=params, trainable_params=params,
-            workspace_ref_bytes=max(self.tensors[x], self.tensors[y]),
+            name=layer.name, kind=layer.kind, inputs=(x.name,), output=y.name, saved=(x.name,), forward_flops=flops,
+            params=layer.params, trainable_params=layer.trainable_params,
+            workspace_ref_bytes=max(self.tensors[x.name], self.tensors[y.name]),
             weight_grad_scratch_ref_bytes=grad_scratch,
         ))
-        return y
 
-    def norm(self, part: str, x: str, channels: int, voxels: int, kind: str, groups: int) -> str:
-        mm = self.mm
-        y = self.tensor(part, voxels, channels)
-        f32_bytes = self.batch * voxels * channels * FLOAT32_BYTES
-        stats = self.tensor(f"{part}_stats", 1, 2 * groups, FLOAT32_BYTES)  # mean and 1/std per (sample, group)
+    def norm(self, layer: LayerSpec) -> None:
+        """Saves its input upcast to float32 and its statistics (see ``MemoryModel.norm_saved_tensors``)."""
+        mm, x, y = self.mm, layer.inputs[0], layer.output
+        self.add_tensor(y)
+        f32_bytes = self.batch * self.voxels(y) * y.channels * FLOAT32_BYTES
+        # Statistics per (sample, group): mean and 1/std. Batch norm's per-channel statistics
+        # are counted the same way (a slight over-count of a few bytes per channel).
+        stats = f"{y.name}_stats"
+        self.tensors[stats] = self.batch * 1 * (2 * layer.groups) * FLOAT32_BYTES
         saved, creates = [stats], [stats]
         # Under float32 the first saved tensor is the input itself; otherwise an upcast copy.
-        own_copies = mm.norm_saved_tensors - (1 if self.act_bytes == FLOAT32_BYTES else 0)
-        if self.act_bytes == FLOAT32_BYTES:
-            saved.append(x)
+        own_copies = mm.norm_saved_tensors - (1 if x.dtype == "float32" else 0)
+        if x.dtype == "float32":
+            saved.append(x.name)
         if own_copies > 0:
-            name = f"{self.name}/{part}_f32"
-            self.tensors[name] = int(round(own_copies * f32_bytes))
-            saved.append(name)
-            creates.append(name)
-        trainable = 2 * channels
+            copy = f"{y.name}_f32"
+            self.tensors[copy] = int(round(own_copies * f32_bytes))
+            saved.append(copy)
+            creates.append(copy)
         self.layers.append(LayerCost(
-            name=f"{self.name}_{part}", kind="norm", inputs=(x,), output=y, saved=tuple(saved), creates=tuple(creates),
-            forward_flops=NORM_FLOPS_PER_ELEMENT * self.batch * voxels * channels,
-            params=trainable * (2 if kind == "batch" else 1), trainable_params=trainable,
+            name=layer.name, kind="norm", inputs=(x.name,), output=y.name, saved=tuple(saved), creates=tuple(creates),
+            forward_flops=NORM_FLOPS_PER_ELEMENT * self.batch * self.voxels(y) * y.channels,
+            params=layer.params, trainable_params=layer.trainable_params,
             forward_scratch_bytes=int(mm.norm_forward_scratch_tensors * f32_bytes),
             backward_scratch_bytes=int(mm.norm_backward_scratch_tensors * f32_bytes),
         ))
-        return y
 
-    def relu(self, part: str, x: str, channels: int, voxels: int, out: str | None = None) -> str:
-        y = self.tensor(out or part, voxels, channels)
+    def weightless(self, name: str, kind: str, inputs: Sequence[TensorSpec], y: TensorSpec) -> None:
+        """A layer without weights, by the rule of its kind in :data:`_WEIGHTLESS`."""
+        self.add_tensor(y)
+        roles, flops_per_element = _WEIGHTLESS[kind]
+        counted = inputs[0] if kind == "pool" else y  # pool: FLOPs per input element
+        flops = flops_per_element * self.batch * self.voxels(counted) * counted.channels if flops_per_element else 0.0
+        saved = (tuple(t.name for t in inputs) if "in" in roles else ()) + ((y.name,) if "out" in roles else ())
+        scratch = self.mm.trilinear_scratch_factor if kind == "up_trilinear" else 0.0
         self.layers.append(LayerCost(
-            name=f"{self.name}_{part}", kind="relu", inputs=(x,), output=y, saved=(y,),
-            forward_flops=RELU_FLOPS_PER_ELEMENT * self.batch * voxels * channels,
+            name=name, kind=kind, inputs=tuple(t.name for t in inputs), output=y.name, saved=saved,
+            forward_flops=flops, forward_scratch_bytes=int(scratch * self.tensors[y.name]),
         ))
-        return y
 
-    def simple(self, part: str, kind: str, inputs: Sequence[str], voxels: int, channels: int, saved_roles: str,
-               flops: float = 0.0, dtype_bytes: int | None = None, scratch_factor: float = 0.0,
-               out: str | None = None) -> str:
-        """A weightless layer; ``saved_roles`` is "" | "in" | "out" | "in+out"."""
-        y = self.tensor(out or part, voxels, channels, dtype_bytes)
-        saved = (tuple(inputs) if "in" in saved_roles else ()) + ((y,) if "out" in saved_roles else ())
+    def nest(self, layer: LayerSpec) -> None:
+        """NestedRegionSigmoid: the sigmoids (output saved), then each region times its parent's
+        probability (both factors and the product saved)."""
+        y, block = layer.output, self.block.name
+        probabilities = TensorSpec(f"{block}/sigmoid", y.channels, y.level, y.dtype)
+        self.weightless(layer.name, "sigmoid", layer.inputs, probabilities)
+        self.add_tensor(y)
         self.layers.append(LayerCost(
-            name=f"{self.name}_{part}", kind=kind, inputs=tuple(inputs), output=y, saved=saved,
-            forward_flops=flops, forward_scratch_bytes=int(scratch_factor * self.tensors[y]),
+            name=f"{block}_nest", kind="nest", inputs=(probabilities.name,), output=y.name,
+            saved=(probabilities.name, y.name), forward_flops=self.batch * self.voxels(y) * y.channels,
         ))
-        return y
 
-    def two_conv(self, x: str, cin: int, filters: int, voxels: int, norm: str, groups: int) -> str:
-        """[Conv3D(F, 3, same, no bias) -> Norm -> ReLU] x 2; the last ReLU writes the block output."""
-        for i in (1, 2):
-            if i == 2:
-                self.tail_start = len(self.layers)
-            c = self.conv(f"conv{i}", x, cin if i == 1 else filters, filters, voxels, kernel=3, bias=False)
-            n = self.norm(f"norm{i}", c, filters, voxels, norm, groups)
-            x = self.relu(f"relu{i}", n, filters, voxels, out=self.name if i == 2 else None)
-        return x
+    def add(self, layer: LayerSpec) -> None:
+        if layer.kind in ("conv", "up_transpose"):
+            self.conv(layer)
+        elif layer.kind == "norm":
+            self.norm(layer)
+        elif layer.kind == "nest":
+            self.nest(layer)
+        else:
+            self.weightless(layer.name, layer.kind, layer.inputs, layer.output)
 
-    def finish(self, inputs: Sequence[str], skip_input: str | None = None) -> BlockCost:
-        recomputable = not (self.stateful_norm and any(layer.kind == "norm" for layer in self.layers))
-        return _finish_block(self.name, inputs, self.name, self.layers, self.tensors, skip_input, recomputable,
-                             self.tail_start)
+    def finish(self) -> BlockCost:
+        tail_start = None
+        for i, layer in enumerate(self.block.layers):
+            if i == self.block.tail_start:
+                tail_start = len(self.layers)
+            self.add(layer)
+        recomputable = not any(layer.kind == "norm" and layer.norm == "batch" for layer in self.block.layers)
+        inputs = [t.name for t in self.block.inputs]
+        skip = self.block.skip.name if self.block.skip else None
+        return _finish_block(self.block.name, inputs, self.block.output.name, self.layers, self.tensors, skip,
+                             recomputable, tail_start)
 
 
 @dataclass(frozen=True)
@@ -603,52 +639,6 @@ class NetworkCost:
         return sum(self.persistent.values())
 
 
-def _normalize_policy(policy: str) -> str:
-    policy = PRECISION_ALIASES.get(policy, policy)
-    if policy not in DTYPE_POLICIES:
-        raise ValueError(
-            f"dtype policy must be one of {', '.join(DTYPE_POLICIES)} (or fp32/fp16/bf16), got {policy!r}."
-        )
-    return policy
-
-
-def _group_count(requested: int, channels: int) -> int:
-    """The largest divisor of ``channels`` that is <= ``requested`` (as unet3d does)."""
-    groups = max(1, min(requested, channels))
-    while channels % groups:
-        groups -= 1
-    return groups
-
-
-def _check_workload(model_cfg: ModelConfig, input_shape: Sequence[int], batch_size: int, optimizer: str) -> None:
-    """Validate a workload (mirrors unet3d.check_unet_config without importing Keras)."""
-    if not isinstance(model_cfg.depth, int) or model_cfg.depth < 1:
-        raise ValueError(f"model.depth must be an integer >= 1, got {model_cfg.depth!r}.")
-    if not isinstance(model_cfg.base_filters, int) or model_cfg.base_filters < 1:
-        raise ValueError(f"model.base_filters must be an integer >= 1, got {model_cfg.base_filters!r}.")
-    if model_cfg.norm not in ("instance", "group", "batch"):
-        raise ValueError(f"model.norm must be one of instance, group, batch, got {model_cfg.norm!r}.")
-    if model_cfg.upsample not in ("transpose", "trilinear"):
-        raise ValueError(f"model.upsample must be one of transpose, trilinear, got {model_cfg.upsample!r}.")
-    for key in ("in_channels", "out_channels"):
-        value = getattr(model_cfg, key)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"model.{key} must be an integer >= 1, got {value!r}.")
-    shape = tuple(input_shape)
-    if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
-        raise ValueError(f"input_shape must be three positive integers (x, y, z), got {input_shape!r}.")
-    multiple = 2**model_cfg.depth
-    if any(s % multiple for s in shape):
-        raise ValueError(
-            f"input shape {shape} is not divisible by 2**depth = {multiple} (model.depth={model_cfg.depth}). "
-            f"Use a resolution whose shape is a multiple of {multiple}, or lower model.depth."
-        )
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-    if optimizer not in OPTIMIZER_SLOTS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_SLOTS)}, got {optimizer!r}.")
-
-
 def compute_network_cost(
     model_cfg: ModelConfig,
     input_shape: Sequence[int],
@@ -674,89 +664,18 @@ def compute_network_cost(
         ValueError: a bad value, named, with what to use instead.
     """
     mm = memory_model or MemoryModel()
-    policy = _normalize_policy(policy)
-    _check_workload(model_cfg, input_shape, batch_size, optimizer)
-    act = DTYPE_POLICIES[policy]
-    mixed = act != FLOAT32_BYTES
-    depth, batch = model_cfg.depth, batch_size
-    filters = [model_cfg.base_filters * 2**level for level in range(depth + 1)]
-    voxels = [math.prod(input_shape) // 8**level for level in range(depth + 1)]
-
-    def groups_for(channels: int) -> int:
-        # Statistics per (sample, group); batch norm's per-channel stats are counted the
-        # same way (a slight over-count of a few bytes per channel).
-        return _group_count(model_cfg.groups, channels) if model_cfg.norm == "group" else channels
-
-    image_bytes = batch * voxels[0] * model_cfg.in_channels * DATA_BYTES_PER_ELEMENT
-    globals_: dict[str, int] = {"image": image_bytes}
+    topology = unet_topology(model_cfg, policy)  # checks the model config and the policy
+    input_shape = check_input_shape(input_shape, model_cfg.depth)
+    check_batch_size(batch_size)
+    if optimizer not in OPTIMIZER_SLOTS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_SLOTS)}, got {optimizer!r}.")
+    batch, voxels = batch_size, math.prod(input_shape)
+    image_bytes = batch * voxels * model_cfg.in_channels * DTYPE_BYTES[topology.image.dtype]
+    globals_: dict[str, int] = {topology.image.name: image_bytes}  # block outputs (and the image)
     blocks: list[BlockCost] = []
-
-    def builder(name: str, inputs: Sequence[str], level: int = 0) -> _BlockBuilder:
-        return _BlockBuilder(name, {t: globals_[t] for t in inputs}, batch, act, mm,
-                             x_extent=input_shape[0] // 2**level, stateful_norm=model_cfg.norm == "batch")
-
-    # enc0: (Keras autocast to the compute dtype under mixed precision) -> TwoConv(F_0).
-    b = builder("enc0", ["image"])
-    x = "image"
-    if mixed:
-        x = b.simple("image_cast", "cast", [x], voxels[0], model_cfg.in_channels, "")
-    b.two_conv(x, model_cfg.in_channels, filters[0], voxels[0], model_cfg.norm, groups_for((filters[0])))
-    blocks.append(b.finish(["image"]))
-    globals_["enc0"] = blocks[-1].output_bytes
-
-    # enc{l}, bottleneck: MaxPool3D(2) -> TwoConv(F_l).
-    for level in range(1, depth + 1):
-        name = f"enc{level}" if level < depth else "bottleneck"
-        prev = blocks[-1].name
-        b = builder(name, [prev], level)
-        p = b.simple("pool", "pool", [prev], voxels[level], filters[level - 1], "in+out",
-                     flops=POOL_FLOPS_PER_INPUT_ELEMENT * batch * voxels[level - 1] * filters[level - 1])
-        b.two_conv(p, filters[level - 1], filters[level], voxels[level], model_cfg.norm,
-                   groups_for((filters[level])))
-        blocks.append(b.finish([prev]))
-        globals_[name] = blocks[-1].output_bytes
-
-    # dec{l}: Up(prev) -> Concat([up, skip_l]) -> TwoConv(F_l).
-    for level in reversed(range(depth)):
-        name, prev, skip = f"dec{level}", blocks[-1].name, f"enc{level}"
-        cin, v = filters[level + 1], voxels[level]
-        b = builder(name, [prev, skip], level)
-        if model_cfg.upsample == "transpose":
-            u = b.tensor("up", v, filters[level])
-            params = 8 * cin * filters[level] + filters[level]
-            b.layers.append(LayerCost(
-                name=f"{name}_up", kind="up_transpose", inputs=(prev,), output=u, saved=(prev,),
-                forward_flops=2.0 * cin * filters[level] * v * batch, params=params, trainable_params=params,
-                workspace_ref_bytes=max(globals_[prev], b.tensors[u]),
-            ))
-        else:
-            up = b.simple("up", "up_trilinear", [prev], v, cin, "",
-                          flops=TRILINEAR_FLOPS_PER_OUTPUT_ELEMENT * batch * v * cin,
-                          scratch_factor=mm.trilinear_scratch_factor)
-            u = b.conv("upconv", up, cin, filters[level], v, kernel=1, bias=True)
-        cat = b.simple("concat", "concat", [u, skip], v, 2 * filters[level], "")
-        b.two_conv(cat, 2 * filters[level], filters[level], v, model_cfg.norm,
-                   groups_for((filters[level])))
-        blocks.append(b.finish([prev, skip], skip_input=skip))
-        globals_[name] = blocks[-1].output_bytes
-
-    # head: Conv3D(C_out, 1) + sigmoid in float32 (input upcast under mixed precision), and
-    # each nested region times its parent's probability.
-    b = builder("head", ["dec0"])
-    x = "dec0"
-    if mixed:
-        x = b.simple("cast", "cast", [x], voxels[0], filters[0], "", dtype_bytes=FLOAT32_BYTES)
-    logits = b.conv("conv", x, filters[0], model_cfg.out_channels, voxels[0], kernel=1, bias=True,
-                    dtype_bytes=FLOAT32_BYTES)
-    nested = any(p >= 0 for p in model_cfg.region_parents)  # NestedRegionSigmoid (model.regions=nested)
-    sig = b.simple("sigmoid", "sigmoid", [logits], voxels[0], model_cfg.out_channels, "out",
-                   flops=SIGMOID_FLOPS_PER_ELEMENT * batch * voxels[0] * model_cfg.out_channels,
-                   dtype_bytes=FLOAT32_BYTES, out=None if nested else "head")
-    if nested:
-        b.simple("nest", "nest", [sig], voxels[0], model_cfg.out_channels, "in+out",
-                 flops=batch * voxels[0] * model_cfg.out_channels, dtype_bytes=FLOAT32_BYTES, out="head")
-    blocks.append(b.finish(["dec0"]))
-    globals_["head"] = blocks[-1].output_bytes
+    for spec in topology.blocks:
+        blocks.append(_BlockCosting(spec, globals_, input_shape, batch, mm).finish())
+        globals_[spec.name] = blocks[-1].output_bytes
 
     n = len(blocks)
     producer = {"image": -1, **{blk.output: i for i, blk in enumerate(blocks)}}
@@ -768,7 +687,7 @@ def compute_network_cost(
 
     params = sum(blk.params for blk in blocks)
     trainable = sum(layer.trainable_params for blk in blocks for layer in blk.layers)
-    labels_bytes = batch * voxels[0] * model_cfg.out_channels * DATA_BYTES_PER_ELEMENT
+    labels_bytes = batch * voxels * model_cfg.out_channels * DATA_BYTES_PER_ELEMENT
     workspace_ref = max(layer.workspace_ref_bytes for blk in blocks for layer in blk.layers)
     weight_grad_scratch_ref = max(layer.weight_grad_scratch_ref_bytes for blk in blocks for layer in blk.layers)
     persistent = {
@@ -1573,7 +1492,7 @@ def _prepare(model_cfg, input_shape, batch_size, policy, optimizer, limit_bytes,
     if not isinstance(limit_bytes, (int, float)) or limit_bytes <= 0:
         raise ValueError(f"limit_bytes must be a positive number of bytes, got {limit_bytes!r}; see parse_limit.")
     mm = memory_model or MemoryModel()
-    policy = _normalize_policy(policy)
+    policy = check_policy(policy)
     costing = _costing(size_bytes, prefetch, host_bandwidth_bps, device_flops)
     input_shape = tuple(input_shape)
     net = compute_network_cost(model_cfg, input_shape, batch_size, policy, optimizer, mm)
