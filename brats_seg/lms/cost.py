@@ -190,10 +190,6 @@ class NetworkCost:
     memory_model: MemoryModel
 
     @property
-    def block_names(self) -> list[str]:
-        return [b.name for b in self.blocks]
-
-    @property
     def persistent_bytes(self) -> int:
         return sum(self.persistent.values())
 

@@ -1,9 +1,25 @@
 """Cost of one layer by the rule of its kind: tensors kept for backward, FLOPs, weights, scratch.
 
-The rules (:data:`SAVED_FOR_BACKWARD` states what each kind keeps) price the layers of a
-topology block (:mod:`brats_seg.model.topology`) in call order; :mod:`brats_seg.lms.cost`
-derives the block and network tables from these rows. Sizes are bytes, FLOPs are for the
-whole batch.
+The rules price the layers of a topology block (:mod:`brats_seg.model.topology`) in call
+order; :mod:`brats_seg.lms.cost` derives the block and network tables from these rows.
+Sizes are bytes, FLOPs are for the whole batch.
+
+What each kind keeps for its backward pass (TensorFlow autodiff of the Keras 3 layer):
+
+- ``conv``: its input (Conv3DBackpropFilter needs it; the kernel is a weight).
+- ``norm``: its input upcast to float32 (Keras Group/BatchNormalization compute in
+  float32; under a float32 policy that is the conv output itself) plus per-group mean and
+  1/std; not the normalised output (gamma is folded into the scale) --
+  ``MemoryModel.norm_saved_tensors``.
+- ``relu``: its output (ReluGrad uses the output).
+- ``pool``: its input and its output (MaxPool3DGrad needs both).
+- ``concat``: nothing (its gradient is a slice).
+- ``up_transpose``: its input (the filter gradient needs it).
+- ``up_trilinear``: nothing (gathers and constant scalings are linear).
+- ``cast``: nothing.
+- ``sigmoid``: its output.
+- ``nest``: the sigmoids' output, then for the products their inputs and output (each
+  region's probability times its parent's: the product's gradient needs both factors).
 """
 
 from __future__ import annotations
@@ -15,27 +31,10 @@ from typing import Mapping, Sequence
 from brats_seg.lms.memory_model import MemoryModel
 from brats_seg.model.topology import BlockSpec, LayerSpec, TensorSpec
 
-__all__ = ["LayerCost", "SAVED_FOR_BACKWARD", "compute_layer_costs"]
+__all__ = ["LayerCost", "compute_layer_costs"]
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # a tensor's dtype -> bytes per element
 FLOAT32_BYTES = 4  # weights, their gradients and optimizer slots are float32 under every policy
-
-# What each layer type keeps for its backward pass (TensorFlow autodiff of the Keras 3 layer).
-SAVED_FOR_BACKWARD = {
-    "conv": "its input (Conv3DBackpropFilter needs it; the kernel is a weight)",
-    "norm": "its input upcast to float32 (Keras Group/BatchNormalization compute in float32; "
-    "under a float32 policy that is the conv output itself) plus per-group mean and 1/std; "
-    "not the normalised output (gamma is folded into the scale) -- MemoryModel.norm_saved_tensors",
-    "relu": "its output (ReluGrad uses the output)",
-    "pool": "its input and its output (MaxPool3DGrad needs both)",
-    "concat": "nothing (its gradient is a slice)",
-    "up_transpose": "its input (the filter gradient needs it)",
-    "up_trilinear": "nothing (gathers and constant scalings are linear)",
-    "cast": "nothing",
-    "sigmoid": "its output",
-    "nest": "its inputs and output (each region's probability times its parent's: the product's "
-    "gradient needs both factors)",
-}
 
 # Forward FLOPs of the cheap layers (convolutions are counted exactly: 2*K^3*Cin*Cout per
 # output voxel; per input voxel for the transposed one, stride K).
@@ -53,7 +52,7 @@ class LayerCost:
     Attributes:
         name: the topology layer's name (``enc0_conv1``, casts ``enc0_image_cast``,
             ``head_cast``); a nested sigmoid is two rows, ``head_sigmoid`` and ``head_nest``.
-        kind: a key of :data:`SAVED_FOR_BACKWARD`.
+        kind: the topology layer's kind (a nested sigmoid's rows: ``sigmoid``, ``nest``).
         inputs: tensor names read.
         output: tensor name written.
         saved: tensor names kept for backward (under ``keep``).
@@ -85,7 +84,7 @@ class LayerCost:
 
 
 # Layers without weights: kind -> (what they save for backward, forward FLOPs per output
-# element, or per input element for pool), as SAVED_FOR_BACKWARD says.
+# element, or per input element for pool), as the module docstring says.
 _WEIGHTLESS = {
     "cast": ("", 0.0),
     "relu": ("out", RELU_FLOPS_PER_ELEMENT),

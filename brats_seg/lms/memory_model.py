@@ -26,7 +26,7 @@ class MemoryModel:
     (recompute/offload only) is ``rebuild_runtime_bytes + rebuild_fragmentation *`` the
     largest block's rebuilt internals. ``runtime_bytes`` and ``activation_factor`` are
     the intercept and slope of a least-squares fit to measured peaks; the other fields
-    are per-layer assumptions (see :data:`brats_seg.lms.cost.SAVED_FOR_BACKWARD`) or were
+    are per-layer assumptions (see :mod:`brats_seg.lms.layer_cost`) or were
     fitted once (the docs).
 
     Calibrated on CPU (oneDNN, float32, Adam, batch 1) against the peak RSS that

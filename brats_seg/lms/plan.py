@@ -122,13 +122,6 @@ class Plan:
         """Blocks whose last conv unit is kept: ``BlockWrapper(keep_tails=...)``."""
         return {b.block for b in self.blocks if b.tail_kept}
 
-    def entry(self, block: str) -> BlockPlan:
-        """The row of ``block``; KeyError naming the known blocks otherwise."""
-        for b in self.blocks:
-            if b.block == block:
-                return b
-        raise KeyError(f"no block {block!r} in the plan; blocks are {', '.join(b.block for b in self.blocks)}.")
-
     def format_table(self) -> str:
         """A fixed-width table for logs and the terminal."""
         i = self.inputs

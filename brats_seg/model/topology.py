@@ -44,7 +44,6 @@ from brats_seg.config import ModelConfig
 __all__ = [
     "BlockSpec",
     "DTYPE_POLICIES",
-    "LAYER_KINDS",
     "LayerSpec",
     "TensorSpec",
     "UNetTopology",
@@ -66,7 +65,6 @@ IN_CHANNELS = (1, 4)  # FLAIR only | FLAIR, T1, T1ce, T2
 # Keras dtype policy -> the compute dtype of its layers (variables are float32 under each).
 DTYPE_POLICIES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 PRECISION_ALIASES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}  # backend.precision
-LAYER_KINDS = ("cast", "conv", "norm", "relu", "pool", "concat", "up_transpose", "up_trilinear", "sigmoid", "nest")
 IMAGE = "image"  # the input tensor: float32, as the data pipeline hands it over
 
 
@@ -105,7 +103,8 @@ class LayerSpec:
     Attributes:
         name: the Keras layer name ``<block>_<part>``; for a ``cast``, a name of its own
             (Keras casts inside the layer that reads the tensor).
-        kind: a key of :data:`LAYER_KINDS`.
+        kind: ``cast``, ``conv``, ``norm``, ``relu``, ``pool``, ``concat``, ``up_transpose``,
+            ``up_trilinear``, ``sigmoid`` or ``nest``.
         inputs: tensors read, in order (``concat``: the up-sampled tensor, then the skip).
         output: the tensor written.
         kernel: kernel size along each axis (``conv``, ``up_transpose``), else 0.
@@ -199,21 +198,6 @@ class UNetTopology:
     filters: tuple[int, ...]
     image: TensorSpec
     blocks: tuple[BlockSpec, ...]
-
-    @property
-    def block_names(self) -> list[str]:
-        return [block.name for block in self.blocks]
-
-    @property
-    def layers(self) -> list[LayerSpec]:
-        """Every layer, in forward order."""
-        return [layer for block in self.blocks for layer in block.layers]
-
-    def block(self, name: str) -> BlockSpec:
-        for block in self.blocks:
-            if block.name == name:
-                return block
-        raise KeyError(f"no block {name!r}; blocks are {', '.join(self.block_names)}.")
 
 
 def unet_topology(cfg: ModelConfig, policy: str = "float32") -> UNetTopology:

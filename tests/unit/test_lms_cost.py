@@ -20,7 +20,7 @@ def test_hand_count_tiny_network():
     """
     cfg = ModelConfig(depth=1, base_filters=2)
     net = network(cfg, (4, 4, 4))
-    assert net.block_names == ["enc0", "bottleneck", "dec0", "head"]
+    assert [b.name for b in net.blocks] == ["enc0", "bottleneck", "dec0", "head"]
     saved = {b.name: b.keep_saved_bytes for b in net.blocks}
     # enc0: image (4ch, 1024) for conv1; c1, r1, c2, r2 (2ch, 512 each); 2 norm stats (16 each)
     assert saved["enc0"] == 1024 + 4 * 512 + 2 * 16
@@ -66,9 +66,10 @@ def test_hand_count_kept_tail_of_the_last_block():
 
     plan = plan_lms(Workload(cfg, (4, 4, 4), 1), LMSOptions(limit_bytes=10**12, strategy="recompute", size_bytes=0))
     assert plan.keep_tails == {"dec0"}
-    assert plan.entry("dec0").recomputed_flops == dec0.forward_flops - tail_flops
-    assert plan.entry("enc0").recomputed_flops == net.blocks[0].forward_flops
-    assert plan.entry("dec0").kept_bytes == 128 + 512 + (512 + 512 + 16)  # its inputs + the tail
+    rows = {row.block: row for row in plan.blocks}
+    assert rows["dec0"].recomputed_flops == dec0.forward_flops - tail_flops
+    assert rows["enc0"].recomputed_flops == net.blocks[0].forward_flops
+    assert rows["dec0"].kept_bytes == 128 + 512 + (512 + 512 + 16)  # its inputs + the tail
     assert "dec0: last conv unit kept" in plan.format_table()
     # At the loss step: the blocks' outputs (enc0 512, bottleneck 128, dec0 512, head 768) and dec0's tail.
     timeline = simulate(net, ["recompute"] * 4, size_bytes=0, prefetch=1)
@@ -115,4 +116,4 @@ def test_cost_rows_are_the_layers_of_the_topology(policy, overrides):
         assert blk.inputs == tuple(t.name for t in spec.inputs) and blk.output == spec.name
         if spec.tail_start is not None:
             assert blk.layers[blk.tail_start].name == spec.layers[spec.tail_start].name
-    assert net.block_names == topology.block_names
+    assert [b.name for b in net.blocks] == [b.name for b in topology.blocks]

@@ -21,7 +21,7 @@ def test_json_round_trip_has_the_required_keys():
     assert set(data["strategies"]) == {"off", "recompute", "offload", "auto"}
     for summary in data["strategies"].values():
         assert {"predicted_peak_bytes", "recomputed_flops", "moved_bytes"} <= set(summary)
-    assert [row["block"] for row in data["plan"]] == network(cfg, FULL, 1).block_names
+    assert [row["block"] for row in data["plan"]] == [b.name for b in network(cfg, FULL, 1).blocks]
     for row in data["plan"]:
         assert {"block", "policy", "kept_bytes", "moved_bytes", "recomputed_flops", "skip_offloaded"} <= set(row)
     assert {"recomputed_flops", "moved_bytes", "overhead_s"} <= set(data["totals"])
@@ -40,10 +40,3 @@ def test_format_table_names_every_block():
         assert f"\n{name} " in table
     assert "GB" in table and "GFLOP" in table and "recompute" in table
 
-
-def test_entry_names_the_known_blocks():
-    plan = plan_lms(Workload(ModelConfig(depth=1), HALF, 1), LMSOptions(limit_bytes=10**15, strategy="off"))
-    assert plan.entry("dec0").block == "dec0" and plan.policies == dict.fromkeys(
-        ["enc0", "bottleneck", "dec0", "head"], "keep")
-    with pytest.raises(KeyError, match="enc0, bottleneck, dec0, head"):
-        plan.entry("enc1")

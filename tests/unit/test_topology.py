@@ -26,19 +26,27 @@ def _cfg(**overrides) -> ModelConfig:
     return ModelConfig(**{"depth": 2, "base_filters": 4, "out_channels": 3, **overrides})
 
 
+def _blocks(topology) -> dict:
+    return {block.name: block for block in topology.blocks}
+
+
+def _layers(topology) -> list:
+    return [layer for block in topology.blocks for layer in block.layers]
+
+
 def test_blocks_layers_and_tensors_in_forward_order():
     t = unet_topology(_cfg(depth=2, upsample="trilinear"))
-    assert t.block_names == ["enc0", "enc1", "bottleneck", "dec1", "dec0", "head"]
+    assert list(_blocks(t)) == ["enc0", "enc1", "bottleneck", "dec1", "dec0", "head"]
     assert t.filters == (4, 8, 16)
-    assert [layer.name for layer in t.block("dec1").layers] == [
+    assert [layer.name for layer in _blocks(t)["dec1"].layers] == [
         "dec1_up", "dec1_upconv", "dec1_concat", "dec1_conv1", "dec1_norm1", "dec1_relu1",
         "dec1_conv2", "dec1_norm2", "dec1_relu2"]
-    dec1 = t.block("dec1")
+    dec1 = _blocks(t)["dec1"]
     assert [x.name for x in dec1.inputs] == ["bottleneck", "enc1"] and dec1.skip.name == "enc1"
     assert dec1.layers[0].output.channels == 16 and dec1.layers[1].output.channels == 8  # up keeps F_2, upconv F_1
-    assert dec1.layers[2].inputs == (dec1.layers[1].output, t.block("enc1").output)  # concat [up, skip]
+    assert dec1.layers[2].inputs == (dec1.layers[1].output, _blocks(t)["enc1"].output)  # concat [up, skip]
     assert dec1.output.name == "dec1" and dec1.output.level == 1
-    bottleneck = t.block("bottleneck")
+    bottleneck = _blocks(t)["bottleneck"]
     assert bottleneck.layers[0].kind == "pool" and bottleneck.layers[0].output.level == 2
     assert bottleneck.output.shape((48, 56, 40)) == (12, 14, 10)
 
@@ -50,33 +58,33 @@ def test_tail_is_the_last_conv_unit_and_reads_only_the_front(upsample):
         front, tail = block.layers[: block.tail_start], block.layers[block.tail_start:]
         assert [layer.name.removeprefix(f"{block.name}_") for layer in tail] == ["conv2", "norm2", "relu2"]
         assert tail[0].inputs == (front[-1].output,)
-    assert t.block("head").tail_start is None
+    assert _blocks(t)["head"].tail_start is None
 
 
 def test_mixed_precision_casts_and_float32_head():
     f32, bf16 = unet_topology(_cfg(), "float32"), unet_topology(_cfg(), "bf16")
     assert bf16.policy == "mixed_bfloat16"
-    assert [layer.name for layer in f32.layers if layer.kind == "cast"] == []
-    casts = [layer for layer in bf16.layers if layer.kind == "cast"]
+    assert [layer.name for layer in _layers(f32) if layer.kind == "cast"] == []
+    casts = [layer for layer in _layers(bf16) if layer.kind == "cast"]
     assert [(c.name, c.output.dtype) for c in casts] == [("enc0_image_cast", "bfloat16"), ("head_cast", "float32")]
-    assert bf16.image.dtype == "float32" and bf16.block("enc0").layers[1].inputs == (casts[0].output,)
+    assert bf16.image.dtype == "float32" and _blocks(bf16)["enc0"].layers[1].inputs == (casts[0].output,)
     assert {layer.output.dtype for block in bf16.blocks[:-1] for layer in block.layers} == {"bfloat16"}
-    head = bf16.block("head")
+    head = _blocks(bf16)["head"]
     assert [(layer.kind, layer.output.dtype, layer.float32) for layer in head.model_layers] == [
         ("conv", "float32", True), ("sigmoid", "float32", True)]
     assert head.output.name == "head"
 
 
 def test_nested_head_is_one_layer_with_the_parents():
-    head = unet_topology(_cfg(region_parents=[-1, 0, 0])).block("head")
+    head = _blocks(unet_topology(_cfg(region_parents=[-1, 0, 0])))["head"]
     assert [(layer.name, layer.kind, layer.parents) for layer in head.layers] == [
         ("head_conv", "conv", ()), ("head_sigmoid", "nest", (-1, 0, 0))]
-    assert unet_topology(_cfg(region_parents=[-1, -1, -1])).block("head").layers[-1].kind == "sigmoid"
+    assert _blocks(unet_topology(_cfg(region_parents=[-1, -1, -1])))["head"].layers[-1].kind == "sigmoid"
 
 
 def test_parameters_per_layer():
     t = unet_topology(_cfg(depth=1, base_filters=2, norm="batch"))
-    params = {layer.name: (layer.params, layer.trainable_params) for layer in t.layers if layer.params}
+    params = {layer.name: (layer.params, layer.trainable_params) for layer in _layers(t) if layer.params}
     assert params == {
         "enc0_conv1": (27 * 4 * 2,) * 2, "enc0_norm1": (8, 4), "enc0_conv2": (27 * 2 * 2,) * 2, "enc0_norm2": (8, 4),
         "bottleneck_conv1": (27 * 2 * 4,) * 2, "bottleneck_norm1": (16, 8),
@@ -89,8 +97,8 @@ def test_parameters_per_layer():
 def test_group_norm_groups_divide_the_channels():
     assert [group_count(8, c) for c in (6, 12, 24, 3)] == [6, 6, 8, 3]
     t = unet_topology(_cfg(norm="group", groups=8, base_filters=6))
-    assert [layer.groups for layer in t.layers if layer.name.endswith("_norm1")] == [6, 6, 8, 6, 6]
-    assert {layer.groups for layer in unet_topology(_cfg(norm="instance")).block("enc0").layers
+    assert [layer.groups for layer in _layers(t) if layer.name.endswith("_norm1")] == [6, 6, 8, 6, 6]
+    assert {layer.groups for layer in _blocks(unet_topology(_cfg(norm="instance")))["enc0"].layers
             if layer.kind == "norm"} == {4}  # one per channel
 
 

@@ -207,7 +207,7 @@ def test_keras_model_is_its_topology(policy, depth, norm, upsample, regions, dty
             assert layer.kernel_size == (spec.kernel,) * 3 and layer.use_bias == spec.bias, spec.name
         if spec.kind == "norm" and norm != "batch":
             assert layer.groups == spec.groups, spec.name
-    casts = [layer.name for layer in topology.layers if layer.kind == "cast"]
+    casts = [layer.name for block in topology.blocks for layer in block.layers if layer.kind == "cast"]
     assert casts == ([] if dtype_policy == "float32" else ["enc0_image_cast", "head_cast"])  # Keras' autocasts
     assert model.count_params() == sum(spec.params for spec in specs)
 
