@@ -36,7 +36,7 @@ def user_errors():
     to do), so they are shown as they are.
     """
     from brats_seg.backend import BackendError
-    from brats_seg.lms.planner import PlanDoesNotFitError
+    from brats_seg.lms.plan import PlanDoesNotFitError
 
     try:
         yield

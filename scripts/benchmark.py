@@ -39,9 +39,11 @@ def benchmark(conf, overrides: list[str]) -> dict:
     import tensorflow as tf
 
     from brats_seg.cpu import cpu_isa, cpu_model_name
-    from brats_seg.lms.planner import estimate_peak, memory_model_for
+    from brats_seg.lms.memory_model import memory_model_for
     from brats_seg.lms.preflight import plan_run
+    from brats_seg.lms.search import estimate_peak
     from brats_seg.lms.stats import allocator_peak_bytes, current_rss_bytes, device_peak_bytes, reset_device_peak
+    from brats_seg.lms.workload import LMSOptions, Workload
     from brats_seg.training.loop import build_models, effective_lms, make_optimizer
     from brats_seg.training.losses import SoftDiceBCELoss
 
@@ -50,9 +52,11 @@ def benchmark(conf, overrides: list[str]) -> dict:
         conf.lms.limit = "1e15"
     plan = plan_run(conf, backend.device, strategy)
     fixed = strategy if strategy in ("off", "recompute", "offload") else None
-    predicted = estimate_peak(conf.model, conf.resolution.shape, conf.trainer.batch_size, conf.backend.precision,
-                              "adam", fixed, conf.lms.size, conf.lms.prefetch,
-                              memory_model_for(backend.device)).peak_bytes if fixed else plan.predicted_peak_bytes
+    if fixed:
+        options = LMSOptions.from_config(conf.lms, None, allow_offload=backend.device == "GPU", strategy=fixed)
+        predicted = estimate_peak(Workload.from_config(conf), options, memory_model_for(backend.device)).peak_bytes
+    else:
+        predicted = plan.predicted_peak_bytes
 
     b, shape = conf.trainer.batch_size, tuple(conf.resolution.shape)
     rng = np.random.default_rng(conf.trainer.seed)

@@ -30,7 +30,7 @@ def _gb(n) -> str:
 
 @hydra.main(config_path="../configs", config_name="plan_memory", version_base="1.3")
 def main(cfg) -> None:
-    from brats_seg.lms.planner import PlanDoesNotFitError
+    from brats_seg.lms.plan import PlanDoesNotFitError
     from brats_seg.lms.preflight import compare_run, plan_run, planning_device
 
     conf = to_config(cfg)

@@ -10,7 +10,11 @@ import logging
 import shutil
 
 from brats_seg.config import TrainConfig, resolve_model_outputs
-from brats_seg.lms.planner import Plan, compare_strategies, memory_model_for, parse_limit, plan_lms_from_config
+from brats_seg.lms.memory_model import memory_model_for
+from brats_seg.lms.plan import Plan
+from brats_seg.lms.search import compare_strategies, plan_lms_from_config
+from brats_seg.lms.units import parse_limit
+from brats_seg.lms.workload import LMSOptions, Workload
 
 __all__ = ["planning_device", "plan_run", "compare_run"]
 
@@ -52,12 +56,9 @@ def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]
     device = device or planning_device(cfg)
     resolve_model_outputs(cfg)
     limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
-    return limit, compare_strategies(
-        cfg.model, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, "adam", limit,
-        size_bytes=int(cfg.lms.size), prefetch=int(cfg.lms.prefetch),
-        host_bandwidth_bps=cfg.lms.host_bandwidth_gbps * 1e9, device_flops=cfg.lms.device_tflops * 1e12,
-        allow_offload=device == "GPU", memory_model=memory_model_for(device),
-    )
+    # All four strategies are compared, whatever lms= names (offload reports why not on CPU).
+    options = LMSOptions.from_config(cfg.lms, limit, allow_offload=device == "GPU", strategy="auto")
+    return limit, compare_strategies(Workload.from_config(cfg), options, memory_model_for(device))
 
 
 def _with_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:

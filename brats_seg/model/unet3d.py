@@ -1,37 +1,28 @@
-"""The 3D U-Net of Çiçek et al. (2016), built from named blocks a memory plan can address.
+"""The 3D U-Net of Çiçek et al. (2016) in Keras, built from named blocks a memory plan can address.
 
 Tensors are channels-last ``(batch, x, y, z, channels)`` in RAS throughout.
 
-Block structure (the LMS planner models exactly this; keep them in step)::
-
-    F_l = base_filters * 2**l, l = 0..depth
-    enc0        TwoConv(F_0)                          on the input
-    enc{l}      MaxPool3D(2) -> TwoConv(F_l)          l = 1..depth-1
-    bottleneck  MaxPool3D(2) -> TwoConv(F_depth)
-    dec{l}      Up(prev) -> Concat([up, enc{l}]) -> TwoConv(F_l)   l = depth-1..0
-    head        Conv3D(out_channels, 1) -> sigmoid    (float32)
-
-    TwoConv(F) = [Conv3D(F, 3, same, no bias) -> Norm -> ReLU] x 2
-    Up         = Conv3DTranspose(F_l, 2, strides 2)            (upsample=transpose)
-               | TrilinearUpSampling3D(2) -> Conv3D(F_l, 1)     (upsample=trilinear)
-
-Every TwoConv block also exposes ``Block.split = (front, tail)``: ``tail`` is its last
-conv unit, ``front`` everything before it. LMS recomputes ``front`` and keeps ``tail`` in
-the last block before the head, whose backward runs right after its forward (see
-``brats_seg.lms``).
+The network (blocks, layers, channels, dtypes) is described once, without Keras, by
+:mod:`brats_seg.model.topology`; this module makes a Keras layer for each layer there
+and wires the blocks as the topology says. What only Keras needs stays here: the layer
+classes (:class:`TrilinearUpSampling3D`, :class:`NestedRegionSigmoid`), initialisers, and
+the :class:`Block` mechanics.
 
 Every layer is named ``<block>_<part>`` (``enc0_conv1``, ``dec2_up``, ``head_conv``), so
 ``model.get_layer("bottleneck_conv2")`` works and a plan can address a block by its
 prefix. Each block is a :class:`Block`: its layers are created (and built) once by a
 factory, and ``build_unet3d(..., block_wrapper=...)`` lets the LMS code decide how the
 block's forward pass runs (kept, recomputed, offloaded) without re-creating layers.
+Every TwoConv block also exposes ``Block.split = (front, tail)``: ``tail`` is its last
+conv unit, ``front`` everything before it. LMS recomputes ``front`` and keeps ``tail`` in
+the last block before the head, whose backward runs right after its forward (see
+``brats_seg.lms``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -40,114 +31,29 @@ import numpy as np
 from keras import layers, ops
 
 from brats_seg.config import ModelConfig
+from brats_seg.model.topology import (
+    BlockSpec,
+    LayerSpec,
+    check_region_parents,
+    check_unet_config,
+    unet_topology,
+)
 
 __all__ = [
     "Block",
     "BlockWrapper",
+    "NestedRegionSigmoid",
     "TrilinearUpSampling3D",
     "build_unet3d",
-    "check_unet_config",
-    "level_filters",
     "make_unet_blocks",
-    "unet_block_names",
 ]
 
 logger = logging.getLogger(__name__)
 
-NORMS = ("instance", "group", "batch")
-UPSAMPLES = ("transpose", "trilinear")
-IN_CHANNELS = (1, 4)  # FLAIR only | FLAIR, T1, T1ce, T2
-CONV_UNIT_LAYERS = 3  # conv -> norm -> ReLU: the tail of Block.split
 NORM_EPSILON = 1e-5  # instance/group norm; the usual value (PyTorch, MONAI) rather than Keras' 1e-3
 
 # (block_name, block, inputs) -> output; see build_unet3d.
 BlockWrapper = Callable[[str, "Block", list], Any]
-
-
-# ---------------------------------------------------------------------------------------
-# Names and validation
-# ---------------------------------------------------------------------------------------
-
-
-def unet_block_names(depth: int) -> list[str]:
-    """Block names in forward order.
-
-    Args:
-        depth: number of down-sampling steps (>= 1).
-
-    Returns:
-        ``["enc0", ..., f"enc{depth-1}", "bottleneck", f"dec{depth-1}", ..., "dec0", "head"]``.
-    """
-    _check_depth(depth)
-    encoders = [f"enc{level}" for level in range(depth)]
-    decoders = [f"dec{level}" for level in reversed(range(depth))]
-    return [*encoders, "bottleneck", *decoders, "head"]
-
-
-def level_filters(base_filters: int, depth: int) -> list[int]:
-    """Filters per level, ``F_l = base_filters * 2**l`` for ``l = 0..depth``."""
-    return [base_filters * 2**level for level in range(depth + 1)]
-
-
-def _check_depth(depth: int) -> None:
-    if not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"model.depth must be an integer >= 1, got {depth!r}.")
-
-
-def _nearest_valid_shapes(shape: Sequence[int], multiple: int) -> list[tuple[int, ...]]:
-    """The valid shapes just below and just above ``shape`` (each axis a multiple)."""
-    below = tuple(max(multiple, (s // multiple) * multiple) for s in shape)
-    above = tuple(-(-s // multiple) * multiple for s in shape)
-    return sorted({below, above})
-
-
-def check_unet_config(cfg: ModelConfig, input_shape: Sequence[int]) -> None:
-    """Validate a model config against a spatial input shape.
-
-    Args:
-        cfg: the model config.
-        input_shape: spatial shape ``(x, y, z)`` of the network input.
-
-    Raises:
-        ValueError: naming the bad value and what to use instead.
-    """
-    _check_depth(cfg.depth)
-    if not isinstance(cfg.base_filters, int) or cfg.base_filters < 1:
-        raise ValueError(f"model.base_filters must be an integer >= 1, got {cfg.base_filters!r}.")
-    if cfg.in_channels not in IN_CHANNELS:
-        raise ValueError(
-            f"model.in_channels must be 4 (FLAIR,T1,T1ce,T2) or 1 (FLAIR only), got {cfg.in_channels!r}."
-        )
-    if not isinstance(cfg.out_channels, int) or cfg.out_channels < 1:
-        raise ValueError(
-            f"model.out_channels must be the number of sigmoid outputs (>= 1), got {cfg.out_channels!r}; "
-            "0 means one output per region of data.layout and is resolved by "
-            "brats_seg.config.resolve_model_outputs before a model is built."
-        )
-    if cfg.norm not in NORMS:
-        raise ValueError(f"model.norm must be one of {', '.join(NORMS)}, got {cfg.norm!r}.")
-    if cfg.norm == "group" and (not isinstance(cfg.groups, int) or cfg.groups < 1):
-        raise ValueError(f"model.groups must be an integer >= 1 for norm=group, got {cfg.groups!r}.")
-    if cfg.upsample not in UPSAMPLES:
-        raise ValueError(f"model.upsample must be one of {', '.join(UPSAMPLES)}, got {cfg.upsample!r}.")
-    shape = tuple(input_shape)
-    if len(shape) != 3 or not all(isinstance(s, numbers.Integral) and s > 0 for s in shape):
-        raise ValueError(f"input_shape must be three positive integers (x, y, z), got {input_shape!r}.")
-    multiple = 2**cfg.depth
-    if any(s % multiple for s in shape):
-        options = " or ".join(str(s) for s in _nearest_valid_shapes(shape, multiple))
-        raise ValueError(
-            f"input shape {shape} is not divisible by 2**depth = {multiple} (model.depth={cfg.depth}). "
-            f"Use a resolution shape of multiples of {multiple}, e.g. {options}, or lower model.depth."
-        )
-
-
-def _group_count(requested: int, channels: int) -> int:
-    """The largest divisor of ``channels`` that is <= ``requested``."""
-    groups = min(requested, channels)
-    while channels % groups:
-        groups -= 1
-    return groups
 
 
 # ---------------------------------------------------------------------------------------
@@ -238,48 +144,40 @@ class Block:
         return [v for layer in self.layers for v in layer.trainable_weights]
 
 
-def _chain_block(
-    name: str,
-    parts: Sequence[layers.Layer],
-    up: Sequence[layers.Layer] = (),
-    merge: layers.Layer | None = None,
-    tail: int = 0,
-) -> Block:
-    """A block that runs its layers as a chain.
+def _block_from_spec(spec: BlockSpec, cfg: ModelConfig) -> Block:
+    """A :class:`Block` with one Keras layer per layer of ``spec``, run as the topology wires them.
 
-    Without ``merge``: ``apply(x) = parts[-1](...parts[0](x))``.
-    With ``merge`` (decoder): ``apply(x, skip)`` runs ``up`` on ``x``, merges
-    ``[up(x), skip]``, then runs ``parts``. ``tail > 0``: the last ``tail`` parts form
-    :attr:`Block.split`'s tail.
+    ``apply(*inputs)`` takes the block's inputs in the order of ``spec.inputs``; a ``cast``
+    of the topology is Keras' autocast inside the next layer, so it passes its input on.
     """
-    parts, up = tuple(parts), tuple(up)
-    front_parts, tail_parts = (parts[:-tail], parts[-tail:]) if tail else (parts, ())
+    made = {layer.name: _make_layer(layer, cfg) for layer in spec.model_layers}
 
-    def run_front(run, x, skip=None):
-        for layer in up:
-            x = run(layer, x)
-        if merge is not None:
-            x = run(merge, [x, skip])
-        for layer in front_parts:
-            x = run(layer, x)
-        return x
+    def run_layers(run, part: Sequence[LayerSpec], values: dict):
+        for layer in part:
+            args = [values[t.name] for t in layer.inputs]
+            keras_layer = made.get(layer.name)
+            if keras_layer is None:  # cast
+                values[layer.output.name] = args[0]
+            else:
+                values[layer.output.name] = run(keras_layer, args[0] if len(args) == 1 else args)
+        return values[part[-1].output.name]
 
-    def run_tail(run, x):
-        for layer in tail_parts:
-            x = run(layer, x)
-        return x
+    def inputs_of(values) -> dict:
+        return {t.name: v for t, v in zip(spec.inputs, values)}
 
     def apply(*inputs):
-        return run_tail(_call, run_front(_call, *inputs))
+        return run_layers(_call, spec.layers, inputs_of(inputs))
 
     def build_fn(*input_shapes):
-        return run_tail(_build, run_front(_build, *[tuple(s) for s in input_shapes]))
+        return run_layers(_build, spec.layers, inputs_of(tuple(s) for s in input_shapes))
 
     split = None
-    if tail:
-        split = (lambda *inputs: run_front(_call, *inputs), lambda x: run_tail(_call, x))
-    block_layers = up + ((merge,) if merge is not None else ()) + parts
-    return Block(name=name, layers=block_layers, apply=apply, build_fn=build_fn, split=split)
+    if spec.tail_start is not None:
+        front, tail = spec.layers[: spec.tail_start], spec.layers[spec.tail_start:]
+        feed = tail[0].inputs[0].name  # the tail reads only the front's output
+        split = (lambda *inputs: run_layers(_call, front, inputs_of(inputs)),
+                 lambda x: run_layers(_call, tail, {feed: x}))
+    return Block(name=spec.name, layers=tuple(made.values()), apply=apply, build_fn=build_fn, split=split)
 
 
 def _call(layer: layers.Layer, x):
@@ -293,53 +191,60 @@ def _build(layer: layers.Layer, shape):
     return tuple(layer.compute_output_shape(shape))
 
 
-def _norm_layer(cfg: ModelConfig, channels: int, name: str) -> layers.Layer:
-    if cfg.norm == "instance":
+def _make_layer(spec: LayerSpec, cfg: ModelConfig) -> layers.Layer:
+    """The Keras layer of one topology layer (initialisers and Keras options are chosen here)."""
+    name, channels = spec.name, spec.output.channels
+    if spec.kind == "conv" and spec.float32:  # head_conv
+        return layers.Conv3D(channels, spec.kernel, dtype="float32", name=name,
+                             bias_initializer=keras.initializers.Constant(_head_bias(cfg)))
+    if spec.kind == "conv" and spec.kernel == 1:  # dec{l}_upconv
+        return layers.Conv3D(channels, 1, name=name)
+    if spec.kind == "conv":  # TwoConv: a norm and a ReLU follow
+        return layers.Conv3D(channels, spec.kernel, padding="same", use_bias=spec.bias,
+                             kernel_initializer="he_normal", name=name)
+    if spec.kind == "norm":
+        return _norm_layer(spec, cfg)
+    if spec.kind == "relu":
+        return layers.ReLU(name=name)
+    if spec.kind == "pool":
+        return layers.MaxPooling3D(2, name=name)
+    if spec.kind == "up_transpose":
+        return layers.Conv3DTranspose(channels, spec.kernel, strides=2, name=name)
+    if spec.kind == "up_trilinear":
+        return TrilinearUpSampling3D(name=name)
+    if spec.kind == "concat":
+        return layers.Concatenate(axis=-1, name=name)
+    if spec.kind == "sigmoid":
+        return layers.Activation("sigmoid", dtype="float32", name=name)
+    if spec.kind == "nest":
+        return NestedRegionSigmoid(spec.parents, name=name)
+    raise ValueError(f"{name}: no Keras layer for kind {spec.kind!r}.")
+
+
+def _norm_layer(spec: LayerSpec, cfg: ModelConfig) -> layers.Layer:
+    if spec.norm == "instance":
         # groups=-1: one group per channel, statistics over (x, y, z) per sample = instance norm.
-        return layers.GroupNormalization(groups=-1, epsilon=NORM_EPSILON, name=name)
-    if cfg.norm == "group":
-        groups = _group_count(cfg.groups, channels)
-        if groups != cfg.groups:
-            logger.debug("%s: %d groups do not divide %d channels; using %d", name, cfg.groups, channels, groups)
-        return layers.GroupNormalization(groups=groups, epsilon=NORM_EPSILON, name=name)
-    return layers.BatchNormalization(name=name)
-
-
-def _two_conv_layers(name: str, filters: int, cfg: ModelConfig) -> list[layers.Layer]:
-    """[Conv3D(F, 3, same, no bias) -> Norm -> ReLU] x 2, named ``<name>_{conv,norm,relu}{1,2}``."""
-    parts: list[layers.Layer] = []
-    for i in (1, 2):
-        parts += [
-            layers.Conv3D(
-                filters, 3, padding="same", use_bias=False, kernel_initializer="he_normal", name=f"{name}_conv{i}"
-            ),
-            _norm_layer(cfg, filters, f"{name}_norm{i}"),
-            layers.ReLU(name=f"{name}_relu{i}"),
-        ]
-    return parts
-
-
-def encoder_block(name: str, filters: int, cfg: ModelConfig, pool: bool) -> Block:
-    """``enc0`` (no pool), ``enc{l}`` and ``bottleneck`` (MaxPool3D(2) first): ``(B,x,y,z,C)`` ->
-    ``(B,x',y',z',filters)`` with ``x' = x`` or ``x / 2``."""
-    parts = [layers.MaxPooling3D(2, name=f"{name}_pool")] if pool else []
-    return _chain_block(name, parts + _two_conv_layers(name, filters, cfg), tail=CONV_UNIT_LAYERS)
-
-
-def decoder_block(name: str, filters: int, cfg: ModelConfig) -> Block:
-    """``dec{l}``: ``apply(x (B,x,y,z,C'), skip (B,2x,2y,2z,F_l)) -> (B,2x,2y,2z,F_l)``."""
-    if cfg.upsample == "transpose":
-        up = [layers.Conv3DTranspose(filters, 2, strides=2, name=f"{name}_up")]
-    else:
-        up = [TrilinearUpSampling3D(name=f"{name}_up"), layers.Conv3D(filters, 1, name=f"{name}_upconv")]
-    merge = layers.Concatenate(axis=-1, name=f"{name}_concat")
-    return _chain_block(name, _two_conv_layers(name, filters, cfg), up=up, merge=merge, tail=CONV_UNIT_LAYERS)
+        return layers.GroupNormalization(groups=-1, epsilon=NORM_EPSILON, name=spec.name)
+    if spec.norm == "group":
+        if spec.groups != cfg.groups:
+            logger.debug("%s: %d groups do not divide %d channels; using %d",
+                         spec.name, cfg.groups, spec.output.channels, spec.groups)
+        return layers.GroupNormalization(groups=spec.groups, epsilon=NORM_EPSILON, name=spec.name)
+    return layers.BatchNormalization(name=spec.name)
 
 
 def _prior_logit(prior: float) -> float:
     if not 0.0 < prior < 1.0:
         raise ValueError(f"model.foreground_prior={prior} should be in (0, 1), e.g. 0.01.")
     return float(math.log(prior / (1.0 - prior)))
+
+
+def _head_bias(cfg: ModelConfig) -> np.ndarray:
+    """Bias at the log-odds of a foreground prior: the net starts predicting background
+    (tumour is ~1% of voxels) instead of 0.5 everywhere, which speeds up early training.
+    A nested region's sigmoid is its probability within its parent: it starts at 0.5."""
+    parents = list(cfg.region_parents) or [-1] * cfg.out_channels
+    return np.array([_prior_logit(cfg.foreground_prior) if p < 0 else 0.0 for p in parents], np.float32)
 
 
 @keras.saving.register_keras_serializable(package="brats_seg")
@@ -368,9 +273,7 @@ class NestedRegionSigmoid(layers.Layer):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.parents = tuple(int(p) for p in parents)
-        bad = [(r, p) for r, p in enumerate(self.parents) if p >= r]
-        if bad:
-            raise ValueError(f"region parents must come earlier in the output order, got {self.parents!r}.")
+        check_region_parents(self.parents)
 
     def call(self, logits):
         if logits.shape[-1] is not None and logits.shape[-1] != len(self.parents):
@@ -388,42 +291,14 @@ class NestedRegionSigmoid(layers.Layer):
         return {**super().get_config(), "parents": list(self.parents)}
 
 
-def head_block(cfg: ModelConfig) -> Block:
-    """``head``: ``(B,x,y,z,F_0)`` -> sigmoid probabilities ``(B,x,y,z,out_channels)``, float32
-    whatever the dtype policy (the loss and metrics then see float32).
-
-    With ``cfg.region_parents`` naming a parent for some region (``model.regions=nested``,
-    resolved from the layout), the head ends in :class:`NestedRegionSigmoid`; else in one
-    independent sigmoid per region.
-    """
-    parents = list(cfg.region_parents) or [-1] * cfg.out_channels
-    if len(parents) != cfg.out_channels:
-        raise ValueError(f"model.region_parents={parents} must give one parent per output ({cfg.out_channels}).")
-    nested = any(p >= 0 for p in parents)
-    # Bias at the log-odds of a foreground prior: the net starts predicting background
-    # (tumour is ~1% of voxels) instead of 0.5 everywhere, which speeds up early training.
-    # A nested region's sigmoid is its probability within its parent: it starts at 0.5.
-    bias = np.array([_prior_logit(cfg.foreground_prior) if p < 0 else 0.0 for p in parents], np.float32)
-    parts = [
-        layers.Conv3D(cfg.out_channels, 1, dtype="float32", name="head_conv",
-                      bias_initializer=keras.initializers.Constant(bias)),
-        NestedRegionSigmoid(parents, name="head_sigmoid") if nested
-        else layers.Activation("sigmoid", dtype="float32", name="head_sigmoid"),
-    ]
-    return _chain_block("head", parts)
-
-
 def make_unet_blocks(cfg: ModelConfig) -> dict[str, Block]:
-    """All blocks of the U-Net, keyed by name in forward order (layers created, not built)."""
-    filters = level_filters(cfg.base_filters, cfg.depth)
-    blocks: dict[str, Block] = {}
-    for level in range(cfg.depth):
-        blocks[f"enc{level}"] = encoder_block(f"enc{level}", filters[level], cfg, pool=level > 0)
-    blocks["bottleneck"] = encoder_block("bottleneck", filters[cfg.depth], cfg, pool=True)
-    for level in reversed(range(cfg.depth)):
-        blocks[f"dec{level}"] = decoder_block(f"dec{level}", filters[level], cfg)
-    blocks["head"] = head_block(cfg)
-    return blocks
+    """All blocks of the U-Net, keyed by name in forward order (layers created, not built).
+
+    The head ends in :class:`NestedRegionSigmoid` when ``cfg.region_parents`` names a parent
+    for some region (``model.regions=nested``, resolved from the layout), else in one
+    independent sigmoid per region; it runs in float32 whatever the dtype policy.
+    """
+    return {spec.name: _block_from_spec(spec, cfg) for spec in unet_topology(cfg).blocks}
 
 
 # ---------------------------------------------------------------------------------------
@@ -447,7 +322,8 @@ def build_unet3d(
             :class:`Block`, already built (its weights exist), callable as
             ``block(*inputs)``; ``inputs`` is ``[x]`` for ``enc*``/``bottleneck``/``head``
             and ``[x, skip]`` for ``dec*``. It is called once per block, in the order of
-            :func:`unet_block_names`, on symbolic tensors. None calls ``block(*inputs)``.
+            :func:`~brats_seg.model.topology.unet_block_names`, on symbolic tensors. None
+            calls ``block(*inputs)``.
         blocks: blocks from :func:`make_unet_blocks` to build on. Two models built on the
             same blocks share their layers and weights: training runs an LMS-wrapped model
             while checkpoints save its plain twin (wrapped models cannot be saved as .keras).
@@ -464,21 +340,13 @@ def build_unet3d(
     blocks = blocks if blocks is not None else make_unet_blocks(cfg)
     run = block_wrapper or (lambda name, block, inputs: block(*inputs))
 
-    def run_block(name: str, inputs: list):
-        block = blocks[name]
-        block.build(*[tuple(t.shape) for t in inputs])
-        return run(name, block, inputs)
-
     image = keras.Input(shape=(*input_shape, cfg.in_channels), name="image")  # (B, x, y, z, C_in)
-    skips = []
-    x = image
-    for level in range(cfg.depth):
-        x = run_block(f"enc{level}", [x])  # (B, x/2^l, y/2^l, z/2^l, F_l)
-        skips.append(x)
-    x = run_block("bottleneck", [x])  # (B, x/2^d, ..., F_d)
-    for level in reversed(range(cfg.depth)):
-        x = run_block(f"dec{level}", [x, skips[level]])  # (B, x/2^l, ..., F_l)
-    probabilities = run_block("head", [x])  # (B, x, y, z, C_out), float32
+    tensors = {"image": image}  # topology tensor name -> symbolic tensor; block outputs by block name
+    for spec in unet_topology(cfg).blocks:  # enc0 .. bottleneck .. dec0, head
+        inputs = [tensors[t.name] for t in spec.inputs]  # [x], or [x, skip] for dec{l}
+        blocks[spec.name].build(*[tuple(t.shape) for t in inputs])
+        tensors[spec.name] = run(spec.name, blocks[spec.name], inputs)  # (B, x/2^l, y/2^l, z/2^l, F_l)
+    probabilities = tensors["head"]  # (B, x, y, z, C_out), float32
     logger.debug(
         "built unet3d depth=%d base_filters=%d norm=%s upsample=%s input=%s",
         cfg.depth, cfg.base_filters, cfg.norm, cfg.upsample, tuple(input_shape),

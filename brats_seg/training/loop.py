@@ -139,7 +139,7 @@ def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend):
         PlanDoesNotFitError: the run is predicted not to fit, with the numbers and the fix.
         ValueError: ``lms=offload`` on a CPU-only run.
     """
-    from brats_seg.lms.planner import PlanDoesNotFitError
+    from brats_seg.lms.plan import PlanDoesNotFitError
     from brats_seg.lms.preflight import plan_run
 
     strategy = effective_lms(cfg, backend)

@@ -9,13 +9,8 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 from brats_seg.config import ModelConfig  # noqa: E402
-from brats_seg.model.unet3d import (  # noqa: E402
-    TrilinearUpSampling3D,
-    build_unet3d,
-    level_filters,
-    make_unet_blocks,
-    unet_block_names,
-)
+from brats_seg.model.topology import level_filters, unet_block_names, unet_topology  # noqa: E402
+from brats_seg.model.unet3d import TrilinearUpSampling3D, build_unet3d, make_unet_blocks  # noqa: E402
 
 
 def _cfg(**overrides) -> ModelConfig:
@@ -175,6 +170,46 @@ def test_forward_is_float32_under_mixed_bfloat16(policy, upsample):
 
 def test_policy_is_reset_after_mixed_precision_test():
     assert keras.mixed_precision.global_policy().name == "float32"
+
+
+# (depth, norm, upsample, regions, policy): every value of each at least once
+TOPOLOGY_CONFIGS = [
+    (1, "instance", "transpose", "nested", "float32"),
+    (1, "group", "transpose", "independent", "mixed_bfloat16"),
+    (2, "group", "trilinear", "independent", "mixed_bfloat16"),
+    (2, "batch", "trilinear", "nested", "float32"),
+    (3, "batch", "transpose", "independent", "mixed_bfloat16"),
+    (3, "instance", "trilinear", "independent", "float32"),
+    (4, "instance", "trilinear", "nested", "mixed_bfloat16"),
+    (4, "group", "transpose", "nested", "float32"),
+]
+
+
+@pytest.mark.parametrize("depth,norm,upsample,regions,dtype_policy", TOPOLOGY_CONFIGS)
+def test_keras_model_is_its_topology(policy, depth, norm, upsample, regions, dtype_policy):
+    """The layers of the built model are those of the topology the planner prices: same
+    names in the same order, output shapes and dtypes, weights, kernels, biases and groups."""
+    policy(dtype_policy)
+    shape = (16, 32, 16)
+    cfg = _cfg(depth=depth, base_filters=6, norm=norm, groups=4, upsample=upsample, in_channels=4, out_channels=3,
+               region_parents=[-1, 0, 0] if regions == "nested" else [])
+    model = build_unet3d(cfg, shape)
+    topology = unet_topology(cfg, dtype_policy)
+    specs = [layer for block in topology.blocks for layer in block.model_layers]
+    assert [layer.name for layer in model.layers if layer.name != "image"] == [spec.name for spec in specs]
+    for spec in specs:
+        layer = model.get_layer(spec.name)
+        assert tuple(layer.output.shape) == (None, *spec.output.shape(shape), spec.output.channels), spec.name
+        assert layer.output.dtype == spec.output.dtype, spec.name
+        assert layer.count_params() == spec.params, spec.name
+        assert sum(int(np.prod(w.shape)) for w in layer.trainable_weights) == spec.trainable_params, spec.name
+        if spec.kernel:
+            assert layer.kernel_size == (spec.kernel,) * 3 and layer.use_bias == spec.bias, spec.name
+        if spec.kind == "norm" and norm != "batch":
+            assert layer.groups == spec.groups, spec.name
+    casts = [layer.name for block in topology.blocks for layer in block.layers if layer.kind == "cast"]
+    assert casts == ([] if dtype_policy == "float32" else ["enc0_image_cast", "head_cast"])  # Keras' autocasts
+    assert model.count_params() == sum(spec.params for spec in specs)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,257 @@
+"""Cost tables of the U-Net for one workload: per block and for the whole training step.
+
+:func:`compute_network_cost` walks the blocks of the topology (:mod:`brats_seg.model.topology`),
+prices their layers (:mod:`brats_seg.lms.layer_cost`) and derives per block what ``keep``
+keeps, what ``recompute`` / ``offload`` rebuild in backward and the working sets of its
+forward and backward; per step, the bytes alive throughout (runtime, weights, gradients,
+optimizer slots, data, workspace). The coefficients come from
+:class:`~brats_seg.lms.memory_model.MemoryModel`.
+
+Tensors are channels-last ``(batch, x, y, z, channels)``; sizes are bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from brats_seg.lms.layer_cost import DTYPE_BYTES, FLOAT32_BYTES, LayerCost, compute_layer_costs
+from brats_seg.lms.memory_model import MemoryModel
+from brats_seg.lms.workload import OPTIMIZER_SLOTS, Workload
+
+__all__ = ["BlockCost", "NetworkCost", "compute_network_cost"]
+
+DATA_BYTES_PER_ELEMENT = 4  # the pipeline hands image and region targets to the model as float32
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One U-Net block: its layer table and the memory quantities derived from it.
+
+    Attributes:
+        name: block name (``enc0`` ... ``head``).
+        inputs: names of its input tensors (block outputs of earlier blocks, or ``image``).
+        output: name of its output tensor (the block name).
+        skip_input: for ``dec{l}``, the skip tensor's name (``enc{l}``), else None.
+        layers: the layer table, in call order.
+        tensor_bytes: bytes of every tensor the block reads, creates or writes.
+        saved: every tensor the layers keep for backward under ``keep``.
+        keep_saved_bytes: bytes of ``saved`` (its inputs and output included).
+        internal_saved_bytes: bytes of ``saved`` that are neither inputs nor the output
+            (what ``recompute``/``offload`` drop in forward and rebuild in backward).
+        forward_working_keep_bytes: unsaved internals + scratch at the worst layer, forward, keep.
+        forward_working_drop_bytes: internals + scratch at the worst layer, forward, nothing saved.
+        backward_working_bytes: internal gradients + scratch at the worst layer, backward.
+        forward_flops: forward FLOPs (= FLOPs recomputed under recompute/offload).
+        recomputable: False when a layer writes state in forward (BatchNormalization's
+            moving statistics would be updated twice): such a block is always kept, as
+            ``brats_seg.lms.offload`` refuses to recompute it.
+        tail_start: index in ``layers`` of the block's last conv unit (the tail of
+            ``Block.split``), None for the head. With the tail kept (the last block
+            before the head, see :func:`tail_kept`), only the layers before it are
+            recomputed.
+        tail_saved_bytes: internal tensors the tail keeps (its input, the conv output).
+        tail_backward_bytes: the tail's backward peak: walking its layers backward, the
+            tensors not yet freed plus the current layer's gradients and scratch.
+        front_backward_bytes: the same for the recomputed front (the recomputation's saved
+            tensors are freed layer by layer as its backward proceeds).
+        tail_forward_flops: forward FLOPs of the tail (not recomputed when kept).
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    output: str
+    skip_input: str | None
+    layers: tuple[LayerCost, ...]
+    tensor_bytes: Mapping[str, int]
+    saved: frozenset
+    keep_saved_bytes: int
+    internal_saved_bytes: int
+    forward_working_keep_bytes: int
+    forward_working_drop_bytes: int
+    backward_working_bytes: int
+    forward_flops: float
+    recomputable: bool = True
+    tail_start: int | None = None
+    tail_saved_bytes: int = 0
+    tail_backward_bytes: int = 0
+    front_backward_bytes: int = 0
+    tail_forward_flops: float = 0.0
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(self.tensor_bytes[t] for t in self.inputs)
+
+    @property
+    def output_bytes(self) -> int:
+        return self.tensor_bytes[self.output]
+
+    @property
+    def skip_bytes(self) -> int:
+        return self.tensor_bytes[self.skip_input] if self.skip_input else 0
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+
+def _finish_block(
+    name: str, inputs: Sequence[str], output: str, layers: list[LayerCost], tensor_bytes: dict[str, int],
+    skip_input: str | None = None, recomputable: bool = True, tail_start: int | None = None,
+) -> BlockCost:
+    """Derive a block's memory quantities from its layer table."""
+    inputs = tuple(inputs)
+    internal = set(tensor_bytes) - set(inputs) - {output}
+    saved = frozenset(t for layer in layers for t in layer.saved)
+
+    def size(names: Iterable[str]) -> int:
+        return sum(tensor_bytes[t] for t in set(names))
+
+    def layer_backward(layer: LayerCost) -> int:
+        """Internal gradients (of the layer's input and output) and scratch while it runs backward."""
+        return size(t for t in (*layer.inputs, layer.output) if t in internal) + layer.backward_scratch_bytes
+
+    def internal_saved(part: Sequence[LayerCost]) -> int:
+        return size(t for layer in part for t in layer.saved if t in internal)
+
+    def segment_backward_peak(part: Sequence[LayerCost]) -> int:
+        """Backward through ``part`` layer by layer (last first): what layers up to the
+        current one saved, plus the current layer's working set."""
+        return max(internal_saved(part[: k + 1]) + layer_backward(part[k]) for k in range(len(part)))
+
+    tail_fields: dict[str, Any] = {}
+    if tail_start is not None:
+        front, tail = layers[:tail_start], layers[tail_start:]
+        tail_fields = {
+            "tail_start": tail_start,
+            "tail_saved_bytes": internal_saved(tail),
+            "tail_backward_bytes": segment_backward_peak(tail),
+            "front_backward_bytes": segment_backward_peak(front),
+            "tail_forward_flops": sum(layer.forward_flops for layer in tail),
+        }
+
+    fwd_keep = max(
+        size(t for t in (*layer.inputs, layer.output, *layer.creates) if t in internal and t not in saved)
+        + layer.forward_scratch_bytes
+        for layer in layers
+    )
+    fwd_drop = max(
+        size(t for t in (*layer.inputs, layer.output, *layer.creates) if t in internal) + layer.forward_scratch_bytes
+        for layer in layers
+    )
+    return BlockCost(
+        name=name,
+        inputs=inputs,
+        output=output,
+        skip_input=skip_input,
+        layers=tuple(layers),
+        tensor_bytes=dict(tensor_bytes),
+        saved=saved,
+        keep_saved_bytes=size(saved),
+        internal_saved_bytes=internal_saved(layers),
+        forward_working_keep_bytes=fwd_keep,
+        forward_working_drop_bytes=fwd_drop,
+        backward_working_bytes=max(layer_backward(layer) for layer in layers),
+        forward_flops=sum(layer.forward_flops for layer in layers),
+        recomputable=recomputable,
+        **tail_fields,
+    )
+
+
+@dataclass(frozen=True)
+class NetworkCost:
+    """Cost tables of one workload (model, shape, batch, dtype policy, optimizer).
+
+    Attributes:
+        blocks: block costs in forward order.
+        tensor_bytes: bytes of every block-output tensor (and ``image``).
+        producer: block index producing each tensor (``image``: -1).
+        consumers: block indices reading each tensor (the loss is index ``len(blocks)``).
+        pinned: tensors that stay alive for the whole step whatever the plan (``image``,
+            an argument of the training step), counted in ``persistent["data_bytes"]``.
+        persistent: bytes alive the whole step, by kind (``runtime_bytes``,
+            ``weight_bytes``, ``weight_gradient_bytes``, ``optimizer_slot_bytes``,
+            ``data_bytes``, ``workspace_bytes``).
+        loss_bytes: transient bytes of the loss step.
+        params: weights; trainable_params: trainable weights.
+        memory_model: the coefficients used.
+    """
+
+    blocks: tuple[BlockCost, ...]
+    tensor_bytes: Mapping[str, int]
+    producer: Mapping[str, int]
+    consumers: Mapping[str, tuple[int, ...]]
+    pinned: frozenset
+    persistent: Mapping[str, int]
+    loss_bytes: int
+    params: int
+    trainable_params: int
+    memory_model: MemoryModel
+
+    @property
+    def persistent_bytes(self) -> int:
+        return sum(self.persistent.values())
+
+
+def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = None) -> NetworkCost:
+    """The cost tables of one workload, by walking its topology layer by layer.
+
+    Args:
+        workload: model config, input shape, batch, dtype policy, optimizer.
+        memory_model: coefficients; default :class:`MemoryModel()`.
+
+    Returns:
+        The :class:`NetworkCost`.
+    """
+    mm = memory_model or MemoryModel()
+    topology = workload.topology()
+    model_cfg, input_shape, batch = workload.model_cfg, workload.input_shape, workload.batch_size
+    voxels = math.prod(input_shape)
+    image_bytes = batch * voxels * model_cfg.in_channels * DTYPE_BYTES[topology.image.dtype]
+    globals_: dict[str, int] = {topology.image.name: image_bytes}  # block outputs (and the image)
+    blocks: list[BlockCost] = []
+    for spec in topology.blocks:
+        layers, tensor_bytes, tail_start = compute_layer_costs(spec, globals_, input_shape, batch, mm)
+        # BatchNormalization writes its moving statistics in forward: never recomputed.
+        recomputable = not any(layer.kind == "norm" and layer.norm == "batch" for layer in spec.layers)
+        blocks.append(_finish_block(spec.name, [t.name for t in spec.inputs], spec.output.name, layers, tensor_bytes,
+                                    spec.skip.name if spec.skip else None, recomputable, tail_start))
+        globals_[spec.name] = blocks[-1].output_bytes
+
+    n = len(blocks)
+    producer = {"image": -1, **{blk.output: i for i, blk in enumerate(blocks)}}
+    consumers: dict[str, list[int]] = {t: [] for t in globals_}
+    for i, blk in enumerate(blocks):
+        for t in blk.inputs:
+            consumers[t].append(i)
+    consumers["head"].append(n)  # the loss
+
+    params = sum(blk.params for blk in blocks)
+    trainable = sum(layer.trainable_params for blk in blocks for layer in blk.layers)
+    labels_bytes = batch * voxels * model_cfg.out_channels * DATA_BYTES_PER_ELEMENT
+    workspace_ref = max(layer.workspace_ref_bytes for blk in blocks for layer in blk.layers)
+    weight_grad_scratch_ref = max(layer.weight_grad_scratch_ref_bytes for blk in blocks for layer in blk.layers)
+    persistent = {
+        "runtime_bytes": int(mm.runtime_bytes + (mm.runtime_bytes_per_conv + mm.runtime_bytes_per_conv_filter
+                                                  * model_cfg.base_filters) * sum(
+            1 for blk in blocks for layer in blk.layers if layer.kind in ("conv", "up_transpose"))),
+        "weight_bytes": params * FLOAT32_BYTES,
+        "weight_gradient_bytes": trainable * FLOAT32_BYTES,
+        "optimizer_slot_bytes": OPTIMIZER_SLOTS[workload.optimizer] * trainable * FLOAT32_BYTES,
+        "data_bytes": (image_bytes + labels_bytes) * (1 + int(mm.prefetched_batches)),
+        "workspace_bytes": int(mm.workspace_factor * workspace_ref),
+        "library_scratch_bytes": int(mm.conv_weight_grad_scratch * weight_grad_scratch_ref),
+    }
+    return NetworkCost(
+        blocks=tuple(blocks),
+        tensor_bytes=globals_,
+        producer=producer,
+        consumers={t: tuple(c) for t, c in consumers.items()},
+        pinned=frozenset({"image"}),
+        persistent=persistent,
+        loss_bytes=int(mm.loss_tensors * globals_["head"]),
+        params=params,
+        trainable_params=trainable,
+        memory_model=mm,
+    )

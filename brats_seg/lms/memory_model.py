@@ -1,0 +1,168 @@
+"""The coefficients of the LMS memory model: the one place to calibrate the planner.
+
+Every memory coefficient the cost tables and the timeline use is a field of
+:class:`MemoryModel`; :data:`CPU_MEMORY_MODELS` holds the calibrated CPU presets and
+:func:`memory_model_for` picks the one of the device a run trains on. How they were
+measured and fitted: ``docs/lms_calibration.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["CPU_MEMORY_MODELS", "MemoryModel", "memory_model_for"]
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Coefficients of the memory model: the one place to calibrate against measurements.
+
+    ``peak = runtime + weights + weight grads + optimizer slots + data + workspace
+    + activation_factor * (kept activations + activation gradients + transient)
+    + rebuild allowance`` at the worst step of the simulated timeline, where ``runtime =
+    runtime_bytes + (runtime_bytes_per_conv + runtime_bytes_per_conv_filter * base_filters)
+    * convolutions`` and the rebuild allowance
+    (recompute/offload only) is ``rebuild_runtime_bytes + rebuild_fragmentation *`` the
+    largest block's rebuilt internals. ``runtime_bytes`` and ``activation_factor`` are
+    the intercept and slope of a least-squares fit to measured peaks; the other fields
+    are per-layer assumptions (see :mod:`brats_seg.lms.layer_cost`) or were
+    fitted once (the docs).
+
+    Calibrated on CPU (oneDNN, float32, Adam, batch 1) against the peak RSS that
+    ``scripts/benchmark.py`` measures above the already-imported runtime after four
+    steps (the BFC pool keeps touching new pages for a few steps); the measurements,
+    the per-component evidence and the commands are in ``docs/lms_calibration.md``.
+    GPU backends are not calibrated: there cuDNN takes real convolution workspace
+    (raise ``workspace_factor``) and the allocator is the GPU BFC.
+
+    Attributes:
+        runtime_bytes: a fixed allowance for what the runtime adds besides tensors;
+            0, as everything measured scales with the model (next field). TensorFlow's
+            own import (~0.85 GB RSS on CPU) is NOT in it: the benchmark's baseline (and
+            any budget taken from the RAM available after start-up) already contains it.
+        runtime_bytes_per_conv: per convolution (transposed ones included): its traced
+            and Grappler-optimised graph nodes, the oneDNN primitives and JIT kernels of
+            its forward and two backward passes. RSS beyond the allocator's peak at the
+            smallest workloads is 0.15 GB for the depth-3 U-Net (18 convolutions) and
+            0.18-0.2 GB at depth 4 (23): 8 MB each.
+        runtime_bytes_per_conv_filter: the part of the per-convolution runtime that grows
+            with the network's width, per base filter. 0 on AVX-512 (not resolved by its
+            calibration grid of 8 and 16 filters); on AVX2 the RSS beyond the allocator at
+            64x64x48 is 8.7 / 10.6 / 13.2 MB per convolution at 8 / 16 / 32 filters.
+        activation_factor: multiplies every activation/gradient/transient byte. Two
+            effects meet here and nearly cancel, hence 1.0: allocator rounding and
+            fragmentation (oneDNN's BFC allocator rounds chunks up and never gives touched
+            pages back: RSS +4..+34% over the allocator's own peak at full resolution) and
+            the block granularity of :func:`simulate` (the worst layer's working set, the
+            block's saved tensors and its input gradients are counted at once, though the
+            saved tensors are freed layer by layer in backward and the input gradients
+            appear only at the block's end: +6..+25% over the allocator's peak).
+        workspace_factor: convolution scratch = this x the largest convolution's
+            max(input, output) bytes. 0 on CPU: oneDNN's direct 3D convolutions (forward
+            and both backward passes) allocate no workspace tensor (a profiler trace of
+            every allocation of the step shows none); cuDNN's algorithms on a GPU do (1.0,
+            about one activation, was the previous, unmeasured, default).
+        norm_saved_tensors: full-size float32 tensors a norm layer saves (its upcast
+            input). Under a float32 policy the first one is the conv output itself; under
+            mixed precision the trace shows the float32 upcast kept and the low-precision
+            conv output freed. 2.0 would model an implementation that also keeps the
+            normalised output (Keras' GroupNormalization does not).
+        norm_forward_scratch_tensors: full-size float32 temporaries in a norm forward
+            besides its output: one, the squared difference of the variance (freed before
+            the output is written) or, under mixed precision, the float32 normalised
+            output before its downcast.
+        norm_backward_scratch_tensors: full-size float32 temporaries in a norm backward
+            besides the gradients of its input and output: one (the trace shows ``dy``,
+            ``dy * inv`` and the tiled statistics gradient alive at once, then their sum).
+        trilinear_scratch_factor: transient of TrilinearUpSampling3D as a multiple of
+            its output (the shifted copies and the interleaved stack of the last axis).
+            Not measured (the default model up-samples by transposed convolution).
+        loss_tensors: head-output-sized float32 tensors alive in the loss step besides
+            the head output and its gradient: clipped probabilities, ``1 - p``, the logs,
+            the reciprocal and products of the BCE gradient, the tiled Dice gradients and
+            clip's two boolean masks (a quarter each) -- 8.5 at the worst moment measured.
+        prefetched_batches: extra batches held by the input pipeline in the same memory
+            (0 on a GPU, where tf.data buffers live in host RAM; the prefetch depth when
+            planning host RAM on the CPU backend).
+        backward_flops_factor: backward FLOPs of a block / its forward FLOPs (a conv's
+            backward is two convs); used to cost how much transfer compute can hide.
+        rebuild_runtime_bytes: added once any block is recomputed or offloaded: the
+            traced recompute graphs (each wrapped block's backward traces its forward
+            again). Fitted: 25 MB.
+        rebuild_fragmentation: the share of the largest block's rebuilt internals that
+            stays resident beyond the allocator's peak for the rest of the run. Rebuilt
+            tensors leave chunks of their sizes in the BFC pool that differently sized
+            later tensors only partly reuse; the pool's touched pages grow over the
+            first steps (RSS +0.03..+0.08 GB after step 1 at half resolution while the
+            allocator's peak stays put) and never shrink. Fitted: 0.15.
+        conv_weight_grad_scratch: memory oneDNN allocates itself (outside TensorFlow's
+            allocator) for a 3x3x3 convolution's gradient by weights, in units of one
+            sample's input plus one im2col slice ``cin x 27 x y x z`` (the gemm
+            implementation's transposed input copy and column buffer); the largest one is
+            added to the step. 0 with AVX-512 (direct kernels, no such buffer); 1 on
+            AVX2-only CPUs, where oneDNN picks ``gemm:jit`` for it (RSS beyond the
+            allocator's peak +0.55 GB at full resolution, 8 filters, against 0.50 GB for
+            ``dec0``'s first convolution by this formula).
+    """
+
+    runtime_bytes: int = 0
+    runtime_bytes_per_conv: int = 8_000_000
+    runtime_bytes_per_conv_filter: int = 0
+    activation_factor: float = 1.0
+    workspace_factor: float = 0.0
+    norm_saved_tensors: float = 1.0
+    norm_forward_scratch_tensors: float = 1.0
+    norm_backward_scratch_tensors: float = 1.0
+    trilinear_scratch_factor: float = 2.0
+    loss_tensors: float = 8.5
+    prefetched_batches: int = 0
+    backward_flops_factor: float = 2.0
+    rebuild_runtime_bytes: int = 25_000_000
+    rebuild_fragmentation: float = 0.15
+    conv_weight_grad_scratch: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"MemoryModel.{f.name} must be a number >= 0, got {value!r}.")
+        if self.norm_saved_tensors < 1:
+            raise ValueError(
+                f"MemoryModel.norm_saved_tensors must be >= 1 (a norm layer keeps at least its input), "
+                f"got {self.norm_saved_tensors!r}."
+            )
+
+
+#: The calibrated CPU coefficients per instruction set oneDNN runs on (see
+#: :mod:`brats_seg.cpu`). The defaults of :class:`MemoryModel` were measured on an AVX-512
+#: CPU (Sapphire Rapids). On an AVX2-only CPU (AMD EPYC) oneDNN computes the gradient by
+#: weights with its gemm implementation and scratch of its own, JIT-compiles more kernel
+#: variants per convolution, and the pool keeps more of the rebuilt tensors' pages; the
+#: three are fitted on a calibration grid and checked on points it did not include
+#: (docs/lms_calibration.md, "AVX2-only CPUs").
+CPU_MEMORY_MODELS: dict[str, MemoryModel] = {
+    "avx512": MemoryModel(),
+    "avx2": MemoryModel(conv_weight_grad_scratch=1.0, runtime_bytes_per_conv=8_500_000,
+                        runtime_bytes_per_conv_filter=120_000, rebuild_runtime_bytes=0, rebuild_fragmentation=0.95),
+}
+
+
+def memory_model_for(device: str, isa: str | None = None) -> MemoryModel:
+    """The coefficients for the device a run trains on.
+
+    Args:
+        device: ``CPU`` or ``GPU``.
+        isa: the CPU's instruction set (``avx512`` | ``avx2`` | ``other``); detected when None.
+            A CPU with neither is planned as AVX2 (the larger of the two presets).
+
+    Returns:
+        The CPU preset of the host's instruction set, or the uncalibrated GPU default.
+    """
+    if device != "CPU":
+        return MemoryModel()
+    if isa is None:
+        from brats_seg.cpu import cpu_isa
+
+        isa = cpu_isa()
+    return CPU_MEMORY_MODELS.get(isa, CPU_MEMORY_MODELS["avx2"])

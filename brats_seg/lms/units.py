@@ -1,0 +1,87 @@
+"""Bytes in and out: reading ``lms.limit``, printing sizes and shapes.
+
+Printed sizes are SI (1 GB = 1e9 bytes); :func:`parse_limit` reads both ``GB`` (1e9) and
+``GiB`` (2**30).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+__all__ = ["format_bytes", "format_gb", "format_shape", "parse_limit"]
+
+
+def format_bytes(nbytes: float) -> str:
+    """Human bytes, SI: ``12.35 GB``, ``840.2 MB``, ``3.1 kB``, ``512 B``."""
+    nbytes = float(nbytes)
+    for unit, scale, digits in (("TB", 1e12, 2), ("GB", 1e9, 2), ("MB", 1e6, 1), ("kB", 1e3, 1)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.{digits}f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def format_gb(nbytes: float) -> str:
+    """Bytes in GB with two decimals, as plans and their errors print budgets: ``12.35 GB``."""
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def format_shape(shape: Sequence[int]) -> str:
+    """``192x224x160``."""
+    return "x".join(str(s) for s in shape)
+
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_LIMIT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_limit(text: str | int | float, device_bytes: int | None) -> int:
+    """Parse ``lms.limit`` into bytes.
+
+    Args:
+        text: ``"16GB"`` (1e9), ``"16GiB"`` (2**30), ``"512MB"``, ``"1.5e10"`` or
+            ``"12345"`` (bytes), or a fraction ``"0.8"`` (a plain number <= 1.0 is a
+            fraction of ``device_bytes``).
+        device_bytes: device memory (RAM on CPU); needed only for fractions.
+
+    Returns:
+        The budget in bytes (> 0).
+
+    Raises:
+        ValueError: unreadable text, an unknown unit, a non-positive budget, or a
+            fraction without ``device_bytes``.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"lms.limit must be bytes, a size like '16GB', or a fraction like '0.8', got {text!r}.")
+    raw = str(text)
+    match = _LIMIT_RE.match(raw)
+    if not match:
+        raise ValueError(
+            f"lms.limit {raw!r} is not a size: use bytes ('12345', '1.5e10'), a size with a unit "
+            f"({', '.join(u.upper().replace('I', 'i') for u in _UNITS if u != 'b')}, e.g. '16GB'), "
+            f"or a fraction of device memory ('0.8')."
+        )
+    value, unit = float(match.group(1)), match.group(2).lower()
+    if unit:
+        if unit not in _UNITS:
+            raise ValueError(
+                f"lms.limit {raw!r}: unknown unit {match.group(2)!r}; use B, kB, MB, GB, TB (powers of 1000) "
+                f"or KiB, MiB, GiB, TiB (powers of 1024)."
+            )
+        nbytes = int(value * _UNITS[unit])
+    elif value <= 1.0:
+        if not device_bytes or device_bytes <= 0:
+            raise ValueError(
+                f"lms.limit {raw!r} is a fraction of device memory, but the device size is unknown; "
+                f"give the limit in bytes or with a unit (e.g. '16GB')."
+            )
+        nbytes = int(value * device_bytes)
+    else:
+        nbytes = int(value)
+    if nbytes <= 0:
+        raise ValueError(f"lms.limit {raw!r} gives {nbytes} bytes; the budget must be positive.")
+    return nbytes

@@ -1,0 +1,36 @@
+"""Workloads and shorthands shared by the LMS planner tests (pure Python, no TensorFlow)."""
+
+from __future__ import annotations
+
+from brats_seg.config import ModelConfig as _ModelConfig
+from brats_seg.lms.cost import NetworkCost, compute_network_cost
+from brats_seg.lms.memory_model import MemoryModel
+from brats_seg.lms.search import compare_strategies, estimate_peak
+from brats_seg.lms.timeline import Timeline
+from brats_seg.lms.workload import LMSOptions, Workload
+
+FULL = (192, 224, 160)
+HALF = (96, 112, 80)
+GB = 10**9
+
+
+def ModelConfig(**kw) -> _ModelConfig:  # noqa: N802 - the planner needs resolved outputs (WT, TC, ET)
+    return _ModelConfig(**{"out_channels": 3, **kw})
+
+
+def network(cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32",
+            memory_model: MemoryModel | None = None) -> NetworkCost:
+    """The cost tables of ``cfg`` at ``shape`` (Adam)."""
+    return compute_network_cost(Workload(cfg, shape, batch, policy), memory_model)
+
+
+def estimate(cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32", strategy: str = "off",
+             memory_model: MemoryModel | None = None, **options) -> Timeline:
+    """The timeline of a fixed strategy (``options``: other LMSOptions fields)."""
+    return estimate_peak(Workload(cfg, shape, batch, policy), LMSOptions(strategy=strategy, **options), memory_model)
+
+
+def peaks(cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32", **options) -> dict[str, int]:
+    """Predicted peak per strategy (auto only when it fits)."""
+    out = compare_strategies(Workload(cfg, shape, batch, policy), LMSOptions(limit_bytes=10**15, **options))
+    return {k: v["predicted_peak_bytes"] for k, v in out.items()}

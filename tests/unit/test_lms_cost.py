@@ -1,0 +1,119 @@
+"""The cost tables (brats_seg.lms.cost, brats_seg.lms.layer_cost): hand counts on a tiny U-Net."""
+
+from __future__ import annotations
+
+import pytest
+
+from brats_seg.lms.plan import Plan
+from brats_seg.lms.search import plan_lms
+from brats_seg.lms.timeline import simulate, tail_kept
+from brats_seg.lms.workload import LMSOptions, Workload
+from brats_seg.model.topology import unet_topology
+from tests.unit.lms_workloads import HALF, ModelConfig, estimate, network
+
+
+def test_hand_count_tiny_network():
+    """depth 1, base 2, 4x4x4 input, 4 -> 3 channels, float32, batch 1, instance norm.
+
+    Level 0: 64 voxels, level 1: 8 voxels; an F-channel float32 tensor is 256*F (level 0)
+    or 32*F (level 1) bytes; instance-norm stats are B*C*2 float32 (mean, 1/std).
+    """
+    cfg = ModelConfig(depth=1, base_filters=2)
+    net = network(cfg, (4, 4, 4))
+    assert [b.name for b in net.blocks] == ["enc0", "bottleneck", "dec0", "head"]
+    saved = {b.name: b.keep_saved_bytes for b in net.blocks}
+    # enc0: image (4ch, 1024) for conv1; c1, r1, c2, r2 (2ch, 512 each); 2 norm stats (16 each)
+    assert saved["enc0"] == 1024 + 4 * 512 + 2 * 16
+    # bottleneck: pool in (enc0 out, 512) and out (2ch@l1, 64); c1, r1, c2, r2 (4ch@l1, 128 each); stats 32 each
+    assert saved["bottleneck"] == 512 + 64 + 4 * 128 + 2 * 32
+    # dec0: transpose-conv input (128); concat out (4ch, 1024); c1, r1, c2, r2 (512 each); stats 16 each
+    assert saved["dec0"] == 128 + 1024 + 4 * 512 + 2 * 16
+    # head: conv input (dec0 out, 512) and the sigmoid output (3ch float32, 768)
+    assert saved["head"] == 512 + 768
+    # Parameters: convs without bias under a norm; norms gamma+beta; up and head convs with bias.
+    enc0 = 27 * 4 * 2 + 4 + 27 * 2 * 2 + 4
+    bottleneck = 27 * 2 * 4 + 8 + 27 * 4 * 4 + 8
+    dec0 = (8 * 4 * 2 + 2) + 27 * 4 * 2 + 4 + 27 * 2 * 2 + 4
+    head = 2 * 3 + 3
+    assert net.params == net.trainable_params == enc0 + bottleneck + dec0 + head
+    assert net.persistent["weight_bytes"] == 4 * net.params
+    assert net.persistent["optimizer_slot_bytes"] == 2 * 4 * net.params  # adam
+
+    # All keep, at the loss step every saved tensor is alive once (shared ones counted once):
+    # enc0 internals 3*512+32 and its output 512; bottleneck internals 64+3*128+64 and output 128;
+    # dec0 internals 1024+3*512+32 and output 512; head output 768. The image is in data_bytes.
+    timeline = simulate(net, ["keep"] * 4, size_bytes=0, prefetch=1)
+    loss_step = timeline.steps.index("loss")
+    expected_kept = (3 * 512 + 32 + 512) + (64 + 3 * 128 + 64 + 128) + (1024 + 3 * 512 + 32 + 512) + 768
+    assert timeline.kept_bytes[loss_step] == expected_kept
+
+
+def test_hand_count_kept_tail_of_the_last_block():
+    """Recomputed, the block before the head (dec0) keeps its last conv unit: its input
+    r1, the conv output c2 (the norm's input) and the norm's stats stay from its forward
+    to the start of its backward, and only the front's FLOPs are recomputed.
+
+    Same network as the hand count above (level-0 F-channel tensor: 256*F bytes).
+    """
+    cfg = ModelConfig(depth=1, base_filters=2)
+    net = network(cfg, (4, 4, 4))
+    dec0 = net.blocks[2]
+    assert dec0.tail_saved_bytes == 512 + 512 + 16
+    tail_flops = 2 * 27 * 2 * 2 * 64 + 8 * 64 * 2 + 64 * 2  # conv2, norm2, relu2
+    assert dec0.tail_forward_flops == tail_flops
+    assert [tail_kept(net, i, "recompute") for i in range(4)] == [False, False, True, False]
+    assert not tail_kept(net, 2, "keep")
+
+    plan = plan_lms(Workload(cfg, (4, 4, 4), 1), LMSOptions(limit_bytes=10**12, strategy="recompute", size_bytes=0))
+    assert plan.keep_tails == {"dec0"}
+    rows = {row.block: row for row in plan.blocks}
+    assert rows["dec0"].recomputed_flops == dec0.forward_flops - tail_flops
+    assert rows["enc0"].recomputed_flops == net.blocks[0].forward_flops
+    assert rows["dec0"].kept_bytes == 128 + 512 + (512 + 512 + 16)  # its inputs + the tail
+    assert "dec0: last conv unit kept" in plan.format_table()
+    # At the loss step: the blocks' outputs (enc0 512, bottleneck 128, dec0 512, head 768) and dec0's tail.
+    timeline = simulate(net, ["recompute"] * 4, size_bytes=0, prefetch=1)
+    assert timeline.kept_bytes[timeline.steps.index("loss")] == 512 + 128 + 512 + 768 + (512 + 512 + 16)
+    # ... and no longer once dec0's backward starts (the tail's tensors are freed first).
+    assert timeline.kept_bytes[timeline.steps.index("backward dec0")] == 512 + 128
+    assert Plan.from_json(plan.to_json()).keep_tails == {"dec0"}
+
+
+def test_norm_saves_float32_copy_under_mixed_precision():
+    cfg = ModelConfig(depth=1, base_filters=2)
+    f32 = network(cfg, (4, 4, 4), 1, "float32")
+    bf16 = network(cfg, (4, 4, 4), 1, "mixed_bfloat16")
+    # enc0 under bf16: cast image (4ch*64*2) for conv1, r1 and r2 in bf16 (2ch*64*2 each),
+    # two float32 norm inputs (2ch*64*4 each) and stats.
+    assert bf16.blocks[0].keep_saved_bytes == 512 + 2 * 256 + 2 * 512 + 2 * 16
+    assert bf16.blocks[0].keep_saved_bytes < f32.blocks[0].keep_saved_bytes
+    shape = (64, 64, 64)
+    assert estimate(cfg, shape, 1, "mixed_bfloat16").peak_bytes < estimate(cfg, shape, 1).peak_bytes
+
+
+def test_nested_region_head_keeps_its_sigmoids_and_products():
+    """NestedRegionSigmoid multiplies each sub-region by WT: its backward needs both factors,
+    so the head keeps one more head-sized float32 tensor than with independent sigmoids."""
+    plain = network(ModelConfig(depth=4), HALF, 1)
+    nested = network(ModelConfig(depth=4, region_parents=[-1, 0, 0]), HALF, 1)
+    head_plain, head_nested = plain.blocks[-1], nested.blocks[-1]
+    assert [layer.kind for layer in head_nested.layers][-2:] == ["sigmoid", "nest"]
+    head_bytes = 96 * 112 * 80 * 3 * 4
+    assert head_nested.keep_saved_bytes - head_plain.keep_saved_bytes == head_bytes
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+@pytest.mark.parametrize("overrides", [{}, {"upsample": "trilinear", "norm": "group"}, {"region_parents": [-1, 0, 0]}])
+def test_cost_rows_are_the_layers_of_the_topology(policy, overrides):
+    """Every layer of the topology is priced once, in call order (a nested sigmoid as its
+    sigmoids and then their products), with its own weights; nothing else is."""
+    cfg = ModelConfig(depth=3, **overrides)
+    topology, net = unet_topology(cfg, policy), network(cfg, HALF, 1, policy)
+    for spec, blk in zip(topology.blocks, net.blocks):
+        expected = [layer.name for layer in spec.layers] + (["head_nest"] if spec.layers[-1].kind == "nest" else [])
+        assert [row.name for row in blk.layers] == expected
+        assert blk.params == sum(layer.params for layer in spec.layers)
+        assert blk.inputs == tuple(t.name for t in spec.inputs) and blk.output == spec.name
+        if spec.tail_start is not None:
+            assert blk.layers[blk.tail_start].name == spec.layers[spec.tail_start].name
+    assert [b.name for b in net.blocks] == [b.name for b in topology.blocks]
