@@ -144,6 +144,7 @@ class EvaluateConfig:
 @dataclass
 class PlanConfig:
     format: str = "table"  # table | json
+    find: str = ""  # "" (plan the run) | max_input | max_batch: the largest that fits lms.limit, per strategy
 
 
 @dataclass

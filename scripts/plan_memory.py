@@ -3,10 +3,16 @@
 
     python scripts/plan_memory.py resolution=full lms.limit=16GB backend=gpu_lms
     python scripts/plan_memory.py resolution=2x lms=auto lms.limit=80GB plan.format=json
+    python scripts/plan_memory.py resolution=full model.depth=4 backend=cpu_onednn lms.limit=8GB plan.find=max_input
 
 Prints the plan table for the configured ``lms=`` strategy (``auto`` when lms=off) and,
 for each strategy (off / recompute / offload / auto), the predicted peak and overhead.
 Exits 1 if the configured strategy does not fit ``lms.limit``, with what would fit.
+
+``plan.find=max_input`` prints instead, per strategy, the largest input of the resolution's
+proportions (each axis a multiple of ``2**depth``) that fits ``lms.limit`` at the configured
+batch, and how many times more voxels per step ``auto`` trains than ``off``; ``plan.find=max_batch``
+the largest batch at the configured shape.
 """
 
 from __future__ import annotations
@@ -28,13 +34,41 @@ def _gb(n) -> str:
     return "-" if n is None else f"{n / 1e9:.2f} GB"
 
 
+def _print_capacity(conf, device: str, limit: int, found: dict) -> None:
+    off, auto = (found[k].voxels * found[k].batch_size for k in ("off", "auto"))  # voxels per step
+    ratio = auto / off if off else None
+    if conf.plan.format == "json":
+        print(json.dumps({"limit_bytes": limit, "device": device, "find": conf.plan.find,
+                          "strategies": {k: c.to_dict() for k, c in found.items()},
+                          "auto_over_off_voxels_per_step": round(ratio, 3) if ratio else None}))
+        return
+    what = "input" if conf.plan.find == "max_input" else "batch"
+    print(f"largest {what} within lms.limit={conf.lms.limit} ({_gb(limit)}) on {device}, model depth "
+          f"{conf.model.depth}, {conf.model.base_filters} filters, {conf.backend.precision}, "
+          + (f"batch {conf.trainer.batch_size}, proportions of {tuple(conf.resolution.shape)}"
+             if what == "input" else f"input {tuple(conf.resolution.shape)}"))
+    print(f"{'strategy':<10} {'input':>16} {'batch':>6} {'voxels':>12} {'predicted peak':>15}")
+    for name, c in found.items():
+        shape = "x".join(map(str, c.input_shape)) if c.input_shape else "nothing fits"
+        print(f"{name:<10} {shape:>16} {c.batch_size:>6} {c.voxels:>12,} {_gb(c.predicted_peak_bytes or None):>15}")
+    if ratio:
+        print(f"auto trains {ratio:.2f}x the voxels per step of off")
+    elif auto:
+        print("off fits nothing in this budget; auto does (above)")
+
+
 @hydra.main(config_path="../configs", config_name="plan_memory", version_base="1.3")
 def main(cfg) -> None:
     from brats_seg.lms.plan import PlanDoesNotFitError
-    from brats_seg.lms.preflight import compare_run, plan_run, planning_device
+    from brats_seg.lms.preflight import capacity_run, compare_run, plan_run, planning_device
 
     conf = to_config(cfg)
     device = planning_device(conf)
+    if conf.plan.find:
+        with user_errors():
+            limit, found = capacity_run(conf, conf.plan.find, device)
+        _print_capacity(conf, device, limit, found)
+        return
     strategy = "auto" if conf.lms.name == "off" else conf.lms.name
     with user_errors():
         limit, strategies = compare_run(conf, device)

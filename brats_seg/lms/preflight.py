@@ -10,13 +10,14 @@ import logging
 import shutil
 
 from brats_seg.config import TrainConfig, resolve_model_outputs
+from brats_seg.lms.capacity import Capacity, find_capacity
 from brats_seg.lms.memory_model import memory_model_for
 from brats_seg.lms.plan import Plan
 from brats_seg.lms.search import compare_strategies, plan_lms_from_config
 from brats_seg.lms.units import parse_limit
 from brats_seg.lms.workload import LMSOptions, Workload
 
-__all__ = ["planning_device", "plan_run", "compare_run"]
+__all__ = ["capacity_run", "compare_run", "plan_run", "planning_device"]
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,12 @@ def plan_run(cfg: TrainConfig, device: str | None = None, strategy: str | None =
 
     Raises:
         PlanDoesNotFitError: with the smallest predicted peak and what would fit.
+        BackendError: a precision the device cannot train in (bf16 on a CPU without it).
     """
-    from brats_seg.backend import device_memory_bytes
+    from brats_seg.backend import check_precision, device_memory_bytes
 
     device = device or planning_device(cfg)
+    check_precision(cfg.backend.precision, device)
     resolve_model_outputs(cfg)
     if strategy is not None and strategy != cfg.lms.name:
         cfg = _with_strategy(cfg, strategy)
@@ -51,14 +54,27 @@ def plan_run(cfg: TrainConfig, device: str | None = None, strategy: str | None =
 
 def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]:
     """``(limit_bytes, {strategy: prediction})`` for off/recompute/offload/auto; never raises for fit."""
-    from brats_seg.backend import device_memory_bytes
+    from brats_seg.backend import check_precision, device_memory_bytes
 
     device = device or planning_device(cfg)
+    check_precision(cfg.backend.precision, device)
     resolve_model_outputs(cfg)
     limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
     # All four strategies are compared, whatever lms= names (offload reports why not on CPU).
     options = LMSOptions.from_config(cfg.lms, limit, allow_offload=device == "GPU", strategy="auto")
     return limit, compare_strategies(Workload.from_config(cfg), options, memory_model_for(device))
+
+
+def capacity_run(cfg: TrainConfig, find: str, device: str | None = None) -> tuple[int, dict[str, Capacity]]:
+    """``(limit_bytes, {strategy: Capacity})``: the largest input (``find=max_input``, of the
+    resolution's proportions) or batch (``max_batch``) each strategy fits in ``lms.limit``."""
+    from brats_seg.backend import check_precision, device_memory_bytes
+
+    device = device or planning_device(cfg)
+    check_precision(cfg.backend.precision, device)
+    limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
+    options = LMSOptions.from_config(cfg.lms, limit, allow_offload=device == "GPU", strategy="auto")
+    return limit, find_capacity(find, Workload.from_config(cfg), memory_model_for(device), options)
 
 
 def _with_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:

@@ -37,6 +37,7 @@ __all__ = [
     "auto_config",
     "compare_strategies",
     "estimate_peak",
+    "fits_with",
     "fixed_config",
     "largest_batch",
     "largest_resolution",
@@ -244,7 +245,7 @@ def _fixed_strategies(allow_offload: bool) -> tuple[str, ...]:
     return FIXED_STRATEGIES if allow_offload else ("off", "recompute")
 
 
-def _fits_with(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions
+def fits_with(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions
                ) -> tuple[bool, int]:
     """Whether any of the fixed ``strategies`` fits, and the smallest of their peaks."""
     net = compute_network_cost(workload, mm)
@@ -260,7 +261,7 @@ def largest_batch(workload: Workload, mm: MemoryModel, strategies: Sequence[str]
     """Largest batch (<= cap) at which one of the fixed ``strategies`` fits, and its peak;
     (0, 0) if batch 1 does not fit."""
     def fits(batch: int) -> tuple[bool, int]:
-        return _fits_with(workload.with_input(batch_size=batch), mm, strategies, options)
+        return fits_with(workload.with_input(batch_size=batch), mm, strategies, options)
 
     ok, peak = fits(1)
     if not ok:
@@ -287,7 +288,7 @@ def largest_resolution(workload: Workload, mm: MemoryModel, strategies: Sequence
     for name, shape in STANDARD_RESOLUTIONS:
         if any(s % 2**workload.model_cfg.depth for s in shape):
             continue
-        ok, peak = _fits_with(workload.with_input(shape, 1), mm, strategies, options)
+        ok, peak = fits_with(workload.with_input(shape, 1), mm, strategies, options)
         if ok:
             found = (name, shape), peak
     return found

@@ -137,3 +137,27 @@ def test_plan_memory_says_what_would_fit():
     out = _plan_memory("resolution=2x", "lms=recompute", "lms.limit=16GB", "trainer.batch_size=1")
     assert out.returncode == 1
     assert "does not fit" in out.stdout and "full 192x224x160" in out.stdout
+
+
+def test_plan_memory_finds_the_largest_input_per_strategy():
+    out = _plan_memory("resolution=full", "model.depth=4", "trainer.batch_size=1", "lms.limit=8GB",
+                       "plan.find=max_input", "plan.format=json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    s = data["strategies"]
+    assert data["limit_bytes"] == 8 * 10**9 and set(s) == {"off", "recompute", "auto"}
+    assert all(v["predicted_peak_bytes"] <= 8 * 10**9 and all(d % 16 == 0 for d in v["input_shape"]) for v in s.values())
+    assert data["auto_over_off_voxels_per_step"] == pytest.approx(s["auto"]["voxels"] / s["off"]["voxels"], rel=1e-3)
+    table = _plan_memory("resolution=half", "model.depth=4", "lms.limit=8GB", "plan.find=max_batch")
+    assert table.returncode == 0 and "largest batch" in table.stdout and "auto trains" in table.stdout
+    table = _plan_memory("resolution=full", "model.depth=4", "lms.limit=8GB", "plan.find=max_batch")
+    assert table.returncode == 0 and "off fits nothing in this budget" in table.stdout
+
+
+def test_plan_memory_refuses_bf16_on_a_cpu_without_it():
+    from brats_seg.cpu import has_native_bf16
+
+    if has_native_bf16():
+        pytest.skip("this CPU computes bf16 natively (the refusal is tested with faked flags in test_cpu.py)")
+    out = _plan_memory("resolution=full", "backend.precision=bf16", "lms.limit=8GB")
+    assert out.returncode == 2 and "backend.precision=bf16 needs a CPU" in out.stderr
