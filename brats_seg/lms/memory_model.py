@@ -9,9 +9,11 @@ measured and fitted: ``docs/lms_calibration.md``.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["CPU_MEMORY_MODELS", "MemoryModel", "memory_model_for"]
+__all__ = ["BASE_PRESETS", "CPU_MEMORY_MODELS", "MemoryModel", "base_preset", "load_preset", "memory_model_for"]
 
 
 @dataclass(frozen=True)
@@ -134,18 +136,54 @@ class MemoryModel:
             )
 
 
-#: The calibrated CPU coefficients per instruction set oneDNN runs on (see
-#: :mod:`brats_seg.cpu`). The defaults of :class:`MemoryModel` were measured on an AVX-512
-#: CPU (Sapphire Rapids). On an AVX2-only CPU (AMD EPYC) oneDNN computes the gradient by
-#: weights with its gemm implementation and scratch of its own, JIT-compiles more kernel
-#: variants per convolution, and the pool keeps more of the rebuilt tensors' pages; the
-#: three are fitted on a calibration grid and checked on points it did not include
-#: (docs/lms_calibration.md, "AVX2-only CPUs").
-CPU_MEMORY_MODELS: dict[str, MemoryModel] = {
-    "avx512": MemoryModel(),
-    "avx2": MemoryModel(conv_weight_grad_scratch=1.0, runtime_bytes_per_conv=8_500_000,
-                        runtime_bytes_per_conv_filter=120_000, rebuild_runtime_bytes=0, rebuild_fragmentation=0.95),
+#: The per-layer rules of each CPU preset, before calibration (see :mod:`brats_seg.cpu`).
+#: On AVX-512 (Sapphire Rapids) the defaults of :class:`MemoryModel`. On an AVX2-only CPU
+#: (AMD EPYC) oneDNN computes the gradient by weights with its gemm implementation and
+#: scratch of its own (``conv_weight_grad_scratch``), and a convolution's JIT kernels grow
+#: with its width (``runtime_bytes_per_conv_filter``).
+BASE_PRESETS: dict[str, dict[str, float]] = {
+    "avx512": {},
+    "avx2": {"conv_weight_grad_scratch": 1.0, "runtime_bytes_per_conv_filter": 120_000, "rebuild_runtime_bytes": 0},
 }
+
+#: Where ``scripts/calibrate_memory.py`` writes each preset's measurements and fit
+#: (``cpu_<isa>.json``); the fitted fields found there override the base preset.
+PRESET_DIR = Path(__file__).with_name("presets")
+
+
+def base_preset(isa: str) -> MemoryModel:
+    """The rules of ``isa``'s preset without its fitted fields (what calibration starts from)."""
+    return MemoryModel(**BASE_PRESETS[isa])
+
+
+def load_preset(isa: str, preset_dir: Path = PRESET_DIR) -> MemoryModel:
+    """``isa``'s preset: the base rules plus the fitted fields of ``preset_dir/cpu_<isa>.json``.
+
+    Without that file (an instruction set not calibrated with ``calibrate_memory.py``), or
+    before its fit is written, the base rules alone.
+
+    Raises:
+        ValueError: a preset file that is not the calibration's output, naming the file.
+    """
+    base = base_preset(isa)
+    path = Path(preset_dir) / f"cpu_{isa}.json"
+    if not path.exists():
+        return base
+    try:
+        record = json.loads(path.read_text())
+        if "fit" not in record:  # measured, not fitted yet (a calibration under way)
+            return base
+        fields = record["fit"]["fields"]
+        return dataclasses.replace(base, **{k: type(getattr(base, k))(v) for k, v in fields.items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(
+            f"{path} is not a memory calibration (fit.fields of MemoryModel): {e}. Re-run "
+            f"scripts/calibrate_memory.py --fit-only, or delete the file to plan with the base preset."
+        ) from e
+
+
+#: The CPU coefficients per instruction set oneDNN runs on, as calibrated.
+CPU_MEMORY_MODELS: dict[str, MemoryModel] = {isa: load_preset(isa) for isa in BASE_PRESETS}
 
 
 def memory_model_for(device: str, isa: str | None = None) -> MemoryModel:

@@ -1,12 +1,20 @@
-"""Planner accuracy on CPU: predicted vs measured training memory at three input sizes.
+"""Planner accuracy on CPU where it was not fitted: predicted vs measured training memory.
 
-Each point runs ``scripts/benchmark.py`` in a fresh subprocess (so the peak RSS is its
-own) for four steps, the small points three times (median) (the BFC pool's resident pages grow over the first few, more under
-recompute; a training run holds the steady state) and compares ``predicted_peak_bytes``
-with ``peak_bytes - baseline_bytes``. The model
-is the default U-Net at 8 base filters, which keeps the full-resolution points to about a
-minute each on 2 cores; the printed table is the one the README quotes (the calibration
-behind the planner's defaults: docs/lms_calibration.md).
+Each point runs ``scripts/benchmark.py`` in a fresh subprocess (its own peak RSS), four
+training steps, once, and compares ``predicted_peak_bytes`` with ``peak_bytes -
+baseline_bytes``. None of the points is in the calibration grid of
+``scripts/calibrate_memory.py``: other batch sizes (1-3), depths (3-5), widths (8-24),
+shapes that are no standard resolution, trilinear up-sampling, and ``lms=auto`` under a
+budget, which must also measure under that budget. The printed table is the one the
+README quotes.
+
+Asserted: never more than 8% under the measured peak (the side that ends a run in an
+out-of-memory crash), and on a CPU whose preset the calibration script measured and
+validated (AVX2 today) never more than 25% over it. The calibration's held-out points
+reach +15.8% (the largest of their runs; the aim is +15%) and a single run measures up to
+9% lower than another, so one run can read up to ~25% over. The AVX-512 preset was fitted
+to earlier measurements entered by hand and errs higher at batch 1 (up to +21.5% on its
+own points): there only the lower bound is asserted.
 """
 
 from __future__ import annotations
@@ -19,41 +27,61 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SIZES = {  # name -> (overrides, runs); depth 4 needs shapes divisible by 16
-    "64x64x48": (["resolution.shape=[64,64,48]", "resolution.name=s64"], 3),
-    "half 96x112x80": (["resolution=half"], 3),
-    "full 192x224x160": (["resolution=full"], 1),
-}
-# A single run of one point spreads by up to +-9% on a 2-core AVX2 CPU (half resolution,
-# recompute: 0.70-0.83 GB over four runs; the order of TensorFlow's two inter-op threads
-# decides which chunks the pool hands out), so the cheap points are measured three times
-# and their median is compared; full resolution (a minute and more per run) once.
-TOLERANCE = 0.15
+UNDER, OVER = -0.08, 0.25
+POINTS = [  # (name, overrides, lms)
+    ("d5 f8 96x128x96 b1", ["model.depth=5", "model.base_filters=8", "resolution.shape=[96,128,96]",
+                            "trainer.batch_size=1"], "off"),
+    ("d4 f24 80x96x64 b2", ["model.depth=4", "model.base_filters=24", "resolution.shape=[80,96,64]",
+                            "trainer.batch_size=2"], "recompute"),
+    ("d3 f12 112x128x96 b2", ["model.depth=3", "model.base_filters=12", "resolution.shape=[112,128,96]",
+                              "trainer.batch_size=2"], "off"),
+    ("d4 f16 half b1 trilinear", ["model.depth=4", "model.base_filters=16", "resolution=half",
+                                  "trainer.batch_size=1", "model.upsample=trilinear"], "recompute"),
+    ("d3 f16 half b3", ["model.depth=3", "model.base_filters=16", "resolution=half", "trainer.batch_size=3"], "auto"),
+]
 
 
-def _bench(overrides, strategy):
+def _bench(overrides):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "benchmark.py"), *overrides, f"lms={strategy}", "benchmark.steps=3",
-         "backend=cpu_onednn", "trainer.batch_size=1", "model.base_filters=8", "model.depth=4"],
-        capture_output=True, text=True, timeout=1200, cwd=REPO,
+        [sys.executable, str(REPO / "scripts" / "benchmark.py"), *overrides, "benchmark.steps=4", "backend=cpu_onednn"],
+        capture_output=True, text=True, timeout=1800, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _auto_limit(overrides) -> int:
+    """A budget half-way between the host preset's off and recompute predictions."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from calibrate_memory import predict
+
+    from brats_seg.lms.memory_model import memory_model_for
+
+    off, rec = (predict(overrides, s, memory_model_for("CPU")) for s in ("off", "recompute"))
+    return int(rec + 0.5 * (off - rec))
+
+
 @pytest.mark.slow
-def test_predicted_peak_within_15_percent_of_measured():
-    rows = []
-    for name, (overrides, runs) in SIZES.items():
-        for strategy in ("off", "recompute"):
-            results = sorted((_bench(overrides, strategy) for _ in range(runs)), key=lambda r: r["measured_bytes"])
-            r = results[len(results) // 2]  # the median run
-            rows.append((name, strategy, r["measured_bytes"], r["predicted_peak_bytes"], r["prediction_error"], r["step_s"]))
-    lines = [f"{'input':<18} {'lms':<10} {'measured':>10} {'predicted':>10} {'error':>7} {'step_s':>7}"]
-    lines += [f"{n:<18} {s:<10} {m / 1e9:>8.2f}GB {p / 1e9:>8.2f}GB {e:>+7.1%} {t:>7.2f}" for n, s, m, p, e, t in rows]
-    print("\n" + "\n".join(lines))
-    bad = [r for r in rows if abs(r[4]) > TOLERANCE]
-    assert not bad, f"prediction off by more than {TOLERANCE:.0%}: {bad}"
-    off = {n: m for n, s, m, *_ in rows if s == "off"}
-    rec = {n: m for n, s, m, *_ in rows if s == "recompute"}
-    assert all(rec[n] < off[n] for n in off), "recompute should lower the measured memory at every size"
+def test_predicted_peak_within_bounds_where_not_fitted():
+    from brats_seg.cpu import cpu_isa
+
+    rows, over_limit = [], []
+    for name, overrides, strategy in POINTS:
+        extra = [f"lms={strategy}"]
+        limit = None
+        if strategy == "auto":
+            limit = _auto_limit(overrides)
+            extra.append(f"lms.limit={limit}")
+        r = _bench([*overrides, *extra])
+        rows.append((name, strategy, r["measured_bytes"], r["predicted_peak_bytes"], r["prediction_error"], r["step_s"]))
+        if limit is not None and r["measured_bytes"] > limit:
+            over_limit.append((name, r["measured_bytes"], limit))
+    lines = [f"{'point':<26} {'lms':<10} {'measured':>10} {'predicted':>10} {'error':>7} {'step_s':>7}"]
+    lines += [f"{n:<26} {s:<10} {m / 1e9:>8.2f}GB {p / 1e9:>8.2f}GB {e:>+7.1%} {t:>7.2f}" for n, s, m, p, e, t in rows]
+    print(f"\n{cpu_isa()} CPU\n" + "\n".join(lines))
+    assert not over_limit, f"lms=auto measured above its lms.limit: {over_limit}"
+    low = [r for r in rows if r[4] < UNDER]
+    assert not low, f"predicted more than {-UNDER:.0%} under the measured peak: {low}"
+    if cpu_isa() == "avx2":
+        high = [r for r in rows if r[4] > OVER]
+        assert not high, f"predicted more than {OVER:.0%} over the measured peak: {high}"
