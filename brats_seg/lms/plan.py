@@ -276,7 +276,11 @@ class PlanDoesNotFitError(RuntimeError):
             advice.append(f"use lms=auto or lms={best_strategy}")
         if max_batch and max_batch < workload.batch_size:
             advice.append(f"lower trainer.batch_size to {max_batch}")
-        advice += ["choose a smaller resolution", "lower model.base_filters or use backend.precision=bf16/fp16",
+        on_gpu = "offload" in fixed_strategies  # offload is only offered where there is device memory
+        precision = ("backend.precision=bf16/fp16" if on_gpu
+                     else "backend.precision=bf16 (on a CPU with AMX or AVX512-BF16)")
+        advice += ["choose a smaller resolution",
+                   "lower model.base_filters" + (f" or use {precision}" if workload.policy == "float32" else ""),
                    "or raise lms.limit"]
         message = head + batch_part + res_part + " To fix: " + ", ".join(advice) + "."
         return cls(message, int(smallest), best_strategy, int(limit_bytes), max_batch, max_res)
