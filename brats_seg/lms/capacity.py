@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.search import fits_with, largest_batch
+from brats_seg.lms.search import fits_with, largest_batch, largest_fitting
 from brats_seg.lms.workload import LMSOptions, Workload
 
 __all__ = ["Capacity", "FINDS", "find_capacity", "input_shape_at", "largest_input"]
@@ -77,21 +77,10 @@ def largest_input(workload: Workload, mm: MemoryModel, strategy: str, options: L
         shape = input_shape_at(workload.input_shape, multiple, scale)
         return fits_with(workload.with_input(input_shape=shape), mm, strategies, options)
 
-    ok, peak = fits(1)
-    if not ok:
+    scale, peak = largest_fitting(fits, MAX_SCALE)
+    if not scale:
         return Capacity(strategy, None, workload.batch_size, 0)
-    lo, lo_peak, hi = 1, peak, 2
-    while hi <= MAX_SCALE:
-        ok, peak = fits(hi)
-        if not ok:
-            break
-        lo, lo_peak, hi = hi, peak, hi * 2
-    hi = min(hi, MAX_SCALE + 1)
-    while hi - lo > 1:  # lo fits, hi does not (or is past the cap)
-        mid = (lo + hi) // 2
-        ok, peak = fits(mid)
-        lo, lo_peak, hi = (mid, peak, hi) if ok else (lo, lo_peak, mid)
-    return Capacity(strategy, input_shape_at(workload.input_shape, multiple, lo), workload.batch_size, lo_peak)
+    return Capacity(strategy, input_shape_at(workload.input_shape, multiple, scale), workload.batch_size, peak)
 
 
 def find_capacity(find: str, workload: Workload, mm: MemoryModel, options: LMSOptions) -> dict[str, Capacity]:

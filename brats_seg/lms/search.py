@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from brats_seg.config import TrainConfig
 from brats_seg.lms.accounting import block_row, plan_overhead
@@ -40,6 +40,7 @@ __all__ = [
     "fits_with",
     "fixed_config",
     "largest_batch",
+    "largest_fitting",
     "largest_resolution",
     "plan_lms",
     "plan_lms_from_config",
@@ -256,13 +257,9 @@ def fits_with(workload: Workload, mm: MemoryModel, strategies: Sequence[str], op
     return peak <= options.limit_bytes, peak
 
 
-def largest_batch(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions,
-                  cap: int = 4096) -> tuple[int, int]:
-    """Largest batch (<= cap) at which one of the fixed ``strategies`` fits, and its peak;
-    (0, 0) if batch 1 does not fit."""
-    def fits(batch: int) -> tuple[bool, int]:
-        return fits_with(workload.with_input(batch_size=batch), mm, strategies, options)
-
+def largest_fitting(fits: Callable[[int], tuple[bool, int]], cap: int) -> tuple[int, int]:
+    """The largest ``n`` in ``1..cap`` with ``fits(n)[0]``, and its ``fits(n)[1]`` (a peak),
+    for ``fits`` monotone in ``n`` (doubling, then bisection); ``(0, 0)`` if 1 does not fit."""
     ok, peak = fits(1)
     if not ok:
         return 0, 0
@@ -278,6 +275,14 @@ def largest_batch(workload: Workload, mm: MemoryModel, strategies: Sequence[str]
         ok, peak = fits(mid)
         lo, lo_peak, hi = (mid, peak, hi) if ok else (lo, lo_peak, mid)
     return lo, lo_peak
+
+
+def largest_batch(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions,
+                  cap: int = 4096) -> tuple[int, int]:
+    """Largest batch (<= cap) at which one of the fixed ``strategies`` fits, and its peak;
+    (0, 0) if batch 1 does not fit."""
+    return largest_fitting(
+        lambda batch: fits_with(workload.with_input(batch_size=batch), mm, strategies, options), cap)
 
 
 def largest_resolution(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions
