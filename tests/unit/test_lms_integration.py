@@ -154,10 +154,15 @@ def test_plan_memory_finds_the_largest_input_per_strategy():
     assert table.returncode == 0 and "off fits nothing in this budget" in table.stdout
 
 
-def test_plan_memory_refuses_bf16_on_a_cpu_without_it():
+def test_plan_memory_plans_bf16_only_on_a_cpu_that_has_it():
+    """On this host's CPU: refused with the reason where bf16 is not native (AVX2-only),
+    planned where it is (AMX/AVX512-BF16); both branches with faked flags are in test_cpu.py."""
     from brats_seg.cpu import has_native_bf16
 
+    out = _plan_memory("resolution=half", "model.depth=4", "backend.precision=bf16", "lms.limit=8GB")
     if has_native_bf16():
-        pytest.skip("this CPU computes bf16 natively (the refusal is tested with faked flags in test_cpu.py)")
-    out = _plan_memory("resolution=full", "backend.precision=bf16", "lms.limit=8GB")
-    assert out.returncode == 2 and "backend.precision=bf16 needs a CPU" in out.stderr
+        assert out.returncode == 0, out.stderr
+        assert "mixed_bfloat16" in out.stdout
+    else:
+        assert out.returncode == 2 and "backend.precision=bf16 needs a CPU" in out.stderr
+        assert out.stdout == ""  # refused before anything was planned
