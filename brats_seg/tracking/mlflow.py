@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from brats_seg.config import TrackingConfig
+from brats_seg.files import write_text_atomic
 
 __all__ = [
     "Tracker",
@@ -180,9 +181,7 @@ def _mlflow_value(value: object, limit: int) -> str:
 
 
 def _write_json_atomic(path: Path, obj: object) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def _read_run_file(run_dir: Path) -> dict | None:
