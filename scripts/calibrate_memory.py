@@ -4,10 +4,11 @@
     python scripts/calibrate_memory.py                  # measure both grids (resumable), fit, report
     python scripts/calibrate_memory.py --fit-only       # refit from the measurements on file
     python scripts/calibrate_memory.py --fit-only --out brats_seg/lms/presets/cpu_avx512.json
-    python scripts/calibrate_memory.py --runs 3
+    python scripts/calibrate_memory.py --runs 3 --validation-runs 2
 
 Every point is ``scripts/benchmark.py`` in a fresh subprocess (its own peak RSS), four
-training steps, ``--runs`` times; a point's measurement is the largest of its runs (the
+training steps, ``--runs`` times on the calibration grid and ``--validation-runs`` times on
+the validation grid; a point's measurement is the largest of its runs (the
 planner is to err high: an out-of-memory crash costs more than a few percent of unused
 RAM). The fit adjusts the fields of :data:`FITTED` of the host CPU's preset (an
 asymmetric least-squares fit of the relative error to :data:`TARGET_BIAS` above the
