@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         raise SystemExit(f"error: {path} is not JSON ({e}); move it away to calibrate afresh") from None
     if args.fit_only:  # refit a preset measured elsewhere (--out brats_seg/lms/presets/cpu_avx512.json)
+        if not any(e.get("grid") == "calibration" for e in record.get("points", {}).values()):
+            raise SystemExit(f"error: {path} holds no calibration measurements to fit; run without --fit-only.")
         isa = record.get("isa", isa)
     else:
         if record.get("isa", isa) != isa:
