@@ -64,260 +64,33 @@ Functional models: on symbolic ``KerasTensor`` inputs the wrapper returns the ou
 an :class:`LMSBlock` layer named after the block, whose ``call`` applies the policy when
 the model runs; it tracks the block's layers (weights belong to the model).
 
-Refused in recompute/offload blocks: layers whose forward writes state (BatchNormalization
-moving statistics, Dropout's seed generator, stateful random ops) would run twice with
-different results. XLA (``jit_compile=True``) ignores host placements and may merge the
-recomputation with the forward pass; both policies refuse to run under it.
+Refused in recompute/offload blocks (:mod:`brats_seg.lms.recompute_safety`): layers whose
+forward writes state, and XLA. Counters: :class:`brats_seg.lms.offload_stats.OffloadStats`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-# Private TF modules, pinned by the tensorflow 2.21 requirement: no public TF2 API stops
+# Private TF module, pinned by the tensorflow 2.21 requirement: no public TF2 API stops
 # the tapes of the current thread or tells whether a tape is recording / watching.
 from tensorflow.python.eager import record as _tape
-from tensorflow.python.ops import control_flow_util as _cf_util
 
-__all__ = [
-    "POLICIES",
-    "BlockWrapper",
-    "LMSBlock",
-    "OffloadStats",
-    "RecomputeError",
-    "find_recompute_unsafe_layers",
-]
+from brats_seg.lms.offload_stats import OffloadStats
+from brats_seg.lms.passes import BlockCall, ForwardPass
+from brats_seg.lms.recompute_safety import check_layers, check_new_ops, check_not_xla
+
+__all__ = ["POLICIES", "BlockWrapper", "LMSBlock"]
 
 logger = logging.getLogger(__name__)
 
 POLICIES = ("keep", "recompute", "offload")
-
-# Graph ops that change state: run twice (forward + recompute) they corrupt training.
-_WRITE_OP_PREFIXES = ("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply")
-_STATEFUL_RANDOM_OPS = frozenset(
-    {"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-     "RandomGamma", "RandomPoisson", "RandomPoissonV2", "RandomShuffle", "Multinomial"}
-)
-
-
-class RecomputeError(ValueError):
-    """A block planned for recompute/offload cannot be recomputed safely."""
-
-    # AutoGraph re-raises errors from a traced function with their own type only if the
-    # type uses Exception.__init__ (else it raises a StagingError); keep the type visible.
-    __init__ = Exception.__init__
-
-
-# ---------------------------------------------------------------------------------------
-# Stats
-# ---------------------------------------------------------------------------------------
-
-
-class OffloadStats:
-    """LMS counters: bytes copied to the host and FLOPs recomputed, per training step.
-
-    The counters are ``tf.Variable`` s updated inside the traced step (so a dynamic batch,
-    e.g. Keras' ``None``, is counted right), summed over replicas on read. Create the
-    object under ``strategy.scope()`` when training distributed. A block is counted when
-    its forward pass is recorded for backprop (training steps, not inference).
-
-    Args:
-        flops_per_block: forward FLOPs of a block for ONE example (batch 1), e.g. from the
-            planner; multiplied by the batch size at run time. Missing blocks count 0.
-    """
-
-    def __init__(self, flops_per_block: Mapping[str, float] | None = None):
-        self.flops_per_block = dict(flops_per_block or {})
-
-        def counter(name: str) -> tf.Variable:
-            return tf.Variable(
-                0, dtype=tf.int64, trainable=False, name=name,
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
-
-        self.offloaded_bytes = counter("lms_offloaded_bytes")  # bytes, all passes since reset
-        self.recomputed_flops = counter("lms_recomputed_flops")  # FLOPs, all passes since reset
-        self.passes = counter("lms_passes")  # training forward passes (steps x replicas)
-
-    def add_pass(self) -> None:
-        self.passes.assign_add(1)
-
-    def add_offloaded(self, tensors: Sequence[tf.Tensor]) -> None:
-        """Count ``tensors`` (any shapes) as copied to the host once in this pass."""
-        if tensors:
-            self.offloaded_bytes.assign_add(tf.add_n([_nbytes(t) for t in tensors]))
-
-    def add_recomputed(self, block_name: str, x: tf.Tensor) -> None:
-        """Count ``block_name``'s forward FLOPs for the batch of ``x`` ``(B, ...)``."""
-        per_example = int(self.flops_per_block.get(block_name, 0))
-        if per_example:
-            batch = x.shape[0] if x.shape.rank and x.shape[0] is not None else tf.shape(x, tf.int64)[0]
-            self.recomputed_flops.assign_add(tf.cast(batch, tf.int64) * per_example)
-
-    def result(self) -> dict[str, float]:
-        """Means per forward pass (one replica's step) since the last :meth:`reset`."""
-        passes = int(self.passes.numpy())
-        per = max(passes, 1)
-        return {
-            "lms_offloaded_bytes": int(self.offloaded_bytes.numpy()) / per,
-            "lms_recomputed_flops": int(self.recomputed_flops.numpy()) / per,
-            "lms_passes": passes,
-        }
-
-    def reset(self) -> None:
-        for v in (self.offloaded_bytes, self.recomputed_flops, self.passes):
-            v.assign(0)
-
-
-def _nbytes(t: tf.Tensor) -> tf.Tensor:
-    """Size of ``t`` in bytes, an int64 scalar (a constant when the shape is static)."""
-    n = t.shape.num_elements()
-    if n is not None:
-        return tf.constant(n * t.dtype.size, tf.int64)
-    return tf.size(t, out_type=tf.int64) * t.dtype.size
-
-
-# ---------------------------------------------------------------------------------------
-# Bookkeeping of one forward pass
-# ---------------------------------------------------------------------------------------
-
-
-class _TensorMap:
-    """Tensor -> value by identity, without keeping the tensor alive (eager memory)."""
-
-    def __init__(self):
-        self._items: dict[int, tuple[weakref.ref, Any]] = {}
-
-    def put(self, tensor: tf.Tensor, value: Any) -> None:
-        self._items[id(tensor)] = (weakref.ref(tensor), value)
-
-    def get(self, tensor: Any) -> Any:
-        item = self._items.get(id(tensor))
-        return item[1] if item is not None and item[0]() is tensor else None
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
-
-
-@dataclasses.dataclass(eq=False)
-class _BlockCall:
-    """One block call in one forward pass, shared by its forward and backward closures."""
-
-    name: str
-    index: int  # position in forward order within the pass
-    policy: str
-    inputs: list = dataclasses.field(default_factory=list)  # graph mode: anchors for skip fetches
-    compute_device: str = ""  # where the block runs; copies back go there
-    host_inputs: list | None = None  # offload: host copies of the inputs
-    restored: list | None = None  # offload: copies back (issued by a later block's backward)
-    prefetch_for: list = dataclasses.field(default_factory=list)  # calls fetched at our grad start
-
-
-@dataclasses.dataclass(eq=False)
-class _Pass:
-    """The block calls of one forward pass, in forward order."""
-
-    graph: Any
-    calls: list = dataclasses.field(default_factory=list)
-    skips: _TensorMap = dataclasses.field(default_factory=_TensorMap)  # skip output -> (host, producer)
-    host_of: _TensorMap = dataclasses.field(default_factory=_TensorMap)  # fetched skip -> its host copy
-
-    def has(self, name: str) -> bool:
-        return any(c.name == name for c in self.calls)
-
-
-# ---------------------------------------------------------------------------------------
-# Safety checks
-# ---------------------------------------------------------------------------------------
-
-
-def find_recompute_unsafe_layers(obj: Any, _depth: int = 0, _seen: set | None = None) -> list[str]:
-    """Layers reachable from ``obj`` that must not be recomputed, as ``"name (Class)"``.
-
-    Unsafe: BatchNormalization (moving statistics updated twice) and layers owning a
-    ``seed_generator`` (Dropout & co.: a different mask in the recomputation). Looks
-    through Keras layers and their sub-layers, a ``.layers`` attribute (``Block``), bound
-    methods, ``functools.partial``, closures, dataclasses, lists, tuples and dicts.
-
-    Args:
-        obj: an ``apply_fn``, a layer, or a container of them.
-
-    Returns:
-        Descriptions, possibly empty.
-    """
-    seen = set() if _seen is None else _seen
-    if _depth > 6 or id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, type)):
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, keras.layers.Layer):
-        return [
-            f"{layer.name} ({type(layer).__name__})"
-            for layer in obj._flatten_layers(include_self=True, recursive=True)
-            if "BatchNormalization" in type(layer).__name__ or getattr(layer, "seed_generator", None) is not None
-        ]
-    if isinstance(obj, dict):
-        children = list(obj.values())
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        children = list(obj)
-    elif isinstance(obj, functools.partial):
-        children = [obj.func, *obj.args, *obj.keywords.values()]
-    else:
-        children = [getattr(obj, a, None) for a in ("layers", "__self__", "__wrapped__")]
-        if dataclasses.is_dataclass(obj):
-            children += [getattr(obj, f.name) for f in dataclasses.fields(obj)]
-        for cell in getattr(obj, "__closure__", None) or ():
-            try:
-                children.append(cell.cell_contents)
-            except ValueError:  # empty cell
-                pass
-    return [found for child in children for found in find_recompute_unsafe_layers(child, _depth + 1, seen)]
-
-
-def _check_layers(block_name: str, policy: str, apply_fn: Callable, layers: Iterable | None) -> None:
-    unsafe = sorted(set(find_recompute_unsafe_layers([apply_fn, list(layers or [])])))
-    if not unsafe:
-        return
-    if any("BatchNormalization" in u for u in unsafe):
-        fix = "Use model.norm=instance or model.norm=group, or plan 'keep' for this block."
-        why = "recomputing would update the BatchNormalization moving statistics twice per step"
-    else:
-        fix = "Move that layer out of the block, or plan 'keep' for this block."
-        why = "the recomputation would draw a different random mask than the forward pass"
-    raise RecomputeError(
-        f"block {block_name!r} is planned as {policy!r} but contains {', '.join(unsafe)}: {why}. {fix}"
-    )
-
-
-def _check_new_ops(block_name: str, policy: str, ops: Sequence[tf.Operation]) -> None:
-    """Refuse state writes or stateful random ops in a recomputed block's forward (graph mode)."""
-    for op in ops:
-        if op.type.startswith(_WRITE_OP_PREFIXES) or op.type in _STATEFUL_RANDOM_OPS:
-            raise RecomputeError(
-                f"block {block_name!r} is planned as {policy!r} but its forward pass runs the "
-                f"stateful op {op.name!r} ({op.type}), e.g. BatchNormalization statistics or a "
-                "Dropout seed update; recomputing would run it twice with different results. "
-                "Move that layer out of the block, or plan 'keep' for this block."
-            )
-
-
-def _check_not_xla(block_name: str, policy: str) -> None:
-    if not tf.executing_eagerly() and _cf_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
-        raise RuntimeError(
-            f"block {block_name!r} is planned as {policy!r} inside an XLA-compiled function; XLA "
-            "ignores host placements and may merge the recomputation with the forward pass. "
-            "Compile with jit_compile=False (backend.xla=false) when LMS is on."
-        )
-
 
 def _default_compute_device() -> str:
     return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
@@ -382,7 +155,7 @@ class BlockWrapper:
         self.compute_device = compute_device
         self.block_layers = dict(block_layers or {})
         self.keep_tails = set(keep_tails or ())
-        self._passes: dict[int, _Pass] = {}  # thread id -> its latest forward pass
+        self._passes: dict[int, ForwardPass] = {}  # thread id -> its latest forward pass
         self._lock = threading.Lock()
         self._checked: set[str] = set()  # blocks whose layers were checked
         self._told: set[str] = set()  # one-off log messages already given
@@ -408,9 +181,9 @@ class BlockWrapper:
         if not _tape.could_possibly_record():  # inference / shape inference: nothing to save
             return apply_fn(*inputs)
         if policy != "keep":
-            _check_not_xla(block_name, policy)
+            check_not_xla(block_name, policy)
             if block_name not in self._checked:
-                _check_layers(block_name, policy, apply_fn, self.block_layers.get(block_name))
+                check_layers(block_name, policy, apply_fn, self.block_layers.get(block_name))
                 self._checked.add(block_name)
                 logger.debug("LMS block %s: %s (host %s, prefetch %d)", block_name, policy, self.host_device,
                              self.prefetch)
@@ -421,7 +194,7 @@ class BlockWrapper:
                     "inside tf.function (model.fit without run_eagerly=True) to save memory.",
                 )
         fwd = self._pass_for(block_name)
-        call = _BlockCall(block_name, len(fwd.calls), policy)
+        call = BlockCall(block_name, len(fwd.calls), policy)
         fwd.calls.append(call)
         if self.stats is not None and call.index == 0:
             self.stats.add_pass()
@@ -455,18 +228,18 @@ class BlockWrapper:
             self._told.add(key)
             logger.log(level, message, *args)
 
-    def _pass_for(self, block_name: str) -> _Pass:
+    def _pass_for(self, block_name: str) -> ForwardPass:
         """This thread's current forward pass; a new one on a new graph or a repeated block."""
         graph = _current_graph()
         with self._lock:
             fwd = self._passes.get(threading.get_ident())
             if fwd is None or fwd.graph is not graph or fwd.has(block_name):
-                fwd = self._passes[threading.get_ident()] = _Pass(graph)
+                fwd = self._passes[threading.get_ident()] = ForwardPass(graph)
             return fwd
 
     # -- recompute / offload -------------------------------------------------------------
 
-    def _custom_gradient_block(self, fwd: _Pass, call: _BlockCall, apply_fn: Callable, inputs: list):
+    def _custom_gradient_block(self, fwd: ForwardPass, call: BlockCall, apply_fn: Callable, inputs: list):
         offload = call.policy == "offload"
         needs_grad = [_tape.should_record_backprop([x]) for x in inputs]  # e.g. not the image
         if self.stats is not None:  # counted outside the block: its forward must not write state
@@ -485,7 +258,7 @@ class BlockWrapper:
                         call.host_inputs = [wrapper._host_copy(fwd, x) for x in xs]
                 y = apply_fn(*xs)
             if graph is not None:
-                _check_new_ops(call.name, call.policy, graph.get_operations()[first_op:])
+                check_new_ops(call.name, call.policy, graph.get_operations()[first_op:])
             call.compute_device = wrapper.compute_device or y.device or xs[0].device or _default_compute_device()
             kept = None if offload else list(xs)
 
@@ -514,7 +287,7 @@ class BlockWrapper:
 
         return block(*inputs)
 
-    def _host_copy(self, fwd: _Pass, x: tf.Tensor) -> tf.Tensor:
+    def _host_copy(self, fwd: ForwardPass, x: tf.Tensor) -> tf.Tensor:
         """The host copy of block input ``x``: a fetched skip's host copy, else a new one."""
         host = fwd.host_of.get(x)
         if host is not None:
@@ -522,7 +295,7 @@ class BlockWrapper:
         with tf.device(self.host_device):
             return tf.identity(x, name="to_host")
 
-    def _grad_start_marker(self, call: _BlockCall, y: tf.Tensor) -> tf.Tensor:
+    def _grad_start_marker(self, call: BlockCall, y: tf.Tensor) -> tf.Tensor:
         """Identity on a kept block's output whose gradient issues the planned copies back."""
         wrapper = self
 
@@ -536,7 +309,7 @@ class BlockWrapper:
 
         return marker(y)
 
-    def _on_grad_start(self, call: _BlockCall, dys: Sequence[tf.Tensor]) -> None:
+    def _on_grad_start(self, call: BlockCall, dys: Sequence[tf.Tensor]) -> None:
         """At the start of ``call``'s backward: issue the copies back planned for now."""
         if not call.prefetch_for:
             return
@@ -545,7 +318,7 @@ class BlockWrapper:
             if target.restored is None and target.host_inputs is not None:
                 self._copy_back(target, signal)
 
-    def _copy_back(self, call: _BlockCall, control: Sequence | None) -> None:
+    def _copy_back(self, call: BlockCall, control: Sequence | None) -> None:
         with tf.name_scope(f"lms_{call.name}_fetch"):
             call.restored = [self._fetch(h, control, call.compute_device) for h in call.host_inputs]
 
@@ -563,7 +336,7 @@ class BlockWrapper:
 
     # -- skips ---------------------------------------------------------------------------
 
-    def _send_skip(self, fwd: _Pass, call: _BlockCall, y: tf.Tensor) -> None:
+    def _send_skip(self, fwd: ForwardPass, call: BlockCall, y: tf.Tensor) -> None:
         with tf.device(self.host_device), tf.name_scope(f"lms_{call.name}_skip"):
             host = tf.identity(y, name="to_host")
         call.compute_device = call.compute_device or self.compute_device or y.device or _default_compute_device()
@@ -571,7 +344,7 @@ class BlockWrapper:
         if self.stats is not None:
             self.stats.add_offloaded([y])
 
-    def _fetch_skips(self, fwd: _Pass, call: _BlockCall, inputs: list) -> list:
+    def _fetch_skips(self, fwd: ForwardPass, call: BlockCall, inputs: list) -> list:
         """Replace host-kept skips among ``inputs`` by copies back issued ``prefetch`` blocks early."""
         if not fwd.skips:
             return inputs

@@ -119,7 +119,7 @@ class MemoryStatsCallback(keras.callbacks.Callback):
 
     Args:
         device: ``GPU`` or ``CPU``.
-        offload_stats: the :class:`~brats_seg.lms.offload.OffloadStats` of the LMS wrapper, or None.
+        offload_stats: the :class:`~brats_seg.lms.offload_stats.OffloadStats` of the LMS wrapper, or None.
     """
 
     def __init__(self, device: str, offload_stats=None) -> None:

@@ -176,7 +176,8 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
     the plan's keep/recompute/offload wrapper, and the export model (plain, saveable as
     ``.keras``, what evaluation loads) is built on the same blocks.
     """
-    from brats_seg.lms.offload import BlockWrapper, OffloadStats
+    from brats_seg.lms.offload import BlockWrapper
+    from brats_seg.lms.offload_stats import OffloadStats
     from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
 
     shape = tuple(cfg.resolution.shape)

@@ -22,13 +22,9 @@ tf = pytest.importorskip("tensorflow")
 
 from keras import layers  # noqa: E402
 
-from brats_seg.lms.offload import (  # noqa: E402
-    BlockWrapper,
-    LMSBlock,
-    OffloadStats,
-    RecomputeError,
-    find_recompute_unsafe_layers,
-)
+from brats_seg.lms.offload import BlockWrapper, LMSBlock  # noqa: E402
+from brats_seg.lms.offload_stats import OffloadStats  # noqa: E402
+from brats_seg.lms.recompute_safety import RecomputeError, find_recompute_unsafe_layers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = ["enc0", "enc1", "bottleneck", "dec1", "dec0", "head"]  # forward order, depth 2
@@ -401,7 +397,8 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
 import keras
-from brats_seg.lms.offload import BlockWrapper, OffloadStats
+from brats_seg.lms.offload import BlockWrapper
+from brats_seg.lms.offload_stats import OffloadStats
 from tests.unit.test_offload import BLOCKS, MIXED_PLAN, SHAPE, TinyUNet, loss_fn
 
 strategy = tf.distribute.MirroredStrategy(["/CPU:1", "/CPU:2"])  # host: /CPU:0
