@@ -15,7 +15,8 @@ What each kind keeps for its backward pass (TensorFlow autodiff of the Keras 3 l
 - ``pool``: its input and its output (MaxPool3DGrad needs both).
 - ``concat``: nothing (its gradient is a slice).
 - ``up_transpose``: its input (the filter gradient needs it).
-- ``up_trilinear``: nothing (gathers and constant scalings are linear).
+- ``up_trilinear``: nothing (gathers and constant scalings are linear); its forward and
+  backward transients are ``MemoryModel.trilinear_*scratch_factor`` times its output.
 - ``cast``: nothing.
 - ``sigmoid``: its output.
 - ``nest``: the sigmoids' output, then for the products their inputs and output (each
@@ -190,10 +191,13 @@ class _BlockCosting:
         counted = inputs[0] if kind == "pool" else y  # pool: FLOPs per input element
         flops = flops_per_element * self.batch * self.voxels(counted) * counted.channels if flops_per_element else 0.0
         saved = (tuple(t.name for t in inputs) if "in" in roles else ()) + ((y.name,) if "out" in roles else ())
-        scratch = self.mm.trilinear_scratch_factor if kind == "up_trilinear" else 0.0
+        trilinear = kind == "up_trilinear"
+        forward_scratch = self.mm.trilinear_scratch_factor if trilinear else 0.0
+        backward_scratch = self.mm.trilinear_backward_scratch_factor if trilinear else 0.0
         self.layers.append(LayerCost(
             name=name, kind=kind, inputs=tuple(t.name for t in inputs), output=y.name, saved=saved,
-            forward_flops=flops, forward_scratch_bytes=int(scratch * self.tensors[y.name]),
+            forward_flops=flops, forward_scratch_bytes=int(forward_scratch * self.tensors[y.name]),
+            backward_scratch_bytes=int(backward_scratch * self.tensors[y.name]),
         ))
 
     def nest(self, layer: LayerSpec) -> None:

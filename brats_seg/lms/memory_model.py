@@ -77,9 +77,14 @@ class MemoryModel:
         norm_backward_scratch_tensors: full-size float32 temporaries in a norm backward
             besides the gradients of its input and output: one (the trace shows ``dy``,
             ``dy * inv`` and the tiled statistics gradient alive at once, then their sum).
-        trilinear_scratch_factor: transient of TrilinearUpSampling3D as a multiple of
-            its output (the shifted copies and the interleaved stack of the last axis).
-            Not measured (the default model up-samples by transposed convolution).
+        trilinear_scratch_factor: forward transient of TrilinearUpSampling3D besides its
+            output, as a multiple of its output (the shifted copies, the scaled halves and
+            the interleaved stack of the last axis). Measured with TensorFlow's allocator
+            on the layer alone: 1.1-1.9 (``tests/unit/test_lms_layer_rules.py``).
+        trilinear_backward_scratch_factor: backward transient of TrilinearUpSampling3D
+            besides the gradients of its input and output, as a multiple of its output:
+            the unstacked halves of the output gradient, their scaled copies and the
+            gathers' segment sums. Measured the same way: 3.1-3.75.
         loss_tensors: head-output-sized float32 tensors alive in the loss step besides
             the head output and its gradient: clipped probabilities, ``1 - p``, the logs,
             the reciprocal and products of the BCE gradient, the tiled Dice gradients and
@@ -117,6 +122,7 @@ class MemoryModel:
     norm_forward_scratch_tensors: float = 1.0
     norm_backward_scratch_tensors: float = 1.0
     trilinear_scratch_factor: float = 2.0
+    trilinear_backward_scratch_factor: float = 3.75
     loss_tensors: float = 8.5
     prefetched_batches: int = 0
     backward_flops_factor: float = 2.0

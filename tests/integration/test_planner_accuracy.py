@@ -11,8 +11,9 @@ README quotes.
 Asserted: never more than 8% under the measured peak (the side that ends a run in an
 out-of-memory crash), and on a CPU whose preset the calibration script measured and
 validated (AVX2 today) never more than 25% over it. The calibration's held-out points
-reach +15.8% (the largest of their runs; the aim is +15%) and a single run measures up to
-9% lower than another, so one run can read up to ~25% over. The AVX-512 preset was fitted
+reach +18.7% outside trilinear up-sampling (the aim is +15%; the trilinear one here, under
+recompute, +10.6%) and a single run measures up to 9% lower than another, so one run can
+read up to ~25% over. The AVX-512 preset was fitted
 to earlier measurements entered by hand and errs higher at batch 1 (up to +21.5% on its
 own points): there only the lower bound is asserted.
 """
@@ -35,8 +36,8 @@ POINTS = [  # (name, overrides, lms)
                             "trainer.batch_size=2"], "recompute"),
     ("d3 f12 112x128x96 b2", ["model.depth=3", "model.base_filters=12", "resolution.shape=[112,128,96]",
                               "trainer.batch_size=2"], "off"),
-    ("d4 f16 half b1 trilinear", ["model.depth=4", "model.base_filters=16", "resolution=half",
-                                  "trainer.batch_size=1", "model.upsample=trilinear"], "recompute"),
+    ("d3 f12 96x112x80 b2 trilinear", ["model.depth=3", "model.base_filters=12", "resolution.shape=[96,112,80]",
+                                       "trainer.batch_size=2", "model.upsample=trilinear"], "recompute"),
     ("d3 f16 half b3", ["model.depth=3", "model.base_filters=16", "resolution=half", "trainer.batch_size=3"], "auto"),
 ]
 
