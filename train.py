@@ -4,6 +4,9 @@
     python train.py                                     # synthetic data, minutes on a CPU
     python train.py data=brats2021 data.root=/data/BraTS2021 resolution=full
     python train.py run_dir=outputs/my_run              # re-run the same command to resume
+    python train.py -m resolution=half,full lms=off,auto  # a sweep: one run folder and MLflow run per job
+
+SIGTERM or Ctrl-C saves the current step and exits with status 75; the same command resumes.
 
 Returns the best validation mean Dice, so Hydra sweeps can optimise it.
 """
@@ -11,9 +14,12 @@ Returns the best validation mean Dice, so Hydra sweeps can optimise it.
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from brats_seg.cli import to_config, user_errors
 from brats_seg.config import TrainConfig, register_configs
@@ -22,18 +28,40 @@ register_configs()
 log = logging.getLogger("train")
 
 
-def run(conf: TrainConfig, extra_callbacks=()) -> float:
+def run(conf: TrainConfig, extra_callbacks=(), tags=None, name_suffix: str = "") -> float:
     """Configure the backend (before TensorFlow is imported), then train."""
     from brats_seg.backend import configure
 
     backend = configure(conf.backend)
     from brats_seg.training.loop import train
 
-    result = train(conf, backend, extra_callbacks)
+    result = train(conf, backend, extra_callbacks, tags=tags, name_suffix=name_suffix)
     print(f"best val Dice (mean of regions) {result.best_val_dice:.4f} at epoch {result.best_epoch}; "
           f"run folder {result.run_dir}")
     print(f"evaluate: python scripts/evaluate.py run_dir={result.run_dir}")
     return result.best_val_dice
+
+
+def sweep_job() -> tuple[dict[str, str], str]:
+    """In a multirun (``-m``): MLflow tags and a run-name suffix telling the jobs apart.
+
+    The suffix holds this job's values of the keys the sweep varies (``-lms=auto,resolution=half``),
+    read from the sweep's ``multirun.yaml`` (the overrides as typed, ``lms=off,auto``).
+    """
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return {}, ""
+    swept: set[str] = set()
+    try:
+        from omegaconf import OmegaConf
+
+        typed = OmegaConf.load(Path(hc.sweep.dir) / "multirun.yaml").hydra.overrides.task
+        swept = {o.split("=", 1)[0].lstrip("+~") for o in typed if "=" in o and re.search(r",|\w+\(", o.split("=", 1)[1])}
+    except (OSError, ValueError, AttributeError) as e:
+        log.debug("sweep overrides not read from multirun.yaml: %s", e)
+    mine = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") in swept]
+    label = ",".join(sorted(mine)) or f"job{hc.job.num}"
+    return {"sweep_dir": str(hc.sweep.dir), "sweep_job": str(hc.job.num), "sweep_overrides": label}, f"-{label}"
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
@@ -41,8 +69,9 @@ def main(cfg) -> float:
     conf = to_config(cfg)
     if not conf.run_dir:
         conf.run_dir = HydraConfig.get().runtime.output_dir
+    tags, suffix = sweep_job()
     with user_errors():
-        return run(conf)
+        return run(conf, tags=tags, name_suffix=suffix)
 
 
 if __name__ == "__main__":

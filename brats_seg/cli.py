@@ -15,6 +15,9 @@ __all__ = ["to_config", "user_errors"]
 
 log = logging.getLogger(__name__)
 
+#: Exit status of a ``multi_worker`` run whose cluster lost (or never got) a worker.
+EXIT_CLUSTER_FAILURE = 3
+
 
 def to_config(cfg):
     """Convert a composed structured config to its dataclass (``OmegaConf.to_object``)."""
@@ -36,10 +39,22 @@ def user_errors():
     to do), so they are shown as they are.
     """
     from brats_seg.backend import BackendError
+    from brats_seg.distribute.cluster import ClusterError
     from brats_seg.lms.plan import PlanDoesNotFitError
 
     try:
         yield
-    except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError) as e:
+    except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError, ClusterError) as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None
+    except Exception as e:  # the two training outcomes that are not bugs (no TensorFlow import here)
+        from brats_seg.distribute.cluster import ClusterFailure
+        from brats_seg.training.preemption import EXIT_PREEMPTED, Preempted
+
+        if isinstance(e, Preempted):  # saved; the same command resumes
+            sys.stderr.write(f"{e}\n")
+            raise SystemExit(EXIT_PREEMPTED) from None
+        if isinstance(e, ClusterFailure):  # a worker lost or never came
+            sys.stderr.write(f"error: {e}\n")
+            raise SystemExit(EXIT_CLUSTER_FAILURE) from None
+        raise

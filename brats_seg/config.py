@@ -34,6 +34,7 @@ __all__ = [
     "config_from_dict",
     "flatten_config",
     "resolve_model_outputs",
+    "check_distribute_config",
 ]
 
 @dataclass
@@ -127,8 +128,15 @@ class TrackingConfig:
 @dataclass
 class DistributeConfig:
     name: str = "none"  # none | mirrored | multi_worker
-    workers: List[str] = field(default_factory=list)  # host:port per worker (multi_worker)
+    workers: List[str] = field(default_factory=list)  # host:port per worker (multi_worker); empty = TF_CONFIG, else SLURM
     index: int = 0  # this worker's index in `workers`
+    devices: List[str] = field(default_factory=list)  # mirrored: e.g. ["/GPU:0", "/GPU:1"]; empty = all GPUs, else all logical CPUs
+    port: int = 12345  # SLURM: port of a node's first task; its k-th task listens on port + k
+    collective: str = "auto"  # multi_worker all-reduce: auto | ring (gRPC, CPU or GPU) | nccl (GPUs only)
+    timeout_s: int = 120  # s; bounds the wait for a worker that never joins; 0 = wait forever
+    # none | linear: trainer.batch_size is the global batch (split over replicas); linear multiplies
+    # trainer.learning_rate by the replica count (Goyal et al. 2017), none keeps it as written.
+    lr_scaling: str = "none"
 
 
 @dataclass
@@ -251,6 +259,38 @@ def flatten_config(cfg, prefix: str = "") -> dict[str, object]:
         else:
             out[name] = value
     return out
+
+
+_DISTRIBUTE_CHOICES = {
+    "name": ("none", "mirrored", "multi_worker"),
+    "collective": ("auto", "ring", "nccl"),
+    "lr_scaling": ("none", "linear"),
+}
+
+
+def check_distribute_config(cfg: DistributeConfig) -> None:
+    """Check the ``distribute`` group's values (the cluster itself is checked when resolved).
+
+    Raises:
+        ValueError: an unknown choice, a port outside 1..65535, a negative timeout or
+            index, or ``distribute.devices`` with a strategy other than mirrored.
+    """
+    for key, choices in _DISTRIBUTE_CHOICES.items():
+        value = getattr(cfg, key)
+        if value not in choices:
+            label = "distribute" if key == "name" else f"distribute.{key}"
+            raise ValueError(f"{label}={value!r}: use one of {', '.join(choices)}.")
+    if not 1 <= cfg.port <= 65535:
+        raise ValueError(f"distribute.port={cfg.port}: use a TCP port in 1..65535 (e.g. 12345).")
+    if cfg.timeout_s < 0:
+        raise ValueError(f"distribute.timeout_s={cfg.timeout_s}: use seconds >= 0 (0 = wait forever).")
+    if cfg.index < 0:
+        raise ValueError(f"distribute.index={cfg.index}: use this worker's 0-based position in distribute.workers.")
+    if cfg.devices and cfg.name != "mirrored":
+        raise ValueError(
+            f"distribute.devices={list(cfg.devices)} only applies to distribute=mirrored (distribute={cfg.name}): "
+            "drop it, or restrict a multi_worker worker's GPUs with CUDA_VISIBLE_DEVICES."
+        )
 
 
 def resolve_model_outputs(cfg: TrainConfig) -> TrainConfig:

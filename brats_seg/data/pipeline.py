@@ -12,6 +12,12 @@ order ``default_rng([seed, e]).permutation(n)`` (its first ``steps * batch_size`
 augmentation of the case at position ``p`` of epoch ``e`` is drawn from a stateless seed
 ``(seed, e, p)``. A run resumed with ``initial_epoch=k`` therefore sees exactly the batches
 an uninterrupted run sees from epoch ``k`` on, and batches never straddle epochs.
+
+Distributed training splits each global batch of ``batch_size`` positions among the
+workers: worker ``w`` of ``W`` reads the positions ``p`` with ``(p mod batch_size) //
+(batch_size / W) == w`` (every case once per epoch across the cluster, no case read twice)
+and batches them by the per-replica batch, so that step ``s`` of the cluster trains on
+exactly the cases of a single process's batch ``s``.
 """
 
 from __future__ import annotations
@@ -208,11 +214,14 @@ def _epoch_order(n_cases: int, seed: int, epoch: int, per_epoch: int) -> np.ndar
     return np.random.default_rng([seed, epoch]).permutation(n_cases)[:per_epoch]
 
 
-def _index_stream(n_cases: int, seed: int, first_epoch: int, per_epoch: int) -> Iterator[tuple[int, int, int]]:
-    """Endless ``(epoch, position, case_index)`` from ``first_epoch`` on."""
+def _index_stream(n_cases: int, seed: int, first_epoch: int, per_epoch: int, first_position: int = 0,
+                  owns=lambda position: True) -> Iterator[tuple[int, int, int]]:
+    """Endless ``(epoch, position, case_index)`` from position ``first_position`` of
+    ``first_epoch`` on, the positions ``owns`` accepts."""
     for epoch in itertools.count(first_epoch):
         for position, case in enumerate(_epoch_order(n_cases, seed, epoch, per_epoch)):
-            yield epoch, position, int(case)
+            if (epoch > first_epoch or position >= first_position) and owns(position):
+                yield epoch, position, int(case)
 
 
 def _as_paths(case_dirs: Sequence[str | os.PathLike]) -> list[Path]:
@@ -236,6 +245,9 @@ def make_train_dataset(
     out_channels: int = 3,
     initial_epoch: int = 0,
     max_steps_per_epoch: int | None = None,
+    initial_step: int = 0,
+    shard: tuple[int, int] = (0, 1),
+    replica_batch: int | None = None,
 ) -> tf.data.Dataset:
     """Endless, shuffled, augmented training batches, deterministic in ``(seed, epoch)``.
 
@@ -248,12 +260,20 @@ def make_train_dataset(
         out_channels: regions trained, the first ``out_channels`` of the cache (1 = WT only).
         initial_epoch: first epoch yielded (the resume point; Keras' ``initial_epoch``).
         max_steps_per_epoch: cap on batches per epoch (``trainer.steps_per_epoch``);
-            Keras must be given ``steps_per_epoch(len(case_dirs), batch_size, cap)``.
+            the loop must be given ``steps_per_epoch(len(case_dirs), batch_size, cap)``.
+        initial_step: steps of ``initial_epoch`` already trained (a run resumed mid-epoch
+            after a preemption): its first batches are skipped.
+        shard: ``(index, count)``: this worker's share of each global batch (module doc).
+        replica_batch: cases per yielded batch, the per-replica batch (default
+            ``batch_size / count``); a worker with R replicas yields R of them per step.
 
     Returns:
         Dataset of ``(image float32 (B, x, y, z, in_channels), regions float32
         (B, x, y, z, out_channels))``, repeated forever; each epoch is
-        ``steps_per_epoch(...)`` full batches.
+        ``steps_per_epoch(...)`` full batches (of ``batch_size``, split as above).
+
+    Raises:
+        ValueError: a batch that does not split evenly among workers and replicas.
     """
     paths = _as_paths(case_dirs)
     _check_channels(in_channels, out_channels)
@@ -262,12 +282,25 @@ def make_train_dataset(
     if not isinstance(initial_epoch, (int, np.integer)) or initial_epoch < 0:
         raise ValueError(f"initial_epoch must be an integer >= 0, got {initial_epoch!r}.")
     steps = steps_per_epoch(len(paths), batch_size, max_steps_per_epoch)
+    if not 0 <= initial_step < steps:
+        raise ValueError(f"initial_step must be in 0..{steps - 1} (steps per epoch), got {initial_step!r}.")
+    index, count = shard
+    share = batch_size // count
+    replica_batch = replica_batch or share
+    if batch_size % count or share % replica_batch or not 0 <= index < count:
+        raise ValueError(
+            f"trainer.batch_size={batch_size} (the global batch) does not split evenly among {count} worker(s) "
+            f"in replica batches of {replica_batch}: use a batch size divisible by the number of replicas."
+        )
     spatial = _check_cases(paths, out_channels)
     per_epoch = steps * batch_size
     seed, initial_epoch = int(seed), int(initial_epoch)
 
+    def owns(position: int) -> bool:
+        return (position % batch_size) // share == index
+
     indices = tf.data.Dataset.from_generator(
-        lambda: _index_stream(len(paths), seed, initial_epoch, per_epoch),
+        lambda: _index_stream(len(paths), seed, initial_epoch, per_epoch, initial_step * batch_size, owns),
         output_signature=(tf.TensorSpec((), tf.int64),) * 3,
     )
     load_case = _load_map(paths, spatial, in_channels, out_channels)
@@ -280,10 +313,12 @@ def make_train_dataset(
         ds = ds.map(_augment_map(seed), num_parallel_calls=tf.data.AUTOTUNE)
     else:
         ds = ds.map(lambda epoch, position, image, regions: (image, regions))
-    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    ds = ds.batch(replica_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     logger.info(
-        "train dataset: %d cases, %d steps/epoch of %d, shape %s, seed %d, from epoch %d, augment=%s",
-        len(paths), steps, batch_size, spatial, seed, initial_epoch, augment,
+        "train dataset: %d cases, %d steps/epoch of %d (worker %d/%d, batches of %d), shape %s, seed %d, "
+        "from epoch %d step %d, augment=%s",
+        len(paths), steps, batch_size, index, count, replica_batch, spatial, seed, initial_epoch, initial_step,
+        augment,
     )
     return ds.with_options(_options())
 

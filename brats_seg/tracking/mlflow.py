@@ -24,6 +24,7 @@ Where things land:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from brats_seg.config import TrackingConfig
 from brats_seg.files import write_text_atomic
 
 __all__ = [
+    "NullTracker",
     "Tracker",
     "make_run_name",
     "git_commit",
@@ -252,6 +254,19 @@ class _LocalRecord:
 # Tracker
 # ---------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive advisory lock on ``path`` (created) for the ``with`` block, across processes."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 class Tracker:
     """One run's tracking: MLflow (if reachable) plus the local record in ``<run_dir>/tracking/``.
 
@@ -364,7 +379,14 @@ class Tracker:
             db = _sqlite_path(uri)
             if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)
-            self._client = MlflowClient(tracking_uri=uri)
+                # The first client of a new SQLite store creates its schema; the jobs of a
+                # sweep starting together would migrate it at once and break each other
+                # ("Online migration expected to match one row"): one at a time.
+                with _file_lock(db.with_name(db.name + ".lock")):
+                    self._client = MlflowClient(tracking_uri=uri)
+                    self._client.search_experiments(max_results=1)
+            else:
+                self._client = MlflowClient(tracking_uri=uri)
         except Exception as exc:  # noqa: BLE001
             self._go_offline(f"cannot connect ({_short(exc)})")
             return False
@@ -623,3 +645,21 @@ def _probe_http(uri: str, experiment: str) -> None:
     http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/get-by-name", "GET",
                  max_retries=0, backoff_factor=0, backoff_jitter=0, timeout=_PROBE_TIMEOUT_S,
                  raise_on_status=False, params={"experiment_name": experiment})
+
+
+class NullTracker:
+    """The tracker of a worker that is not the chief: records nothing (the chief's run is the job's)."""
+
+    run_id: str | None = None
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def end(self, status: str = "FINISHED") -> None:
+        pass

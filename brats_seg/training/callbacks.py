@@ -57,15 +57,19 @@ class RunCheckpoint(keras.callbacks.Callback):
         state: the state loaded on resume (None for a new run).
         export_model: the plain model sharing the training model's weights, saved as
             ``.keras`` (default: the training model itself).
+        write: write files (the chief); other workers keep the state in memory only.
     """
 
     def __init__(self, run_dir: str | Path, monitor: str = "val_dice_mean", patience: int = 0,
-                 state: RunState | None = None, export_model: keras.Model | None = None) -> None:
+                 state: RunState | None = None, export_model: keras.Model | None = None,
+                 write: bool = True) -> None:
         super().__init__()
         self.export_model = export_model  # saved instead of the training model (LMS wrappers can't be)
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self.write = write  # False on the workers that are not the chief: same decisions, no files
+        if write:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.monitor = monitor
         self.patience = patience
         self.state = state or RunState(epoch=0, best_value=None, best_epoch=None, history=[])
@@ -83,19 +87,38 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.state["best_value"] is None or float(value) > self.state["best_value"]
         )
         if improved:
-            _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "best.keras")
+            if self.write:
+                _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "best.keras")
+                log.info("epoch %d: %s improved to %.4f, saved best.keras", epoch + 1, self.monitor, float(value))
             self.state["best_value"], self.state["best_epoch"] = float(value), epoch + 1
-            log.info("epoch %d: %s improved to %.4f, saved best.keras", epoch + 1, self.monitor, float(value))
-        _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
         self.state["epoch"] = epoch + 1
+        self.state.pop("step", None)
+        self.state.pop("partial", None)
+        self.state.pop("partial_epoch", None)
         self.state["history"].append(row)
-        write_text_atomic(self.run_dir / "state.json", json.dumps(self.state, indent=1))
-        self._write_history_csv()
+        if self.write:
+            _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
+            write_text_atomic(self.run_dir / "state.json", json.dumps(self.state, indent=1))
+            self._write_history_csv()
         best_epoch = self.state["best_epoch"] or 0
         if self.patience and epoch + 1 - best_epoch >= self.patience:
             log.info("early stopping: no %s gain for %d epochs (best %.4f at epoch %d)",
                      self.monitor, self.patience, self.state["best_value"] or float("nan"), best_epoch)
             self.model.stop_training = True
+
+    def save_partial(self, epoch: int, step: int, sums: dict[str, float]) -> None:
+        """A signal stopped epoch ``epoch`` (0-based) after ``step`` steps: save weights and position.
+
+        ``last.keras`` is written before ``state.json``, as at an epoch's end; the optimizer
+        step inside ``last.keras`` tells the resuming run where the weights are if it was
+        stopped between the two writes (:func:`brats_seg.training.loop.resume_position`).
+        """
+        self.state["step"] = int(step)
+        self.state["partial"] = dict(sums)
+        self.state["partial_epoch"] = epoch + 1
+        if self.write:
+            _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
+            write_text_atomic(self.run_dir / "state.json", json.dumps(self.state, indent=1))
 
     def _write_history_csv(self) -> None:
         rows = self.state["history"]

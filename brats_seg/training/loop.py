@@ -1,4 +1,4 @@
-"""Training: data ready -> run folder -> model -> ``model.fit`` with resume and tracking.
+"""Training: data ready -> run folder -> strategy -> model -> the step loop, with resume and tracking.
 
 :func:`train` is what ``train.py`` calls (and tests call directly). Order matters:
 
@@ -6,20 +6,26 @@
    data fails with its message before any model is built;
 2. the run folder gets ``config.json`` and ``split.json`` (evaluation reads these);
    an existing run folder with a different config is refused rather than mixed;
-3. the model is built under the seed, compiled, and, if ``checkpoints/last.keras`` and
-   ``state.json`` exist, restored with its optimizer state and continued from the last
-   completed epoch (data order and augmentation are stateless functions of
-   ``(seed, epoch)``, the LR schedule a function of the optimizer's step);
-4. ``model.fit`` with checkpoint/early-stopping and tracking callbacks.
+3. the ``distribute=`` strategy is made (:mod:`brats_seg.distribute.strategy`), the memory
+   plan is made for the per-replica batch, and the model is built under the seed in the
+   strategy's scope, compiled, and, if ``checkpoints/last.keras`` and ``state.json``
+   exist, restored with its optimizer state and continued from the last completed epoch,
+   or from the saved step of a run stopped by a signal (data order and augmentation are
+   stateless functions of ``(seed, epoch, position)``, the LR schedule a function of the
+   optimizer's step); other workers take the chief's weights;
+4. the step loop (:mod:`brats_seg.training.epochs`, one ``strategy.run`` step for every
+   strategy) with checkpoint/early-stopping and tracking callbacks. Only the chief writes
+   the run folder and tracks; SIGTERM/SIGINT end the run resumably
+   (:mod:`brats_seg.training.preemption`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +33,7 @@ from brats_seg.backend import ResolvedBackend
 from brats_seg.config import TrainConfig, config_to_dict, flatten_config, resolve_model_outputs
 from brats_seg.data.dataset import prepare_dataset
 
-__all__ = ["TrainResult", "train", "resolve_paths", "make_optimizer", "check_resumable"]
+__all__ = ["TrainResult", "train", "resolve_paths", "make_optimizer", "check_resumable", "resume_position"]
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +83,31 @@ def check_resumable(run_dir: Path, cfg: TrainConfig) -> None:
         )
 
 
-def make_optimizer(cfg: TrainConfig, steps_per_epoch: int):
-    """Adam with a per-step LR schedule (cosine with linear warm-up, or constant)."""
+def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
+    """Adam with a per-step LR schedule (cosine with linear warm-up, or constant).
+
+    ``trainer.learning_rate`` is the rate for the global batch ``trainer.batch_size``
+    (whatever the number of replicas sharing it); ``distribute.lr_scaling=linear``
+    multiplies it by ``replicas`` instead (a recipe tuned on one device at
+    ``batch_size / replicas``).
+    """
     import keras
 
     t = cfg.trainer
+    scaling = getattr(cfg.distribute, "lr_scaling", "none")
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"distribute.lr_scaling={scaling!r}: use none or linear.")
+    base_lr = t.learning_rate * (replicas if scaling == "linear" else 1)
     if t.lr_schedule == "constant":
-        lr = t.learning_rate
+        lr = base_lr
     elif t.lr_schedule == "cosine":
         warmup = min(t.warmup_epochs, max(t.epochs - 1, 0)) * steps_per_epoch
         total = max(t.epochs * steps_per_epoch - warmup, 1)
         lr = keras.optimizers.schedules.CosineDecay(
-            initial_learning_rate=t.learning_rate if warmup == 0 else 0.0,
+            initial_learning_rate=base_lr if warmup == 0 else 0.0,
             decay_steps=total,
             alpha=0.01,
-            warmup_target=t.learning_rate if warmup else None,
+            warmup_target=base_lr if warmup else None,
             warmup_steps=warmup,
         )
     else:
@@ -220,16 +236,57 @@ def _restore(model, export_model, last: Path) -> None:
         v.assign(theirs[key(v)])
 
 
-def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> TrainResult:
+def resume_position(state, iterations: int | None, steps: int) -> tuple[int, int, dict | None]:
+    """``(epoch, step, partial sums)`` to resume at: ``state.json``'s, checked against the
+    optimizer step restored from ``last.keras``.
+
+    ``last.keras`` is written before ``state.json``; a run killed between the two writes
+    leaves weights newer than the state. The optimizer's step count (one per training step)
+    then says where the weights are, and training resumes there (that epoch's training
+    means then cover only the steps after it).
+    """
+    epoch, step = int(state["epoch"]), int(state.get("step", 0))
+    partial = state.get("partial")
+    if iterations is not None and iterations != epoch * steps + step:
+        new_epoch, new_step = divmod(int(iterations), steps)
+        log.warning("%s holds optimizer step %d but state.json says epoch %d step %d (%d); stopped between the "
+                    "two writes: resuming at epoch %d step %d from the weights", "last.keras", iterations, epoch,
+                    step, epoch * steps + step, new_epoch + 1, new_step)
+        return new_epoch, new_step, None
+    return epoch, step, partial
+
+
+def _cluster_error(error: Exception, cluster):
+    from brats_seg.distribute.cluster import ClusterFailure, unreachable_workers
+
+    down = unreachable_workers(cluster)
+    who = (f"unreachable: {', '.join(down)}" if down else "every worker's port still answers; see the other "
+           "workers' logs")
+    return ClusterFailure(
+        f"distributed training stopped: a collective operation failed ({type(error).__name__}: "
+        f"{str(error).splitlines()[0][:300]}); {who}. Re-run the same command on every worker to resume "
+        "from the last saved epoch."
+    )
+
+
+def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: dict[str, str] | None = None,
+          name_suffix: str = "") -> TrainResult:
     """Train (or resume) the run described by ``cfg``.
 
     Args:
         cfg: the full config; ``cfg.run_dir`` must be set.
         backend: what :func:`brats_seg.backend.configure` resolved (TF already configured).
         extra_callbacks: more Keras callbacks (tests use one to interrupt a run).
+        tags: more MLflow tags (a sweep's job number and overrides).
+        name_suffix: appended to the generated run name (a sweep job's overrides), so that
+            the jobs of a sweep have distinct names.
 
     Returns:
         :class:`TrainResult` with the best validation mean Dice.
+
+    Raises:
+        Preempted: SIGTERM/SIGINT stopped the run after saving; the same command resumes.
+        ClusterFailure: a worker of a ``multi_worker`` cluster was lost, naming it.
     """
     if not cfg.run_dir:
         raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
@@ -241,24 +298,37 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
             f"{len(ds.entries)} prepared cases give train={len(ds.split['train'])}, val={len(ds.split['val'])}: "
             "training needs at least one of each (add cases or change data.val_fraction/test_fraction)."
         )
-    run_dir = _prepare_run_dir(cfg, ds.split, ds.split_path)
-    plan = preflight_plan(cfg, backend)
-    plan_files = _save_plan(plan, run_dir)
+
+    from brats_seg.distribute.strategy import make_strategy
+
+    strategy, cluster = make_strategy(cfg.distribute, backend.device)  # before any TensorFlow op runs
+    is_chief = cluster is None or cluster.is_chief
+    replicas = strategy.num_replicas_in_sync
+    t = cfg.trainer
+    if t.batch_size % replicas:
+        raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
+                         f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
+    run_dir = _prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
+    replica_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
+    plan = preflight_plan(replica_cfg, backend)  # LMS plans one replica's memory
+    plan_files = _save_plan(plan, run_dir) if is_chief else []
 
     import keras
     import tensorflow as tf
 
+    from brats_seg.data.labels import output_regions
     from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
     from brats_seg.lms.stats import MemoryStatsCallback
-    from brats_seg.tracking.mlflow import Tracker, git_commit, make_run_name
+    from brats_seg.tracking.mlflow import NullTracker, Tracker, git_commit, make_run_name
     from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
+    from brats_seg.training.epochs import LoopOutcome, run_epochs
     from brats_seg.training.losses import SoftDiceBCELoss
-    from brats_seg.data.labels import output_regions
     from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
+    from brats_seg.training.preemption import Preempted, PreemptionFlag
+    from brats_seg.training.steps import (EpochSums, broadcast_from_chief, chief_value, make_eval_step,
+                                          make_train_step)
 
-    t = cfg.trainer
     state = load_state(run_dir)
-    initial_epoch = int(state["epoch"]) if state else 0
     train_dirs = [e.path for e in ds.entries_of("train")]
     val_dirs = [e.path for e in ds.entries_of("val")]
     steps = steps_per_epoch(len(train_dirs), t.batch_size, t.steps_per_epoch)
@@ -266,61 +336,105 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=()) -> Tra
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
-    model, export_model, offload_stats = build_models(cfg, plan, backend)
-    loss = SoftDiceBCELoss(bce_weight=t.bce_weight)
+    with strategy.scope():
+        model, export_model, offload_stats = build_models(cfg, plan, backend)
+        loss = SoftDiceBCELoss(bce_weight=t.bce_weight)
+        model.compile(optimizer=make_optimizer(cfg, steps, replicas), loss=loss,
+                      jit_compile=False)  # XLA would drop the LMS host placements
+        if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
+            export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
+        model.optimizer.build(model.trainable_variables)
     regions = output_regions(cfg.data.layout, cfg.model.out_channels)
     voxel_ml = cfg.resolution.spacing_mm**3 / 1000.0
-    model.compile(optimizer=make_optimizer(cfg, steps), loss=loss,
-                  metrics=[*make_dice_metrics(regions), *make_region_monitors(regions, voxel_ml)],
-                  jit_compile=False)  # XLA would drop the LMS host placements
-    if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
-        export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
+    metrics = [*make_dice_metrics(regions), *make_region_monitors(regions, voxel_ml)]
+    initial_epoch, initial_step, partial = 0, 0, None
     if state:
         last = run_dir / "checkpoints" / "last.keras"
         if not last.is_file():
-            raise FileNotFoundError(f"{run_dir}/state.json says {initial_epoch} epochs are done but {last} is missing.")
+            raise FileNotFoundError(f"{run_dir}/state.json says {state['epoch']} epochs are done but {last} is missing.")
         _restore(model, export_model, last)
-        log.info("resuming %s from epoch %d (optimizer step %d)", run_dir, initial_epoch,
+        initial_epoch, initial_step, partial = resume_position(state, int(model.optimizer.iterations.numpy()), steps)
+    if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
+        broadcast_from_chief(strategy, [*model.variables, *model.optimizer.variables])
+        initial_epoch, initial_step = (int(v) for v in chief_value(
+            strategy, tf.constant([initial_epoch, initial_step], tf.int64)).numpy())
+    if state or initial_epoch:
+        log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, initial_epoch + 1, initial_step,
                  int(model.optimizer.iterations.numpy()))
 
     run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg),
-                                             backend.name, cfg.lms.name)
-    tracker = Tracker.start(
-        cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
-        tags={"backend": backend.name, "device": backend.device, "precision": backend.precision,
-              "resolution": cfg.resolution.name, "data": cfg.data.name, "git_commit": git_commit(),
-              "run_dir": str(run_dir)},
-    )
-    tracker.log_artifact(run_dir / "split.json")
-    for path in plan_files:
-        tracker.log_artifact(path, "plan")
-    train_ds = make_train_dataset(train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels,
-                                  cfg.model.out_channels, initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch)
+                                             backend.name, cfg.lms.name) + name_suffix
+    if is_chief:
+        tracker = Tracker.start(
+            cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
+            tags={"backend": backend.name, "device": backend.device, "precision": backend.precision,
+                  "resolution": cfg.resolution.name, "data": cfg.data.name, "git_commit": git_commit(),
+                  "run_dir": str(run_dir), "distribute": cfg.distribute.name, "replicas": str(replicas),
+                  **(tags or {})},
+        )
+        tracker.log_artifact(run_dir / "split.json")
+        for path in plan_files:
+            tracker.log_artifact(path, "plan")
+    else:
+        tracker = NullTracker()
+
+    def dataset_fn(ctx: tf.distribute.InputContext):
+        return make_train_dataset(
+            train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels, cfg.model.out_channels,
+            initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch, initial_step=initial_step,
+            shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
+            replica_batch=ctx.get_per_replica_batch_size(t.batch_size))
+
     val_ds = make_eval_dataset(val_dirs, 1, cfg.model.in_channels, cfg.model.out_channels)
-    checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model)
-    callbacks = [MemoryStatsCallback(backend.device, offload_stats),
-                 DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())),
-                 checkpoint, TrackingCallback(tracker), *extra_callbacks]
-    log.info("training %s: %d train / %d val cases, %d steps/epoch, epochs %d..%d, run %s",
-             run_name, len(train_dirs), len(val_dirs), steps, initial_epoch + 1, t.epochs, run_dir)
+    checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model,
+                               write=is_chief)
+    callbacks = [MemoryStatsCallback(backend.device, offload_stats), checkpoint, TrackingCallback(tracker),
+                 *extra_callbacks]
+    if is_chief:
+        callbacks.insert(1, DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())))
+    log.info("training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
+             run_name, len(train_dirs), len(val_dirs), steps, t.batch_size, replicas, initial_epoch + 1, t.epochs,
+             run_dir)
     status = "FAILED"
     try:
+        outcome = LoopOutcome("finished")
         if initial_epoch < t.epochs:
-            model.fit(train_ds, epochs=t.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-                      validation_data=val_ds, validation_freq=t.val_every, callbacks=callbacks,
-                      verbose=1 if sys.stdout.isatty() else 2, shuffle=False)
+            iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+            with PreemptionFlag() as flag:
+                outcome = run_epochs(
+                    strategy=strategy, model=model, iterator=iterator, val_dataset=val_ds,
+                    train_step=make_train_step(strategy, model, loss, metrics, t.batch_size),
+                    eval_step=make_eval_step(model, metrics), epochs=t.epochs, initial_epoch=initial_epoch,
+                    initial_step=initial_step, steps=steps, val_every=t.val_every,
+                    callbacks=keras.callbacks.CallbackList(callbacks, model=model), preemption=flag,
+                    partial=EpochSums.from_dict(partial) if partial else None, is_chief=is_chief,
+                    single_worker=cluster is None or cluster.num_workers == 1)
         else:
             log.info("run %s already has %d/%d epochs: nothing to train", run_dir, initial_epoch, t.epochs)
+        if outcome.status == "preempted":
+            status = "KILLED"
+            if outcome.step:
+                checkpoint.save_partial(outcome.epoch, outcome.step, outcome.sums.to_dict())
+                where = f"step {outcome.step} of epoch {outcome.epoch + 1}"
+            else:
+                where = f"epoch {outcome.epoch}"
+            raise Preempted(flag.signal_name or "signal", where, str(run_dir))
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         raise
+    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+            tf.errors.InternalError, tf.errors.AbortedError) as e:
+        if cluster is None or cluster.num_workers == 1:
+            raise
+        raise _cluster_error(e, cluster) from e
     finally:
         st = checkpoint.state
         best = run_dir / "checkpoints" / "best.keras"
-        if best.is_file():
+        if is_chief and best.is_file():
             tracker.log_artifact(best, "checkpoints")
-        tracker.log_artifact(run_dir / "history.csv") if (run_dir / "history.csv").is_file() else None
+        if is_chief and (run_dir / "history.csv").is_file():
+            tracker.log_artifact(run_dir / "history.csv")
         tracker.log_metrics({"best_val_dice_mean": st["best_value"] or 0.0}, step=st["epoch"])
         tracker.end(status)
     return TrainResult(run_dir, float(st["best_value"] or 0.0), int(st["best_epoch"] or 0), int(st["epoch"]),

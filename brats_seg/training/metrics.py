@@ -56,6 +56,12 @@ class _PerSampleMean(keras.metrics.Metric):
     def _values(self, y_true, y_pred):  # (B,) per-sample values to average
         return self._per_sample(compute_hard_dice(y_true, y_pred, self.threshold))
 
+    def per_sample(self, y_true, y_pred):
+        """``(B,)`` the values this metric averages; the training loop sums them over replicas."""
+        if hasattr(self, "region_index"):
+            _check_region_index(self, y_pred)
+        return self._values(y_true, y_pred)
+
     def update_state(self, y_true, y_pred, sample_weight=None):
         values = self._values(y_true, y_pred)  # (B,)
         if sample_weight is None:

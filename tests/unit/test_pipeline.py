@@ -236,3 +236,36 @@ def test_feeds_keras_fit_with_loss_and_metrics(tmp_path):
     )
     assert {"loss", "dice_wt", "dice_mean", "val_loss", "val_dice_mean"} <= set(history.history)
     assert len(history.history["loss"]) == 2 and np.all(np.isfinite(history.history["loss"]))
+
+
+@pytest.mark.parametrize("workers,replicas", [(2, 1), (2, 2), (1, 2), (4, 1)])
+def test_worker_shards_split_each_global_batch(tmp_path, workers, replicas):
+    """Step s of a cluster trains on exactly the cases of one process's batch s, each once."""
+    rng = np.random.default_rng(1)
+    dirs = []
+    for i in range(9):
+        _write_case(tmp_path / f"case_{i:03d}", i, rng)
+        dirs.append(tmp_path / f"case_{i:03d}")
+    batch, steps = 4, 2  # 9 cases: 2 steps of 4 per epoch
+    single = _take(make_train_dataset(dirs, batch, seed=5, augment=True), 2 * steps)
+    per_replica = batch // (workers * replicas)
+    shards = [_take(make_train_dataset(dirs, batch, seed=5, augment=True, shard=(w, workers),
+                                       replica_batch=per_replica), 2 * steps * replicas) for w in range(workers)]
+    for s, (x, y) in enumerate(single):
+        # the cluster's step s: each worker's next `replicas` batches, workers in order
+        parts = [shards[w][s * replicas + r] for w in range(workers) for r in range(replicas)]
+        np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), x)
+        np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), y)
+
+
+def test_resume_mid_epoch_skips_the_steps_done(cases):
+    full = _take(make_train_dataset(cases, 2, seed=7, augment=True), 6)  # 3 epochs of 2 steps
+    resumed = _take(make_train_dataset(cases, 2, seed=7, augment=True, initial_epoch=1, initial_step=1), 3)
+    _assert_equal_batches(full[3:6], resumed)
+
+
+def test_a_batch_that_does_not_split_names_the_batch_size(cases):
+    with pytest.raises(ValueError, match=r"trainer.batch_size=3 .*2 worker"):
+        make_train_dataset(cases, 3, seed=0, augment=False, shard=(0, 2))
+    with pytest.raises(ValueError, match="initial_step"):
+        make_train_dataset(cases, 2, seed=0, augment=False, initial_step=2)

@@ -1,0 +1,112 @@
+"""The epoch loop around the step functions of :mod:`brats_seg.training.steps`.
+
+Drives Keras callbacks as ``model.fit`` would (``on_train_begin``, ``on_epoch_begin``,
+``on_train_batch_begin/end``, ``on_epoch_end`` with the training means and, every
+``val_every`` epochs, the ``val_`` ones, ``model.stop_training``), shows a progress bar on
+the chief, and stops after the current step when a worker was signalled
+(:mod:`brats_seg.training.preemption`). Stopping decisions (early stopping, a callback's
+``stop_training``) are the chief's, sent to every worker, so that all leave the loop at
+the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from brats_seg.training.steps import EpochSums, chief_value
+
+__all__ = ["LoopOutcome", "evaluate", "run_epochs"]
+
+log = logging.getLogger(__name__)
+
+PROGRESS_KEYS = ("loss", "dice_mean")  # shown on the progress bar
+
+
+@dataclasses.dataclass
+class LoopOutcome:
+    """How the loop ended: ``finished`` (all epochs or early stopping) or ``preempted``.
+
+    ``epoch`` (0-based) and ``step`` locate a preemption: ``step`` steps of ``epoch`` done
+    (``step == 0``: stopped at an epoch boundary, nothing partial to save).
+    """
+
+    status: str
+    epoch: int = 0
+    step: int = 0
+    sums: EpochSums | None = None
+
+
+def evaluate(eval_step: Callable, dataset) -> EpochSums:
+    """Every batch of ``dataset`` through ``eval_step``; the summed metrics."""
+    sums = EpochSums()
+    for x, y in dataset:
+        sums.add(eval_step(x, y))
+    return sums
+
+
+def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, iterator, val_dataset,
+               epochs: int, initial_epoch: int, initial_step: int, steps: int, val_every: int, callbacks,
+               preemption, partial: EpochSums | None = None, is_chief: bool = True,
+               single_worker: bool = True) -> LoopOutcome:
+    """Train epochs ``initial_epoch+1 .. epochs`` (1-based), resuming at ``initial_step``.
+
+    Args:
+        strategy: the run's strategy.
+        model: the training model (its ``stop_training`` is honoured).
+        train_step: ``(iterator, stop) -> sums`` (:func:`~brats_seg.training.steps.make_train_step`).
+        eval_step: ``(x, y) -> sums`` (:func:`~brats_seg.training.steps.make_eval_step`).
+        iterator: the distributed training dataset's iterator, at ``initial_step``.
+        val_dataset: the validation batches (local).
+        epochs, initial_epoch, steps, val_every: as ``trainer.*``.
+        initial_step: steps of ``initial_epoch`` already done (a preempted run).
+        callbacks: a ``keras.callbacks.CallbackList`` holding the run's callbacks.
+        preemption: a :class:`~brats_seg.training.preemption.PreemptionFlag`.
+        partial: the sums of the steps already done of ``initial_epoch``.
+        is_chief: show the progress bar.
+        single_worker: no other process takes part; a signal during a step stops right after
+            it (with several workers the next step carries the flag to all, so they stop
+            one step later, together).
+    """
+    from tqdm.auto import tqdm
+
+    callbacks.on_train_begin()
+    for epoch in range(initial_epoch, epochs):
+        first = initial_step if epoch == initial_epoch else 0
+        sums = partial if (epoch == initial_epoch and partial is not None) else EpochSums()
+        callbacks.on_epoch_begin(epoch)
+        log.info("epoch %d/%d: training from step %d of %d", epoch + 1, epochs, first + 1, steps)
+        bar = tqdm(total=steps, initial=first, desc=f"epoch {epoch + 1}/{epochs}", unit="step", leave=True,
+                   disable=not (is_chief and sys.stderr.isatty()), dynamic_ncols=True)
+        stop = False
+        with bar:
+            for step in range(first, steps):
+                callbacks.on_train_batch_begin(step)
+                out = {k: float(v) for k, v in train_step(iterator, tf.constant(preemption.requested)).items()}
+                # a worker signalled before this step (the flag travels in the step), or this
+                # single-worker process signalled during it
+                stop = out.pop("stop") > 0 or (single_worker and preemption.requested)
+                sums.add(out)
+                logs = sums.means()
+                callbacks.on_train_batch_end(step, logs)
+                bar.set_postfix({k: f"{logs[k]:.4f}" for k in PROGRESS_KEYS if k in logs}, refresh=False)
+                bar.update(1)
+                if stop and step + 1 < steps:
+                    return LoopOutcome("preempted", epoch, step + 1, sums)
+        logs = sums.means()
+        if (epoch + 1) % max(val_every, 1) == 0:  # as Keras' validation_freq
+            logs.update(evaluate(eval_step, val_dataset).means("val_"))
+        callbacks.on_epoch_end(epoch, logs)
+        log.info("epoch %d/%d: %s", epoch + 1, epochs,
+                 ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k.endswith(PROGRESS_KEYS)))
+        if stop:  # signalled during the epoch's last step: the epoch is complete and saved
+            return LoopOutcome("preempted", epoch + 1, 0)
+        model.stop_training = bool(chief_value(strategy, tf.constant(int(bool(model.stop_training)))).numpy())
+        if model.stop_training:
+            break
+    callbacks.on_train_end()
+    return LoopOutcome("finished")

@@ -1,0 +1,77 @@
+"""SIGTERM and SIGINT during training: finish the step, save, exit resumably.
+
+SLURM sends SIGTERM at preemption and at the time limit (``--signal`` can send it earlier),
+a user presses Ctrl-C (SIGINT). Either asks the training loop to stop after the current
+step: every worker learns of it at the same step (the flag is summed over replicas inside
+the step), the chief saves a checkpoint with the position in the epoch, the MLflow run is
+marked KILLED and the process exits with :data:`EXIT_PREEMPTED`. Re-running the same
+command resumes at that step. A second Ctrl-C stops at once (KeyboardInterrupt; the last
+completed epoch or saved step stays the resume point).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+__all__ = ["EXIT_PREEMPTED", "Preempted", "PreemptionFlag"]
+
+log = logging.getLogger(__name__)
+
+#: Exit status of a run stopped by SIGTERM/SIGINT after saving (sysexits' EX_TEMPFAIL:
+#: "try again later"); a job script can requeue on it.
+EXIT_PREEMPTED = 75
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after saving; re-running the command resumes.
+
+    Attributes:
+        signal_name: ``SIGTERM`` or ``SIGINT``.
+        where: what was done and saved (``step 3 of epoch 2``, ``epoch 2``).
+        run_dir: the run folder holding the checkpoint.
+    """
+
+    def __init__(self, signal_name: str, where: str, run_dir: str) -> None:
+        self.signal_name, self.where, self.run_dir = signal_name, where, run_dir
+        super().__init__(
+            f"{signal_name}: training stopped after {where}, saved in {run_dir}. "
+            "Re-run the same command to resume from there."
+        )
+
+
+class PreemptionFlag:
+    """While entered, SIGTERM and SIGINT set :attr:`requested` instead of ending the process.
+
+    Handlers can only be installed from the main thread; elsewhere (a test runner's worker
+    thread) the flag stays off and the signals keep their default behaviour.
+    """
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        if self.signal_name is None:
+            log.warning("%s received: finishing the current step, then saving a checkpoint "
+                        "(Ctrl-C again to stop at once)", name)
+        self.signal_name = self.signal_name or name
+
+    def __enter__(self) -> PreemptionFlag:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
