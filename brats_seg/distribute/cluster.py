@@ -440,3 +440,15 @@ def cluster_from_slurm(environ: Mapping[str, str], base_port: int) -> Cluster:
             "(Slurm's default), or list the workers in distribute.workers."
         )
     return Cluster(tuple(workers), procid, "SLURM")
+
+
+def free_local_ports(n: int) -> list[int]:
+    """``n`` TCP ports free on 127.0.0.1 now (for a cluster of local workers: tests, scaling runs)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sk in socks:
+            sk.bind(("127.0.0.1", 0))
+        return [sk.getsockname()[1] for sk in socks]
+    finally:
+        for sk in socks:
+            sk.close()

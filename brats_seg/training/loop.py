@@ -395,6 +395,22 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     log.info("training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
              run_name, len(train_dirs), len(val_dirs), steps, t.batch_size, replicas, initial_epoch + 1, t.epochs,
              run_dir)
+    closed = []
+
+    def close(status: str) -> None:
+        """Log the final artifacts and end the tracked run, once."""
+        if closed:
+            return
+        closed.append(status)
+        st = checkpoint.state
+        best = run_dir / "checkpoints" / "best.keras"
+        if is_chief and best.is_file():
+            tracker.log_artifact(best, "checkpoints")
+        if is_chief and (run_dir / "history.csv").is_file():
+            tracker.log_artifact(run_dir / "history.csv")
+        tracker.log_metrics({"best_val_dice_mean": st["best_value"] or 0.0}, step=st["epoch"])
+        tracker.end(status)
+
     status = "FAILED"
     try:
         outcome = LoopOutcome("finished")
@@ -404,7 +420,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
                 outcome = run_epochs(
                     strategy=strategy, model=model, iterator=iterator, val_dataset=val_ds,
                     train_step=make_train_step(strategy, model, loss, metrics, t.batch_size),
-                    eval_step=make_eval_step(model, metrics), epochs=t.epochs, initial_epoch=initial_epoch,
+                    eval_step=make_eval_step(model, metrics, loss), epochs=t.epochs, initial_epoch=initial_epoch,
                     initial_step=initial_step, steps=steps, val_every=t.val_every,
                     callbacks=keras.callbacks.CallbackList(callbacks, model=model), preemption=flag,
                     partial=EpochSums.from_dict(partial) if partial else None, is_chief=is_chief,
@@ -418,6 +434,8 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
                 where = f"step {outcome.step} of epoch {outcome.epoch + 1}"
             else:
                 where = f"epoch {outcome.epoch}"
+            close(status)  # before a launcher's requeue handler (SIGUSR2) ends the process
+            flag.pass_on()
             raise Preempted(flag.signal_name or "signal", where, str(run_dir))
         status = "FINISHED"
     except KeyboardInterrupt:
@@ -429,13 +447,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
             raise
         raise _cluster_error(e, cluster) from e
     finally:
-        st = checkpoint.state
-        best = run_dir / "checkpoints" / "best.keras"
-        if is_chief and best.is_file():
-            tracker.log_artifact(best, "checkpoints")
-        if is_chief and (run_dir / "history.csv").is_file():
-            tracker.log_artifact(run_dir / "history.csv")
-        tracker.log_metrics({"best_val_dice_mean": st["best_value"] or 0.0}, step=st["epoch"])
-        tracker.end(status)
+        close(status)
+    st = checkpoint.state
     return TrainResult(run_dir, float(st["best_value"] or 0.0), int(st["best_epoch"] or 0), int(st["epoch"]),
                        tracker.run_id)

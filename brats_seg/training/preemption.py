@@ -7,6 +7,10 @@ the step), the chief saves a checkpoint with the position in the epoch, the MLfl
 marked KILLED and the process exits with :data:`EXIT_PREEMPTED`. Re-running the same
 command resumes at that step. A second Ctrl-C stops at once (KeyboardInterrupt; the last
 completed epoch or saved step stays the resume point).
+
+Under submitit (``hydra/launcher=slurm|local``), SLURM's warning signal is SIGUSR2, whose
+handler (submitit's) requeues the job: while training, SIGUSR2 too asks for the save, and
+:meth:`PreemptionFlag.pass_on` then hands it to that handler, which requeues and exits.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ class Preempted(Exception):
 
 
 class PreemptionFlag:
-    """While entered, SIGTERM and SIGINT set :attr:`requested` instead of ending the process.
+    """While entered, SIGTERM, SIGINT (and SIGUSR2 where a launcher handles it) set
+    :attr:`requested` instead of ending the process.
 
     Handlers can only be installed from the main thread; elsewhere (a test runner's worker
     thread) the flag stays off and the signals keep their default behaviour.
@@ -51,6 +56,8 @@ class PreemptionFlag:
     def __init__(self) -> None:
         self.signal_name: str | None = None
         self._previous: dict[int, object] = {}
+        self._received: int | None = None
+        self._usr2 = None  # submitit's handler, kept for pass_on()
 
     @property
     def requested(self) -> bool:
@@ -63,13 +70,25 @@ class PreemptionFlag:
         if self.signal_name is None:
             log.warning("%s received: finishing the current step, then saving a checkpoint "
                         "(Ctrl-C again to stop at once)", name)
+            self._received = signum
         self.signal_name = self.signal_name or name
 
     def __enter__(self) -> PreemptionFlag:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            signals = [signal.SIGTERM, signal.SIGINT]
+            if callable(signal.getsignal(signal.SIGUSR2)):  # a launcher's (submitit's) requeue handler
+                signals.append(signal.SIGUSR2)
+            for sig in signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self._usr2 = self._previous.get(signal.SIGUSR2)
         return self
+
+    def pass_on(self) -> None:
+        """After saving: give a SIGUSR2 to the launcher's handler it was meant for (submitit
+        requeues the job and exits). Nothing for SIGTERM/SIGINT."""
+        if self._received == signal.SIGUSR2 and callable(self._usr2):
+            log.info("passing SIGUSR2 on to the launcher (requeue)")
+            self._usr2(signal.SIGUSR2, None)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():

@@ -102,13 +102,15 @@ def make_train_step(strategy: tf.distribute.Strategy, model, loss, metrics: Sequ
     return step
 
 
-def make_eval_step(model, metrics: Sequence) -> Callable:
-    """``step(x, y) -> {name: sum over the batch, "count"}`` on the local device, no collective."""
+def make_eval_step(model, metrics: Sequence, loss=None) -> Callable:
+    """``step(x, y) -> {"loss", name: sum over the batch, "count"}`` on the local device, no collective."""
 
     @tf.function
     def step(x, y):
         pred = model(x, training=False)
         out = {COUNT: tf.cast(tf.shape(pred)[0], tf.float32)}
+        if loss is not None:
+            out["loss"] = tf.reduce_sum(loss.call(y, pred))
         out.update(_metric_sums(metrics, y, pred))
         return out
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from brats_seg.distribute.cluster import free_local_ports
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_PREEMPTED, EXIT_CLUSTER_FAILURE = 75, 3
@@ -76,16 +77,6 @@ def test_mirrored_on_two_logical_cpus_with_recompute_matches_one_device(tmp_path
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=ATOL), (key, a[key], b[key])
     assert all(h["lms_recomputed_flops"] > 0 for h in two)  # the blocks ran through the recompute wrapper
     assert "inside a tf.function" not in proc.stderr  # no eager strategy.run
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _train_cmd(tmp_path, run_dir, uri, *extra):
@@ -152,7 +143,7 @@ def test_two_workers_preempted_killed_and_resumed_end_as_one_process(tmp_path):
                             capture_output=True, text=True, timeout=900)  # also writes the data and the cache
     assert single.returncode == 0, single.stderr[-4000:]
 
-    ports = _free_ports(2)
+    ports = free_local_ports(2)
     workers = f"distribute.workers=[127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}]"
     run_dir = tmp_path / "mw"
 
