@@ -133,7 +133,7 @@ class DistributeConfig:
     devices: List[str] = field(default_factory=list)  # mirrored: e.g. ["/GPU:0", "/GPU:1"]; empty = all GPUs, else all logical CPUs
     port: int = 12345  # SLURM: port of a node's first task; its k-th task listens on port + k
     collective: str = "auto"  # multi_worker all-reduce: auto | ring (gRPC, CPU or GPU) | nccl (GPUs only)
-    timeout_s: int = 120  # s; bounds the wait for a worker that never joins; 0 = wait forever
+    timeout_s: int = 90  # s; bounds the wait for a worker that never joins; 0 = wait forever
     # none | linear: trainer.batch_size is the global batch (split over replicas); linear multiplies
     # trainer.learning_rate by the replica count (Goyal et al. 2017), none keeps it as written.
     lr_scaling: str = "none"

@@ -10,10 +10,11 @@ README quotes.
 
 Asserted: never more than 8% under the measured peak (the side that ends a run in an
 out-of-memory crash), and on a CPU whose preset the calibration script measured and
-validated (AVX2 today) never more than 25% over it. The calibration's held-out points
-reach +18.7% outside trilinear up-sampling (the aim is +15%; the trilinear one here, under
-recompute, +10.6%) and a single run measures up to 9% lower than another, so one run can
-read up to ~25% over. The AVX-512 preset was fitted
+validated (AVX2 today) never more than 35% over it. The calibration's held-out points
+reach +18.7% outside trilinear up-sampling (the aim, +15%, is not met; the trilinear one
+here, under recompute, read +10.6%), and a single run of a point has measured up to 20%
+below another run of it (depth 3, 32 filters, recompute), so one run can read ~35% over.
+The AVX-512 preset was fitted
 to earlier measurements entered by hand and errs higher at batch 1 (up to +21.5% on its
 own points): there only the lower bound is asserted.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-UNDER, OVER = -0.08, 0.25
+UNDER, OVER = -0.08, 0.35
 POINTS = [  # (name, overrides, lms)
     ("d5 f8 96x128x96 b1", ["model.depth=5", "model.base_filters=8", "resolution.shape=[96,128,96]",
                             "trainer.batch_size=1"], "off"),

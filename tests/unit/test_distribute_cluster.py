@@ -349,7 +349,7 @@ def test_unreachable_workers():
     (["distribute=none"], {"name": "none"}),
     (["distribute=mirrored", "distribute.devices=[/CPU:0,/CPU:1]"], {"name": "mirrored", "devices": ["/CPU:0", "/CPU:1"]}),
     (["distribute=multi_worker", "distribute.workers=[n1:5,n2:5]", "distribute.index=1"],
-     {"name": "multi_worker", "workers": ["n1:5", "n2:5"], "index": 1, "port": 12345, "timeout_s": 120}),
+     {"name": "multi_worker", "workers": ["n1:5", "n2:5"], "index": 1, "port": 12345, "timeout_s": 90}),
 ])
 def test_distribute_configs_compose(overrides, expected):
     from hydra import compose, initialize_config_dir
