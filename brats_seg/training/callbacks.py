@@ -96,6 +96,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.state.pop("partial", None)
         self.state.pop("partial_epoch", None)
         self.state["history"].append(row)
+        self.state["iterations"] = self._iterations()
         if self.write:
             _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
             write_text_atomic(self.run_dir / "state.json", json.dumps(self.state, indent=1))
@@ -113,12 +114,19 @@ class RunCheckpoint(keras.callbacks.Callback):
         step inside ``last.keras`` tells the resuming run where the weights are if it was
         stopped between the two writes (:func:`brats_seg.training.loop.resume_position`).
         """
+        self.state["epoch"] = int(epoch)  # completed epochs
         self.state["step"] = int(step)
         self.state["partial"] = dict(sums)
         self.state["partial_epoch"] = epoch + 1
+        self.state["iterations"] = self._iterations()
         if self.write:
             _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
             write_text_atomic(self.run_dir / "state.json", json.dumps(self.state, indent=1))
+
+    def _iterations(self) -> int | None:
+        """The optimizer step the saved weights are at (``resume_position`` checks it)."""
+        opt = getattr(self.export_model or self.model, "optimizer", None)
+        return int(opt.iterations.numpy()) if opt is not None else None
 
     def _write_history_csv(self) -> None:
         rows = self.state["history"]

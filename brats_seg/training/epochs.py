@@ -103,10 +103,10 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
         callbacks.on_epoch_end(epoch, logs)
         log.info("epoch %d/%d: %s", epoch + 1, epochs,
                  ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k.endswith(PROGRESS_KEYS)))
+        model.stop_training = bool(chief_value(strategy, tf.constant(float(bool(model.stop_training)))).numpy())
+        if model.stop_training or epoch + 1 == epochs:  # done: a signal now has nothing left to save
+            break
         if stop:  # signalled during the epoch's last step: the epoch is complete and saved
             return LoopOutcome("preempted", epoch + 1, 0)
-        model.stop_training = bool(chief_value(strategy, tf.constant(int(bool(model.stop_training)))).numpy())
-        if model.stop_training:
-            break
     callbacks.on_train_end()
     return LoopOutcome("finished")

@@ -240,26 +240,38 @@ def resume_position(state, iterations: int | None, steps: int) -> tuple[int, int
     """``(epoch, step, partial sums)`` to resume at: ``state.json``'s, checked against the
     optimizer step restored from ``last.keras``.
 
-    ``last.keras`` is written before ``state.json``; a run killed between the two writes
-    leaves weights newer than the state. The optimizer's step count (one per training step)
-    then says where the weights are, and training resumes there (that epoch's training
-    means then cover only the steps after it).
+    ``last.keras`` is written before ``state.json``, which records the optimizer step it was
+    written with (``iterations``). A run killed between the two writes leaves weights newer
+    than the state: then the restored optimizer step says where the weights are (one per
+    training step; under fp16 loss scaling, skipped steps make this approximate) and
+    training resumes there, without the partial sums.
     """
     epoch, step = int(state["epoch"]), int(state.get("step", 0))
-    partial = state.get("partial")
-    if iterations is not None and iterations != epoch * steps + step:
+    partial = state.get("partial") if state.get("partial_epoch") == epoch + 1 and step else None
+    recorded = state.get("iterations")
+    if iterations is not None and recorded is not None and int(iterations) != int(recorded):
         new_epoch, new_step = divmod(int(iterations), steps)
-        log.warning("%s holds optimizer step %d but state.json says epoch %d step %d (%d); stopped between the "
-                    "two writes: resuming at epoch %d step %d from the weights", "last.keras", iterations, epoch,
-                    step, epoch * steps + step, new_epoch + 1, new_step)
+        log.warning("last.keras holds optimizer step %d but state.json was written at step %d (epoch %d step %d): "
+                    "stopped between the two writes; resuming at epoch %d step %d from the weights", iterations,
+                    recorded, epoch, step, new_epoch + 1, new_step)
         return new_epoch, new_step, None
     return epoch, step, partial
 
 
 def _cluster_error(error: Exception, cluster):
+    """A ClusterFailure naming the unreachable workers, or None when ``error`` is local.
+
+    Unavailable/DeadlineExceeded come from the collectives; other TF errors count as a lost
+    worker only if some worker no longer answers (else they are this process's own fault,
+    and re-running would fail the same way).
+    """
+    import tensorflow as tf
+
     from brats_seg.distribute.cluster import ClusterFailure, unreachable_workers
 
     down = unreachable_workers(cluster)
+    if not down and not isinstance(error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+        return None
     who = (f"unreachable: {', '.join(down)}" if down else "every worker's port still answers; see the other "
            "workers' logs")
     return ClusterFailure(
@@ -267,6 +279,31 @@ def _cluster_error(error: Exception, cluster):
         f"{str(error).splitlines()[0][:300]}); {who}. Re-run the same command on every worker to resume "
         "from the last saved epoch."
     )
+
+
+_COLLECTIVE_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "InternalError", "AbortedError")
+
+
+def _sync_with_chief(strategy, cluster, model, steps: int, t, n_train: int, position: tuple[int, int]):
+    """Every worker: the chief's weights, optimizer state and resume position, and a check
+    that all workers agree on the loop's shape (else they would meet in different collectives)."""
+    import tensorflow as tf
+
+    from brats_seg.training.steps import broadcast_from_chief, chief_value
+
+    try:
+        broadcast_from_chief(strategy, [*model.variables, *model.optimizer.variables])
+        mine = tf.constant([*position, steps, t.epochs, t.val_every, n_train], tf.float32)
+        chiefs = [int(v) for v in chief_value(strategy, mine).numpy()]
+    except tuple(getattr(tf.errors, n) for n in _COLLECTIVE_ERRORS) as e:
+        raise (_cluster_error(e, cluster) or e) from e
+    names = ["steps/epoch", "trainer.epochs", "trainer.val_every", "training cases"]
+    differ = [f"{n} {a} here, {b} on the chief" for n, a, b in zip(names, [steps, t.epochs, t.val_every, n_train],
+                                                                       chiefs[2:]) if a != b]
+    if differ:
+        raise ValueError(f"worker {cluster.index} ({cluster.address}) disagrees with the chief: {'; '.join(differ)}. "
+                         "Start every worker with the same command and data (only distribute.index differs).")
+    return chiefs[0], chiefs[1]
 
 
 def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: dict[str, str] | None = None,
@@ -325,10 +362,9 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     from brats_seg.training.losses import SoftDiceBCELoss
     from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
     from brats_seg.training.preemption import Preempted, PreemptionFlag
-    from brats_seg.training.steps import (EpochSums, broadcast_from_chief, chief_value, make_eval_step,
-                                          make_train_step)
+    from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_train_step
 
-    state = load_state(run_dir)
+    state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
     train_dirs = [e.path for e in ds.entries_of("train")]
     val_dirs = [e.path for e in ds.entries_of("val")]
     steps = steps_per_epoch(len(train_dirs), t.batch_size, t.steps_per_epoch)
@@ -355,9 +391,8 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
         _restore(model, export_model, last)
         initial_epoch, initial_step, partial = resume_position(state, int(model.optimizer.iterations.numpy()), steps)
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
-        broadcast_from_chief(strategy, [*model.variables, *model.optimizer.variables])
-        initial_epoch, initial_step = (int(v) for v in chief_value(
-            strategy, tf.constant([initial_epoch, initial_step], tf.int64)).numpy())
+        initial_epoch, initial_step = _sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs),
+                                                       (initial_epoch, initial_step))
     if state or initial_epoch:
         log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, initial_epoch + 1, initial_step,
                  int(model.optimizer.iterations.numpy()))
@@ -411,12 +446,14 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
         tracker.log_metrics({"best_val_dice_mean": st["best_value"] or 0.0}, step=st["epoch"])
         tracker.end(status)
 
+    multi = cluster is not None and cluster.num_workers > 1
     status = "FAILED"
+    flag = PreemptionFlag()
     try:
         outcome = LoopOutcome("finished")
-        if initial_epoch < t.epochs:
-            iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-            with PreemptionFlag() as flag:
+        with flag:  # through the save: a second SIGTERM does not cut it short
+            if initial_epoch < t.epochs:
+                iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
                 outcome = run_epochs(
                     strategy=strategy, model=model, iterator=iterator, val_dataset=val_ds,
                     train_step=make_train_step(strategy, model, loss, metrics, t.batch_size),
@@ -424,28 +461,31 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
                     initial_step=initial_step, steps=steps, val_every=t.val_every,
                     callbacks=keras.callbacks.CallbackList(callbacks, model=model), preemption=flag,
                     partial=EpochSums.from_dict(partial) if partial else None, is_chief=is_chief,
-                    single_worker=cluster is None or cluster.num_workers == 1)
-        else:
-            log.info("run %s already has %d/%d epochs: nothing to train", run_dir, initial_epoch, t.epochs)
-        if outcome.status == "preempted":
-            status = "KILLED"
-            if outcome.step:
-                checkpoint.save_partial(outcome.epoch, outcome.step, outcome.sums.to_dict())
-                where = f"step {outcome.step} of epoch {outcome.epoch + 1}"
+                    single_worker=not multi)
             else:
-                where = f"epoch {outcome.epoch}"
-            close(status)  # before a launcher's requeue handler (SIGUSR2) ends the process
-            flag.pass_on()
+                log.info("run %s already has %d/%d epochs: nothing to train", run_dir, initial_epoch, t.epochs)
+            if outcome.status == "preempted":
+                status = "KILLED"
+                if outcome.step:
+                    checkpoint.save_partial(outcome.epoch, outcome.step, outcome.sums.to_dict())
+                    where = f"step {outcome.step} of epoch {outcome.epoch + 1}"
+                else:
+                    where = f"epoch {outcome.epoch}"
+                close(status)
+            if multi:  # nobody leaves before the chief has saved (srun --kill-on-bad-exit would cut it)
+                chief_value(strategy, tf.constant(0.0))
+        if outcome.status == "preempted":
+            flag.pass_on()  # a launcher's requeue (SIGUSR2 under submitit) may end the process here
             raise Preempted(flag.signal_name or "signal", where, str(run_dir))
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         raise
-    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-            tf.errors.InternalError, tf.errors.AbortedError) as e:
-        if cluster is None or cluster.num_workers == 1:
+    except tuple(getattr(tf.errors, n) for n in _COLLECTIVE_ERRORS) as e:
+        failure = _cluster_error(e, cluster) if multi else None
+        if failure is None:
             raise
-        raise _cluster_error(e, cluster) from e
+        raise failure from e
     finally:
         close(status)
     st = checkpoint.state

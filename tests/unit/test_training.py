@@ -103,3 +103,17 @@ def test_corrupt_data_fails_before_the_first_step(dataset_copy, tmp_path, backen
         train(cfg, backend)
     assert case.name in str(err.value) and seg.name in str(err.value)
     assert not (tmp_path / "run" / "checkpoints").exists()  # no model was built or trained
+
+
+def test_resume_position_trusts_the_state_unless_the_weights_are_newer():
+    from brats_seg.training.loop import resume_position
+
+    state = {"epoch": 2, "step": 3, "partial": {"loss": 1.5, "count": 6.0}, "partial_epoch": 3, "iterations": 23}
+    assert resume_position(state, 23, steps=10) == (2, 3, state["partial"])
+    # killed between writing last.keras (step 27) and state.json: the weights say where
+    assert resume_position(state, 27, steps=10) == (2, 7, None)
+    # under fp16 loss scaling the optimizer skips steps: recorded and restored agree, no correction
+    assert resume_position({**state, "iterations": 19}, 19, steps=10) == (2, 3, state["partial"])
+    # partial sums belong to the epoch after the completed ones, else they are dropped
+    assert resume_position({**state, "partial_epoch": 2}, 23, steps=10) == (2, 3, None)
+    assert resume_position({"epoch": 1, "iterations": 10}, 10, steps=10) == (1, 0, None)
