@@ -206,7 +206,7 @@ def test_sweep_through_submitit_local_gives_one_mlflow_run_per_job(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    cmd = [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=local", "resolution=tiny", "data=synthetic",
+    cmd = [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=submitit_local", "resolution=tiny", "data=synthetic",
            f"data.root={tmp_path / 'synthetic'}", "data.synthetic_cases=5", f"data.cache_dir={tmp_path / 'cache'}",
            "model.depth=2", "model.base_filters=4,6", "trainer.seed=1,2", "trainer.epochs=1",
            "trainer.steps_per_epoch=1", "trainer.batch_size=1", "backend=cpu_onednn", "backend.intra_op_threads=1",
