@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["atomic_path", "file_lock", "write_bytes_atomic", "write_text_atomic"]
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -66,3 +66,17 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically; returns the path."""
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created if missing) for the ``with`` block,
+    across processes on this machine (``fcntl.flock``)."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

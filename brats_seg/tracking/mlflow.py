@@ -24,7 +24,6 @@ Where things land:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from brats_seg.config import TrackingConfig
-from brats_seg.files import write_text_atomic
+from brats_seg.files import file_lock, write_text_atomic
 
 __all__ = [
     "NullTracker",
@@ -254,19 +253,6 @@ class _LocalRecord:
 # Tracker
 # ---------------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """An exclusive advisory lock on ``path`` (created) for the ``with`` block, across processes."""
-    import fcntl
-
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 class Tracker:
     """One run's tracking: MLflow (if reachable) plus the local record in ``<run_dir>/tracking/``.
 
@@ -382,7 +368,7 @@ class Tracker:
                 # The first client of a new SQLite store creates its schema; the jobs of a
                 # sweep starting together would migrate it at once and break each other
                 # ("Online migration expected to match one row"): one at a time.
-                with _file_lock(db.with_name(db.name + ".lock")):
+                with file_lock(db.with_name(db.name + ".lock")):
                     self._client = MlflowClient(tracking_uri=uri)
                     self._client.search_experiments(max_results=1)
             else:

@@ -258,54 +258,6 @@ def resume_position(state, iterations: int | None, steps: int) -> tuple[int, int
     return epoch, step, partial
 
 
-def _cluster_error(error: Exception, cluster):
-    """A ClusterFailure naming the unreachable workers, or None when ``error`` is local.
-
-    Unavailable/DeadlineExceeded come from the collectives; other TF errors count as a lost
-    worker only if some worker no longer answers (else they are this process's own fault,
-    and re-running would fail the same way).
-    """
-    import tensorflow as tf
-
-    from brats_seg.distribute.cluster import ClusterFailure, unreachable_workers
-
-    down = unreachable_workers(cluster)
-    if not down and not isinstance(error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
-        return None
-    who = (f"unreachable: {', '.join(down)}" if down else "every worker's port still answers; see the other "
-           "workers' logs")
-    return ClusterFailure(
-        f"distributed training stopped: a collective operation failed ({type(error).__name__}: "
-        f"{str(error).splitlines()[0][:300]}); {who}. Re-run the same command on every worker to resume "
-        "from the last saved epoch."
-    )
-
-
-_COLLECTIVE_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "InternalError", "AbortedError")
-
-
-def _sync_with_chief(strategy, cluster, model, steps: int, t, n_train: int, position: tuple[int, int]):
-    """Every worker: the chief's weights, optimizer state and resume position, and a check
-    that all workers agree on the loop's shape (else they would meet in different collectives)."""
-    import tensorflow as tf
-
-    from brats_seg.training.steps import broadcast_from_chief, chief_value
-
-    try:
-        broadcast_from_chief(strategy, [*model.variables, *model.optimizer.variables])
-        mine = tf.constant([*position, steps, t.epochs, t.val_every, n_train], tf.float32)
-        chiefs = [int(v) for v in chief_value(strategy, mine).numpy()]
-    except tuple(getattr(tf.errors, n) for n in _COLLECTIVE_ERRORS) as e:
-        raise (_cluster_error(e, cluster) or e) from e
-    names = ["steps/epoch", "trainer.epochs", "trainer.val_every", "training cases"]
-    differ = [f"{n} {a} here, {b} on the chief" for n, a, b in zip(names, [steps, t.epochs, t.val_every, n_train],
-                                                                       chiefs[2:]) if a != b]
-    if differ:
-        raise ValueError(f"worker {cluster.index} ({cluster.address}) disagrees with the chief: {'; '.join(differ)}. "
-                         "Start every worker with the same command and data (only distribute.index differs).")
-    return chiefs[0], chiefs[1]
-
-
 def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: dict[str, str] | None = None,
           name_suffix: str = "") -> TrainResult:
     """Train (or resume) the run described by ``cfg``.
@@ -362,6 +314,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     from brats_seg.training.losses import SoftDiceBCELoss
     from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
     from brats_seg.training.preemption import Preempted, PreemptionFlag
+    from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
     from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_train_step
 
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
@@ -391,7 +344,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
         _restore(model, export_model, last)
         initial_epoch, initial_step, partial = resume_position(state, int(model.optimizer.iterations.numpy()), steps)
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
-        initial_epoch, initial_step = _sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs),
+        initial_epoch, initial_step = sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs),
                                                        (initial_epoch, initial_step))
     if state or initial_epoch:
         log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, initial_epoch + 1, initial_step,
@@ -481,8 +434,8 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     except KeyboardInterrupt:
         status = "KILLED"
         raise
-    except tuple(getattr(tf.errors, n) for n in _COLLECTIVE_ERRORS) as e:
-        failure = _cluster_error(e, cluster) if multi else None
+    except tuple(getattr(tf.errors, n) for n in COLLECTIVE_ERRORS) as e:
+        failure = cluster_error(e, cluster) if multi else None
         if failure is None:
             raise
         raise failure from e

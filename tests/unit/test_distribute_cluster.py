@@ -18,12 +18,11 @@ from brats_seg.distribute.cluster import (
     PortInUseError,
     check_port_free,
     cluster_from_tf_config,
-    expand_hostlist,
-    parse_tasks_per_node,
     resolve_cluster,
     split_address,
     unreachable_workers,
 )
+from brats_seg.distribute.slurm import expand_hostlist, parse_tasks_per_node
 
 REPO = Path(__file__).resolve().parents[2]
 

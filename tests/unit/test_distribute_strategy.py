@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from brats_seg.config import DistributeConfig
-from brats_seg.distribute.cluster import PortInUseError
+from brats_seg.distribute.cluster import PortInUseError, free_local_ports
 from brats_seg.distribute.strategy import canonical_device, make_strategy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,17 +97,6 @@ def _result(proc: subprocess.Popen, timeout_s: float = 120) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def test_mirrored_two_logical_cpus_and_none():
     out = _result(_start(MIRRORED_SCRIPT))
     assert out["mirrored"] == [2, None, "MirroredStrategy", "ReductionToOneDevice"]
@@ -153,7 +142,7 @@ def test_canonical_device_rejects():
 
 
 def test_multi_worker_two_processes():
-    workers = [f"localhost:{p}" for p in _free_ports(2)]
+    workers = [f"localhost:{p}" for p in free_local_ports(2)]
     procs = [_start(MULTI_WORKER_SCRIPT, json.dumps([workers, i, 60])) for i in range(2)]
     results = [_result(p) for p in procs]
     for i, out in enumerate(results):
@@ -163,7 +152,7 @@ def test_multi_worker_two_processes():
 
 def test_multi_worker_missing_worker_fails_after_timeout():
     """TF alone would wait forever for a worker that never starts; timeout_s bounds it."""
-    workers = [f"localhost:{p}" for p in _free_ports(2)]
+    workers = [f"localhost:{p}" for p in free_local_ports(2)]
     out = _result(_start(MULTI_WORKER_SCRIPT, json.dumps([workers, 0, 3])), timeout_s=90)
     assert "not all 2 workers joined within distribute.timeout_s=3 s" in out["failure"]
     assert f"not answering now: {workers[1]})" in out["failure"]
