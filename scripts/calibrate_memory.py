@@ -63,6 +63,15 @@ VALIDATION = {
     "d4 f16 half b2 group": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=2",
                              "model.norm=group", "model.groups=8"],
     "d4 f16 full b1": ["model.depth=4", "model.base_filters=16", "resolution=full", "trainer.batch_size=1"],
+    # Added after the model's backward became a per-layer walk: points no version of it has seen.
+    "d4 f12 112x128x96 b3": ["model.depth=4", "model.base_filters=12", "resolution.shape=[112,128,96]",
+                             "trainer.batch_size=3"],
+    "d5 f16 96x128x96 b2 group": ["model.depth=5", "model.base_filters=16", "resolution.shape=[96,128,96]",
+                                  "trainer.batch_size=2", "model.norm=group", "model.groups=8"],
+    "d3 f20 80x96x80 b2 trilinear": ["model.depth=3", "model.base_filters=20", "resolution.shape=[80,96,80]",
+                                     "trainer.batch_size=2", "model.upsample=trilinear"],
+    "d4 f32 64x80x64 b1": ["model.depth=4", "model.base_filters=32", "resolution.shape=[64,80,64]",
+                           "trainer.batch_size=1"],
 }
 STRATEGIES = ("off", "recompute")
 # lms=auto points of the validation grid: (point, limit as a fraction between the off and
