@@ -5,6 +5,7 @@
     python scripts/calibrate_memory.py --fit-only       # refit from the measurements on file
     python scripts/calibrate_memory.py --fit-only --out brats_seg/lms/presets/cpu_avx512.json
     python scripts/calibrate_memory.py --runs 3 --validation-runs 2
+    python scripts/calibrate_memory.py --cross-validate [--rule backward_release_lag_layers=100]
 
 Every point is ``scripts/benchmark.py`` in a fresh subprocess (its own peak RSS), four
 training steps, ``--runs`` times on the calibration grid and ``--validation-runs`` times on
@@ -52,6 +53,10 @@ CALIBRATION = {
     "d4 f8 full b1": ["model.depth=4", "model.base_filters=8", "resolution=full", "trainer.batch_size=1"],
     "d4 f16 half b1 trilinear": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=1",
                                  "model.upsample=trilinear"],
+    # Group norm holds memory outside TensorFlow's allocator under recompute that instance
+    # norm does not (docs/lms_calibration.md): the grid covers both norms, as both up-samplings.
+    "d4 f16 half b2 group": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=2",
+                             "model.norm=group", "model.groups=8"],
 }
 VALIDATION = {
     "d3 f16 half b3": ["model.depth=3", "model.base_filters=16", "resolution=half", "trainer.batch_size=3"],
@@ -60,8 +65,6 @@ VALIDATION = {
     "d3 f12 112x128x96 b2": ["model.depth=3", "model.base_filters=12", "resolution.shape=[112,128,96]", "trainer.batch_size=2"],
     "d3 f12 96x112x80 b2 trilinear": ["model.depth=3", "model.base_filters=12", "resolution.shape=[96,112,80]",
                                       "trainer.batch_size=2", "model.upsample=trilinear"],
-    "d4 f16 half b2 group": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=2",
-                             "model.norm=group", "model.groups=8"],
     "d4 f16 full b1": ["model.depth=4", "model.base_filters=16", "resolution=full", "trainer.batch_size=1"],
     # Added after the model's backward became a per-layer walk: points no version of it has seen.
     "d4 f12 112x128x96 b3": ["model.depth=4", "model.base_filters=12", "resolution.shape=[112,128,96]",
@@ -248,17 +251,46 @@ def report(record: dict, memory_model) -> None:
                   f"{'under' if _measured(e) <= limit else 'OVER'}")
 
 
+def cross_validate(record: dict, base) -> dict[str, float]:
+    """Leave one calibration configuration out (both strategies), fit on the rest, predict it.
+
+    How a model structure (the base rules) generalises, judged on the calibration grid alone.
+    Returns the held-out error per point.
+    """
+    cal = {k: e for k, e in record["points"].items() if e["grid"] == "calibration"}
+    configs = sorted({k.rsplit(" | lms=", 1)[0] for k in cal})
+    errors = {}
+    for held in configs:
+        train = {"points": {k: e for k, e in cal.items() if not k.startswith(held + " | ")}}
+        mm, _ = fit(train, base)
+        test = {"points": {k: {**e, "grid": "held"} for k, e in cal.items() if k.startswith(held + " | ")}}
+        for key, err in _errors(test, mm, "held").items():
+            errors[key] = err
+            print(f"{key:<48} {err:>+7.1%}", flush=True)
+    worst = (min(errors.values()), max(errors.values()))
+    rms = math.sqrt(sum(e * e for e in errors.values()) / len(errors))
+    print(f"leave-one-configuration-out ({len(configs)} folds): worst {worst[0]:+.1%} / {worst[1]:+.1%}, rms {rms:.1%}")
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     from brats_seg.cpu import cpu_isa, cpu_model_name
     from brats_seg.lms.memory_model import base_preset
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2, help="benchmark runs per calibration point (the largest counts)")
-    parser.add_argument("--validation-runs", type=int, default=1, help="benchmark runs per validation point")
+    parser.add_argument("--validation-runs", type=int, default=2, help="benchmark runs per validation point")
     parser.add_argument("--fit-only", action="store_true", help="refit and report from the measurements on file")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per benchmark run")
     parser.add_argument("--out", type=Path, default=None, help="default brats_seg/lms/presets/cpu_<isa>.json")
+    parser.add_argument("--cross-validate", action="store_true",
+                        help="leave each calibration configuration out in turn, fit, report its error; writes nothing")
+    parser.add_argument("--rule", action="append", default=[], metavar="FIELD=VALUE",
+                        help="with --cross-validate: another value of a MemoryModel rule, e.g. "
+                             "backward_release_lag_layers=100 (the block-level count)")
     args = parser.parse_args(argv)
+    if args.rule and not args.cross_validate:
+        parser.error("--rule only goes with --cross-validate (the presets keep the rules of BASE_PRESETS)")
 
     isa = cpu_isa()
     path = args.out or REPO / "brats_seg" / "lms" / "presets" / f"cpu_{isa}.json"
@@ -274,6 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         if record.get("isa", isa) != isa:
             raise SystemExit(f"error: {path} holds measurements of a {record['isa']} CPU, this one is {isa}.")
         record.update({"isa": isa, "cpu": cpu_model_name()})
+    if args.cross_validate:
+        if not any(e.get("grid") == "calibration" for e in record.get("points", {}).values()):
+            raise SystemExit(f"error: {path} holds no calibration measurements; run without --cross-validate first.")
+        base = base_preset(record.get("isa", isa))
+        for rule in args.rule:
+            name, _, value = rule.partition("=")
+            if not hasattr(base, name) or not value:
+                raise SystemExit(f"error: --rule {rule!r}: expected FIELD=VALUE with a MemoryModel field")
+            base = dataclasses.replace(base, **{name: type(getattr(base, name))(float(value))})
+        cross_validate(record, base)
+        return 0
     if not args.fit_only:
         measure(record, path, _points("calibration"), args.runs, args.timeout)
     # The fit starts from the preset's rules, not from an earlier fit: rerunning it on the

@@ -11,11 +11,12 @@ strategy can.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.search import fits_with, largest_batch, largest_fitting
+from brats_seg.lms.search import fits_with, largest_batch, largest_fitting, plan_lms
 from brats_seg.lms.workload import LMSOptions, Workload
 
 __all__ = ["Capacity", "FINDS", "find_capacity", "input_shape_at", "largest_input"]
@@ -107,4 +108,8 @@ def find_capacity(find: str, workload: Workload, mm: MemoryModel, options: LMSOp
         else:
             batch, peak = largest_batch(workload, mm, _strategies_for(strategy, options.allow_offload), options)
             out[strategy] = Capacity(strategy, tuple(workload.input_shape) if batch else None, batch, peak)
+        found = out[strategy]
+        if strategy == "auto" and found.input_shape:  # the plan auto makes there, not its last resort's peak
+            plan = plan_lms(workload.with_input(found.input_shape, found.batch_size), options, mm)
+            out[strategy] = dataclasses.replace(found, predicted_peak_bytes=plan.predicted_peak_bytes)
     return out

@@ -42,7 +42,9 @@ class BlockCost:
             (what ``recompute``/``offload`` drop in forward and rebuild in backward).
         forward_working_keep_bytes: unsaved internals + scratch at the worst layer, forward, keep.
         forward_working_drop_bytes: internals + scratch at the worst layer, forward, nothing saved.
-        backward_working_bytes: internal gradients + scratch at the worst layer, backward.
+        backward_working_bytes: what the block's backward holds at its worst layer beyond
+            its saved tensors: that layer's internal gradients and scratch, less the saved
+            tensors already freed by then (walking the layers backward).
         forward_flops: forward FLOPs (= FLOPs recomputed under recompute/offload).
         recomputable: False when a layer writes state in forward (BatchNormalization's
             moving statistics would be updated twice): such a block is always kept, as
@@ -99,8 +101,10 @@ class BlockCost:
 def _finish_block(
     name: str, inputs: Sequence[str], output: str, layers: list[LayerCost], tensor_bytes: dict[str, int],
     skip_input: str | None = None, recomputable: bool = True, tail_start: int | None = None,
+    release_lag: int = 0,
 ) -> BlockCost:
-    """Derive a block's memory quantities from its layer table."""
+    """Derive a block's memory quantities from its layer table (``release_lag``: see
+    ``MemoryModel.backward_release_lag_layers``)."""
     inputs = tuple(inputs)
     internal = set(tensor_bytes) - set(inputs) - {output}
     saved = frozenset(t for layer in layers for t in layer.saved)
@@ -116,9 +120,11 @@ def _finish_block(
         return size(t for layer in part for t in layer.saved if t in internal)
 
     def segment_backward_peak(part: Sequence[LayerCost]) -> int:
-        """Backward through ``part`` layer by layer (last first): what layers up to the
-        current one saved, plus the current layer's working set."""
-        return max(internal_saved(part[: k + 1]) + layer_backward(part[k]) for k in range(len(part)))
+        """Backward through ``part`` layer by layer (last first): what the layers up to
+        ``release_lag`` after the current one saved (TensorFlow frees a saved tensor once
+        the backward ops reading it have run, which the executor may schedule a few layers
+        late), plus the current layer's working set."""
+        return max(internal_saved(part[: k + 1 + release_lag]) + layer_backward(part[k]) for k in range(len(part)))
 
     tail_fields: dict[str, Any] = {}
     if tail_start is not None:
@@ -152,7 +158,8 @@ def _finish_block(
         internal_saved_bytes=internal_saved(layers),
         forward_working_keep_bytes=fwd_keep,
         forward_working_drop_bytes=fwd_drop,
-        backward_working_bytes=max(layer_backward(layer) for layer in layers),
+        # Beyond the block's saved tensors, alive from its forward into its backward.
+        backward_working_bytes=segment_backward_peak(layers) - internal_saved(layers),
         forward_flops=sum(layer.forward_flops for layer in layers),
         recomputable=recomputable,
         **tail_fields,
@@ -216,7 +223,8 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         # BatchNormalization writes its moving statistics in forward: never recomputed.
         recomputable = not any(layer.kind == "norm" and layer.norm == "batch" for layer in spec.layers)
         blocks.append(_finish_block(spec.name, [t.name for t in spec.inputs], spec.output.name, layers, tensor_bytes,
-                                    spec.skip.name if spec.skip else None, recomputable, tail_start))
+                                    spec.skip.name if spec.skip else None, recomputable, tail_start,
+                                    mm.backward_release_lag_layers))
         globals_[spec.name] = blocks[-1].output_bytes
 
     n = len(blocks)

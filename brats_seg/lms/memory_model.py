@@ -51,7 +51,9 @@ class MemoryModel:
         runtime_bytes_per_conv_filter: the part of the per-convolution runtime that grows
             with the network's width, per base filter. 0 on AVX-512 (not resolved by its
             calibration grid of 8 and 16 filters); on AVX2 the RSS beyond the allocator at
-            64x64x48 is 8.7 / 10.6 / 13.2 MB per convolution at 8 / 16 / 32 filters.
+            64x64x48 was 8.7 / 10.6 / 13.2 MB per convolution at 8 / 16 / 32 filters
+            under Keras' ``train_on_batch``; on the training step the AVX2 fit puts it at
+            about nothing (6 kB).
         activation_factor: multiplies every activation/gradient/transient byte. Two
             effects meet here and nearly cancel, hence 1.0: allocator rounding and
             fragmentation (oneDNN's BFC allocator rounds chunks up and never gives touched
@@ -102,7 +104,10 @@ class MemoryModel:
             tensors leave chunks of their sizes in the BFC pool that differently sized
             later tensors only partly reuse; the pool's touched pages grow over the
             first steps (RSS +0.03..+0.08 GB after step 1 at half resolution while the
-            allocator's peak stays put) and never shrink. Fitted: 0.15.
+            allocator's peak stays put) and never shrink. Fitted per preset (the JSON);
+            on AVX2 it also stands for what recomputation holds at its peak beyond the
+            modelled rebuild: the allocator's own peak under ``recompute`` is 5-25% above
+            the model's tensors where ``off`` agrees within a few percent.
         conv_weight_grad_scratch: memory oneDNN allocates itself (outside TensorFlow's
             allocator) for a 3x3x3 convolution's gradient by weights, in units of one
             sample's input plus one im2col slice ``cin x 27 x y x z`` (the gemm
@@ -111,6 +116,18 @@ class MemoryModel:
             AVX2-only CPUs, where oneDNN picks ``gemm:jit`` for it (RSS beyond the
             allocator's peak +0.55 GB at full resolution, 8 filters, against 0.50 GB for
             ``dec0``'s first convolution by this formula).
+        backward_release_lag_layers: how many layers after its own a saved tensor outlives
+            in backward, in layers of the block walked backward. TensorFlow frees a saved
+            tensor once every backward op reading it has run, and the executor may run a
+            layer's weight gradient after the next layer's input gradient. An allocator
+            trace of ``dec0``'s backward (depth 3, 12 filters, 64x64x48, batch 2,
+            trilinear up-sampling) at its up-sampling layer: the concatenation that the
+            convolution two layers later saved is still alive, the convolution output
+            that the norm three layers later saved is freed: 2. Matters where an early
+            layer of a block has a large backward working set (TrilinearUpSampling3D);
+            a very large value gives the block-level count (all saved tensors alive
+            through the block's backward), which over-predicted trilinear up-sampling
+            at batch 2 by 25%.
     """
 
     runtime_bytes: int = 0
@@ -129,6 +146,7 @@ class MemoryModel:
     rebuild_runtime_bytes: int = 25_000_000
     rebuild_fragmentation: float = 0.15
     conv_weight_grad_scratch: float = 0.0
+    backward_release_lag_layers: int = 2
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -10,13 +10,14 @@ README quotes.
 
 Asserted: never more than 8% under the measured peak (the side that ends a run in an
 out-of-memory crash), and on a CPU whose preset the calibration script measured and
-validated (AVX2 today) never more than 35% over it. The calibration's held-out points
-reach +18.7% outside trilinear up-sampling (the aim, +15%, is not met; the trilinear one
-here, under recompute, read +10.6%), and a single run of a point has measured up to 20%
-below another run of it (depth 3, 32 filters, recompute), so one run can read ~35% over.
-The AVX-512 preset was fitted
-to earlier measurements entered by hand and errs higher at batch 1 (up to +21.5% on its
-own points): there only the lower bound is asserted.
+validated (AVX2 today) never more than 30% over it. The calibration's held-out points
+(the larger of two runs) reach +17.9% (group norm under recompute; +10.9% without group
+norm), and a single run of a point has measured up to 18% below another run of it (depth
+3, 12 filters, 112x128x96, recompute; the trilinear point here read 1.69 and 1.85 GB), so
+one run can read ~25% over. The AVX-512 preset was fitted to earlier measurements of
+Keras' train_on_batch entered by hand and errs higher (up to +21.5% on its own points, and
+the training step holds 11-18% less than train_on_batch): there only the lower bound is
+asserted.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-UNDER, OVER = -0.08, 0.35
+UNDER, OVER = -0.08, 0.30
 POINTS = [  # (name, overrides, lms)
     ("d5 f8 96x128x96 b1", ["model.depth=5", "model.base_filters=8", "resolution.shape=[96,128,96]",
                             "trainer.batch_size=1"], "off"),

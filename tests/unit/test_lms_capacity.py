@@ -8,7 +8,7 @@ import pytest
 
 from brats_seg.lms.capacity import find_capacity, input_shape_at, largest_input
 from brats_seg.lms.memory_model import CPU_MEMORY_MODELS
-from brats_seg.lms.search import fits_with, largest_batch
+from brats_seg.lms.search import fits_with, largest_batch, plan_lms
 from brats_seg.lms.workload import LMSOptions, Workload
 from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig
 
@@ -45,6 +45,20 @@ def test_auto_trains_more_voxels_than_off_in_the_same_budget():
     assert found["auto"].voxels == math.prod(found["auto"].input_shape)
     gpu = find_capacity("max_input", workload, MM, LMSOptions(limit_bytes=8 * GB, allow_offload=True))
     assert "offload" in gpu and gpu["auto"].voxels >= gpu["off"].voxels
+
+
+@pytest.mark.parametrize("find", ["max_input", "max_batch"])
+def test_auto_reports_the_peak_of_the_plan_it_makes_there(find):
+    """Where off fits too (4 GB, depth 4, 16 filters), auto keeps everything: its row shows
+    that plan's peak, not the peak of its last resort (recompute) at the same size."""
+    workload = Workload(ModelConfig(depth=4, base_filters=16), FULL if find == "max_input" else HALF, 1)
+    options = LMSOptions(limit_bytes=4 * GB, allow_offload=False)
+    found = find_capacity(find, workload, MM, options)
+    auto = found["auto"]
+    at = workload.with_input(auto.input_shape, auto.batch_size)
+    assert auto.predicted_peak_bytes == plan_lms(at, options, MM).predicted_peak_bytes <= 4 * GB
+    if (auto.input_shape, auto.batch_size) == (found["off"].input_shape, found["off"].batch_size):
+        assert auto.predicted_peak_bytes == found["off"].predicted_peak_bytes > found["recompute"].predicted_peak_bytes
 
 
 def test_max_batch_is_the_largest_batch_that_fits():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from brats_seg.lms.memory_model import MemoryModel
 from brats_seg.lms.plan import Plan
 from brats_seg.lms.search import plan_lms
 from brats_seg.lms.timeline import simulate, tail_kept
@@ -77,6 +78,31 @@ def test_hand_count_kept_tail_of_the_last_block():
     # ... and no longer once dec0's backward starts (the tail's tensors are freed first).
     assert timeline.kept_bytes[timeline.steps.index("backward dec0")] == 512 + 128
     assert Plan.from_json(plan.to_json()).keep_tails == {"dec0"}
+
+
+@pytest.mark.parametrize("lag, working", [(0, 1536), (2, 2272), (100, 4864)])
+def test_hand_count_backward_walk_frees_saved_tensors_with_the_release_lag(lag, working):
+    """dec0 with trilinear up-sampling, walked backward: a layer's working set is counted
+    with what the layers up to ``lag`` after it saved (the rest is freed by then).
+
+    Same network as the hand count above, ``upsample=trilinear`` (level-0 F-channel tensor:
+    256*F bytes). dec0's layers and what they save (internal tensors only): up (nothing),
+    upconv (up 1024), concat (nothing), conv1 (concat 1024), norm1 (conv1 512, stats 16),
+    relu1 (relu1 512), conv2 (relu1), norm2 (conv2 512, stats 16), relu2 (the output, not
+    internal): 3616 bytes. Working sets (internal gradients + scratch): up 1024 + 3.75 x
+    1024 scratch = 4864; upconv, concat, conv1, norm1, norm2 1536; relu1, conv2 1024; relu2 512.
+
+    lag 0: the worst moment is norm2's backward, all 3616 still saved (relu2 saves no
+    internal tensor) plus its 1536: 1536 beyond the saved bytes. lag 2: up's backward with
+    what up, upconv and concat saved (1024) plus 4864 = 5888, 2272 beyond. A lag past the block's length
+    counts every saved tensor with the worst layer (4864): the block-level count.
+    """
+    cfg = ModelConfig(depth=1, base_filters=2, upsample="trilinear")
+    dec0 = network(cfg, (4, 4, 4), memory_model=MemoryModel(backward_release_lag_layers=lag)).blocks[2]
+    assert [layer.kind for layer in dec0.layers] == [
+        "up_trilinear", "conv", "concat", "conv", "norm", "relu", "conv", "norm", "relu"]
+    assert dec0.internal_saved_bytes == 3616
+    assert dec0.backward_working_bytes == working
 
 
 def test_norm_saves_float32_copy_under_mixed_precision():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from brats_seg.lms.memory_model import MemoryModel
 from brats_seg.lms.timeline import simulate
 from tests.unit.lms_workloads import FULL, HALF, ModelConfig, estimate, network, peaks
 
@@ -29,7 +30,11 @@ def test_peak_grows_with_batch_and_resolution(strategy):
 )
 def test_recompute_below_off_and_offload_not_above_recompute(cfg, shape, policy):
     p = peaks(cfg, shape, 1, policy)
-    assert p["recompute"] < p["off"]
+    # Recomputing adds its traced graphs (a fixed allowance): a tiny network's savings need
+    # not cover it, every other one's do.
+    assert p["recompute"] <= p["off"] + MemoryModel().rebuild_runtime_bytes
+    if min(shape) >= 64:
+        assert p["recompute"] < p["off"]
     assert p["offload"] <= p["recompute"]
 
 
