@@ -215,8 +215,9 @@ def fit(record: dict, base) -> tuple[object, dict]:
     scale = np.array([max(abs(hi), 1.0) for _, hi in bounds])
 
     def model_of(x):
+        x = np.maximum(x * scale, 0.0)  # Powell can step a rounding error below a bound of 0
         return dataclasses.replace(base, **{n: (int(round(v)) if isinstance(getattr(base, n), int) else float(v))
-                                            for n, v in zip(names, x * scale)})
+                                            for n, v in zip(names, x)})
 
     def loss(x):
         mm = model_of(x)
