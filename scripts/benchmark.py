@@ -40,16 +40,13 @@ def benchmark(conf, overrides: list[str]) -> dict:
     import tensorflow as tf
 
     from brats_seg.cpu import cpu_isa, cpu_model_name
-    from brats_seg.data.labels import output_regions
     from brats_seg.distribute.strategy import make_strategy
     from brats_seg.lms.memory_model import memory_model_for
     from brats_seg.lms.preflight import plan_run
     from brats_seg.lms.search import estimate_peak
     from brats_seg.lms.stats import allocator_peak_bytes, current_rss_bytes, device_peak_bytes, reset_device_peak
     from brats_seg.lms.workload import LMSOptions, Workload
-    from brats_seg.training.loop import build_models, effective_lms, make_optimizer
-    from brats_seg.training.losses import SoftDiceBCELoss
-    from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
+    from brats_seg.training.loop import compile_models, effective_lms, training_metrics
     from brats_seg.training.steps import make_train_step
 
     strategy = effective_lms(conf, backend)
@@ -73,14 +70,8 @@ def benchmark(conf, overrides: list[str]) -> dict:
     reset_device_peak(backend.device)
     # The step training runs (training/loop.py): strategy.run of the tape, the update and the
     # per-sample metric sums. Keras' train_on_batch, measured before, holds 11-18% more.
-    with replicas.scope():
-        model, _, stats = build_models(conf, plan, backend)
-        loss = SoftDiceBCELoss(bce_weight=conf.trainer.bce_weight)
-        model.compile(optimizer=make_optimizer(conf, 100), loss=loss, jit_compile=False)
-        model.optimizer.build(model.trainable_variables)
-    regions = output_regions(conf.data.layout, conf.model.out_channels)
-    metrics = [*make_dice_metrics(regions), *make_region_monitors(regions, conf.resolution.spacing_mm**3 / 1000.0)]
-    step = make_train_step(replicas, model, loss, metrics, b)
+    model, _, stats, loss = compile_models(conf, plan, backend, replicas, steps_per_epoch=100)
+    step = make_train_step(replicas, model, loss, training_metrics(conf), b)
     iterator = iter(replicas.experimental_distribute_dataset(tf.data.Dataset.from_tensors((x, y)).repeat()))
     stop = tf.constant(False)
     times = []

@@ -231,6 +231,12 @@ def fit(record: dict, base) -> tuple[object, dict]:
     return mm, {n: getattr(mm, n) for n in names}
 
 
+def _summary(errors: dict[str, float]) -> str:
+    worst = (min(errors.values()), max(errors.values()))
+    rms = math.sqrt(sum(e * e for e in errors.values()) / len(errors))
+    return f"worst {worst[0]:+.1%} / {worst[1]:+.1%}, rms {rms:.1%}"
+
+
 def report(record: dict, memory_model) -> None:
     for grid in ("calibration", "validation"):
         errs = _errors(record, memory_model, grid)
@@ -241,8 +247,7 @@ def report(record: dict, memory_model) -> None:
             m = _measured(record["points"][key])
             print(f"{key:<48} {m / 1e9:>7.2f}GB {m * (1 + err) / 1e9:>7.2f}GB {err:>+7.1%}")
         if errs:
-            print(f"worst {min(errs.values()):+.1%} / {max(errs.values()):+.1%}, "
-                  f"rms {math.sqrt(sum(e * e for e in errs.values()) / len(errs)):.1%}")
+            print(_summary(errs))
     autos = {k: e for k, e in record["points"].items() if k.endswith("lms=auto")}
     if autos:
         print("\nlms=auto under its limit")
@@ -268,9 +273,7 @@ def cross_validate(record: dict, base) -> dict[str, float]:
         for key, err in _errors(test, mm, "held").items():
             errors[key] = err
             print(f"{key:<48} {err:>+7.1%}", flush=True)
-    worst = (min(errors.values()), max(errors.values()))
-    rms = math.sqrt(sum(e * e for e in errors.values()) / len(errors))
-    print(f"leave-one-configuration-out ({len(configs)} folds): worst {worst[0]:+.1%} / {worst[1]:+.1%}, rms {rms:.1%}")
+    print(f"leave-one-configuration-out ({len(configs)} folds): {_summary(errors)}")
     return errors
 
 
@@ -299,15 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         record = json.loads(path.read_text()) if path.exists() else {}
     except ValueError as e:
         raise SystemExit(f"error: {path} is not JSON ({e}); move it away to calibrate afresh") from None
-    if args.fit_only:  # refit a preset measured elsewhere (--out brats_seg/lms/presets/cpu_avx512.json)
-        if not any(e.get("grid") == "calibration" for e in record.get("points", {}).values()):
-            raise SystemExit(f"error: {path} holds no calibration measurements to fit; run without --fit-only.")
-        isa = record.get("isa", isa)
-    else:
-        if record.get("isa", isa) != isa:
-            raise SystemExit(f"error: {path} holds measurements of a {record['isa']} CPU, this one is {isa}.")
-        record.update({"isa": isa, "cpu": cpu_model_name()})
-    if args.cross_validate:
+    if args.cross_validate:  # reads the file only: any CPU's preset (--out)
         if not any(e.get("grid") == "calibration" for e in record.get("points", {}).values()):
             raise SystemExit(f"error: {path} holds no calibration measurements; run without --cross-validate first.")
         base = base_preset(record.get("isa", isa))
@@ -318,6 +313,14 @@ def main(argv: list[str] | None = None) -> int:
             base = dataclasses.replace(base, **{name: type(getattr(base, name))(float(value))})
         cross_validate(record, base)
         return 0
+    if args.fit_only:  # refit a preset measured elsewhere (--out brats_seg/lms/presets/cpu_avx512.json)
+        if not any(e.get("grid") == "calibration" for e in record.get("points", {}).values()):
+            raise SystemExit(f"error: {path} holds no calibration measurements to fit; run without --fit-only.")
+        isa = record.get("isa", isa)
+    else:
+        if record.get("isa", isa) != isa:
+            raise SystemExit(f"error: {path} holds measurements of a {record['isa']} CPU, this one is {isa}.")
+        record.update({"isa": isa, "cpu": cpu_model_name()})
     if not args.fit_only:
         measure(record, path, _points("calibration"), args.runs, args.timeout)
     # The fit starts from the preset's rules, not from an earlier fit: rerunning it on the

@@ -33,7 +33,8 @@ from brats_seg.backend import ResolvedBackend
 from brats_seg.config import TrainConfig, config_to_dict, flatten_config, resolve_model_outputs
 from brats_seg.data.dataset import prepare_dataset
 
-__all__ = ["TrainResult", "train", "resolve_paths", "make_optimizer", "check_resumable", "resume_position"]
+__all__ = ["TrainResult", "train", "resolve_paths", "make_optimizer", "compile_models", "training_metrics", "check_resumable",
+           "resume_position"]
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,35 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
     return model, export_model, stats
 
 
+def compile_models(cfg: TrainConfig, plan, backend: ResolvedBackend, strategy, steps_per_epoch: int):
+    """:func:`build_models` under ``strategy``, compiled with the run's loss and optimizer and
+    the optimizer built: what a training step needs (``training.steps.make_train_step``).
+
+    Returns:
+        ``(train_model, export_model, offload_stats, loss)``.
+    """
+    from brats_seg.training.losses import SoftDiceBCELoss
+
+    with strategy.scope():
+        model, export_model, offload_stats = build_models(cfg, plan, backend)
+        loss = SoftDiceBCELoss(bce_weight=cfg.trainer.bce_weight)
+        model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, strategy.num_replicas_in_sync), loss=loss,
+                      jit_compile=False)  # XLA would drop the LMS host placements
+        if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
+            export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
+        model.optimizer.build(model.trainable_variables)
+    return model, export_model, offload_stats, loss
+
+
+def training_metrics(cfg: TrainConfig) -> list:
+    """The per-sample metrics a training step sums: Dice and monitors of the output regions."""
+    from brats_seg.data.labels import output_regions
+    from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
+
+    regions = output_regions(cfg.data.layout, cfg.model.out_channels)
+    return [*make_dice_metrics(regions), *make_region_monitors(regions, cfg.resolution.spacing_mm**3 / 1000.0)]
+
+
 def _restore(model, export_model, last: Path) -> None:
     """Weights and optimizer state of ``last.keras`` into the (shared) models.
 
@@ -311,8 +341,6 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     from brats_seg.tracking.mlflow import NullTracker, Tracker, git_commit, make_run_name
     from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
     from brats_seg.training.epochs import LoopOutcome, run_epochs
-    from brats_seg.training.losses import SoftDiceBCELoss
-    from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
     from brats_seg.training.preemption import Preempted, PreemptionFlag
     from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
     from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_train_step
@@ -325,17 +353,9 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
-    with strategy.scope():
-        model, export_model, offload_stats = build_models(cfg, plan, backend)
-        loss = SoftDiceBCELoss(bce_weight=t.bce_weight)
-        model.compile(optimizer=make_optimizer(cfg, steps, replicas), loss=loss,
-                      jit_compile=False)  # XLA would drop the LMS host placements
-        if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
-            export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
-        model.optimizer.build(model.trainable_variables)
+    model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)
     regions = output_regions(cfg.data.layout, cfg.model.out_channels)
-    voxel_ml = cfg.resolution.spacing_mm**3 / 1000.0
-    metrics = [*make_dice_metrics(regions), *make_region_monitors(regions, voxel_ml)]
+    metrics = training_metrics(cfg)
     initial_epoch, initial_step, partial = 0, 0, None
     if state:
         last = run_dir / "checkpoints" / "last.keras"
