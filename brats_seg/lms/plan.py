@@ -67,13 +67,16 @@ class Plan:
         blocks: one :class:`BlockPlan` per block, forward order.
         predicted_peak_bytes: predicted device peak of one training step.
         peak_at: the step where it happens (``backward dec0``).
-        limit_bytes: the budget.
-        fits: ``predicted_peak_bytes <= limit_bytes``.
+        limit_bytes: ``lms.limit`` in bytes.
+        fits: ``predicted_peak_bytes <= budget_bytes``.
         peak_breakdown: bytes by kind at the peak step.
         inputs: the workload and costing inputs (model config, shape, batch, ...).
         timeline: ``(step, bytes)`` per step.
         strategies: predictions of the four strategies (see
             :func:`~brats_seg.lms.search.compare_strategies`).
+        budget_bytes: the largest peak the plan may predict: ``limit_bytes`` less the
+            memory model's ``planning_margin`` (:func:`~brats_seg.lms.search.planning_budget`);
+            None reads as ``limit_bytes`` (a plan saved before the margin existed).
     """
 
     strategy: str
@@ -86,6 +89,16 @@ class Plan:
     inputs: dict[str, Any] = field(default_factory=dict)
     timeline: list[tuple[str, int]] = field(default_factory=list)
     strategies: dict[str, Any] | None = None
+    budget_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_bytes is None:
+            self.budget_bytes = int(self.limit_bytes)
+
+    @property
+    def margin(self) -> float:
+        """The share of the limit the plan kept free (``1 - budget / limit``)."""
+        return 1.0 - self.budget_bytes / self.limit_bytes if self.limit_bytes else 0.0
 
     @property
     def recomputed_flops(self) -> float:
@@ -128,7 +141,8 @@ class Plan:
         verdict = "<=" if self.fits else "EXCEEDS"
         lines = [
             f"LMS plan: strategy {self.strategy}, predicted peak {format_gb(self.predicted_peak_bytes)} "
-            f"(at {self.peak_at}) {verdict} limit {format_gb(self.limit_bytes)}",
+            f"(at {self.peak_at}) {verdict} budget {format_gb(self.budget_bytes)} "
+            f"(lms.limit {format_gb(self.limit_bytes)} less {self.margin:.1%} for the model's error)",
         ]
         if i:
             m = i.get("model", {})
@@ -171,6 +185,7 @@ class Plan:
         """JSON-ready dict: ``limit_bytes``, ``strategies``, ``plan`` (rows) and the rest."""
         return {
             "limit_bytes": int(self.limit_bytes),
+            "budget_bytes": int(self.budget_bytes),
             "strategy": self.strategy,
             "fits": bool(self.fits),
             "predicted_peak_bytes": int(self.predicted_peak_bytes),
@@ -201,6 +216,7 @@ class Plan:
                 inputs=dict(data.get("inputs", {})),
                 timeline=[(row["step"], int(row["bytes"])) for row in data.get("timeline", [])],
                 strategies=data.get("strategies"),
+                budget_bytes=data.get("budget_bytes"),
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a saved LMS plan ({err!r}); re-create it with scripts/plan_memory.py.") from err
@@ -247,7 +263,7 @@ class PlanDoesNotFitError(RuntimeError):
             largest_resolution: ``((name, shape), peak)`` of the largest standard
                 resolution that fits at batch 1 likewise, or None.
         """
-        limit_bytes, strategy = plan.limit_bytes, plan.strategy
+        limit_bytes, budget_bytes, strategy = plan.limit_bytes, plan.budget_bytes, plan.strategy
         candidates = {k: v["predicted_peak_bytes"] for k, v in (plan.strategies or {}).items()
                       if v.get("predicted_peak_bytes") is not None}
         candidates[strategy] = plan.predicted_peak_bytes  # auto's best attempt when it failed
@@ -259,8 +275,9 @@ class PlanDoesNotFitError(RuntimeError):
         lms_choices = "lms=" + "/".join(fixed_strategies)
         head = (
             f"LMS plan does not fit: strategy {strategy} predicts {format_gb(plan.predicted_peak_bytes)} "
-            f"(at {plan.peak_at}) for batch {workload.batch_size} at {shape} ({workload.policy}), over the limit "
-            f"{format_gb(limit_bytes)}. Smallest predicted peak: {format_gb(smallest)} with lms={best_strategy}."
+            f"(at {plan.peak_at}) for batch {workload.batch_size} at {shape} ({workload.policy}), over the budget "
+            f"{format_gb(budget_bytes)} (lms.limit {format_gb(limit_bytes)} less the {plan.margin:.1%} the planner "
+            f"keeps for its own error). Smallest predicted peak: {format_gb(smallest)} with lms={best_strategy}."
         )
         if max_batch:
             batch_part = f" With {lms_choices} the largest batch that fits is {max_batch} ({format_gb(batch_peak)})."
@@ -272,7 +289,7 @@ class PlanDoesNotFitError(RuntimeError):
         else:
             res_part = " No standard resolution fits at batch 1."
         advice = []
-        if strategy != "auto" and smallest <= limit_bytes:
+        if strategy != "auto" and smallest <= budget_bytes:
             advice.append(f"use lms=auto or lms={best_strategy}")
         if max_batch and max_batch < workload.batch_size:
             advice.append(f"lower trainer.batch_size to {max_batch}")

@@ -44,6 +44,7 @@ __all__ = [
     "largest_resolution",
     "plan_lms",
     "plan_lms_from_config",
+    "planning_budget",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,16 @@ STANDARD_RESOLUTIONS = (
 )
 
 
+def planning_budget(limit_bytes: int, memory_model: MemoryModel) -> int:
+    """The largest peak a plan may predict under ``limit_bytes``: the limit less the
+    preset's :attr:`~brats_seg.lms.memory_model.MemoryModel.planning_margin` (room for the
+    model's own under-prediction, so that the measured peak stays under the limit)."""
+    return int(limit_bytes * (1.0 - memory_model.planning_margin))
+
+
 def plan_lms(workload: Workload, options: LMSOptions, memory_model: MemoryModel | None = None) -> Plan:
-    """Decide keep | recompute | offload per block so one training step fits ``options.limit_bytes``.
+    """Decide keep | recompute | offload per block so one training step fits ``options.limit_bytes``
+    (its predicted peak at most :func:`planning_budget`).
 
     Args:
         workload: model config, input shape, batch, dtype policy, optimizer.
@@ -86,8 +95,9 @@ def plan_lms(workload: Workload, options: LMSOptions, memory_model: MemoryModel 
         logger.warning("model.norm=batch: blocks with BatchNormalization are always kept (recomputing them would "
                        "update the moving statistics twice), so LMS can only act on the head; use "
                        "model.norm=instance or group to let it act on every block.")
-    logger.info("LMS plan %s: predicted peak %s at %s (limit %s), recompute %.1f GFLOP, move %s per step",
-                options.strategy, format_gb(plan.predicted_peak_bytes), plan.peak_at, format_gb(options.limit_bytes),
+    logger.info("LMS plan %s: predicted peak %s at %s (budget %s of limit %s), recompute %.1f GFLOP, move %s per step",
+                options.strategy, format_gb(plan.predicted_peak_bytes), plan.peak_at, format_gb(plan.budget_bytes),
+                format_gb(options.limit_bytes),
                 plan.recomputed_flops / 1e9, format_bytes(plan.moved_bytes))
     return plan
 
@@ -183,7 +193,8 @@ def auto_config(net: NetworkCost, options: LMSOptions) -> tuple[list[str], list[
     save its fp16 input, while ``recompute`` must keep them for its own backward step.
     The greedy therefore prices moves by the simulated peak, not by a bytes count.)
     """
-    n, limit_bytes, allow_offload = len(net.blocks), options.limit_bytes, options.allow_offload
+    n, allow_offload = len(net.blocks), options.allow_offload
+    limit_bytes = planning_budget(options.limit_bytes, net.memory_model)
     policies, skips = ["keep"] * n, [False] * n
 
     def sim(p: Sequence[str], s: Sequence[bool]) -> Timeline:
@@ -248,13 +259,13 @@ def _fixed_strategies(allow_offload: bool) -> tuple[str, ...]:
 
 def fits_with(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions
                ) -> tuple[bool, int]:
-    """Whether any of the fixed ``strategies`` fits, and the smallest of their peaks."""
+    """Whether any of the fixed ``strategies`` fits (:func:`planning_budget`), and the smallest of their peaks."""
     net = compute_network_cost(workload, mm)
     peak = min(
         simulate(net, *fixed_config(net, strategy, options), options.size_bytes, options.prefetch).peak_bytes
         for strategy in strategies
     )
-    return peak <= options.limit_bytes, peak
+    return peak <= planning_budget(options.limit_bytes, mm), peak
 
 
 def largest_fitting(fits: Callable[[int], tuple[bool, int]], cap: int) -> tuple[int, int]:
@@ -328,13 +339,15 @@ def _make_plan(net: NetworkCost, strategy: str, policies: Sequence[str], skips: 
                options: LMSOptions, inputs: dict[str, Any]) -> Plan:
     timeline = simulate(net, policies, skips, options.size_bytes, options.prefetch)
     rows = [block_row(net, i, p, s, options) for i, (p, s) in enumerate(zip(policies, skips))]
+    budget = planning_budget(options.limit_bytes, net.memory_model)
     return Plan(
         strategy=strategy,
         blocks=rows,
         predicted_peak_bytes=timeline.peak_bytes,
         peak_at=timeline.peak_at,
         limit_bytes=int(options.limit_bytes),
-        fits=timeline.peak_bytes <= options.limit_bytes,
+        fits=timeline.peak_bytes <= budget,
+        budget_bytes=budget,
         peak_breakdown=timeline.breakdown(),
         inputs=inputs,
         timeline=list(zip(timeline.steps, timeline.total_bytes)),
@@ -375,6 +388,7 @@ def _compare(net: NetworkCost, options: LMSOptions, inputs: dict[str, Any], auto
         out["auto"] = _summary(auto_plan)
     else:
         out["auto"] = {"predicted_peak_bytes": None, "recomputed_flops": None, "moved_bytes": None,
-                       "reason": f"no plan fits the limit {format_gb(options.limit_bytes)} (smallest peak "
+                       "reason": f"no plan fits the budget {format_gb(auto_plan.budget_bytes)} of the limit "
+                                 f"{format_gb(options.limit_bytes)} (smallest peak "
                                  f"{format_gb(auto_plan.predicted_peak_bytes)})"}
     return out

@@ -172,8 +172,9 @@ def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend):
             log.info("backend=auto: the plan without LMS does not fit the GPU; using gpu_lms with lms=auto")
             return plan_run(cfg, backend.device, "auto")
         raise ValueError(str(e)) from e
-    log.info("memory plan (lms=%s): predicted peak %.2f GB of %.2f GB", plan.strategy,
-             plan.predicted_peak_bytes / 1e9, plan.limit_bytes / 1e9)
+    log.info("memory plan (lms=%s): predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB less %.1f%% for "
+             "the planner's error)", plan.strategy, plan.predicted_peak_bytes / 1e9, plan.budget_bytes / 1e9,
+             plan.limit_bytes / 1e9, 100 * plan.margin)
     return plan
 
 

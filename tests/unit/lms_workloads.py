@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from brats_seg.config import ModelConfig as _ModelConfig
 from brats_seg.lms.cost import NetworkCost, compute_network_cost
 from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.search import compare_strategies, estimate_peak
+from brats_seg.lms.search import compare_strategies, estimate_peak, planning_budget
 from brats_seg.lms.timeline import Timeline
 from brats_seg.lms.workload import LMSOptions, Workload
 
@@ -28,6 +30,15 @@ def estimate(cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32", 
              memory_model: MemoryModel | None = None, **options) -> Timeline:
     """The timeline of a fixed strategy (``options``: other LMSOptions fields)."""
     return estimate_peak(Workload(cfg, shape, batch, policy), LMSOptions(strategy=strategy, **options), memory_model)
+
+
+def limit_for(budget: int, memory_model: MemoryModel | None = None) -> int:
+    """The smallest ``lms.limit`` whose planning budget (the limit less the model's planning
+    margin, :func:`brats_seg.lms.search.planning_budget`) holds a peak of ``budget`` bytes."""
+    limit = math.ceil(budget / (1.0 - (memory_model or MemoryModel()).planning_margin))
+    while planning_budget(limit, memory_model or MemoryModel()) < budget:  # rounding
+        limit += 1
+    return limit
 
 
 def peaks(cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32", **options) -> dict[str, int]:

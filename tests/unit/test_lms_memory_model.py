@@ -23,12 +23,12 @@ from brats_seg.lms.memory_model import (
 from brats_seg.lms.timeline import tail_kept
 from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig, estimate, network
 
-# The planner's error bounds: never more than 8% under a measured peak (an out-of-memory
-# crash); over-prediction (a refused run that would have fitted) within 35% on the points
-# of the AVX2 calibration. Its held-out points reach +18.7% (narrow batch-2 recompute) and
-# +30.4% (trilinear up-sampling at batch 2, lms=off): the aim, +15%, is not met at four of
-# its 14 held-out points (docs/lms_calibration.md).
-UNDER, OVER = -0.08, 0.35
+# The planner's aim on configurations it was not fitted on: never more than 8% under a
+# measured peak, and over-prediction (a refused run that would have fitted) within 30% on the
+# held-out points of a script-validated preset (the aim, +15%, is missed by one: group norm
+# under recompute at depth 5, +17.6%; docs/lms_calibration.md). Every point, fitted or not,
+# is within the preset's planning margin, the share of lms.limit a plan keeps free.
+UNDER, OVER = -0.08, 0.30
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from calibrate_memory import predict  # noqa: E402  the script's own prediction, as it fitted
 PRESET_FILES = sorted(PRESET_DIR.glob("cpu_*.json"))
@@ -39,21 +39,39 @@ POINTS = [(f, key) for f in PRESET_FILES for key, e in json.loads(f.read_text())
 @pytest.mark.parametrize("path,key", POINTS, ids=lambda v: v.stem if isinstance(v, Path) else v)
 def test_each_preset_is_its_calibration_file_and_holds_on_its_points(path, key):
     """The CPU presets in use are scripts/calibrate_memory.py's output (brats_seg/lms/presets/):
-    the error recorded in the file is what the code predicts, and every point measured (the
-    largest of its runs), fitted or held out, is predicted no lower than -8%. The AVX2 preset,
-    measured and validated by the script on its CPU, also stays under +35%; the AVX-512 one was
-    fitted to earlier measurements entered by hand (batch 1 and 2 disagree there: it errs high,
-    up to +21.5% at batch 1, to hold batch 2 within -6%)."""
+    the error recorded in the file is what the code predicts; every point measured (the
+    largest of its runs), fitted or held out, is under-predicted by less than the preset's
+    planning margin; a held-out point (the validation grid the script measured on its CPU) is
+    within -8% / +30%. The AVX-512 preset has no held-out points yet (measured by hand on
+    Keras' train_on_batch, docs/lms_calibration.md)."""
     record = json.loads(path.read_text())
     entry = record["points"][key]
     measured = max(r["measured_bytes"] for r in entry["runs"])
     strategy = key.rsplit("lms=", 1)[1]
     overrides = [o for o in entry["overrides"] if not o.startswith("lms")]
-    error = predict(overrides, strategy, CPU_MEMORY_MODELS[record["isa"]]) / measured - 1
+    mm = CPU_MEMORY_MODELS[record["isa"]]
+    error = predict(overrides, strategy, mm) / measured - 1
     assert error == pytest.approx(record["errors"][entry["grid"]][key], abs=1e-4)
-    assert error >= UNDER, f"{key}: {error:+.1%}"
-    if record["isa"] == "avx2":
-        assert error <= OVER, f"{key}: {error:+.1%}"
+    assert error >= -mm.planning_margin, f"{key}: {error:+.1%}, beyond the planning margin {mm.planning_margin:.1%}"
+    if entry["grid"] == "validation":
+        assert UNDER <= error <= OVER, f"{key}: {error:+.1%}"
+
+
+@pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: p.stem)
+def test_each_presets_planning_margin_covers_what_it_under_predicts(path):
+    """The share of lms.limit a plan keeps free comes from the calibration's cross-validation
+    (calibrate_memory.py); it must cover the under-prediction of every point the preset was
+    not fitted on, and of the lms=auto points (predicted by the plan, measured by the benchmark)."""
+    record = json.loads(path.read_text())
+    margin = CPU_MEMORY_MODELS[record["isa"]].planning_margin
+    assert margin == record["fit"]["fields"]["planning_margin"] and 0.0 < margin < 0.2
+    held_out = [*record["errors"].get("validation", {}).values()]
+    autos = {k: e for k, e in record["points"].items() if k.endswith("lms=auto")}
+    held_out += [r["predicted_peak_bytes"] / r["measured_bytes"] - 1 for e in autos.values() for r in e["runs"]]
+    assert all(err >= -margin for err in held_out), (margin, min(held_out, default=None))
+    for key, e in autos.items():  # and so lms=auto measured under its limit, every run
+        limit = int(next(o for o in e["overrides"] if o.startswith("lms.limit=")).split("=")[1])
+        assert all(r["measured_bytes"] <= limit for r in e["runs"]), key
 
 
 def test_presets_are_base_rules_plus_the_fitted_fields(tmp_path):
@@ -143,5 +161,7 @@ def test_rebuilding_costs_its_runtime_and_a_share_of_the_largest_rebuild():
 def test_memory_model_rejects_bad_coefficients():
     with pytest.raises(ValueError, match="activation_factor"):
         MemoryModel(activation_factor=-1)
+    with pytest.raises(ValueError, match="planning_margin must be below 0.5"):
+        MemoryModel(planning_margin=0.5)
     with pytest.raises(ValueError, match="norm_saved_tensors"):
         MemoryModel(norm_saved_tensors=0.5)

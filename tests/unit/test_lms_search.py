@@ -9,10 +9,11 @@ import sys
 import pytest
 
 from brats_seg.config import TrainConfig
-from brats_seg.lms.plan import PlanDoesNotFitError
+from brats_seg.lms.memory_model import MemoryModel
+from brats_seg.lms.plan import Plan, PlanDoesNotFitError
 from brats_seg.lms.search import compare_strategies, estimate_peak, plan_lms, plan_lms_from_config
 from brats_seg.lms.workload import LMSOptions, Workload
-from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig, network, peaks
+from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig, limit_for, network, peaks
 
 
 def test_auto_with_huge_limit_keeps_everything():
@@ -34,9 +35,9 @@ def test_auto_with_huge_limit_keeps_everything():
 @pytest.mark.parametrize("fraction", [0.0, 0.05, 0.3, 0.6, 0.95])
 def test_auto_fits_whenever_offload_fits(cfg, shape, batch, policy, fraction):
     p = peaks(cfg, shape, batch, policy, size_bytes=0)
-    limit = int(p["offload"] + fraction * (p["off"] - p["offload"]))
+    limit = limit_for(int(p["offload"] + fraction * (p["off"] - p["offload"])))
     plan = plan_lms(Workload(cfg, shape, batch, policy), LMSOptions(limit_bytes=limit, strategy="auto", size_bytes=0))
-    assert plan.fits and plan.predicted_peak_bytes <= limit
+    assert plan.fits and plan.predicted_peak_bytes <= plan.budget_bytes < limit
     assert plan.overhead_s <= plan.strategies["offload"]["overhead_s"] + 1e-12
 
 
@@ -44,10 +45,10 @@ def test_auto_fits_whenever_offload_fits(cfg, shape, batch, policy, fraction):
 def test_auto_without_offload_fits_whenever_recompute_fits(fraction):
     p = peaks(ModelConfig(depth=4), FULL, 1, allow_offload=False)
     assert p["offload"] is None
-    limit = int(p["recompute"] + fraction * (p["off"] - p["recompute"]))
+    limit = limit_for(int(p["recompute"] + fraction * (p["off"] - p["recompute"])))
     plan = plan_lms(Workload(ModelConfig(depth=4), FULL, 1),
                     LMSOptions(limit_bytes=limit, strategy="auto", allow_offload=False))
-    assert plan.fits and plan.predicted_peak_bytes <= limit
+    assert plan.fits and plan.predicted_peak_bytes <= plan.budget_bytes < limit
 
 
 @pytest.mark.parametrize("limit_gb", [1e6, 8.0, 6.5, 5.8, 4.0])
@@ -107,7 +108,7 @@ def test_batch_norm_blocks_are_always_kept(strategy):
     """Recomputing BatchNormalization updates its moving statistics twice (offload.py refuses it)."""
     cfg = ModelConfig(norm="batch")
     p = peaks(cfg, FULL)
-    limit = p["offload"] if strategy == "auto" else 10**15
+    limit = limit_for(p["offload"]) if strategy == "auto" else 10**15
     plan = plan_lms(Workload(cfg, FULL, 1), LMSOptions(limit_bytes=limit, strategy=strategy))
     assert all(b.policy == "keep" for b in plan.blocks if b.block != "head")
     assert not plan.offload_skips
@@ -143,6 +144,28 @@ def test_fixed_strategy_over_the_limit_points_to_auto():
     limit = (p["off"] + p["offload"]) // 2
     with pytest.raises(PlanDoesNotFitError, match="use lms=auto"):
         plan_lms(Workload(cfg, FULL, 1), LMSOptions(limit_bytes=limit, strategy="off"))
+
+
+def test_a_plan_keeps_the_planning_margin_of_the_limit_free():
+    """lms.limit is what the run may measure; a plan may predict the limit less the memory
+    model's planning_margin (room for the model's own under-prediction)."""
+    cfg, work = ModelConfig(depth=4), Workload(ModelConfig(depth=4), FULL, 1)
+    off = peaks(cfg, FULL)["off"]
+    limit = int(off / 0.95)  # off predicts 95% of the limit: within it, over a 10% margin's budget
+    with pytest.raises(PlanDoesNotFitError, match=r"over the budget .* less the 10.0% the planner keeps"):
+        plan_lms(work, LMSOptions(limit_bytes=limit, strategy="off"), MemoryModel(planning_margin=0.1))
+    plan = plan_lms(work, LMSOptions(limit_bytes=limit, strategy="off"), MemoryModel(planning_margin=0.0))
+    assert plan.fits and plan.budget_bytes == limit and plan.margin == 0.0
+
+    plan = plan_lms(work, LMSOptions(limit_bytes=limit, strategy="auto", allow_offload=False),
+                    MemoryModel(planning_margin=0.1))
+    assert plan.budget_bytes == int(0.9 * limit) and plan.predicted_peak_bytes <= plan.budget_bytes < off
+    assert plan.recomputed_flops > 0 and plan.margin == pytest.approx(0.1, abs=1e-6)
+    assert f"budget {plan.budget_bytes / 1e9:.2f} GB (lms.limit {limit / 1e9:.2f} GB less 10.0%" in plan.format_table()
+    saved = plan.to_dict()
+    assert Plan.from_dict(saved).budget_bytes == plan.budget_bytes
+    del saved["budget_bytes"]  # a plan saved before the margin: its limit was its budget
+    assert Plan.from_dict(saved).budget_bytes == limit
 
 
 @pytest.mark.parametrize(
