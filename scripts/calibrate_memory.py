@@ -4,7 +4,7 @@
     python scripts/calibrate_memory.py                  # measure both grids (resumable), fit, report
     python scripts/calibrate_memory.py --fit-only       # refit from the measurements on file
     python scripts/calibrate_memory.py --fit-only --out brats_seg/lms/presets/cpu_avx512.json
-    python scripts/calibrate_memory.py --runs 3 --validation-runs 2
+    python scripts/calibrate_memory.py --runs 3 --validation-runs 4
     python scripts/calibrate_memory.py --cross-validate [--rule backward_release_lag_layers=100]
 
 Every point is ``scripts/benchmark.py`` in a fresh subprocess (its own peak RSS), four
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2, help="benchmark runs per calibration point (the largest counts)")
-    parser.add_argument("--validation-runs", type=int, default=2, help="benchmark runs per validation point")
+    parser.add_argument("--validation-runs", type=int, default=3, help="benchmark runs per validation point")
     parser.add_argument("--fit-only", action="store_true", help="refit and report from the measurements on file")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per benchmark run")
     parser.add_argument("--out", type=Path, default=None, help="default brats_seg/lms/presets/cpu_<isa>.json")

@@ -11,8 +11,8 @@ README quotes.
 Asserted: never more than 8% under the measured peak (the side that ends a run in an
 out-of-memory crash), and on a CPU whose preset the calibration script measured and
 validated (AVX2 today) never more than 30% over it. The calibration's held-out points
-(the larger of two runs) reach +17.6% (group norm under recompute; +10.0% without group
-norm), and a single run of a point has measured up to 18% below another run of it (depth
+(the largest of three runs) reach +10.0% (+17.6% with two runs: group norm under
+recompute, whose third run read 9% higher), and a single run of a point has measured up to 18% below another run of it (depth
 3, 12 filters, 112x128x96, recompute; the trilinear point here read 1.69 and 1.85 GB), so
 one run can read ~25% over. The AVX-512 preset was fitted to earlier measurements of
 Keras' train_on_batch entered by hand and errs higher (up to +21.5% on its own points, and
