@@ -36,23 +36,14 @@ def _gb(n) -> str:
     return "-" if n is None else f"{n / 1e9:.2f} GB"
 
 
-def _budget(device: str, limit: int) -> int:
-    """What a plan may predict under ``limit``: the limit less the device preset's planning margin."""
-    from brats_seg.lms.memory_model import memory_model_for
-    from brats_seg.lms.search import planning_budget
-
-    return planning_budget(limit, memory_model_for(device))
-
-
 def _budget_line(conf, device: str, limit: int, budget: int) -> str:
     return (f"lms.limit={conf.lms.limit} ({_gb(limit)}) on {device}, of which a plan may predict {_gb(budget)} "
             f"(the planner keeps {1 - budget / limit:.1%} free for its own error)")
 
 
-def _print_capacity(conf, device: str, limit: int, found: dict) -> None:
+def _print_capacity(conf, device: str, limit: int, budget: int, found: dict) -> None:
     off, auto = (found[k].voxels * found[k].batch_size for k in ("off", "auto"))  # voxels per step
     ratio = auto / off if off else None
-    budget = _budget(device, limit)
     if conf.plan.format == "json":
         print(json.dumps({"limit_bytes": limit, "budget_bytes": budget, "device": device, "find": conf.plan.find,
                           "strategies": {k: c.to_dict() for k, c in found.items()},
@@ -84,25 +75,25 @@ def main(cfg) -> None:
     device = planning_device(conf)
     if conf.plan.find:
         with user_errors():
-            limit, found = capacity_run(conf, conf.plan.find, device)
-        _print_capacity(conf, device, limit, found)
+            limit, budget, found = capacity_run(conf, conf.plan.find, device)
+        _print_capacity(conf, device, limit, budget, found)
         return
     strategy = "auto" if conf.lms.name == "off" else conf.lms.name
     with user_errors():
-        limit, strategies = compare_run(conf, device)
+        limit, budget, strategies = compare_run(conf, device)
         try:
             plan, error = plan_run(conf, device, strategy), None
         except PlanDoesNotFitError as e:
             plan, error = None, e
     if conf.plan.format == "json":
-        print(json.dumps({"limit_bytes": limit, "budget_bytes": _budget(device, limit), "device": device,
+        print(json.dumps({"limit_bytes": limit, "budget_bytes": budget, "device": device,
                           "strategy": strategy,
                           "strategies": strategies, "plan": plan.to_dict()["plan"] if plan else None,
                           "error": str(error) if error else None}))
     else:
         if plan is not None:
             print(plan.format_table())
-        print(f"\n{_budget_line(conf, device, limit, _budget(device, limit))}")
+        print(f"\n{_budget_line(conf, device, limit, budget)}")
         print(f"{'strategy':<10} {'peak':>10} {'recompute':>12} {'moved':>10} {'overhead/step':>14}  fits")
         for name, s in strategies.items():
             if s.get("predicted_peak_bytes") is None:

@@ -13,7 +13,7 @@ from brats_seg.config import TrainConfig, resolve_model_outputs
 from brats_seg.lms.capacity import Capacity, find_capacity
 from brats_seg.lms.memory_model import memory_model_for
 from brats_seg.lms.plan import Plan
-from brats_seg.lms.search import compare_strategies, plan_lms_from_config
+from brats_seg.lms.search import compare_strategies, plan_lms_from_config, planning_budget
 from brats_seg.lms.units import parse_limit
 from brats_seg.lms.workload import LMSOptions, Workload
 
@@ -52,8 +52,10 @@ def plan_run(cfg: TrainConfig, device: str | None = None, strategy: str | None =
                                 allow_offload=device == "GPU", memory_model=memory_model_for(device))
 
 
-def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]:
-    """``(limit_bytes, {strategy: prediction})`` for off/recompute/offload/auto; never raises for fit."""
+def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, int, dict]:
+    """``(limit_bytes, budget_bytes, {strategy: prediction})`` for off/recompute/offload/auto
+    (``budget_bytes``: what a plan may predict, :func:`~brats_seg.lms.search.planning_budget`);
+    never raises for fit."""
     from brats_seg.backend import check_precision, device_memory_bytes
 
     device = device or planning_device(cfg)
@@ -62,11 +64,12 @@ def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, dict]
     limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
     # All four strategies are compared, whatever lms= names (offload reports why not on CPU).
     options = LMSOptions.from_config(cfg.lms, limit, allow_offload=device == "GPU", strategy="auto")
-    return limit, compare_strategies(Workload.from_config(cfg), options, memory_model_for(device))
+    mm = memory_model_for(device)
+    return limit, planning_budget(limit, mm), compare_strategies(Workload.from_config(cfg), options, mm)
 
 
-def capacity_run(cfg: TrainConfig, find: str, device: str | None = None) -> tuple[int, dict[str, Capacity]]:
-    """``(limit_bytes, {strategy: Capacity})``: the largest input (``find=max_input``, of the
+def capacity_run(cfg: TrainConfig, find: str, device: str | None = None) -> tuple[int, int, dict[str, Capacity]]:
+    """``(limit_bytes, budget_bytes, {strategy: Capacity})``: the largest input (``find=max_input``, of the
     resolution's proportions) or batch (``max_batch``) each strategy fits in ``lms.limit``."""
     from brats_seg.backend import check_precision, device_memory_bytes
 
@@ -74,7 +77,8 @@ def capacity_run(cfg: TrainConfig, find: str, device: str | None = None) -> tupl
     check_precision(cfg.backend.precision, device)
     limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
     options = LMSOptions.from_config(cfg.lms, limit, allow_offload=device == "GPU", strategy="auto")
-    return limit, find_capacity(find, Workload.from_config(cfg), memory_model_for(device), options)
+    mm = memory_model_for(device)
+    return limit, planning_budget(limit, mm), find_capacity(find, Workload.from_config(cfg), mm, options)
 
 
 def _with_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
