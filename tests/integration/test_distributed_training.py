@@ -2,18 +2,52 @@
 and ``distribute=multi_worker`` as two processes on 127.0.0.1 (preempted, a worker killed,
 resumed), each against a single-process run of the same global batch and seed.
 
-Tolerances: the replicas' gradients are summed in another order than one device sums its
-batch, and a process with 1 thread orders a convolution's sums otherwise than one with 2
-(float32). Metrics agree to 1e-4 relative. Weights after Adam do less well: for a gradient
-near zero, Adam's step is up to the learning rate (3e-3) whatever the gradient's size, so a
-rounding difference can move a weight by a fraction of that; measured here after 9 steps:
-up to 1.05e-4 absolute. Asserted: 1e-3 absolute (a third of one step's largest move),
-while training on other cases than the single process moves weights by ~1e-2.
+Why not one absolute tolerance on the weights. The replicas' gradients are summed in another
+order than one device sums its batch, and oneDNN orders a convolution's sums by thread count
+and by instruction set (AVX2, AVX-512, AMX), so the two runs' gradients differ by float32
+rounding. Adam then turns a rounding difference into up to a whole step for a weight whose
+gradient is near zero (its step is ``lr * m / sqrt(v)`` whatever the gradient's size). The
+largest difference after the 9 steps of the two-worker test was 1.05e-4 on an AMD EPYC
+(AVX2), 7.4e-4 on an Intel Sapphire Rapids (AMX) and 1.1e-3 on an AMD EPYC Zen 4
+(AVX-512, no AMX): a bound taken from one CPU's maximum fails on the next. So the test
+asserts two things instead (:func:`compare_weights`):
+
+1. **Every weight, by construction: Adam's step bound.** Keras' Adam moves a weight at
+   step ``t`` (1-based) by ``lr_{t-1} * m_hat_t / (sqrt(v_hat_t) + eps)`` with
+   ``m_t = (1-b1) sum_i b1^(t-i) g_i``, ``v_t = (1-b2) sum_i b2^(t-i) g_i^2``,
+   ``m_hat = m_t / (1-b1^t)``, ``v_hat = v_t / (1-b2^t)``. Writing
+   ``b1^(t-i) g_i = (b1^(t-i) / b2^((t-i)/2)) * (b2^((t-i)/2) g_i)`` and applying
+   Cauchy-Schwarz to the sum: ``|m_t| <= (1-b1) sqrt(S_t) sqrt(v_t / (1-b2))`` with
+   ``S_t = sum_{k<t} (b1^2/b2)^k``, hence (``eps`` only shrinks the step)
+
+       |step_t| <= lr_{t-1} * B_t,   B_t = (1-b1)/(1-b1^t) * sqrt((1-b2^t)/(1-b2)) * sqrt(S_t)
+
+   (``B_t`` = 1 at t = 1, 1.035 at t = 9 for b1 = 0.9, b2 = 0.999). Each run starts from the
+   same initial weights ``w0`` (the seed), so whatever the gradients were, every weight
+   satisfies ``|w - w0| <= E = sum_t lr_{t-1} B_t`` in each run and the two runs differ by at
+   most ``2E``. This holds on any CPU, for any rounding; it fails on a weight that is
+   re-initialised, not restored, NaN, or trained for more steps than the optimizer counts.
+2. **The bulk, relative to training's own movement.** Rounding changes each gradient by a
+   relative amount and a near-zero gradient's weight by up to a step, but only a
+   difference in what was trained (other cases, another learning rate, optimizer moments
+   lost on resume, a replica's gradient dropped) moves the weights as a whole. So the norm
+   of the difference over all weights, relative to the norm of the single process's
+   movement ``|w_single - w0|``, must stay under ``BULK_REL``; and likewise for Adam's
+   moments (relative to their own norms). Measured: see ``BULK_REL``.
+
+Metrics: loss and validation loss are smooth functions of the weights and agree to 1e-4
+relative (measured 3.5e-6 on the Sapphire Rapids). Hard Dice is a step function of the
+probabilities: a voxel sitting at the 0.5 threshold flips, and one voxel of the 4 mm grid in
+a validation case of this size (~900 reference and ~500 predicted WT voxels) moves
+``val_dice_wt`` by about 1.4e-3 and ``val_dice_mean`` by a third of that; ``DICE_ATOL``
+allows a few such voxels (measured: 9.5e-5 in the two-worker test with AVX-512 kernels, 0 with
+AVX2 kernels; 0 in the mirrored test, whose losses differed by at most 4e-7).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -29,8 +63,20 @@ from brats_seg.distribute.cluster import free_local_ports
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_PREEMPTED, EXIT_CLUSTER_FAILURE = 75, 3
-RTOL, ATOL = 1e-4, 1e-5  # metrics
-WEIGHT_ATOL = 1e-3  # weights after Adam (module doc)
+RTOL, ATOL = 1e-4, 1e-5  # smooth metrics (loss, val_loss, mean probabilities)
+DICE_ATOL = 2e-3  # hard Dice: a few voxels at the threshold (module doc)
+# Weights and Adam moments: |difference| / |the single process's movement (weights) or value
+# (moments)|, over the whole model. Measured on the two-worker test (Intel Sapphire Rapids, with
+# oneDNN's kernels capped by ONEDNN_MAX_CPU_ISA to each kind's):
+#   AVX2 kernels             bulk 7.6e-4  (largest weight difference 1.7e-4; the AVX2 EPYC's own: 1.05e-4)
+#   AVX-512 kernels (+AMX)   bulk 3.0e-3  (largest 7.4e-4; fp32 runs the same avx512_core kernels
+#                                          with or without AMX; a Zen 4's own run: largest 1.1e-3)
+# and for real differences, the same test with the code or config changed:
+#   Adam's moments zeroed on resume    bulk 0.24  (largest 5.3e-3)
+#   training on other cases            bulk 0.88  (largest 2.3e-2)
+#   learning rate doubled              a weight moved 0.0265, over the 0.0137 Adam's 9 steps allow
+# 0.03 is 10x the largest rounding figure, 8x under the subtlest real difference.
+BULK_REL = 0.03
 
 MIRRORED = textwrap.dedent("""
     import json, sys
@@ -72,9 +118,13 @@ def test_mirrored_on_two_logical_cpus_with_recompute_matches_one_device(tmp_path
     history = json.loads(proc.stdout.split("HISTORY ", 1)[1])
     one, two = history["none"], history["mirrored"]
     assert [h["epoch"] for h in two] == [1, 2]
+    print("largest differences:", {k: max(abs(a[k] - b[k]) for a, b in zip(one, two))
+                                   for k in ("loss", "prob_wt", "val_loss", "dice_mean", "val_dice_mean")})
     for a, b in zip(one, two):
-        for key in ("loss", "dice_mean", "prob_wt", "val_dice_mean"):
+        for key in ("loss", "prob_wt", "val_loss"):  # smooth in the weights
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=ATOL), (key, a[key], b[key])
+        for key in ("dice_mean", "val_dice_mean"):  # hard Dice: a voxel at the threshold may flip (module doc)
+            assert b[key] == pytest.approx(a[key], abs=DICE_ATOL), (key, a[key], b[key])
     assert all(h["lms_recomputed_flops"] > 0 for h in two)  # the blocks ran through the recompute wrapper
     assert "inside a tf.function" not in proc.stderr  # no eager strategy.run
 
@@ -123,14 +173,83 @@ class Worker:
         return self.log.read_text(errors="replace")
 
 
-def _weights(run_dir):
+def adam_step_bound(t: int, beta_1: float = 0.9, beta_2: float = 0.999) -> float:
+    """``B_t``: the most Adam's ``t``-th step (1-based) can move a weight, per unit of learning
+    rate, whatever the gradients were (derivation in the module doc)."""
+    s = sum((beta_1 * beta_1 / beta_2) ** k for k in range(t))
+    return (1 - beta_1) / (1 - beta_1**t) * math.sqrt((1 - beta_2**t) / (1 - beta_2)) * math.sqrt(s)
+
+
+def _load_run(run_dir: Path):
     import keras
 
     import brats_seg.model.unet3d  # noqa: F401  registers the custom layers
     import brats_seg.training.losses  # noqa: F401
 
-    model = keras.models.load_model(run_dir / "checkpoints" / "last.keras", compile=True)
-    return model.get_weights() + [v.numpy() for v in model.optimizer.variables]
+    return keras.models.load_model(run_dir / "checkpoints" / "last.keras", compile=True)
+
+
+def _initial_weights(run_dir: Path) -> list[np.ndarray]:
+    """The weights both runs started from: the model built under the run's seed, as training builds it."""
+    import keras
+
+    from brats_seg.evaluation.run import load_run_config
+    from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
+
+    cfg = load_run_config(run_dir)
+    keras.utils.set_random_seed(cfg.trainer.seed)
+    model = build_unet3d(cfg.model, tuple(cfg.resolution.shape), blocks=make_unet_blocks(cfg.model))
+    return [w.numpy() for w in model.trainable_weights]
+
+
+def compare_weights(single_dir: Path, other_dir: Path) -> dict[str, float]:
+    """Assert the module doc's two criteria on ``last.keras`` of two runs; return the figures.
+
+    Returns:
+        ``{"steps", "envelope", "max_moved", "max_diff", "bulk_rel", "m_rel", "v_rel"}``.
+    """
+    import keras
+
+    a, b = _load_run(single_dir), _load_run(other_dir)
+    assert not a.non_trainable_weights, "the bound covers trainable weights; compare the others exactly"
+    steps = int(a.optimizer.iterations.numpy())
+    assert int(b.optimizer.iterations.numpy()) == steps, "both runs must have taken the same optimizer steps"
+    config = a.optimizer.get_config()
+    lr = config["learning_rate"]
+    schedule = keras.optimizers.schedules.deserialize(lr) if isinstance(lr, dict) else (lambda _: lr)
+    beta_1, beta_2 = config["beta_1"], config["beta_2"]
+    assert not config.get("amsgrad") and not config.get("weight_decay"), "the bound is for plain Adam"
+    envelope = sum(float(schedule(t - 1)) * adam_step_bound(t, beta_1, beta_2) for t in range(1, steps + 1))
+    envelope *= 1 + 1e-6  # float32 rounding of m / sqrt(v)
+    w0 = _initial_weights(single_dir)
+    wa = [w.numpy() for w in a.trainable_weights]
+    wb = [w.numpy() for w in b.trainable_weights]
+    assert [w.shape for w in wa] == [w.shape for w in wb] == [w.shape for w in w0]
+    for name, ws in (("single process", wa), ("other run", wb)):  # 1. every weight, by construction
+        for var, w, init in zip(a.trainable_weights, ws, w0):
+            # each of the steps rounds the float32 weight by at most half its spacing
+            rounding = steps * np.spacing(np.maximum(np.abs(w), np.abs(init)))
+            excess = np.abs(w.astype(np.float64) - init) - envelope - rounding
+            assert np.all(np.isfinite(w)) and excess.max() <= 0, (
+                f"{name}: {var.path} moved {np.abs(w - init).max():.3g} from its initial value, more than "
+                f"Adam's {steps} steps can ({envelope:.3g})")
+    flat = lambda ws: np.concatenate([w.ravel() for w in ws]).astype(np.float64)  # noqa: E731
+    diff, moved = flat(wa) - flat(wb), flat(wa) - flat(w0)
+    figures = {"steps": steps, "envelope": envelope, "max_moved": float(np.abs(moved).max()),
+               "max_diff": float(np.abs(diff).max()),
+               "bulk_rel": float(np.linalg.norm(diff) / np.linalg.norm(moved))}
+
+    def slots(model, kind):
+        return flat([v.numpy() for v in model.optimizer.variables if v.path.endswith(f"_{kind}")])
+
+    for kind, key in (("momentum", "m_rel"), ("velocity", "v_rel")):  # 2. the bulk, Adam's moments too
+        ma, mb = slots(a, kind), slots(b, kind)
+        assert ma.size == diff.size, f"expected one Adam {kind} per weight, found {ma.size} values"
+        figures[key] = float(np.linalg.norm(ma - mb) / np.linalg.norm(ma))
+    for key in ("bulk_rel", "m_rel", "v_rel"):
+        assert figures[key] <= BULK_REL, (
+            f"{key} = {figures[key]:.3g} > {BULK_REL}: the runs trained differently, not by rounding ({figures})")
+    return figures
 
 
 @pytest.mark.slow
@@ -186,13 +305,15 @@ def test_two_workers_preempted_killed_and_resumed_end_as_one_process(tmp_path):
     codes = [w.finish(timeout=600) for w in ws]
     assert codes == [0, 0], [w.output()[-3000:] for w in ws]
     assert not elsewhere.exists() or not any(elsewhere.iterdir())
-    for a, b in zip(_weights(tmp_path / "single"), _weights(run_dir)):
-        np.testing.assert_allclose(b, a, rtol=0, atol=WEIGHT_ATOL)
+    figures = compare_weights(tmp_path / "single", run_dir)
+    print("weights against the single process:", figures)  # pytest -s shows the measured figures
     hist_single = json.loads((tmp_path / "single" / "state.json").read_text())["history"]
     hist_mw = json.loads((run_dir / "state.json").read_text())["history"]
     assert [h["epoch"] for h in hist_mw] == [1, 2, 3]
     for a, b in zip(hist_single, hist_mw):
-        assert b["val_dice_mean"] == pytest.approx(a["val_dice_mean"], rel=1e-3, abs=1e-4)
+        for key in ("loss", "val_loss"):
+            assert b[key] == pytest.approx(a[key], rel=RTOL, abs=ATOL), (key, a[key], b[key])
+        assert b["val_dice_mean"] == pytest.approx(a["val_dice_mean"], abs=DICE_ATOL)
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs(client.get_experiment_by_name("brats-seg").experiment_id,
                               filter_string=f"tags.run_dir = '{run_dir}'")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
@@ -36,14 +34,11 @@ def _read(path):
 
 def test_overlay_png_is_written_and_readable(case, tmp_path):
     image, ref = case
-    start = time.perf_counter()
     path = save_overlay(image, ref, ref, tmp_path / "overlays" / "case_000.png", title="case_000")
-    elapsed_s = time.perf_counter() - start
     assert path.exists()
     img = _read(path)
     height, width = img.shape[:2]
     assert 2.0 < width / height < 3.5  # three panels side by side
-    assert elapsed_s < 2.0  # the design target is < 1 s; slack for a shared CI machine
     assert sorted(p.name for p in path.parent.iterdir()) == ["case_000.png"]  # no temp left
 
 
