@@ -174,7 +174,7 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
     check_native_shape(case_id, meta["label"], probs, ref_labels.shape)
     labels, pred = predict_case_labels(probs, layout, names, eval_cfg.threshold)  # what is written, and its regions
     save_mask(labels, ref_vol.original_affine, ref_vol.original_header, out / "predictions" / f"{case_id}.nii.gz")
-    metrics = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names)
+    metrics = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names, reference=ref_vol)
     if eval_cfg.overlays:
         dice = "  ".join(f"{r.upper()} {metrics[f'dice_{r}']:.3f}" for r in names)
         save_overlay(_flair_native(meta), labels_to_regions(ref_labels, layout, names), pred,

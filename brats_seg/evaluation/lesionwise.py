@@ -26,6 +26,20 @@ published description and checked against the 2023 reference code (README "Metri
 
 Both functions take label maps ``(x, y, z)`` and a region table ``{region: label values}``
 (:func:`brats_seg.data.labels.region_label_values`), so they hold for every layout.
+
+**How the official evaluation reads a file, and why we read it the same way.** The official
+package (``brats-evaluation``) hands panoptica the *file paths*; panoptica reads a NIfTI file
+with SimpleITK, whose array is the file's voxels with the axes reversed, ``(k, j, i)``, and
+whose spacing is in the file's axis order, ``(i, j, k)``; panoptica pairs the two as given.
+So on a file whose first and last voxel sizes differ, the official lesion-wise HD95 and NSD
+measure distances along the file's first axis (i) with the voxel size of its last (k), and
+the reverse (checked with brats-evaluation 0.0.10 on panoptica 2.1.7; README "Metrics"). The BraTS releases are 1 mm
+isotropic, where this changes nothing; elsewhere the leaderboard's numbers are the ones
+computed this way, so :func:`compute_panoptica_metrics` hands panoptica the label maps
+exactly as the official package does (:func:`to_official_input`): in the file's stored
+voxel order, axes reversed, with the header's voxel sizes in file order. The global
+metrics, the lesion counts and the lesion-wise Dice do not depend on it; the legacy HD95
+and ``lesion23_*`` use the true voxel size of each axis, as their reference codes do.
 """
 
 from __future__ import annotations
@@ -45,6 +59,8 @@ import numpy as np
 import scipy.ndimage as ndi
 import surface_distance
 
+from brats_seg.data.nifti import spacing_of, to_original_orientation
+
 __all__ = [
     "LESION23_MISSED_HD95_MM",
     "LESION23_PARAMS",
@@ -55,6 +71,7 @@ __all__ = [
     "compute_panoptica_metrics",
     "lesion23_params_for",
     "make_panoptica_evaluator",
+    "to_official_input",
 ]
 
 log = logging.getLogger(__name__)
@@ -139,15 +156,23 @@ def _evaluator(key: tuple[tuple[str, tuple[int, ...]], ...]):
             no_instances_result=EdgeCaseResult.NAN, empty_prediction_result=missed,
             empty_reference_result=missed, normal=missed)
 
-    groups = {region: (LabelGroup(list(values)) if len(values) == 1 else LabelMergeGroup(list(values)))
+    # Groups as in the official config: one label a LabelGroup, several a LabelMergeGroup,
+    # never single-instance; the values are our layout's (the official GLI config's for
+    # brats2023/brats2024, whose labels are the same).
+    groups = {region: (LabelGroup(list(values), single_instance=False) if len(values) == 1
+                       else LabelMergeGroup(list(values), single_instance=False))
               for region, values in key}
     # panoptica prints (not logs) a note when one label is in two groups, as WT/TC/ET
     # nest by design; keep it off the user's terminal.
     with contextlib.redirect_stdout(io.StringIO()):
         class_groups = SegmentationClassGroups(groups)
+    # Field by field the official BraTS GLI configuration (brats-evaluation 0.0.10,
+    # brats_evaluation/configs/config_gli.yaml; scripts/check_official_metrics.py compares
+    # every field with the file); fields the file leaves out keep panoptica's defaults
+    # here too (per_region_evaluation, log_intermediate_steps, speed_toggles).
     return Panoptica_Evaluator(
         expected_input=InputType.SEMANTIC,
-        instance_approximator=ConnectedComponentsInstanceApproximator(),
+        instance_approximator=ConnectedComponentsInstanceApproximator(cca_backend=None),
         instance_matcher=MaxBipartiteMatching(matching_metric=Metric.DSC, matching_threshold=1e-6),
         edge_case_handler=EdgeCaseHandler(
             listmetric_zeroTP_handling={
@@ -162,6 +187,7 @@ def _evaluator(key: tuple[tuple[str, tuple[int, ...]], ...]):
         global_metrics=[Metric.DSC, Metric.NSD, Metric.HD95],
         decision_metric=None,
         decision_threshold=None,
+        save_group_times=False,
         log_times=False,
         verbose=False,
     )
@@ -193,18 +219,58 @@ def _check_pair(pred_labels: np.ndarray, ref_labels: np.ndarray, spacing_mm: Seq
     return pred.astype(np.uint8), ref.astype(np.uint8), spacing
 
 
+def to_official_input(
+    labels: np.ndarray,
+    spacing_mm: Sequence[float],
+    stored_affine: np.ndarray | None = None,
+    stored_zooms_mm: Sequence[float] | None = None,
+) -> tuple[np.ndarray, tuple[float, float, float]]:
+    """A label map as the official evaluation hands it to panoptica, with the spacing it pairs.
+
+    brats-evaluation passes the file paths to panoptica, which reads a NIfTI file with
+    SimpleITK: ``GetArrayFromImage`` gives the stored voxels with the axes reversed,
+    ``(k, j, i)``, and ``GetSpacing`` the header's voxel sizes in file order, ``(i, j, k)``;
+    panoptica uses that spacing for the array's axes as they come (module docstring).
+
+    Args:
+        labels: label map ``(x, y, z)`` in RAS, on the file's grid.
+        spacing_mm: its voxel size ``(x, y, z)`` in mm; used only when ``stored_affine`` is
+            not given.
+        stored_affine: the file's affine as stored; default: the file stores ``labels`` as
+            they are (RAS order) with voxel size ``spacing_mm``.
+        stored_zooms_mm: the header's voxel sizes along the stored axes ``(i, j, k)``, as
+            SimpleITK reads them (``pixdim``, float32); default: the column lengths of
+            ``stored_affine``.
+
+    Returns:
+        ``(array (k, j, i) C-contiguous, spacing (i, j, k) in mm)``.
+    """
+    labels = np.asarray(labels)
+    if stored_affine is None:
+        stored, zooms = labels, spacing_mm
+    else:
+        stored = to_original_orientation(labels, stored_affine)
+        zooms = stored_zooms_mm if stored_zooms_mm is not None else spacing_of(stored_affine)
+    return np.ascontiguousarray(stored.transpose(2, 1, 0)), tuple(abs(float(z)) for z in np.ravel(zooms))
+
+
 def compute_panoptica_metrics(
     pred_labels: np.ndarray,
     ref_labels: np.ndarray,
     spacing_mm: Sequence[float],
     table: Mapping[str, Sequence[int]],
+    stored_affine: np.ndarray | None = None,
+    stored_zooms_mm: Sequence[float] | None = None,
 ) -> dict[str, float]:
-    """The BraTS 2025+ lesion-wise, NSD and detection metrics of one case, by panoptica.
+    """The BraTS 2025+ lesion-wise, NSD and detection metrics of one case, by panoptica,
+    computed as the official evaluation computes them on the reference file.
 
     Args:
-        pred_labels, ref_labels: label maps ``(x, y, z)`` of one grid.
-        spacing_mm: voxel size per axis of these arrays, in mm.
+        pred_labels, ref_labels: label maps ``(x, y, z)`` in RAS, of one grid.
+        spacing_mm: voxel size ``(x, y, z)`` of these arrays, in mm.
         table: ``{region: label values}``.
+        stored_affine, stored_zooms_mm: how the reference file stores the grid (its affine
+            and header voxel sizes, see :func:`to_official_input`); default: stored as given.
 
     Returns:
         ``{"<metric>_<region>": value}`` for the metrics ``nsd lesion_dice lesion_hd95
@@ -212,13 +278,20 @@ def compute_panoptica_metrics(
         panoptica gives it (nothing matched), NaN where undefined (no lesion either side).
         ``nsd`` is panoptica's global NSD as the official evaluation reports it: panoptica
         computes its global metrics on the voxel grid (tolerance 0.5 voxel), whatever
-        the spacing; the lesion-wise NSD uses the spacing (tolerance: the smallest voxel
-        size).
+        the spacing; the lesion-wise HD95 and NSD use the spacing as the official
+        evaluation pairs it with the array's axes (:func:`to_official_input`; NSD
+        tolerance: the smallest voxel size).
 
     Raises:
         LesionwiseError: bad input, or panoptica failed (with its message).
     """
     pred, ref, spacing = _check_pair(pred_labels, ref_labels, spacing_mm)
+    ref, _ = to_official_input(ref, spacing, stored_affine, stored_zooms_mm)
+    pred, spacing = to_official_input(pred, spacing, stored_affine, stored_zooms_mm)  # (k, j, i), (i, j, k)
+    if len(spacing) != 3 or not all(math.isfinite(s) and s > 0 for s in spacing):
+        raise LesionwiseError(
+            f"the reference file's header voxel sizes should be 3 positive sizes in mm, got {stored_zooms_mm!r}: "
+            "fix the pixdim of the reference label file")
     evaluator = make_panoptica_evaluator(table)
     try:
         with warnings.catch_warnings():
@@ -342,8 +415,18 @@ def compute_lesionwise_metrics(
     spacing_mm: Sequence[float],
     table: Mapping[str, Sequence[int]],
     lesion23: Lesion23Params = LESION23_PARAMS["GLI"],
+    stored_affine: np.ndarray | None = None,
+    stored_zooms_mm: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """Both lesion-wise definitions for every region of ``table``.
+
+    Args:
+        pred_labels, ref_labels: label maps ``(x, y, z)`` in RAS, of one grid.
+        spacing_mm: their voxel size ``(x, y, z)`` in mm.
+        table: ``{region: label values}``.
+        lesion23: the 2023 parameters.
+        stored_affine, stored_zooms_mm: how the reference file stores the grid, for the
+            panoptica metrics (:func:`compute_panoptica_metrics`).
 
     Returns:
         :func:`compute_panoptica_metrics`' columns plus ``lesion23_dice_<r>`` and
@@ -352,7 +435,8 @@ def compute_lesionwise_metrics(
     Raises:
         LesionwiseError: bad input, or panoptica failed.
     """
-    values = compute_panoptica_metrics(pred_labels, ref_labels, spacing_mm, table)  # checks the input
+    values = compute_panoptica_metrics(pred_labels, ref_labels, spacing_mm, table,  # checks the input
+                                       stored_affine, stored_zooms_mm)
     pred, ref = np.asarray(pred_labels), np.asarray(ref_labels)
     for region, labels in table.items():
         scores = compute_lesion23_metrics(np.isin(pred, list(labels)), np.isin(ref, list(labels)), spacing_mm, lesion23)

@@ -41,6 +41,7 @@ def score_case(
     spacing_mm: Sequence[float],
     layout: str,
     regions: Sequence[str] | None = None,
+    reference: Volume | None = None,
 ) -> dict[str, float]:
     """Every metric of one case, for every region of the layout.
 
@@ -53,6 +54,11 @@ def score_case(
         layout: the layout of both label maps.
         regions: the regions that were predicted (e.g. ``("wt",)`` for a WT-only model);
             the layout's other regions get NaN (undefined). Default: all of them.
+        reference: the reference file as :func:`load_reference` read it. The official
+            evaluation's lesion-wise HD95 and NSD depend on how the file stores its voxels
+            (:func:`brats_seg.evaluation.lesionwise.to_official_input`), so pass it whenever
+            there is a file; without it the label maps count as stored as they are (RAS
+            order, voxel size ``spacing_mm``).
 
     Returns:
         ``{"<metric>_<region>": value}`` for every column of the layout's metrics table.
@@ -68,10 +74,14 @@ def score_case(
                                   spacing_mm, region_names=regions)
     table = region_label_values(layout, regions)
     scored = sorted({v for labels in table.values() for v in labels})
+    stored = {} if reference is None else {
+        "stored_affine": reference.original_affine,
+        "stored_zooms_mm": reference.original_header.get_zooms()[:3],  # pixdim, as SimpleITK reads it
+    }
     try:  # labels of regions not scored (a WT-only model and RC) are background here
         values.update(compute_lesionwise_metrics(
             np.where(np.isin(pred, scored), pred, 0), np.where(np.isin(ref, scored), ref, 0),
-            spacing_mm, table, lesion23=lesion23_params_for(case_id)))
+            spacing_mm, table, lesion23=lesion23_params_for(case_id), **stored))
     except LesionwiseError as e:
         raise CaseError(case_id, None, f"lesion-wise scoring failed: {e}",
                         "Check that the mask and the reference are label maps of the same grid.") from None
@@ -163,7 +173,7 @@ def score_masks(
             pred = np.zeros_like(ref)  # BraTS: a missing prediction is an empty mask
         else:
             pred = _load_prediction(case.case_id, path, ref_vol, layout)
-        table.add(case.case_id, score_case(case.case_id, pred, ref, ref_vol.spacing_mm, layout))
+        table.add(case.case_id, score_case(case.case_id, pred, ref, ref_vol.spacing_mm, layout, reference=ref_vol))
     masks = {nifti_stem(p) for p in pred_dir.iterdir() if p.is_file() and p.name.endswith(NIFTI_SUFFIXES)}
     unmatched = sorted(masks - {c.case_id for c in cases})
     if missing:

@@ -127,7 +127,27 @@ def test_spacing_scales_distances():
     hd_z3 = compute_lesion23_metrics(pred, ref, (1.0, 1.0, 3.0))["hd95"]
     assert hd_iso == pytest.approx(1.0)
     assert hd_z3 == pytest.approx(3.0)
-    assert compute_panoptica_metrics(pred, ref, (1.0, 1.0, 3.0), ONE)["lesion_hd95_r"] == pytest.approx(3.0)
+    assert compute_panoptica_metrics(pred, ref, ISO, ONE)["lesion_hd95_r"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("stored, z_shift_mm, x_shift_mm", [
+    ("as given", 1.5, 3.0),  # file axes (x, y, z): SimpleITK's array is (z, y, x), spacing (1.5, 1, 3)
+    ("LPS", 1.5, 3.0),  # flips do not change which size goes with which axis
+    ("y, x, z", 1.0, 1.5),  # file axes (y, x, z): array (z, x, y), spacing (1, 1.5, 3)
+])
+def test_panoptica_distances_pair_the_spacing_as_the_official_evaluation_reads_the_file(stored, z_shift_mm, x_shift_mm):
+    """The official evaluation reads the file with SimpleITK, (k, j, i) array with the (i, j, k)
+    spacing; the 2023 code measures each axis with its own size (z 3 mm, x 1.5 mm)."""
+    spacing = (1.5, 1.0, 3.0)  # (x, y, z) mm
+    affine = {"as given": np.diag([*spacing, 1.0]), "LPS": np.diag([-1.5, -1.0, 3.0, 1.0]),
+              "y, x, z": np.array([[0, 1.5, 0, 0], [1.0, 0, 0, 0], [0, 0, 3.0, 0], [0, 0, 0, 1]])}[stored]
+    ref = cube(empty(), (4, 4, 4), 6)
+    for axis, expected in ((2, z_shift_mm), (0, x_shift_mm)):
+        pred = np.roll(ref, 1, axis=axis)
+        values = compute_panoptica_metrics(pred, ref, spacing, ONE, stored_affine=affine)
+        assert values["lesion_hd95_r"] == pytest.approx(expected)
+        assert values["lesion_dice_r"] == pytest.approx(5 / 6)  # Dice and counts do not depend on it
+    assert compute_lesion23_metrics(np.roll(ref, 1, axis=2), ref, spacing)["hd95"] == pytest.approx(3.0)
 
 
 def test_regions_come_from_the_label_table():
