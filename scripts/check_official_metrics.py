@@ -1,19 +1,34 @@
 #!/usr/bin/env python
 """Check score.py against the official BraTS evaluation code, on designed multi-lesion cases.
 
-    python scripts/check_official_metrics.py [work=/tmp/brats_official_check] [n_cases=10] [metrics_2023=URL or clone]
+    python scripts/check_official_metrics.py [work=/tmp/brats_official_check] [n_cases=10]
+        [official=<folder holding brats_evaluation/>] [metrics_2023=<clone of BraTS-2023-Metrics>]
+        [download=true]
+    python scripts/check_official_metrics.py expected=tests/data/official_metrics/anisotropic.json
 
-Needs the network once: it downloads ``brats-evaluation`` 0.0.10 (the official BraTS
-2025+ evaluation, built on panoptica; AGPL, so it is run here, never imported by
-brats-seg) with ``pip download --no-deps`` and clones rachitsaluja/BraTS-2023-Metrics (the
-BraTS 2023/2024 lesion-wise code) into ``work``. For each of the brats2024, brats2021 and
-msd label conventions it writes ``n_cases`` cases (several lesions, missed lesions,
-false-positive blobs, merged lesions, lesions under the volume threshold, empty masks,
-a resection cavity, LPS/RAS storage, anisotropic voxels), scores them with
-``scripts/score.py``, runs both official codes on the same files in subprocesses, and
-prints the largest difference per column. The official panoptica runs twice: on the file
-paths, as the package does, and on the arrays with the spacing in the arrays' axis order
-(see README "Metrics" for why the two differ on anisotropic files).
+The official code is run here, never imported by brats-seg: ``brats-evaluation`` 0.0.10 (the
+official BraTS 2025+ evaluation, built on panoptica; AGPL) and rachitsaluja/BraTS-2023-Metrics
+(the BraTS 2023/2024 lesion-wise code). Nothing is fetched unless ``download=true``: the
+official package is taken from ``official=`` (an unpacked wheel or a site-packages folder),
+else from this interpreter if it is installed, else from ``<work>/be`` (an earlier download);
+the 2023 code from ``metrics_2023=``, else ``<work>/ref2023``, else its comparison is skipped.
+``download=true`` gets whichever is missing (``pip download --no-deps``, ``git clone``).
+
+For each of the brats2024, brats2023, brats2021 and msd label conventions it writes
+``n_cases`` cases (several lesions per region, missed lesions, false-positive blobs, merged
+lesions, lesions under the volume threshold, empty masks, a resection cavity; voxels of
+1 mm and of five anisotropic sizes, most with a different size on each axis; files stored
+RAS, LPS and ASL, an axis-permuted storage), scores them with ``scripts/score.py``, runs
+both official codes on the same files in subprocesses, and prints the largest difference
+per column; it fails (exit 1) above 1e-6 (1e-4 mm for distances). The brats2023 cases are
+the brats2024 files with the resection cavity (4) folded into necrosis (1). It also
+compares our panoptica evaluator with the official GLI configuration field by field, and
+reports how far the official lesion-wise HD95/NSD are from panoptica given each array
+axis's own voxel size (README "Metrics": SimpleITK's ``(k, j, i)`` array with the
+``(i, j, k)`` spacing).
+
+``expected=<json>`` instead writes the official values of a few small anisotropic cases
+(:func:`small_cases`) to ``<json>``, the test data of tests/unit/test_official_metrics.py.
 
 The 2023 code predates numpy 2 and pandas 2; three shims make it run unchanged
 (``np.Inf``, ``DataFrame.append``, ``DataFrame.replace`` on a frame with a column of arrays).
@@ -24,8 +39,10 @@ a file holding only RC.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -34,18 +51,30 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import scipy.ndimage as ndi
+from nibabel import orientations as ornt
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from brats_seg.data.labels import LABELS, region_label_values  # noqa: E402
 from brats_seg.data.synthetic import case_files, write_synthetic_dataset  # noqa: E402
 
-LAYOUTS = ("brats2024", "brats2021", "msd")
+LAYOUTS = ("brats2024", "brats2023", "brats2021", "msd")
 BRATS_EVALUATION = "brats-evaluation==0.0.10"
 METRICS_2023 = "https://github.com/rachitsaluja/BraTS-2023-Metrics"
+OFFICIAL_CONFIG = Path("brats_evaluation") / "configs" / "config_gli.yaml"
 
 SHAPE = (72, 80, 56)  # voxels: small enough to score quickly, large enough for several lesions
+# Voxel sizes (x, y, z) mm of the cases, in turn; all but 1 mm differ on at least two axes.
+SPACINGS = ((1.0, 1.0, 1.0), (1.2, 0.9, 2.0), (0.9, 1.1, 1.5), (1.0, 1.0, 1.0), (0.8, 1.0, 3.0),
+            (1.5, 0.7, 1.1), (0.9375, 0.9375, 2.5))
+# How the files store the voxels, in turn: nibabel axis codes of the stored axes (i, j, k).
+STORAGES = ("RAS", "LPS", "ASL")
 
+# Tolerances of the comparison: values and distances (mm).
+TOL, TOL_MM = 1e-6, 1e-4
+
+
+# --- case design ------------------------------------------------------------------------
 
 def ball(shape, c, r, spacing):
     zz = np.indices(shape).astype(float)
@@ -82,10 +111,10 @@ def perturb(label, rng):
 
 
 def design(i, layout, rng):
+    """Case ``i``: reference and prediction ``(x, y, z)`` in RAS, and the voxel size."""
     t = LABELS[layout]
     lab = {"edema": t.edema, "core": t.core, "et": t.enhancing}
-    sp = [(1.0, 1.0, 1.0)] * 5 + [(1.0, 1.0, 3.0), (0.9375, 0.9375, 2.5), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (1.2, 1.0, 1.0)]
-    spacing = sp[i % len(sp)]
+    spacing = SPACINGS[i % len(SPACINGS)]
     ref = np.zeros(SHAPE, np.uint8)
     pred = np.zeros(SHAPE, np.uint8)
     s = i % 10
@@ -125,42 +154,150 @@ def design(i, layout, rng):
     return ref, pred, spacing
 
 
-def affine_for(spacing, lps):
-    a = np.diag([*spacing, 1.0])
-    if lps:
-        a[0, 0] *= -1
-        a[1, 1] *= -1
-        a[:3, 3] = [SHAPE[0] * spacing[0], SHAPE[1] * spacing[1], 0]
-    return a
+def fold_cavity(labels):
+    """brats2024 -> brats2023: the resection cavity (4) becomes necrosis (1)."""
+    return np.where(labels == 4, 1, labels).astype(np.uint8)
 
 
-def save(path, data, affine):
+# The small cases of the CI test: voxel size (x, y, z) mm and storage; see small_case.
+SMALL_SHAPE = (30, 34, 20)
+SMALL_CASES = (((1.2, 0.9, 2.0), "LPS"), ((0.8, 1.1, 1.6), "RAS"), ((1.5, 0.7, 1.1), "ASL"))
+
+
+def small_case(index: int, layout: str):
+    """Small case ``index`` of :data:`SMALL_CASES` in ``layout`` (brats2024 or brats2023):
+    reference and prediction ``(x, y, z)`` in RAS, voxel size, storage. No random numbers:
+    the cases are the same on every machine and numpy version.
+
+    Three reference lesions (each with edema, ET and necrosis, so WT, TC and ET have three
+    lesions) and a small one the prediction misses; the prediction moves one lesion by a
+    voxel along x, grows one, moves and shrinks one, adds a false-positive lesion; the
+    resection cavity is predicted one voxel off along y (folded into label 1 in brats2023).
+    """
+    spacing, storage = SMALL_CASES[index]
+    lab = {"edema": 2, "core": 1, "et": 3}
+    ref = np.zeros(SMALL_SHAPE, np.uint8)
+    pred = np.zeros(SMALL_SHAPE, np.uint8)
+    lesions = (((8, 9, 6), (6.0, 5.0, 5.0)), ((20, 23, 12), (7.0, 6.5, 6.0)), ((22, 8, 6), (4.5, 5.0, 4.5)))
+    moves = (((1, 0, 0), 1.0), ((0, 0, 0), 1.15), ((0, 1, 1), 0.85))  # centre shift (voxels), radius scale
+    for (c, r), (shift, scale) in zip(lesions, moves):
+        paint(ref, lesion(SMALL_SHAPE, c, r, spacing, lab))
+        paint(pred, lesion(SMALL_SHAPE, tuple(a + b for a, b in zip(c, shift)), tuple(x * scale for x in r),
+                           spacing, lab))
+    paint(ref, lesion(SMALL_SHAPE, (5, 28, 15), (3.0, 3.0, 3.0), spacing, lab))  # missed
+    paint(pred, lesion(SMALL_SHAPE, (26, 29, 4), (3.5, 3.5, 3.5), spacing, lab))  # false positive
+    ref[2:6, 24:29, 14:18] = np.where(ref[2:6, 24:29, 14:18] == 0, 4, ref[2:6, 24:29, 14:18])
+    pred[2:6, 25:30, 14:18] = np.where(pred[2:6, 25:30, 14:18] == 0, 4, pred[2:6, 25:30, 14:18])
+    if layout == "brats2023":
+        ref, pred = fold_cavity(ref), fold_cavity(pred)
+    elif layout != "brats2024":
+        raise ValueError(f"small cases are brats2024 or brats2023, not {layout!r}")
+    return ref, pred, spacing, storage
+
+
+# --- files ------------------------------------------------------------------------------
+
+def save(path: Path, data_ras: np.ndarray, spacing, storage: str, dtype=np.uint8) -> None:
+    """Write ``data_ras`` ``(x, y, z)`` (voxel size ``spacing``) stored as ``storage`` (e.g.
+    ``LPS``: i runs to the left, j to the back, k up), qform and sform both set."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    img = nib.Nifti1Image(data.astype(np.uint8), affine)
-    img.set_qform(affine, code=1)
-    img.set_sform(affine, code=1)
+    affine = np.diag([*spacing, 1.0])
+    affine[:3, 3] = -np.asarray(spacing) * (np.asarray(data_ras.shape[:3]) - 1) / 2  # centred
+    img = nib.Nifti1Image(np.asarray(data_ras, dtype=dtype), affine)
+    if storage != "RAS":
+        img = img.as_reoriented(ornt.ornt_transform(ornt.axcodes2ornt("RAS"), ornt.axcodes2ornt(tuple(storage))))
+    stored = img.affine
+    img = nib.Nifti1Image(np.asarray(img.dataobj, dtype=dtype), stored)
+    img.set_qform(stored, code=1)
+    img.set_sform(stored, code=1)
     nib.save(img, str(path))
+
+
+def write_small_cases(root: Path, preds: Path, layout: str) -> list[dict]:
+    """The small cases as a BraTS-layout dataset (label files; the images are zeros, scoring
+    never reads them) and ``<preds>/<case_id>.nii.gz`` masks; returns their file table."""
+    cases = []
+    for i in range(len(SMALL_CASES)):
+        ref, pred, spacing, storage = small_case(i, layout)
+        files = case_files(root, layout, i)
+        for key, path in files.items():
+            if key != "seg":
+                save(path, np.zeros(SMALL_SHAPE), spacing, storage, dtype=np.int16)
+        save(files["seg"], ref, spacing, storage)
+        cid = files["seg"].parent.name
+        save(preds / f"{cid}.nii.gz", pred, spacing, storage)
+        cases.append({"case_id": cid, "ref": str(files["seg"]), "pred": str(preds / f"{cid}.nii.gz"),
+                      "voxel_mm": list(spacing), "storage": storage})
+    return cases
 
 
 def build(work: Path, layout: str, n: int) -> tuple[Path, Path, list[dict]]:
     root, preds = work / layout / "ref", work / layout / "pred"
+    source = "brats2024" if layout == "brats2023" else layout
     ids = write_synthetic_dataset(root, layout, n_cases=n, seed=1)  # images; the labels are replaced
     rng = np.random.default_rng(7)
     cases = []
     for i, cid in enumerate(ids):
-        ref, pred, spacing = design(i, layout, rng)
-        aff = affine_for(spacing, lps=(i % 3 == 1))
+        ref, pred, spacing = design(i, source, rng)
+        if layout == "brats2023":
+            ref, pred = fold_cavity(ref), fold_cavity(pred)
+        storage = STORAGES[i % len(STORAGES)]
         seg = case_files(root, layout, i)["seg"]
-        save(seg, ref, aff)
-        save(preds / f"{cid}.nii.gz", pred, aff)
-        cases.append({"case_id": cid, "ref": str(seg), "pred": str(preds / f"{cid}.nii.gz")})
+        save(seg, ref, spacing, storage)
+        save(preds / f"{cid}.nii.gz", pred, spacing, storage)
+        cases.append({"case_id": cid, "ref": str(seg), "pred": str(preds / f"{cid}.nii.gz"),
+                      "voxel_mm": list(spacing), "storage": storage})
     return root, preds, cases
 
 
-def official_config(work: Path, layout: str) -> Path:
-    """The official GLI config with this layout's label values."""
-    text = (work / "be" / "brats_evaluation" / "configs" / "config_gli.yaml").read_text()
-    head, _, _ = text.partition("segmentation_class_groups:")
+# --- the official codes: where they are --------------------------------------------------
+
+def find_official(work: Path, args: dict, download: bool) -> Path:
+    """The folder holding the ``brats_evaluation`` package (put first on ``sys.path``)."""
+    if "official" in args:
+        folder = Path(args["official"]).expanduser().resolve()
+        if not (folder / "brats_evaluation").is_dir():
+            raise SystemExit(f"error: official={folder} holds no brats_evaluation/ folder: pass an unpacked "
+                             f"{BRATS_EVALUATION} wheel or the site-packages it is installed in.")
+        return folder
+    installed = subprocess.run([sys.executable, "-c", "import brats_evaluation, os; "
+                                "print(os.path.dirname(os.path.dirname(brats_evaluation.__file__)))"],
+                               capture_output=True, text=True)
+    if installed.returncode == 0:
+        return Path(installed.stdout.strip())
+    be = work / "be"
+    if not (be / "brats_evaluation").is_dir():
+        if not download:
+            raise SystemExit(f"error: brats-evaluation is not installed here, and not in {be}: pass official=<folder "
+                             f"holding brats_evaluation/>, or download=true to fetch {BRATS_EVALUATION} with pip.")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(be), BRATS_EVALUATION],
+                       check=True)
+        zipfile.ZipFile(next(be.glob("brats_evaluation-*.whl"))).extractall(be)
+    return be
+
+
+def find_2023(work: Path, args: dict, download: bool) -> Path | None:
+    """A clone of BraTS-2023-Metrics, or None (its comparison is then skipped)."""
+    if "metrics_2023" in args and (Path(args["metrics_2023"]) / "metrics.py").is_file():
+        return Path(args["metrics_2023"]).resolve()
+    clone = work / "ref2023"
+    if (clone / "metrics.py").is_file():
+        return clone
+    if not download:
+        return None
+    source = args.get("metrics_2023", METRICS_2023)
+    if subprocess.run(["git", "clone", "-q", source, str(clone)]).returncode != 0:
+        raise SystemExit(f"error: could not clone {source}; pass metrics_2023=<a local clone of "
+                         "rachitsaluja/BraTS-2023-Metrics>.")
+    return clone
+
+
+def official_config(official: Path, work: Path, layout: str) -> Path:
+    """The official GLI config; for other label conventions, with this layout's values."""
+    path = official / OFFICIAL_CONFIG
+    if layout in ("brats2023", "brats2024"):  # the GLI labels: the file as it is
+        return path
+    head, _, _ = path.read_text().partition("segmentation_class_groups:")
     groups = "segmentation_class_groups: !SegmentationClassGroups\n  groups:\n"
     for r, vals in region_label_values(layout).items():
         kind = "LabelGroup" if len(vals) == 1 else "LabelMergeGroup"
@@ -170,44 +307,86 @@ def official_config(work: Path, layout: str) -> Path:
     return out
 
 
-def fetch(work: Path, metrics_2023: str) -> None:
-    be = work / "be"
-    if not (be / "brats_evaluation").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(be), BRATS_EVALUATION],
-                       check=True)
-        zipfile.ZipFile(next(be.glob("brats_evaluation-*.whl"))).extractall(be)
-    if not (work / "ref2023" / "metrics.py").is_file():
-        done = subprocess.run(["git", "clone", "-q", metrics_2023, str(work / "ref2023")])
-        if done.returncode != 0:
-            raise SystemExit(f"error: could not clone {metrics_2023}; pass metrics_2023=<a local clone of "
-                             "rachitsaluja/BraTS-2023-Metrics>.")
-
-
 # --- the official runners (run in subprocesses: each has its own imports) ----------------
 
-def run_official(work: Path, cfg: str, cases: str, out: str) -> None:
+PANOPTICA = {"nsd": "global_bin_nsd", "lesion_dice": "sq_dsc", "lesion_nsd": "sq_nsd", "lesion_hd95": "sq_hd95",
+             "lesions_ref": "n_ref_instances", "lesions_pred": "n_pred_instances", "lesions_tp": "tp",
+             "rq": "rq", "pq": "pq_dsc"}
+LESION23 = {"lesion23_dice": "LesionWise_Score_Dice", "lesion23_hd95": "LesionWise_Score_HD95"}
+
+
+def _versions(official: Path) -> dict:
+    from importlib import metadata
+
+    import SimpleITK as sitk
+
+    version = None
+    for meta in official.glob("brats_evaluation-*.dist-info/METADATA"):
+        version = next(line.split(":", 1)[1].strip() for line in meta.read_text().splitlines()
+                       if line.startswith("Version:"))
+    if version is None:
+        version = metadata.version("brats-evaluation")
+    return {"brats_evaluation": version, "panoptica": metadata.version("panoptica"),
+            "SimpleITK": sitk.Version_VersionString(), "nibabel": nib.__version__, "numpy": np.__version__}
+
+
+def _config_differences(official_ev, layout: str) -> list[str]:
+    """Fields of our evaluator that differ from the official config's (groups: ours only)."""
+    from panoptica import Panoptica_Evaluator
+    from panoptica.utils.config import _register_helper_classes
+    from ruamel.yaml import YAML
+
+    from brats_seg.evaluation.lesionwise import make_panoptica_evaluator
+
+    def dump(value) -> str:
+        yaml = YAML(typ="safe")
+        yaml.default_flow_style = None
+        yaml.representer.ignore_aliases = lambda *a: True
+        _register_helper_classes(yaml)
+        yaml.register_class(Panoptica_Evaluator)
+        out = io.StringIO()
+        yaml.dump(value, out)
+        return out.getvalue()
+
+    theirs = Panoptica_Evaluator._yaml_repr(official_ev)
+    ours = Panoptica_Evaluator._yaml_repr(make_panoptica_evaluator(region_label_values(layout)))
+    differ = [k for k in theirs if k != "segmentation_class_groups" and dump(theirs[k]) != dump(ours[k])]
+    their_groups = theirs["segmentation_class_groups"]._yaml_repr(theirs["segmentation_class_groups"])["groups"]
+    our_groups = ours["segmentation_class_groups"]._yaml_repr(ours["segmentation_class_groups"])["groups"]
+    differ += [f"group {r}" for r in our_groups
+               if r not in their_groups or dump(our_groups[r]) != dump(their_groups[r])]
+    return differ
+
+
+def run_official(official: Path, cfg: str, cases: str, out: str, layout: str) -> None:
+    """brats-evaluation on the file paths (what it does), and, for comparison, panoptica on
+    nibabel's (x, y, z) arrays with each axis's own voxel size."""
+    import contextlib
     import warnings
 
-    sys.path.insert(0, str(work / "be"))
+    sys.path.insert(0, str(official))
     warnings.filterwarnings("ignore")
     from brats_evaluation.evaluation import evaluate_single_exam
     from panoptica import Panoptica_Evaluator
 
-    ev = Panoptica_Evaluator.load_from_config(cfg)
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev = Panoptica_Evaluator.load_from_config(cfg)
 
     def flat(r):
         return {k: {kk: (None if vv != vv else vv) for kk, vv in v.items() if not isinstance(vv, list)}
                 for k, v in r.items() if isinstance(v, dict)}
 
-    res = {"files": {}, "arrays": {}}
+    res = {"versions": _versions(official), "config_differences": _config_differences(ev, layout),
+           "files": {}, "physical": {}}
     for c in json.loads(Path(cases).read_text()):
-        r = evaluate_single_exam(c["pred"], c["ref"], c["case_id"], ev)
+        with contextlib.redirect_stdout(io.StringIO()):
+            r = evaluate_single_exam(c["pred"], c["ref"], c["case_id"], ev)
         assert "error" not in r, r
         res["files"][c["case_id"]] = flat(r)
         p, g = nib.load(c["pred"]), nib.load(c["ref"])
         spacing = tuple(float(z) for z in g.header.get_zooms())
         r = ev.evaluate(np.asarray(p.dataobj), np.asarray(g.dataobj), voxelspacing=spacing)
-        res["arrays"][c["case_id"]] = flat({k: v.to_dict(True) for k, v in r.items()})
+        res["physical"][c["case_id"]] = flat({k: v.to_dict(True) for k, v in r.items()})
     Path(out).write_text(json.dumps(res, default=float))
 
 
@@ -217,7 +396,7 @@ def run_2023(work: Path, cases: str, out: str, layout: str) -> None:
 
     import pandas as pd
 
-    sys.path.insert(0, str(work / "ref2023"))  # its own vendored surface_distance first
+    sys.path.insert(0, str(work))  # the clone: its own vendored surface_distance first
     warnings.filterwarnings("ignore")
     np.Inf = np.inf
     pd.DataFrame.append = lambda self, other: pd.concat([self, other])
@@ -235,7 +414,8 @@ def run_2023(work: Path, cases: str, out: str, layout: str) -> None:
     pd.DataFrame.replace = replace_numeric
     import metrics as eval2023
 
-    mapping = {"brats2024": {1: 1, 2: 2, 3: 3}, "brats2021": {1: 1, 2: 2, 4: 3}, "msd": {1: 2, 2: 1, 3: 3}}[layout]
+    mapping = {"brats2024": {1: 1, 2: 2, 3: 3}, "brats2023": {1: 1, 2: 2, 3: 3}, "brats2021": {1: 1, 2: 2, 4: 3},
+               "msd": {1: 2, 2: 1, 3: 3}}[layout]
     tmp = tempfile.mkdtemp()
 
     def remap(path, table, name):
@@ -266,12 +446,6 @@ def run_2023(work: Path, cases: str, out: str, layout: str) -> None:
 
 # --- comparison ------------------------------------------------------------------------
 
-PANOPTICA = {"nsd": "global_bin_nsd", "lesion_dice": "sq_dsc", "lesion_nsd": "sq_nsd", "lesion_hd95": "sq_hd95",
-             "lesions_ref": "n_ref_instances", "lesions_pred": "n_pred_instances", "lesions_tp": "tp",
-             "rq": "rq", "pq": "pq_dsc"}
-LESION23 = {"lesion23_dice": "LesionWise_Score_Dice", "lesion23_hd95": "LesionWise_Score_HD95"}
-
-
 def num(x) -> float:
     if x is None or x == "":
         return math.nan
@@ -279,55 +453,134 @@ def num(x) -> float:
     return 373.0 if math.isinf(x) else x  # as our CSV writes it
 
 
-def compare(layout: str, csv_path: Path, wd: Path, mode: str) -> tuple[dict, list]:
+def difference(a: float, b: float) -> float:
+    if math.isnan(a) and math.isnan(b):
+        return 0.0
+    return math.inf if math.isnan(a) or math.isnan(b) else abs(a - b)
+
+
+def compare(layout: str, csv_path: Path, wd: Path, mode: str, with_2023: bool) -> tuple[dict, list]:
+    """Largest difference per column between our CSV and the official ``mode`` values, and
+    the cells over tolerance ``(case, column, ours, official)``."""
     ours = {r["case_id"]: r for r in csv.DictReader(open(csv_path))}
     official = json.loads((wd / "official.json").read_text())[mode]
-    ref23 = json.loads((wd / "ref2023.json").read_text())
+    ref23 = json.loads((wd / "ref2023.json").read_text()) if with_2023 else {}
     worst, over = {}, []
     for cid, row in ours.items():
         for region in region_label_values(layout):
             pairs = [(c, num(row[f"{c}_{region}"]), num(official[cid][region].get(k))) for c, k in PANOPTICA.items()]
-            pairs += [(c, num(row[f"{c}_{region}"]), float(ref23[cid][region][k])) for c, k in LESION23.items()]
+            if with_2023:
+                pairs += [(c, num(row[f"{c}_{region}"]), float(ref23[cid][region][k])) for c, k in LESION23.items()]
             for col, a, b in pairs:
-                d = 0.0 if (math.isnan(a) and math.isnan(b)) else abs(a - b) if not (math.isnan(a) or math.isnan(b)) else math.inf
+                d = difference(a, b)
                 worst[col] = max(worst.get(col, 0.0), d)
-                if d > (0.05 if "hd95" in col else 1e-4):
+                if d > (TOL_MM if "hd95" in col else TOL):
                     over.append((cid, f"{col}_{region}", a, b))
     return worst, over
+
+
+def score(preds: Path, root: Path, layout: str) -> None:
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "score.py"), f"pred_dir={preds}", f"ref_dir={root}",
+                           f"data={layout}"], cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: score.py failed on {preds}:\n{done.stdout}{done.stderr}")
+
+
+def run_official_subprocess(official: Path, cfg: Path, cases_json: Path, out: Path, layout: str) -> dict:
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), "_official", f"official={official}",
+                    f"cfg={cfg}", f"cases={cases_json}", f"out={out}", f"layout={layout}"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def write_expected(path: Path, work: Path, official: Path, argv: list[str]) -> int:
+    """The official values of the small cases, for tests/unit/test_official_metrics.py."""
+    doc = {"about": "Official BraTS evaluation values of the small anisotropic cases of "
+                    "scripts/check_official_metrics.py (small_case): brats-evaluation's evaluate_single_exam on "
+                    "the NIfTI files with its GLI config. Numbers only; an infinite distance is written 373, an "
+                    "undefined value null. Compared with score.py's columns by tests/unit/test_official_metrics.py.",
+           "command": "python scripts/check_official_metrics.py " + " ".join(shlex.quote(a) for a in argv),
+           "config": str(OFFICIAL_CONFIG), "versions": {},
+           "cases": [{"voxel_mm": list(spacing), "storage": storage} for spacing, storage in SMALL_CASES]}
+    failed = False
+    for layout in ("brats2024", "brats2023"):
+        wd = work / "small" / layout
+        cases = write_small_cases(wd / "ref", wd / "pred", layout)
+        (wd / "cases.json").write_text(json.dumps(cases))
+        official_values = run_official_subprocess(official, official_config(official, work, layout),
+                                                  wd / "cases.json", wd / "official.json", layout)
+        doc["versions"] = official_values["versions"]
+        if official_values["config_differences"]:
+            print(f"our evaluator differs from the official config in: {official_values['config_differences']}")
+            failed = True
+        score(wd / "pred", wd / "ref", layout)
+        worst, over = compare(layout, wd / "pred" / "metrics.csv", wd, "files", with_2023=False)
+        print(f"{layout:10s} {len(cases)} small cases, score.py vs brats-evaluation: largest difference "
+              + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items())))
+        failed |= bool(over)
+        for entry, c in zip(doc["cases"], cases):
+            values = official_values["files"][c["case_id"]]
+            entry[layout] = {"case_id": c["case_id"], **{
+                region: {col: (None if math.isnan(v := num(values[region].get(k))) else v)
+                         for col, k in PANOPTICA.items()}
+                for region in region_label_values(layout)}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path} (brats-evaluation {doc['versions']['brats_evaluation']}, "
+          f"panoptica {doc['versions']['panoptica']})")
+    return 1 if failed else 0
 
 
 def main(argv: list[str]) -> int:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
     if argv and argv[0] == "_official":
-        run_official(Path(args["work"]), args["cfg"], args["cases"], args["out"])
+        run_official(Path(args["official"]), args["cfg"], args["cases"], args["out"], args["layout"])
         return 0
     if argv and argv[0] == "_2023":
-        run_2023(Path(args["work"]), args["cases"], args["out"], args["layout"])
+        run_2023(Path(args["clone"]), args["cases"], args["out"], args["layout"])
         return 0
     work = Path(args.get("work", "/tmp/brats_official_check")).resolve()
+    download = args.get("download", "false").lower() in ("1", "true", "yes")
+    official = find_official(work, args, download)
+    if "expected" in args:
+        return write_expected(Path(args["expected"]), work, official, argv)
+    clone_2023 = find_2023(work, args, download)
     n = int(args.get("n_cases", 10))
-    fetch(work, args.get("metrics_2023", METRICS_2023))
     me = [sys.executable, str(Path(__file__).resolve())]
     failed = False
+    if clone_2023 is None:
+        print(f"no clone of BraTS-2023-Metrics (pass metrics_2023=<clone> or download=true): lesion23_* not checked")
     for layout in LAYOUTS:
         root, preds, cases = build(work, layout, n)
         wd = work / layout
         (wd / "cases.json").write_text(json.dumps(cases))
-        subprocess.run([sys.executable, str(REPO / "scripts" / "score.py"), f"pred_dir={preds}", f"ref_dir={root}",
-                        f"data={layout}"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-        subprocess.run([*me, "_official", f"work={work}", f"cfg={official_config(work, layout)}",
-                        f"cases={wd / 'cases.json'}", f"out={wd / 'official.json'}"], check=True,
-                       stdout=subprocess.DEVNULL)
-        subprocess.run([*me, "_2023", f"work={work}", f"cases={wd / 'cases.json'}", f"out={wd / 'ref2023.json'}",
-                        f"layout={layout}"], check=True, stdout=subprocess.DEVNULL)
-        for mode in ("arrays", "files"):
-            worst, over = compare(layout, preds / "metrics.csv", wd, mode)
-            label = "panoptica on arrays + 2023 code" if mode == "arrays" else "brats-evaluation on file paths"
-            print(f"{layout:10s} {len(cases)} cases, vs {label}: largest difference "
-                  + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items()))
-                  + (f"\n           over tolerance in {len({o[0] for o in over})} case(s): "
-                     f"{sorted({o[0] for o in over})}" if over else "\n           all within 1e-4 (Dice/NSD) / 0.05 mm"))
-            failed |= bool(over) and mode == "arrays"
+        score(preds, root, layout)
+        result = run_official_subprocess(official, official_config(official, work, layout),
+                                         wd / "cases.json", wd / "official.json", layout)
+        if clone_2023 is not None:
+            subprocess.run([*me, "_2023", f"clone={clone_2023}", f"cases={wd / 'cases.json'}",
+                            f"out={wd / 'ref2023.json'}", f"layout={layout}"], check=True, stdout=subprocess.DEVNULL)
+        if layout == LAYOUTS[0]:
+            print("versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()))
+        sizes = sorted({tuple(c["voxel_mm"]) for c in cases})
+        print(f"{layout:10s} {len(cases)} cases, voxels {sizes}, stored {sorted({c['storage'] for c in cases})}")
+        if result["config_differences"]:
+            print(f"           our evaluator differs from the official config in: {result['config_differences']}")
+            failed = True
+        else:
+            print("           our panoptica evaluator: every field as in the official config")
+        worst, over = compare(layout, preds / "metrics.csv", wd, "files", clone_2023 is not None)
+        label = "brats-evaluation" + (" + 2023 code" if clone_2023 is not None else "")
+        print(f"           vs {label}: largest difference " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items())))
+        if over:
+            print(f"           over tolerance in {len({o[0] for o in over})} case(s): "
+                  + "; ".join(f"{c} {col} ours {a:.6g} official {b:.6g}" for c, col, a, b in over[:12]))
+            failed = True
+        else:
+            print(f"           all within {TOL:g} ({TOL_MM:g} mm for distances)")
+        worst, _ = compare(layout, preds / "metrics.csv", wd, "physical", False)
+        print("           (panoptica with each axis's own voxel size would differ by "
+              + ", ".join(f"{k} {worst[k]:.2g}" for k in ("lesion_hd95", "lesion_nsd")) + ")")
     return 1 if failed else 0
 
 
