@@ -15,7 +15,7 @@ Blocks, in forward order::
     enc{l}      MaxPool3D(2) -> TwoConv(F_l)          l = 1..depth-1
     bottleneck  MaxPool3D(2) -> TwoConv(F_depth)
     dec{l}      Up(prev) -> Concat([up, enc{l}]) -> TwoConv(F_l)   l = depth-1..0
-    head        Conv3D(out_channels, 1) -> sigmoid    (float32)
+    head        Conv3D(out_channels, 1) -> sigmoid    (sigmoid and loss in float32)
 
     TwoConv(F) = [Conv3D(F, 3, same, no bias) -> Norm -> ReLU] x 2
     Up         = Conv3DTranspose(F_l, 2, strides 2)            (upsample=transpose)
@@ -26,9 +26,9 @@ nested one (each region's probability times its parent's, kind ``nest``).
 
 Each layer is named ``<block>_<part>`` (``enc0_conv1``, ``dec2_up``, ``head_conv``). Under a
 mixed-precision policy Keras casts the float32 image to the compute dtype where
-``enc0_conv1`` reads it, and the float32 head casts its input back; these casts have no
-Keras layer of their own but hold tensors, so they are listed as layers of kind ``cast``
-(``enc0_image_cast``, ``head_cast``). Every TwoConv block splits into a front and a tail,
+``enc0_conv1`` reads it, and the float32 sigmoid casts the head's logits back; these casts
+have no Keras layer of their own but hold tensors, so they are listed as layers of kind
+``cast`` (``enc0_image_cast``, ``head_cast``). Every TwoConv block splits into a front and a tail,
 its last conv unit (``conv2 -> norm2 -> relu2``), which LMS can keep while it recomputes
 the front (see ``brats_seg.lms``).
 """
@@ -109,7 +109,7 @@ class LayerSpec:
         output: the tensor written.
         kernel: kernel size along each axis (``conv``, ``up_transpose``), else 0.
         bias: whether a convolution adds a bias (TwoConv's do not: a norm follows).
-        float32: computes in float32 whatever the dtype policy (the head).
+        float32: computes in float32 whatever the dtype policy (the head's sigmoid).
         norm: ``instance`` | ``group`` | ``batch`` for kind ``norm``.
         groups: kind ``norm``: the groups its statistics are taken over: one per channel
             for instance norm, ``model.groups`` lowered to a divisor of the channels for
@@ -289,16 +289,21 @@ def _decoder(name: str, level: int, x: TensorSpec, skip: TensorSpec, filters: in
 
 
 def _head(x: TensorSpec, cfg: ModelConfig, compute: str) -> BlockSpec:
-    """``head``: Conv3D(out_channels, 1) -> sigmoid (or nested sigmoid), float32 under every policy."""
-    w = _Writer("head", 0, "float32")
-    h = x
+    """``head``: Conv3D(out_channels, 1) in the compute dtype -> (cast ->) sigmoid (or nested
+    sigmoid) in float32 under every policy.
+
+    The 1x1x1 convolution reads ``dec0``'s output in its own dtype (which ``dec0``'s last
+    ReLU keeps anyway), so under mixed precision no float32 copy of the widest full-size
+    tensor is kept; only its ``out_channels`` logits are cast to float32.
+    """
+    w = _Writer("head", 0, compute)
+    logits = w.add("conv", "conv", [x], cfg.out_channels, kernel=1, bias=True)
     if compute != "float32":
-        h = w.add("cast", "cast", [x], x.channels)
-    logits = w.add("conv", "conv", [h], cfg.out_channels, kernel=1, bias=True, float32=True)
+        logits = w.add("cast", "cast", [logits], cfg.out_channels, dtype="float32")
     parents = tuple(cfg.region_parents) or (-1,) * cfg.out_channels
     nested = any(p >= 0 for p in parents)
     w.add("sigmoid", "nest" if nested else "sigmoid", [logits], cfg.out_channels, block_output=True, float32=True,
-          parents=parents if nested else ())
+          dtype="float32", parents=parents if nested else ())
     return w.block([x])
 
 

@@ -21,6 +21,7 @@ the last block before the head, whose backward runs right after its forward (see
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ import numpy as np
 from keras import layers, ops
 
 from brats_seg.config import ModelConfig
+from brats_seg.model.norm import GroupNorm
 from brats_seg.model.topology import (
     BlockSpec,
     LayerSpec,
@@ -194,8 +196,8 @@ def _build(layer: layers.Layer, shape):
 def _make_layer(spec: LayerSpec, cfg: ModelConfig) -> layers.Layer:
     """The Keras layer of one topology layer (initialisers and Keras options are chosen here)."""
     name, channels = spec.name, spec.output.channels
-    if spec.kind == "conv" and spec.float32:  # head_conv
-        return layers.Conv3D(channels, spec.kernel, dtype="float32", name=name,
+    if spec.kind == "conv" and name == "head_conv":  # compute dtype; the sigmoid after it is float32
+        return layers.Conv3D(channels, spec.kernel, name=name,
                              bias_initializer=keras.initializers.Constant(_head_bias(cfg)))
     if spec.kind == "conv" and spec.kernel == 1:  # dec{l}_upconv
         return layers.Conv3D(channels, 1, name=name)
@@ -222,14 +224,15 @@ def _make_layer(spec: LayerSpec, cfg: ModelConfig) -> layers.Layer:
 
 
 def _norm_layer(spec: LayerSpec, cfg: ModelConfig) -> layers.Layer:
+    """Instance and group norm keep only their input (compute dtype) for backward (model/norm.py)."""
     if spec.norm == "instance":
         # groups=-1: one group per channel, statistics over (x, y, z) per sample = instance norm.
-        return layers.GroupNormalization(groups=-1, epsilon=NORM_EPSILON, name=spec.name)
+        return GroupNorm(groups=-1, epsilon=NORM_EPSILON, name=spec.name)
     if spec.norm == "group":
         if spec.groups != cfg.groups:
             logger.debug("%s: %d groups do not divide %d channels; using %d",
                          spec.name, cfg.groups, spec.output.channels, spec.groups)
-        return layers.GroupNormalization(groups=spec.groups, epsilon=NORM_EPSILON, name=spec.name)
+        return GroupNorm(groups=spec.groups, epsilon=NORM_EPSILON, name=spec.name)
     return layers.BatchNormalization(name=spec.name)
 
 
@@ -278,17 +281,61 @@ class NestedRegionSigmoid(layers.Layer):
     def call(self, logits):
         if logits.shape[-1] is not None and logits.shape[-1] != len(self.parents):
             raise ValueError(f"{len(self.parents)} region parents for {logits.shape[-1]} output channels.")
-        probs = []
-        for r, parent in enumerate(self.parents):
-            p = ops.sigmoid(logits[..., r:r + 1])
-            probs.append(p if parent < 0 else p * ops.stop_gradient(probs[parent]))
-        return ops.concatenate(probs, axis=-1)
+        return nested_sigmoid(logits, self.parents)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "parents": list(self.parents)}
+
+
+def nested_sigmoid(logits, parents: Sequence[int]):
+    """``p_r = sigmoid(z_r) * stop_gradient(p_parent(r))`` for ``logits (B, x, y, z, R)`` float32.
+
+    Written with its gradient, ``dL/dz_r = dL/dp_r * s_r (1 - s_r) * p_parent(r)`` with
+    ``s = sigmoid(z)``: backward keeps ``s`` and the output ``p`` (which the loss keeps
+    anyway), where automatic differentiation of the loop kept every slice, product and
+    stop-gradient copy, about three times the head's output in float32. Forward and
+    backward are compiled by XLA (no host placements inside, so LMS is unaffected), which
+    fuses their element-wise steps: no head-sized temporaries besides the results.
+    """
+    import tensorflow as tf
+
+    parents = tuple(int(p) for p in parents)
+    forward_fn, gradient_fn = _nested_sigmoid_fns(parents)
+
+    @tf.custom_gradient
+    def forward(z):
+        s, p = forward_fn(z)
+
+        def grad(dp):
+            return gradient_fn(dp, s, p)
+
+        return p, grad
+
+    return forward(logits)
+
+
+@functools.cache
+def _nested_sigmoid_fns(parents: tuple[int, ...]):
+    """XLA-compiled ``z -> (s, p)`` and ``(dp, s, p) -> dz`` of :func:`nested_sigmoid`."""
+    import tensorflow as tf
+
+    def forward(z):
+        s = tf.sigmoid(z)
+        probs = []
+        for r, parent in enumerate(parents):
+            probs.append(s[..., r:r + 1] if parent < 0 else s[..., r:r + 1] * probs[parent])
+        return s, tf.concat(probs, axis=-1)
+
+    def gradient(dp, s, p):
+        parent_p = tf.concat([tf.ones_like(s[..., :1]) if parent < 0 else p[..., parent:parent + 1]
+                              for parent in parents], axis=-1)
+        return dp * s * (1.0 - s) * parent_p
+
+    return (tf.function(forward, jit_compile=True, reduce_retracing=True),
+            tf.function(gradient, jit_compile=True, reduce_retracing=True))
 
 
 def make_unet_blocks(cfg: ModelConfig) -> dict[str, Block]:

@@ -392,7 +392,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
             train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels, cfg.model.out_channels,
             initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch, initial_step=initial_step,
             shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
-            replica_batch=ctx.get_per_replica_batch_size(t.batch_size))
+            replica_batch=ctx.get_per_replica_batch_size(t.batch_size), prefetch_batches=cfg.data.prefetch_batches)
 
     val_ds = make_eval_dataset(val_dirs, 1, cfg.model.in_channels, cfg.model.out_channels)
     checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model,

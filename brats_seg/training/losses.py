@@ -6,10 +6,12 @@ The loss is always computed in float32, also under a mixed-precision policy.
 
 from __future__ import annotations
 
+import functools
+
 import keras
 from keras import ops
 
-__all__ = ["SoftDiceBCELoss", "compute_soft_dice", "compute_bce"]
+__all__ = ["SoftDiceBCELoss", "compute_soft_dice", "compute_bce", "compute_soft_dice_bce"]
 
 SPATIAL_AXES = (1, 2, 3)  # x, y, z of (B, x, y, z, R)
 
@@ -57,6 +59,93 @@ def compute_bce(y_true, y_pred):
     return ops.mean(bce, axis=(1, 2, 3, 4))
 
 
+def compute_soft_dice_bce(y_true, y_pred, bce_weight: float = 1.0, smooth: float = 1e-5):
+    """``1 - mean_r Dice[b, r] + bce_weight * BCE[b]`` per sample ``(B,)``, with its gradient by
+    ``y_pred`` written out.
+
+    The value is that of :func:`compute_soft_dice` and :func:`compute_bce`. Differentiated
+    automatically, the two kept about nine full-size float32 tensors of the head's output for
+    backward (the clip's bounds, ``1 - p``, both logarithms, the products); the gradient is::
+
+        dDice[b,r]/dp = (2 t - Dice[b,r]) / (sum t + sum p + smooth)
+        dBCE[b]/dp    = (p_c - t) / (p_c (1 - p_c)) / (x y z R)   where eps <= p <= 1 - eps, else 0
+
+    (``p_c`` the clipped probability), so backward keeps only ``y_true`` (in its own dtype,
+    uint8 from the pipeline), ``y_pred`` and the ``(B, R)`` sums. Both passes are compiled by
+    XLA, which fuses their element-wise steps: no head-sized temporaries besides the results.
+    No gradient flows to ``y_true``.
+    """
+    import tensorflow as tf
+
+    y_pred = ops.cast(y_pred, "float32")
+    y_true = ops.convert_to_tensor(y_true)
+    if len(y_pred.shape) != 5 or len(y_true.shape) != 5 or any(
+            a is not None and b is not None and a != b for a, b in zip(y_true.shape, y_pred.shape)):
+        raise ValueError(f"y_true {tuple(y_true.shape)} and y_pred {tuple(y_pred.shape)} should both be "
+                         "(batch, x, y, z, regions).")
+    # The labels stay in their dtype (uint8 from the pipeline): the compiled passes cast them
+    # where they read them, so no float32 copy of them is kept for backward.
+
+    @tf.custom_gradient
+    def loss(p):
+        value, dice, total = _soft_dice_bce_forward(y_true, p, bce_weight, smooth)
+
+        def grad(upstream):  # upstream (B,)
+            return _soft_dice_bce_gradient(y_true, p, dice, total, upstream, bce_weight, smooth)
+
+        return value, grad
+
+    return loss(y_pred)
+
+
+def _xla(fn):
+    """``fn`` compiled by XLA: its element-wise chain runs as one fused loop, so the
+    head-sized float32 temporaries autodiff-free code would still make (``1 - p``, logs,
+    products) never exist; with no host placements inside, LMS is unaffected."""
+    import tensorflow as tf
+
+    return tf.function(fn, jit_compile=True, reduce_retracing=True)
+
+
+@functools.cache
+def _compiled():
+    eps = keras.config.epsilon()
+
+    def forward(y, p, bce_weight, smooth):
+        y = ops.cast(y, "float32")
+        intersection = tf_sum(y * p)  # (B, R)
+        total = tf_sum(y) + tf_sum(p)
+        dice = (2.0 * intersection + smooth) / (total + smooth)
+        value = 1.0 - ops.mean(dice, axis=-1)
+        pc = ops.clip(p, eps, 1.0 - eps)
+        bce = -(y * ops.log(pc) + (1.0 - y) * ops.log(1.0 - pc))
+        return value + bce_weight * ops.mean(bce, axis=(1, 2, 3, 4)), dice, total
+
+    def gradient(y, p, dice, total, upstream, bce_weight, smooth):
+        y = ops.cast(y, "float32")
+        regions = ops.cast(ops.shape(p)[-1], "float32")
+        count = ops.cast(ops.prod(ops.shape(p)[1:]), "float32")
+        inv_total = (1.0 / (total + smooth))[:, None, None, None, :]  # (B, 1, 1, 1, R)
+        dp = -(2.0 * y - dice[:, None, None, None, :]) * inv_total / regions
+        pc = ops.clip(p, eps, 1.0 - eps)
+        inside = ops.cast((p >= eps) & (p <= 1.0 - eps), "float32")
+        dp = dp + (bce_weight / count) * inside * (pc - y) / (pc * (1.0 - pc))
+        return upstream[:, None, None, None, None] * dp
+
+    def tf_sum(t):
+        return ops.sum(t, axis=SPATIAL_AXES)
+
+    return _xla(forward), _xla(gradient)
+
+
+def _soft_dice_bce_forward(y, p, bce_weight, smooth):
+    return _compiled()[0](y, p, bce_weight, smooth)
+
+
+def _soft_dice_bce_gradient(y, p, dice, total, upstream, bce_weight, smooth):
+    return _compiled()[1](y, p, dice, total, upstream, bce_weight, smooth)
+
+
 @keras.saving.register_keras_serializable(package="brats_seg")
 class SoftDiceBCELoss(keras.losses.Loss):
     """``1 - mean soft Dice + bce_weight * mean BCE`` on sigmoid probabilities.
@@ -86,12 +175,8 @@ class SoftDiceBCELoss(keras.losses.Loss):
         self.smooth = float(smooth)
 
     def call(self, y_true, y_pred):
-        """Per-sample loss ``(B,)`` float32."""
-        dice = compute_soft_dice(y_true, y_pred, self.smooth)  # (B, R)
-        loss = 1.0 - ops.mean(dice, axis=-1)  # (B,)
-        if self.bce_weight:
-            loss = loss + self.bce_weight * compute_bce(y_true, y_pred)
-        return loss
+        """Per-sample loss ``(B,)`` float32 (:func:`compute_soft_dice_bce`)."""
+        return compute_soft_dice_bce(y_true, y_pred, self.bce_weight, self.smooth)
 
     def get_config(self) -> dict:
         config = super().get_config()

@@ -86,10 +86,15 @@ def make_train_step(strategy: tf.distribute.Strategy, model, loss, metrics: Sequ
             if model.losses:
                 value += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             scaled = optimizer.scale_loss(value)  # loss scaling under mixed_float16, else unchanged
+            # The metrics read the prediction and targets before backward starts (its seed
+            # waits for them), so neither outlives the loss's backward: the step's memory
+            # peaks early in backward (LMS planner).
+            out = {"loss": tf.reduce_sum(per_sample), COUNT: tf.cast(tf.shape(per_sample)[0], tf.float32)}
+            out.update(_metric_sums(metrics, y, pred))
+            with tf.control_dependencies(list(out.values())):
+                scaled = tf.identity(scaled)
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
-        out = {"loss": tf.reduce_sum(per_sample), COUNT: tf.cast(tf.shape(per_sample)[0], tf.float32)}
-        out.update(_metric_sums(metrics, y, pred))
         out["stop"] = tf.cast(stop, tf.float32)
         return out
 

@@ -70,8 +70,9 @@ def test_mixed_precision_casts_and_float32_head():
     assert bf16.image.dtype == "float32" and _blocks(bf16)["enc0"].layers[1].inputs == (casts[0].output,)
     assert {layer.output.dtype for block in bf16.blocks[:-1] for layer in block.layers} == {"bfloat16"}
     head = _blocks(bf16)["head"]
-    assert [(layer.kind, layer.output.dtype, layer.float32) for layer in head.model_layers] == [
-        ("conv", "float32", True), ("sigmoid", "float32", True)]
+    # the head conv reads dec0's bfloat16 output as it is; its logits are cast for the float32 sigmoid
+    assert [(layer.kind, layer.output.dtype, layer.float32) for layer in head.layers] == [
+        ("conv", "bfloat16", False), ("cast", "float32", False), ("sigmoid", "float32", True)]
     assert head.output.name == "head"
 
 

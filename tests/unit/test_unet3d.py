@@ -152,7 +152,9 @@ def test_output_is_float32_under_mixed_float16(policy, upsample):
     model = build_unet3d(_cfg(upsample=upsample), (8, 8, 8))
     assert model.get_layer("enc0_conv1").compute_dtype == "float16"
     assert model.get_layer("dec0_up").compute_dtype == "float16"
-    assert model.get_layer("head_conv").compute_dtype == "float32"
+    # the 1x1x1 head conv reads dec0's output in the compute dtype (no float32 copy of it is
+    # kept); its logits are cast and the sigmoid and the loss run in float32
+    assert model.get_layer("head_conv").compute_dtype == "float16"
     assert model.get_layer("head_sigmoid").compute_dtype == "float32"
     assert model.output.dtype == "float32"
     if tf.config.list_physical_devices("GPU"):  # TF has no float16 MaxPool3D kernel on CPU
