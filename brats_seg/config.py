@@ -45,6 +45,7 @@ class DataConfig:
     cache_dir: str = "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>/<resolution>/
     on_error: str = "raise"  # raise | skip: what a bad case does to preparation
     num_workers: int = 2  # parallel case preparation (processes); 2 = the cores of a small box
+    prefetch_batches: int = 1  # training batches made ahead of the step; each costs memory (planned); 1 hides loading when a step takes longer than making a batch
     val_fraction: float = 0.15  # share of cases used for model selection
     test_fraction: float = 0.2  # share held out for the final score, never trained on
     split_seed: int = 0  # the split is a pure function of (case ids, seed)
@@ -98,7 +99,7 @@ class BackendConfig:
     name: str = "auto"  # auto | gpu | gpu_lms | cpu_onednn
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 only on GPU)
     intra_op_threads: int = 0  # 0 = physical cores
-    inter_op_threads: int = 2
+    inter_op_threads: int = 1  # ops one at a time, each on all intra-op threads: two concurrent ops oversubscribe the cores (full-resolution step 8.4 s with 1, 8.9 s with 2, scripts/profile_step.py), and one makes the memory timeline deterministic
     onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS on CPU
     memory_growth: bool = True  # GPU: allocate as needed instead of all at start
     xla: bool = False  # GPU only; forced off with LMS (XLA drops host placements)
@@ -158,6 +159,9 @@ class PlanConfig:
 @dataclass
 class BenchmarkConfig:
     steps: int = 5  # timed steps (the first is excluded from the median)
+    input: str = "memory"  # memory: one random batch in memory | pipeline: the training input pipeline over random cache entries
+    pipeline_only: bool = False  # time the input pipeline alone (volumes/s), no model
+    sgemm: bool = False  # also measure a 4096^2 float32 SGEMM with the same threads, after the step (FLOP/s against it)
 
 
 @dataclass

@@ -4,8 +4,17 @@ A cache entry is a folder per case holding ``image.npy`` (float16, ``(x, y, z, 4
 FLAIR, T1, T1ce, T2) and ``regions.npy`` (uint8, ``(x, y, z, R)``: the layout's regions, WT
 first: WT, TC, ET, and RC for brats2024), written by
 ``brats_seg.data.cache``. Arrays are opened with ``mmap_mode="r"`` and read one case at a
-time, so the dataset never sits in memory. Elements are channels-last float32
-``image (B, x, y, z, in_channels)`` and ``regions (B, x, y, z, out_channels)``.
+time, so the dataset never sits in memory. Elements are channels-last, in the cache's own
+dtypes: ``image (B, x, y, z, in_channels)`` float16 and ``regions (B, x, y, z,
+out_channels)`` uint8; the model casts the image on the device (to float32, then to its
+compute dtype) and the loss reads the regions as they are. At 2x resolution a float32 image
+batch is 0.9 GB and its float32 regions 0.66 GB: here they are 0.44 and 0.17 GB.
+
+Memory is bounded and planned: each case is loaded and augmented by one call at a time
+(``MAP_PARALLEL_CALLS``) and at most ``PREFETCH_BATCHES`` finished batches wait for the
+step (``data.prefetch_batches``), with tf.data's own autotuning of buffers off, so the input
+pipeline holds a fixed number of batches whatever the machine, which the LMS planner counts
+(``brats_seg.lms.workload.pipeline_batches``).
 
 Training is a pure function of ``(case_dirs, seed)``: epoch ``e`` visits the cases in the
 order ``default_rng([seed, e]).permutation(n)`` (its first ``steps * batch_size``), and the
@@ -47,6 +56,8 @@ CACHE_DTYPES = {IMAGE_FILE: np.float16, REGIONS_FILE: np.uint8}
 FLIP_PROBABILITY = 0.5  # L-R flip along x
 SCALE_RANGE = 0.1  # intensity scale in [1 - 0.1, 1 + 0.1], per channel
 SHIFT_RANGE = 0.1  # intensity shift in [-0.1, 0.1] (z-scored units), per channel
+MAP_PARALLEL_CALLS = 1  # cases loaded and augmented at once: a case takes ~0.1 s at full resolution, a step seconds
+PREFETCH_BATCHES = 1  # default of data.prefetch_batches: finished batches waiting for the step
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,13 +164,13 @@ def _check_channels(in_channels: int, out_channels: int) -> None:
 
 
 def _load_map(case_dirs, spatial, in_channels, out_channels):
-    """``index -> (image float32 (x,y,z,in), regions float32 (x,y,z,out))`` for ``Dataset.map``."""
+    """``index -> (image float16 (x,y,z,in), regions uint8 (x,y,z,out))`` for ``Dataset.map``."""
     load = _make_loader(case_dirs, in_channels, out_channels)
 
     def load_case(index):
         image, regions = tf.numpy_function(load, [index], [tf.float16, tf.uint8], stateful=False)
-        image = tf.ensure_shape(tf.cast(image, tf.float32), (*spatial, in_channels))
-        regions = tf.ensure_shape(tf.cast(regions, tf.float32), (*spatial, out_channels))
+        image = tf.ensure_shape(image, (*spatial, in_channels))
+        regions = tf.ensure_shape(regions, (*spatial, out_channels))
         return image, regions
 
     return load_case
@@ -174,12 +185,13 @@ def augment_case(image, regions, seed):
     """Random L-R flip (both tensors) and per-channel intensity scale/shift (image only).
 
     Args:
-        image: ``(x, y, z, C)`` float32.
-        regions: ``(x, y, z, R)`` float32.
+        image: ``(x, y, z, C)`` float16 (or float32).
+        regions: ``(x, y, z, R)`` (any dtype; only flipped).
         seed: ``(2,)`` int64 stateless seed; equal seeds give equal results.
 
     Returns:
-        ``(image, regions)`` with the same shapes.
+        ``(image, regions)`` with the same shapes and dtypes; the intensity change is
+        computed in float32 and rounded to the image's dtype.
     """
     flip_seed, scale_seed, shift_seed = (tf.random.experimental.stateless_fold_in(seed, k) for k in range(3))
     channels = image.shape[-1]
@@ -191,7 +203,7 @@ def augment_case(image, regions, seed):
     )
     scale = tf.random.stateless_uniform((channels,), scale_seed, 1.0 - SCALE_RANGE, 1.0 + SCALE_RANGE)
     shift = tf.random.stateless_uniform((channels,), shift_seed, -SHIFT_RANGE, SHIFT_RANGE)
-    return image * scale + shift, regions
+    return tf.cast(tf.cast(image, tf.float32) * scale + shift, image.dtype), regions
 
 
 def _augment_map(seed: int):
@@ -233,6 +245,9 @@ def _as_paths(case_dirs: Sequence[str | os.PathLike]) -> list[Path]:
 def _options() -> tf.data.Options:
     options = tf.data.Options()
     options.deterministic = True  # parallel map keeps order: needed for resume equivalence
+    # Fixed buffers (module doc): no autotuned buffer sizes, no prefetch injected after the map.
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
     return options
 
 
@@ -248,6 +263,7 @@ def make_train_dataset(
     initial_step: int = 0,
     shard: tuple[int, int] = (0, 1),
     replica_batch: int | None = None,
+    prefetch_batches: int = PREFETCH_BATCHES,
 ) -> tf.data.Dataset:
     """Endless, shuffled, augmented training batches, deterministic in ``(seed, epoch)``.
 
@@ -266,9 +282,10 @@ def make_train_dataset(
         shard: ``(index, count)``: this worker's share of each global batch (module doc).
         replica_batch: cases per yielded batch, the per-replica batch (default
             ``batch_size / count``); a worker with R replicas yields R of them per step.
+        prefetch_batches: finished batches waiting for the step (``data.prefetch_batches``).
 
     Returns:
-        Dataset of ``(image float32 (B, x, y, z, in_channels), regions float32
+        Dataset of ``(image float16 (B, x, y, z, in_channels), regions uint8
         (B, x, y, z, out_channels))``, repeated forever; each epoch is
         ``steps_per_epoch(...)`` full batches (of ``batch_size``, split as above).
 
@@ -305,15 +322,14 @@ def make_train_dataset(
     )
     load_case = _load_map(paths, spatial, in_channels, out_channels)
 
-    def load(epoch, position, case):
-        return (epoch, position, *load_case(case))
+    augment_fn = _augment_map(seed) if augment else None
 
-    ds = indices.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-    if augment:
-        ds = ds.map(_augment_map(seed), num_parallel_calls=tf.data.AUTOTUNE)
-    else:
-        ds = ds.map(lambda epoch, position, image, regions: (image, regions))
-    ds = ds.batch(replica_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    def load_and_augment(epoch, position, case):
+        image, regions = load_case(case)
+        return augment_fn(epoch, position, image, regions) if augment_fn else (image, regions)
+
+    ds = indices.map(load_and_augment, num_parallel_calls=MAP_PARALLEL_CALLS, deterministic=True)
+    ds = ds.batch(replica_batch, drop_remainder=True).prefetch(prefetch_batches)
     logger.info(
         "train dataset: %d cases, %d steps/epoch of %d (worker %d/%d, batches of %d), shape %s, seed %d, "
         "from epoch %d step %d, augment=%s",
@@ -338,7 +354,7 @@ def make_eval_dataset(
         out_channels: regions trained, the first ``out_channels`` of the cache (1 = WT only).
 
     Returns:
-        Dataset of ``(image float32 (B, x, y, z, in_channels), regions float32
+        Dataset of ``(image float16 (B, x, y, z, in_channels), regions uint8
         (B, x, y, z, out_channels))``.
     """
     paths = _as_paths(case_dirs)
@@ -347,6 +363,8 @@ def make_eval_dataset(
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
     spatial = _check_cases(paths, out_channels)
     ds = tf.data.Dataset.range(len(paths)).map(
-        _load_map(paths, spatial, in_channels, out_channels), num_parallel_calls=tf.data.AUTOTUNE
-    )
-    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE).with_options(_options())
+        _load_map(paths, spatial, in_channels, out_channels), num_parallel_calls=MAP_PARALLEL_CALLS,
+        deterministic=True)
+    # One case a batch (validation): a static batch dimension, so the model's instance norm runs
+    # its fast kernel (brats_seg.model.norm); with larger batches the last one may be smaller.
+    return ds.batch(batch_size, drop_remainder=batch_size == 1).prefetch(PREFETCH_BATCHES).with_options(_options())

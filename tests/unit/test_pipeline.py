@@ -8,6 +8,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from brats_seg.data.pipeline import (  # noqa: E402
+    _augment_map,
+    augment_case,
     make_eval_dataset,
     make_train_dataset,
     steps_per_epoch,
@@ -72,10 +74,10 @@ def test_train_shapes_and_dtypes(cases):
     ds = make_train_dataset(cases, batch_size=2, seed=0, augment=True)
     assert ds.element_spec[0].shape == (2, *SHAPE, 4)
     assert ds.element_spec[1].shape == (2, *SHAPE, 3)
-    for x, y in _take(ds, 3):
-        assert x.dtype == np.float32 and x.shape == (2, *SHAPE, 4)
-        assert y.dtype == np.float32 and y.shape == (2, *SHAPE, 3)
-        assert set(np.unique(y)) <= {0.0, 1.0}
+    for x, y in _take(ds, 3):  # the cache's dtypes: the device casts, the buffers stay small
+        assert x.dtype == np.float16 and x.shape == (2, *SHAPE, 4)
+        assert y.dtype == np.uint8 and y.shape == (2, *SHAPE, 3)
+        assert set(np.unique(y)) <= {0, 1}
 
 
 def test_each_epoch_is_a_seeded_permutation_without_repeats(cases):
@@ -123,24 +125,36 @@ def test_step_cap_keeps_epochs_aligned(cases):
 
 
 def test_augmentation_is_flip_and_per_channel_scale_shift(cases):
-    originals = [_load(c) for c in cases]
-    ds = make_train_dataset(cases, batch_size=1, seed=2, augment=True)
+    image, regions = _load(cases[1])
     flips = set()
-    for x, y in _take(ds, 2 * N_CASES):
-        image, regions = x[0], y[0]
-        case = _case_of(image)
-        ref_image, ref_regions = originals[case]
-        flipped = not np.array_equal(regions, ref_regions)
+    for k in range(12):  # on float32 input: exactly a flip and an affine map per channel
+        seed = tf.constant([5, k], tf.int64)
+        x, y = (t.numpy() for t in augment_case(tf.constant(image.astype(np.float32)), tf.constant(regions), seed))
+        ref_image, ref_regions = image.astype(np.float32), regions
+        flipped = not np.array_equal(y, ref_regions)
         if flipped:  # L-R flip along x, applied to image and regions alike
             ref_image, ref_regions = ref_image[::-1], ref_regions[::-1]
-            np.testing.assert_array_equal(regions, ref_regions)
+            np.testing.assert_array_equal(y, ref_regions)
         flips.add(flipped)
         for c in range(4):  # image = scale * original + shift, per channel
-            scale, shift = np.polyfit(ref_image[..., c].ravel(), image[..., c].ravel(), 1)
+            scale, shift = np.polyfit(ref_image[..., c].ravel(), x[..., c].ravel(), 1)
             assert 0.9 - 1e-4 <= scale <= 1.1 + 1e-4
             assert -0.1 - 1e-3 <= shift <= 0.1 + 1e-3
-            np.testing.assert_allclose(image[..., c], scale * ref_image[..., c] + shift, atol=1e-4)
+            np.testing.assert_allclose(x[..., c], scale * ref_image[..., c] + shift, atol=1e-4)
     assert flips == {True, False}
+
+
+def test_training_batches_are_the_augmented_cases_rounded_to_float16(cases):
+    originals = [_load(c) for c in cases]
+    augment = _augment_map(2)
+    for k, (x, y) in enumerate(_take(make_train_dataset(cases, batch_size=1, seed=2, augment=True), 2 * N_CASES)):
+        epoch, position = divmod(k, N_CASES)  # batch 1: one case per position
+        image, regions = originals[_case_of(x[0])]
+        want_x, want_y = augment(tf.constant(epoch, tf.int64), tf.constant(position, tf.int64),
+                                 tf.constant(image.astype(np.float32)), tf.constant(regions))
+        assert x.dtype == np.float16 and y.dtype == np.uint8
+        np.testing.assert_array_equal(x[0], want_x.numpy().astype(np.float16))  # computed in float32, rounded once
+        np.testing.assert_array_equal(y[0], want_y.numpy())
 
 
 def test_flair_only_and_wt_only(cases):
