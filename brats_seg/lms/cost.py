@@ -19,10 +19,15 @@ from typing import Any, Iterable, Mapping, Sequence
 from brats_seg.lms.layer_cost import DTYPE_BYTES, FLOAT32_BYTES, LayerCost, compute_layer_costs
 from brats_seg.lms.memory_model import MemoryModel
 from brats_seg.lms.workload import OPTIMIZER_SLOTS, Workload
+from brats_seg.model.topology import DTYPE_POLICIES
 
-__all__ = ["BlockCost", "NetworkCost", "compute_network_cost"]
+__all__ = ["BlockCost", "NetworkCost", "compute_network_cost", "compute_step_flops"]
 
-DATA_BYTES_PER_ELEMENT = 4  # the pipeline hands image and region targets to the model as float32
+# The input pipeline hands the step the cache's dtypes (brats_seg.data.pipeline): the image
+# float16, the region targets uint8. The model casts the image to float32 (``image``) first.
+BATCH_IMAGE_BYTES_PER_ELEMENT = 2
+LABEL_BYTES_PER_ELEMENT = 1
+DATA_TENSORS = ("batch_image", "image", "labels")  # from the input, never offloaded, no gradient
 
 
 @dataclass(frozen=True)
@@ -175,11 +180,13 @@ class NetworkCost:
         tensor_bytes: bytes of every block-output tensor (and ``image``).
         producer: block index producing each tensor (``image``: -1).
         consumers: block indices reading each tensor (the loss is index ``len(blocks)``).
-        pinned: tensors that stay alive for the whole step whatever the plan (``image``,
-            an argument of the training step), counted in ``persistent["data_bytes"]``.
+        pinned: the step's input tensors (:data:`DATA_TENSORS`): ``batch_image`` (float16,
+            until Keras casts it), ``image`` (its float32 cast, until ``enc0`` is done with
+            it) and ``labels`` (uint8, until the loss); never offloaded, no gradient. The
+            batches the input pipeline holds besides are ``persistent["data_bytes"]``.
         persistent: bytes alive the whole step, by kind (``runtime_bytes``,
             ``weight_bytes``, ``weight_gradient_bytes``, ``optimizer_slot_bytes``,
-            ``data_bytes``, ``workspace_bytes``).
+            ``weight_cast_bytes``, ``data_bytes``, ``workspace_bytes``).
         loss_bytes: transient bytes of the loss step.
         params: weights; trainable_params: trainable weights.
         memory_model: the coefficients used.
@@ -199,6 +206,16 @@ class NetworkCost:
     @property
     def persistent_bytes(self) -> int:
         return sum(self.persistent.values())
+
+
+def _kernel_cast_bytes(topology) -> int:
+    """Bytes of the compute-dtype copies of the convolution kernels (0 under float32)."""
+    compute = DTYPE_POLICIES[topology.policy]
+    if compute == "float32":
+        return 0
+    kernels = sum(layer.kernel**3 * layer.in_channels * layer.output.channels
+                  for block in topology.blocks for layer in block.layers if layer.kind in ("conv", "up_transpose"))
+    return kernels * DTYPE_BYTES[compute]
 
 
 def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = None) -> NetworkCost:
@@ -228,16 +245,20 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         globals_[spec.name] = blocks[-1].output_bytes
 
     n = len(blocks)
-    producer = {"image": -1, **{blk.output: i for i, blk in enumerate(blocks)}}
+    batch_image_bytes = batch * voxels * model_cfg.in_channels * BATCH_IMAGE_BYTES_PER_ELEMENT
+    labels_bytes = batch * voxels * model_cfg.out_channels * LABEL_BYTES_PER_ELEMENT
+    globals_.update(batch_image=batch_image_bytes, labels=labels_bytes)
+    producer = {**{t: -1 for t in DATA_TENSORS}, **{blk.output: i for i, blk in enumerate(blocks)}}
     consumers: dict[str, list[int]] = {t: [] for t in globals_}
     for i, blk in enumerate(blocks):
         for t in blk.inputs:
             consumers[t].append(i)
-    consumers["head"].append(n)  # the loss
+    consumers["batch_image"].append(0)  # cast to float32 as the step starts
+    consumers["head"].append(n)  # the loss (and the metrics, at the same step)
+    consumers["labels"].append(n)
 
     params = sum(blk.params for blk in blocks)
     trainable = sum(layer.trainable_params for blk in blocks for layer in blk.layers)
-    labels_bytes = batch * voxels * model_cfg.out_channels * DATA_BYTES_PER_ELEMENT
     workspace_ref = max(layer.workspace_ref_bytes for blk in blocks for layer in blk.layers)
     weight_grad_scratch_ref = max(layer.weight_grad_scratch_ref_bytes for blk in blocks for layer in blk.layers)
     persistent = {
@@ -247,7 +268,10 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         "weight_bytes": params * FLOAT32_BYTES,
         "weight_gradient_bytes": trainable * FLOAT32_BYTES,
         "optimizer_slot_bytes": OPTIMIZER_SLOTS[workload.optimizer] * trainable * FLOAT32_BYTES,
-        "data_bytes": (image_bytes + labels_bytes) * (1 + int(mm.prefetched_batches)),
+        # Under mixed precision each convolution casts its float32 kernel to the compute dtype
+        # and keeps that copy from forward to its backward (the input gradient reads it).
+        "weight_cast_bytes": _kernel_cast_bytes(topology),
+        "data_bytes": (batch_image_bytes + labels_bytes) * workload.input_batches,  # the pipeline's batches
         "workspace_bytes": int(mm.workspace_factor * workspace_ref),
         "library_scratch_bytes": int(mm.conv_weight_grad_scratch * weight_grad_scratch_ref),
     }
@@ -256,10 +280,29 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         tensor_bytes=globals_,
         producer=producer,
         consumers={t: tuple(c) for t, c in consumers.items()},
-        pinned=frozenset({"image"}),
+        pinned=frozenset(DATA_TENSORS),
         persistent=persistent,
         loss_bytes=int(mm.loss_tensors * globals_["head"]),
         params=params,
         trainable_params=trainable,
         memory_model=mm,
     )
+
+
+def compute_step_flops(net: NetworkCost) -> float:
+    """FLOPs of one training step (forward and backward, no recomputation), for the whole batch.
+
+    A convolution's backward is two convolutions of its forward's size (the gradient by its
+    input and by its weights), except the network's first, whose input is the image: no
+    gradient by it is taken. Every other layer is counted at twice its forward in backward.
+    """
+    total = 0.0
+    first_conv = True
+    for blk in net.blocks:
+        for layer in blk.layers:
+            if layer.kind in ("conv", "up_transpose"):
+                total += layer.forward_flops * (2.0 if first_conv else 3.0)
+                first_conv = False
+            else:
+                total += 3.0 * layer.forward_flops
+    return total

@@ -7,10 +7,12 @@ Sizes are bytes, FLOPs are for the whole batch.
 What each kind keeps for its backward pass (TensorFlow autodiff of the Keras 3 layer):
 
 - ``conv``: its input (Conv3DBackpropFilter needs it; the kernel is a weight).
-- ``norm``: its input upcast to float32 (Keras Group/BatchNormalization compute in
-  float32; under a float32 policy that is the conv output itself) plus per-group mean and
-  1/std; not the normalised output (gamma is folded into the scale) --
-  ``MemoryModel.norm_saved_tensors``.
+- ``norm``: instance and group norm (``brats_seg.model.norm``): its input in its own dtype
+  (the conv output) plus per-group float32 mean and 1/std. Temporaries: instance norm
+  (oneDNN's kernel) none, but a copy per pass when several samples are split
+  (``MemoryModel.norm_split_tensors``); group norm (XLA) float32 ones under a 16-bit policy
+  (``MemoryModel.norm_upcast_*``). Batch norm (Keras, computing in float32): its input
+  upcast to float32 plus statistics (``MemoryModel.batch_norm_*``).
 - ``relu``: its output (ReluGrad uses the output).
 - ``pool``: its input and its output (MaxPool3DGrad needs both).
 - ``concat``: nothing (its gradient is a slice).
@@ -158,7 +160,7 @@ class _BlockCosting:
         ))
 
     def norm(self, layer: LayerSpec) -> None:
-        """Saves its input upcast to float32 and its statistics (see ``MemoryModel.norm_saved_tensors``)."""
+        """Instance/group norm save their input and float32 statistics; batch norm an upcast copy."""
         mm, x, y = self.mm, layer.inputs[0], layer.output
         self.add_tensor(y)
         f32_bytes = self.batch * self.voxels(y) * y.channels * FLOAT32_BYTES
@@ -167,21 +169,31 @@ class _BlockCosting:
         stats = f"{y.name}_stats"
         self.tensors[stats] = self.batch * 1 * (2 * layer.groups) * FLOAT32_BYTES
         saved, creates = [stats], [stats]
-        # Under float32 the first saved tensor is the input itself; otherwise an upcast copy.
-        own_copies = mm.norm_saved_tensors - (1 if x.dtype == "float32" else 0)
-        if x.dtype == "float32":
+        low_precision = x.dtype != "float32"
+        if layer.norm == "batch":
+            own_copies = mm.batch_norm_saved_tensors - (0 if low_precision else 1)
+            if not low_precision:
+                saved.append(x.name)
+            if own_copies > 0:
+                copy = f"{y.name}_f32"
+                self.tensors[copy] = int(round(own_copies * f32_bytes))
+                saved.append(copy)
+                creates.append(copy)
+            forward_scratch = mm.batch_norm_forward_scratch_tensors * f32_bytes
+            backward_scratch = mm.batch_norm_backward_scratch_tensors * f32_bytes
+        elif layer.norm == "instance":  # oneDNN's kernel per sample (brats_seg.model.norm.instance_norm)
+            saved.append(x.name)  # the input in its own dtype; no float32 copy
+            split = mm.norm_split_tensors * self.tensors[y.name] if self.batch > 1 else 0.0
+            forward_scratch = backward_scratch = split
+        else:  # group norm: the XLA path (brats_seg.model.norm.group_norm)
             saved.append(x.name)
-        if own_copies > 0:
-            copy = f"{y.name}_f32"
-            self.tensors[copy] = int(round(own_copies * f32_bytes))
-            saved.append(copy)
-            creates.append(copy)
+            forward_scratch = mm.norm_upcast_forward_tensors * f32_bytes if low_precision else 0.0
+            backward_scratch = mm.norm_upcast_backward_tensors * f32_bytes if low_precision else 0.0
         self.layers.append(LayerCost(
             name=layer.name, kind="norm", inputs=(x.name,), output=y.name, saved=tuple(saved), creates=tuple(creates),
             forward_flops=NORM_FLOPS_PER_ELEMENT * self.batch * self.voxels(y) * y.channels,
             params=layer.params, trainable_params=layer.trainable_params,
-            forward_scratch_bytes=int(mm.norm_forward_scratch_tensors * f32_bytes),
-            backward_scratch_bytes=int(mm.norm_backward_scratch_tensors * f32_bytes),
+            forward_scratch_bytes=int(forward_scratch), backward_scratch_bytes=int(backward_scratch),
         ))
 
     def weightless(self, name: str, kind: str, inputs: Sequence[TensorSpec], y: TensorSpec) -> None:

@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BASE_PRESETS", "CPU_MEMORY_MODELS", "MemoryModel", "base_preset", "load_preset", "memory_model_for"]
+__all__ = ["BASE_PRESETS", "CPU_MEMORY_MODELS", "MemoryModel", "base_preset", "load_preset", "memory_model_for",
+           "upper_bound"]
 
 
 @dataclass(frozen=True)
@@ -67,18 +68,25 @@ class MemoryModel:
             and both backward passes) allocate no workspace tensor (a profiler trace of
             every allocation of the step shows none); cuDNN's algorithms on a GPU do (1.0,
             about one activation, was the previous, unmeasured, default).
-        norm_saved_tensors: full-size float32 tensors a norm layer saves (its upcast
-            input). Under a float32 policy the first one is the conv output itself; under
-            mixed precision the trace shows the float32 upcast kept and the low-precision
-            conv output freed. 2.0 would model an implementation that also keeps the
-            normalised output (Keras' GroupNormalization does not).
-        norm_forward_scratch_tensors: full-size float32 temporaries in a norm forward
-            besides its output: one, the squared difference of the variance (freed before
-            the output is written) or, under mixed precision, the float32 normalised
-            output before its downcast.
-        norm_backward_scratch_tensors: full-size float32 temporaries in a norm backward
-            besides the gradients of its input and output: one (the trace shows ``dy``,
-            ``dy * inv`` and the tiled statistics gradient alive at once, then their sum).
+        norm_upcast_forward_tensors: instance and group norm (``brats_seg.model.norm``) keep
+            only their input, in its dtype, and float32 statistics. Group norm's XLA path
+            under a 16-bit policy materialises its float32 upcast: forward temporaries of
+            1.25 float32 copies of the norm's tensor (measured 1.22 with TensorFlow's
+            allocator on the layer alone); none under float32 (measured 0.01-0.06).
+        norm_upcast_backward_tensors: the same in backward, besides the input and output
+            gradients: 2.0 (measured 2.0).
+        norm_split_tensors: instance norm runs oneDNN's kernel, which makes no temporaries
+            (measured 0.00 in float32 and bfloat16); with several samples per replica the
+            batch is split and the results concatenated: one copy of the tensor, in its
+            dtype, in each pass (measured 1.0 float32, 0.72 x 2 bfloat16).
+        batch_norm_saved_tensors: ``model.norm=batch`` (Keras' BatchNormalization, which
+            computes in float32): full-size float32 tensors it saves, its upcast input. Under
+            a float32 policy that is the conv output itself.
+        batch_norm_forward_scratch_tensors: its float32 forward temporaries besides its
+            output: one (the squared difference of the variance, or under mixed precision
+            the float32 normalised output before its downcast).
+        batch_norm_backward_scratch_tensors: its float32 backward temporaries besides the
+            gradients of its input and output: one.
         trilinear_scratch_factor: forward transient of TrilinearUpSampling3D besides its
             output, as a multiple of its output (the shifted copies, the scaled halves and
             the interleaved stack of the last axis). Measured with TensorFlow's allocator
@@ -87,13 +95,10 @@ class MemoryModel:
             besides the gradients of its input and output, as a multiple of its output:
             the unstacked halves of the output gradient, their scaled copies and the
             gathers' segment sums. Measured the same way: 3.1-3.75.
-        loss_tensors: head-output-sized float32 tensors alive in the loss step besides
-            the head output and its gradient: clipped probabilities, ``1 - p``, the logs,
-            the reciprocal and products of the BCE gradient, the tiled Dice gradients and
-            clip's two boolean masks (a quarter each) -- 8.5 at the worst moment measured.
-        prefetched_batches: extra batches held by the input pipeline in the same memory
-            (0 on a GPU, where tf.data buffers live in host RAM; the prefetch depth when
-            planning host RAM on the CPU backend).
+        loss_tensors: head-output-sized float32 tensors alive in the loss step besides the
+            head output, the labels and the gradient: the loss's value and gradient are
+            XLA-compiled passes (``brats_seg.training.losses``), measured 1.0 on the loss
+            alone (8.5 for the autodiff loss before).
         backward_flops_factor: backward FLOPs of a block / its forward FLOPs (a conv's
             backward is two convs); used to cost how much transfer compute can hide.
         rebuild_runtime_bytes: added once any block is recomputed or offloaded: the
@@ -144,13 +149,15 @@ class MemoryModel:
     runtime_bytes_per_conv_filter: int = 0
     activation_factor: float = 1.0
     workspace_factor: float = 0.0
-    norm_saved_tensors: float = 1.0
-    norm_forward_scratch_tensors: float = 1.0
-    norm_backward_scratch_tensors: float = 1.0
+    norm_upcast_forward_tensors: float = 1.25
+    norm_upcast_backward_tensors: float = 2.0
+    norm_split_tensors: float = 1.0
+    batch_norm_saved_tensors: float = 1.0
+    batch_norm_forward_scratch_tensors: float = 1.0
+    batch_norm_backward_scratch_tensors: float = 1.0
     trilinear_scratch_factor: float = 2.0
     trilinear_backward_scratch_factor: float = 3.75
-    loss_tensors: float = 8.5
-    prefetched_batches: int = 0
+    loss_tensors: float = 1.0
     backward_flops_factor: float = 2.0
     rebuild_runtime_bytes: int = 25_000_000
     rebuild_fragmentation: float = 0.15
@@ -168,50 +175,45 @@ class MemoryModel:
                 f"MemoryModel.planning_margin must be below 0.5 (a share of lms.limit kept free), "
                 f"got {self.planning_margin!r}."
             )
-        if self.norm_saved_tensors < 1:
+        if self.batch_norm_saved_tensors < 1:
             raise ValueError(
-                f"MemoryModel.norm_saved_tensors must be >= 1 (a norm layer keeps at least its input), "
-                f"got {self.norm_saved_tensors!r}."
+                f"MemoryModel.batch_norm_saved_tensors must be >= 1 (a norm layer keeps at least its input), "
+                f"got {self.batch_norm_saved_tensors!r}."
             )
 
 
-#: The per-layer rules of each CPU preset, before calibration (see :mod:`brats_seg.cpu`).
-#: On AVX-512 (Sapphire Rapids) the defaults of :class:`MemoryModel`. On an AVX2-only CPU
-#: (AMD EPYC) oneDNN computes the gradient by weights with its gemm implementation and
-#: scratch of its own (``conv_weight_grad_scratch``), and a convolution's JIT kernels grow
-#: with its width (``runtime_bytes_per_conv_filter``).
+#: The per-layer rules of each CPU kind's preset (:func:`brats_seg.cpu.cpu_kind`), before
+#: calibration. With AVX-512 (Sapphire Rapids with AMX; Zen 4 without) the defaults of
+#: :class:`MemoryModel`. On an AVX2-only CPU (AMD EPYC) oneDNN computes the gradient by
+#: weights with its gemm implementation and scratch of its own (``conv_weight_grad_scratch``),
+#: and a convolution's JIT kernels grow with its width (``runtime_bytes_per_conv_filter``).
 BASE_PRESETS: dict[str, dict[str, float]] = {
+    "avx512_amx": {},
     "avx512": {},
     "avx2": {"conv_weight_grad_scratch": 1.0, "runtime_bytes_per_conv_filter": 120_000, "rebuild_runtime_bytes": 0},
 }
 
-#: Where ``scripts/calibrate_memory.py`` writes each preset's measurements and fit
-#: (``cpu_<isa>.json``); the fitted fields found there override the base preset.
+#: Where ``scripts/calibrate_memory.py`` writes each kind's measurements and fit
+#: (``cpu_<kind>.json``); the fitted fields found there override the base preset.
 PRESET_DIR = Path(__file__).with_name("presets")
 
 
-def base_preset(isa: str) -> MemoryModel:
-    """The rules of ``isa``'s preset without its fitted fields (what calibration starts from)."""
-    return MemoryModel(**BASE_PRESETS[isa])
+def base_preset(kind: str) -> MemoryModel:
+    """The rules of ``kind``'s preset without its fitted fields (what calibration starts from)."""
+    return MemoryModel(**BASE_PRESETS[kind])
 
 
-def load_preset(isa: str, preset_dir: Path = PRESET_DIR) -> MemoryModel:
-    """``isa``'s preset: the base rules plus the fitted fields of ``preset_dir/cpu_<isa>.json``.
-
-    Without that file (an instruction set not calibrated with ``calibrate_memory.py``), or
-    before its fit is written, the base rules alone.
-
-    Raises:
-        ValueError: a preset file that is not the calibration's output, naming the file.
-    """
-    base = base_preset(isa)
-    path = Path(preset_dir) / f"cpu_{isa}.json"
+def _read_preset(kind: str, preset_dir: Path) -> MemoryModel | None:
+    """``kind``'s base rules plus the fitted fields of ``preset_dir/cpu_<kind>.json``; None
+    without a fitted file (a kind not calibrated with ``calibrate_memory.py``)."""
+    path = Path(preset_dir) / f"cpu_{kind}.json"
     if not path.exists():
-        return base
+        return None
+    base = base_preset(kind)
     try:
         record = json.loads(path.read_text())
         if "fit" not in record:  # measured, not fitted yet (a calibration under way)
-            return base
+            return None
         fields = record["fit"]["fields"]
         return dataclasses.replace(base, **{k: type(getattr(base, k))(v) for k, v in fields.items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -221,25 +223,48 @@ def load_preset(isa: str, preset_dir: Path = PRESET_DIR) -> MemoryModel:
         ) from e
 
 
-#: The CPU coefficients per instruction set oneDNN runs on, as calibrated.
-CPU_MEMORY_MODELS: dict[str, MemoryModel] = {isa: load_preset(isa) for isa in BASE_PRESETS}
+def load_preset(kind: str, preset_dir: Path = PRESET_DIR) -> MemoryModel:
+    """``kind``'s preset: the base rules plus the fitted fields of ``preset_dir/cpu_<kind>.json``;
+    without that file (or before its fit is written), the base rules alone.
+
+    Raises:
+        ValueError: a preset file that is not the calibration's output, naming the file.
+    """
+    return _read_preset(kind, preset_dir) or base_preset(kind)
 
 
-def memory_model_for(device: str, isa: str | None = None) -> MemoryModel:
+def upper_bound(*models: MemoryModel) -> MemoryModel:
+    """The field-by-field largest of ``models``: every field raises a prediction (or, the
+    planning margin, lowers the budget), so this predicts at least what each of them does."""
+    fields = {f.name: max(getattr(m, f.name) for m in models) for f in dataclasses.fields(MemoryModel)}
+    return MemoryModel(**fields)
+
+
+#: The CPU coefficients of the kinds calibrated with ``calibrate_memory.py`` (their files exist).
+CPU_MEMORY_MODELS: dict[str, MemoryModel] = {
+    kind: model for kind in BASE_PRESETS if (model := _read_preset(kind, PRESET_DIR)) is not None}
+
+
+def memory_model_for(device: str, kind: str | None = None) -> MemoryModel:
     """The coefficients for the device a run trains on.
 
     Args:
         device: ``CPU`` or ``GPU``.
-        isa: the CPU's instruction set (``avx512`` | ``avx2`` | ``other``); detected when None.
-            A CPU with neither is planned as AVX2 (the larger of the two presets).
+        kind: the CPU's kind (:func:`brats_seg.cpu.cpu_kind`: ``avx512_amx`` | ``avx512`` |
+            ``avx2`` | ``other``); detected when None.
 
     Returns:
-        The CPU preset of the host's instruction set, or the uncalibrated GPU default.
+        The calibrated preset of the host's kind; for a kind without one (AVX-512 without
+        AMX, such as AMD Zen 4, until calibrated there; an unknown CPU) the safe side: the
+        field-by-field largest of the calibrated presets (:func:`upper_bound`). On a GPU
+        the uncalibrated default.
     """
     if device != "CPU":
         return MemoryModel()
-    if isa is None:
-        from brats_seg.cpu import cpu_isa
+    if kind is None:
+        from brats_seg.cpu import cpu_kind
 
-        isa = cpu_isa()
-    return CPU_MEMORY_MODELS.get(isa, CPU_MEMORY_MODELS["avx2"])
+        kind = cpu_kind()
+    if kind in CPU_MEMORY_MODELS:
+        return CPU_MEMORY_MODELS[kind]
+    return upper_bound(*CPU_MEMORY_MODELS.values()) if CPU_MEMORY_MODELS else MemoryModel()

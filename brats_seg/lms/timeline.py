@@ -69,7 +69,7 @@ class Timeline:
 
 
 def offloadable(net: NetworkCost, tensor: str, size_bytes: int) -> bool:
-    """Whether ``tensor`` may go to the host: not pinned (the image) and at least ``size_bytes``."""
+    """Whether ``tensor`` may go to the host: not an input of the step and at least ``size_bytes``."""
     return tensor not in net.pinned and net.tensor_bytes[tensor] >= size_bytes
 
 
@@ -143,8 +143,6 @@ def simulate(
                 arr[t] += nbytes
 
     for tensor, nbytes in net.tensor_bytes.items():
-        if tensor in net.pinned:
-            continue
         p, cs = net.producer[tensor], net.consumers[tensor]
         intervals: list[tuple[int, int]] = []
         # Forward: alive until its last forward reader, unless a skip held on the host.
@@ -158,7 +156,7 @@ def simulate(
         if policies[p] == "keep" and tensor in blocks[p].saved:
             intervals.append((p, back(p)))
         for c in cs:
-            if c == n:  # the loss: consumes and differentiates within its own step
+            if c == n or tensor not in blocks[c].inputs:  # the loss (its own step), Keras' input cast
                 continue
             pol = policies[c]
             if pol == "keep":
@@ -169,8 +167,9 @@ def simulate(
             else:  # offloaded: back on the device `prefetch` blocks before its backward
                 intervals.append((max(n, back(c) - prefetch), back(c)))
         add(kept, nbytes, intervals)
-        # Its gradient: from the first reader's backward (accumulated) to its producer's backward.
-        add(grads, nbytes, [(back(max(cs)), back(p))])
+        if tensor not in net.pinned:  # the step's inputs have no gradient
+            # Its gradient: from the first reader's backward (accumulated) to its producer's backward.
+            add(grads, nbytes, [(back(max(cs)), back(p))])
 
     for i, blk in enumerate(blocks):
         if policies[i] == "keep":

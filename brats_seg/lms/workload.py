@@ -19,7 +19,7 @@ from brats_seg.model.topology import (
     unet_topology,
 )
 
-__all__ = ["FIXED_STRATEGIES", "LMSOptions", "OPTIMIZER_SLOTS", "STRATEGIES", "Workload"]
+__all__ = ["FIXED_STRATEGIES", "LMSOptions", "OPTIMIZER_SLOTS", "STRATEGIES", "Workload", "pipeline_batches"]
 
 STRATEGIES = ("off", "recompute", "offload", "auto")  # per plan (`lms=` config group)
 FIXED_STRATEGIES = ("off", "recompute", "offload")  # the same policy for every block that allows it
@@ -34,6 +34,15 @@ DEFAULT_HOST_BANDWIDTH_BPS = _LMS_DEFAULTS.host_bandwidth_gbps * 1e9
 DEFAULT_DEVICE_FLOPS = _LMS_DEFAULTS.device_tflops * 1e12
 
 
+def pipeline_batches(prefetch_batches: int) -> int:
+    """Batches the training input pipeline can hold besides the step's: ``prefetch_batches``
+    finished ones, the one being assembled, and the case in its map call with its float32
+    augmentation temporary (about one more batch at batch 1; ``brats_seg.data.pipeline``)."""
+    if not isinstance(prefetch_batches, int) or prefetch_batches < 0:
+        raise ValueError(f"data.prefetch_batches must be an integer >= 0, got {prefetch_batches!r}.")
+    return prefetch_batches + 2
+
+
 @dataclass(frozen=True)
 class Workload:
     """One training step to plan.
@@ -46,6 +55,9 @@ class Workload:
         policy: ``float32`` | ``mixed_float16`` | ``mixed_bfloat16``; ``fp32``, ``fp16`` and
             ``bf16`` (``backend.precision``) are stored as these.
         optimizer: a key of :data:`OPTIMIZER_SLOTS`.
+        input_batches: batches the input pipeline holds besides the one the step reads
+            (``brats_seg.data.pipeline``: the prefetched ones, the one being assembled and
+            the case in its map call); 0 for a step fed from memory (the benchmark).
 
     Raises:
         ValueError: a bad value, named, with what to use instead.
@@ -56,6 +68,7 @@ class Workload:
     batch_size: int
     policy: str = "float32"
     optimizer: str = "adam"
+    input_batches: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", check_policy(self.policy))
@@ -64,17 +77,21 @@ class Workload:
         check_batch_size(self.batch_size)
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_SLOTS)}, got {self.optimizer!r}.")
+        if not isinstance(self.input_batches, int) or self.input_batches < 0:
+            raise ValueError(f"input_batches must be an integer >= 0, got {self.input_batches!r}.")
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, optimizer: str = "adam") -> Workload:
         """The workload of a composed train config (``model``, ``resolution``, ``trainer``,
-        ``backend.precision``), ``model.out_channels`` resolved from ``data.layout``; ``cfg``
-        is not changed. The config has no optimizer field: the trainer's Adam is the default."""
+        ``backend.precision``, ``data.prefetch_batches``), ``model.out_channels`` resolved from
+        ``data.layout``; ``cfg`` is not changed. The config has no optimizer field: the
+        trainer's Adam is the default. The step is fed by the input pipeline."""
         from brats_seg.data.labels import output_regions
 
         model_cfg = dataclasses.replace(
             cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels)))
-        return cls(model_cfg, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, optimizer)
+        return cls(model_cfg, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, optimizer,
+                   input_batches=pipeline_batches(cfg.data.prefetch_batches))
 
     def topology(self) -> UNetTopology:
         """The U-Net under this workload's dtype policy."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from brats_seg.lms.memory_model import MemoryModel
@@ -42,11 +44,19 @@ def test_hand_count_tiny_network():
 
     # All keep, at the loss step every saved tensor is alive once (shared ones counted once):
     # enc0 internals 3*512+32 and its output 512; bottleneck internals 64+3*128+64 and output 128;
-    # dec0 internals 1024+3*512+32 and output 512; head output 768. The image is in data_bytes.
+    # dec0 internals 1024+3*512+32 and output 512; head output 768; the float32 image (1024)
+    # that enc0's first conv keeps and the uint8 labels (3ch*64 = 192) the loss reads.
     timeline = simulate(net, ["keep"] * 4, size_bytes=0, prefetch=1)
     loss_step = timeline.steps.index("loss")
-    expected_kept = (3 * 512 + 32 + 512) + (64 + 3 * 128 + 64 + 128) + (1024 + 3 * 512 + 32 + 512) + 768
+    expected_kept = (3 * 512 + 32 + 512) + (64 + 3 * 128 + 64 + 128) + (1024 + 3 * 512 + 32 + 512) + 768 + 1024 + 192
     assert timeline.kept_bytes[loss_step] == expected_kept
+    # The float16 batch image (4ch*64*2 = 512) lives only while Keras casts it, as forward starts:
+    # the same network without it differs by 512 at enc0's forward and nowhere else.
+    assert net.tensor_bytes["batch_image"] == 512
+    without = dataclasses.replace(net, tensor_bytes={t: (0 if t == "batch_image" else b)
+                                                     for t, b in net.tensor_bytes.items()})
+    other = simulate(without, ["keep"] * 4, size_bytes=0, prefetch=1)
+    assert [a - b for a, b in zip(timeline.kept_bytes, other.kept_bytes)] == [512] + [0] * 8
 
 
 def test_hand_count_kept_tail_of_the_last_block():
@@ -72,15 +82,17 @@ def test_hand_count_kept_tail_of_the_last_block():
     assert rows["enc0"].recomputed_flops == net.blocks[0].forward_flops
     assert rows["dec0"].kept_bytes == 128 + 512 + (512 + 512 + 16)  # its inputs + the tail
     assert "dec0: last conv unit kept" in plan.format_table()
-    # At the loss step: the blocks' outputs (enc0 512, bottleneck 128, dec0 512, head 768) and dec0's tail.
+    # At the loss step: the blocks' outputs (enc0 512, bottleneck 128, dec0 512, head 768), dec0's
+    # tail, enc0's input (the float32 image, 1024, which a recomputed block keeps) and the labels (192).
     timeline = simulate(net, ["recompute"] * 4, size_bytes=0, prefetch=1)
-    assert timeline.kept_bytes[timeline.steps.index("loss")] == 512 + 128 + 512 + 768 + (512 + 512 + 16)
-    # ... and no longer once dec0's backward starts (the tail's tensors are freed first).
-    assert timeline.kept_bytes[timeline.steps.index("backward dec0")] == 512 + 128
+    assert timeline.kept_bytes[timeline.steps.index("loss")] == 512 + 128 + 512 + 768 + (512 + 512 + 16) + 1024 + 192
+    # ... and no longer once dec0's backward starts (the tail's tensors are freed first; the
+    # labels after the loss).
+    assert timeline.kept_bytes[timeline.steps.index("backward dec0")] == 512 + 128 + 1024
     assert Plan.from_json(plan.to_json()).keep_tails == {"dec0"}
 
 
-@pytest.mark.parametrize("lag, working", [(0, 1536), (2, 2272), (100, 4864)])
+@pytest.mark.parametrize("lag, working", [(0, 1248), (2, 2272), (100, 4864)])
 def test_hand_count_backward_walk_frees_saved_tensors_with_the_release_lag(lag, working):
     """dec0 with trilinear up-sampling, walked backward: a layer's working set is counted
     with what the layers up to ``lag`` after it saved (the rest is freed by then).
@@ -90,10 +102,11 @@ def test_hand_count_backward_walk_frees_saved_tensors_with_the_release_lag(lag, 
     upconv (up 1024), concat (nothing), conv1 (concat 1024), norm1 (conv1 512, stats 16),
     relu1 (relu1 512), conv2 (relu1), norm2 (conv2 512, stats 16), relu2 (the output, not
     internal): 3616 bytes. Working sets (internal gradients + scratch): up 1024 + 3.75 x
-    1024 scratch = 4864; upconv, concat, conv1, norm1, norm2 1536; relu1, conv2 1024; relu2 512.
+    1024 scratch = 4864; upconv, conv1 1536; concat 1536; norm1, norm2, relu1, conv2 1024
+    (a norm has no scratch under float32); relu2 512.
 
-    lag 0: the worst moment is norm2's backward, all 3616 still saved (relu2 saves no
-    internal tensor) plus its 1536: 1536 beyond the saved bytes. lag 2: up's backward with
+    lag 0: the worst moment is up's backward, nothing internal saved any more, with its 4864:
+    1248 beyond the 3616 saved bytes (norm2's backward reaches 3616 + 1024). lag 2: up's backward with
     what up, upconv and concat saved (1024) plus 4864 = 5888, 2272 beyond. A lag past the block's length
     counts every saved tensor with the worst layer (4864): the block-level count.
     """
@@ -105,13 +118,30 @@ def test_hand_count_backward_walk_frees_saved_tensors_with_the_release_lag(lag, 
     assert dec0.backward_working_bytes == working
 
 
-def test_norm_saves_float32_copy_under_mixed_precision():
+def test_norm_saves_its_input_in_its_own_dtype_under_mixed_precision():
     cfg = ModelConfig(depth=1, base_filters=2)
     f32 = network(cfg, (4, 4, 4), 1, "float32")
     bf16 = network(cfg, (4, 4, 4), 1, "mixed_bfloat16")
     # enc0 under bf16: cast image (4ch*64*2) for conv1, r1 and r2 in bf16 (2ch*64*2 each),
-    # two float32 norm inputs (2ch*64*4 each) and stats.
-    assert bf16.blocks[0].keep_saved_bytes == 512 + 2 * 256 + 2 * 512 + 2 * 16
+    # the two norm inputs c1 and c2 in bf16 (2ch*64*2 each, no float32 copy) and stats.
+    assert bf16.blocks[0].keep_saved_bytes == 512 + 2 * 256 + 2 * 256 + 2 * 16
+    # float32: the image itself (4ch*64*4), r1, r2, c1, c2 (2ch*64*4) and stats: twice the activations.
+    assert f32.blocks[0].keep_saved_bytes == 1024 + 4 * 512 + 2 * 16
+    # Instance norm (oneDNN's kernel) has no temporaries at one sample, one copy of its tensor
+    # (its dtype) per pass at two (split and concatenated); the XLA group path float32 ones
+    # under bf16 only.
+    def enc0_norm1(cfg, batch, policy):
+        return {layer.name: layer for layer in network(cfg, (4, 4, 4), batch, policy).blocks[0].layers}["enc0_norm1"]
+
+    for policy in ("float32", "mixed_bfloat16"):
+        one = enc0_norm1(cfg, 1, policy)
+        assert one.forward_scratch_bytes == one.backward_scratch_bytes == 0
+    two = enc0_norm1(cfg, 2, "mixed_bfloat16")
+    assert two.forward_scratch_bytes == two.backward_scratch_bytes == 2 * 256  # 2 samples x 2ch x 64 x 2 bytes
+    group = ModelConfig(depth=1, base_filters=2, norm="group", groups=1)
+    assert enc0_norm1(group, 1, "float32").backward_scratch_bytes == 0
+    bf16_group = enc0_norm1(group, 1, "mixed_bfloat16")
+    assert bf16_group.forward_scratch_bytes == int(1.25 * 512) and bf16_group.backward_scratch_bytes == int(2.0 * 512)
     assert bf16.blocks[0].keep_saved_bytes < f32.blocks[0].keep_saved_bytes
     shape = (64, 64, 64)
     assert estimate(cfg, shape, 1, "mixed_bfloat16").peak_bytes < estimate(cfg, shape, 1).peak_bytes

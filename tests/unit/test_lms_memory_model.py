@@ -163,5 +163,5 @@ def test_memory_model_rejects_bad_coefficients():
         MemoryModel(activation_factor=-1)
     with pytest.raises(ValueError, match="planning_margin must be below 0.5"):
         MemoryModel(planning_margin=0.5)
-    with pytest.raises(ValueError, match="norm_saved_tensors"):
-        MemoryModel(norm_saved_tensors=0.5)
+    with pytest.raises(ValueError, match="batch_norm_saved_tensors"):
+        MemoryModel(batch_norm_saved_tensors=0.5)
