@@ -11,19 +11,40 @@ convolution implementations on them, with different memory and precision support
   memory oneDNN allocates itself. The planner's CPU presets differ by this.
 * native bfloat16 (AVX512-BF16 or AMX-BF16): without it oneDNN refuses bf16 and
   TensorFlow falls back to Eigen kernels (slow, and an im2col buffer of voxels x 27 x
-  channels for a 3D convolution's input gradient).
+  channels for a 3D convolution's input gradient). With AMX (Sapphire Rapids) oneDNN's
+  bf16 convolutions are AMX tile kernels; with AVX512-BF16 alone (AMD EPYC Zen 4) they are
+  ``avx512_core_bf16`` kernels: :func:`cpu_kind` tells the two apart.
+
+oneDNN can be capped below what the CPU has with ``ONEDNN_MAX_CPU_ISA`` (``DNNL_MAX_CPU_ISA``),
+e.g. ``AVX2`` or ``AVX512_CORE_BF16``; its kernels are then those of the capped set, so
+:func:`cpu_kind`, :func:`cpu_isa` and :func:`has_native_bf16` report the capped CPU (what the
+memory presets and the precision check must go by).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
-__all__ = ["cpu_flags", "cpu_isa", "has_native_bf16", "cpu_model_name"]
+__all__ = ["KINDS", "cpu_flags", "cpu_isa", "cpu_kind", "has_native_bf16", "cpu_model_name", "onednn_isa_cap"]
+
 
 _AVX512_CORE = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
 _BF16 = frozenset({"avx512_bf16", "amx_bf16"})
+
+# What oneDNN runs, ordered: "other" < "avx2" < "avx512" (no bf16) < "avx512_bf16" < "avx512_amx".
+_LEVELS = ("other", "avx2", "avx512", "avx512_bf16", "avx512_amx")
+KINDS = ("avx512_amx", "avx512", "avx2", "other")  # cpu_kind's values
+# ONEDNN_MAX_CPU_ISA value -> the highest level it allows (oneDNN's names; unknown = no cap).
+_CAPS = {
+    "SSE41": "other", "AVX": "other", "AVX2": "avx2", "AVX2_VNNI": "avx2", "AVX2_VNNI_2": "avx2",
+    "AVX512_CORE": "avx512", "AVX512_CORE_VNNI": "avx512", "AVX512_CORE_BF16": "avx512_bf16",
+    "AVX512_CORE_FP16": "avx512_bf16", "AVX10_1_512": "avx512_bf16", "AVX512_CORE_AMX": "avx512_amx",
+    "AVX10_1_512_AMX": "avx512_amx", "AVX512_CORE_AMX_FP16": "avx512_amx", "AVX10_1_512_AMX_FP16": "avx512_amx",
+    "DEFAULT": "avx512_amx", "ALL": "avx512_amx",
+}
 
 
 def _cpuinfo_field(text: str, field: str) -> str:
@@ -47,19 +68,40 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     return frozenset(_cpuinfo_field(_cpuinfo() if cpuinfo is None else cpuinfo, "flags").split())
 
 
-def cpu_isa(cpuinfo: str | None = None) -> str:
-    """``avx512`` (oneDNN's avx512_core), ``avx2`` or ``other`` (neither, or unknown)."""
+def onednn_isa_cap(environ=None) -> str | None:
+    """The ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) value in effect, upper-cased, or None."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")
+    return value.strip().upper() if value else None
+
+
+def _level(cpuinfo: str | None, environ=None) -> str:
+    """What oneDNN runs on this CPU: its flags' level, lowered to the cap if one is set."""
     flags = cpu_flags(cpuinfo)
     if _AVX512_CORE <= flags:
-        return "avx512"
-    if "avx2" in flags:
-        return "avx2"
-    return "other"
+        level = "avx512_amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "avx512"
+    else:
+        level = "avx2" if "avx2" in flags else "other"
+    cap = _CAPS.get(onednn_isa_cap(environ) or "", "avx512_amx")
+    return min(level, cap, key=_LEVELS.index)
 
 
-def has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """True if the CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16)."""
-    return bool(_BF16 & cpu_flags(cpuinfo))
+def cpu_kind(cpuinfo: str | None = None, environ=None) -> str:
+    """The family of kernels oneDNN runs here, which the memory presets are per:
+    ``avx512_amx`` (AVX-512 with AMX, e.g. Sapphire Rapids), ``avx512`` (AVX-512 without
+    AMX, e.g. AMD Zen 4, with or without AVX512-BF16), ``avx2`` or ``other``."""
+    level = _level(cpuinfo, environ)
+    return "avx512" if level == "avx512_bf16" else level
+
+
+def cpu_isa(cpuinfo: str | None = None, environ=None) -> str:
+    """``avx512`` (oneDNN's avx512_core, with or without AMX), ``avx2`` or ``other``."""
+    return "avx512" if cpu_kind(cpuinfo, environ).startswith("avx512") else cpu_kind(cpuinfo, environ)
+
+
+def has_native_bf16(cpuinfo: str | None = None, environ=None) -> bool:
+    """True if oneDNN computes bfloat16 natively here (AVX512-BF16 or AMX-BF16, not capped below)."""
+    return _level(cpuinfo, environ) in ("avx512_bf16", "avx512_amx")
 
 
 def cpu_model_name(cpuinfo: str | None = None) -> str:

@@ -22,7 +22,8 @@ under-prediction of a leave-one-configuration-out cross-validation of that fit, 
 the calibration grid only. ``lms=auto`` validation points check that the measured peak
 stays under their ``lms.limit``.
 
-Writes ``brats_seg/lms/presets/cpu_<isa>.json`` (``--out`` to change): the machine, the
+Writes ``brats_seg/lms/presets/cpu_<kind>.json`` (``--out`` to change; the kinds of
+:func:`brats_seg.cpu.cpu_kind`: ``avx512_amx``, ``avx512``, ``avx2``): the machine, the
 points with every run, the fitted fields and both grids' errors. The planner reads its
 CPU presets from these files (:func:`brats_seg.lms.memory_model.memory_model_for`), so
 the defaults in use are this script's output. Measurements are saved after every run:
@@ -295,7 +296,7 @@ def cross_validate(record: dict, base, verbose: bool = True, under_weight: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    from brats_seg.cpu import cpu_isa, cpu_model_name
+    from brats_seg.cpu import cpu_kind, cpu_model_name, onednn_isa_cap
     from brats_seg.lms.memory_model import base_preset
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation-runs", type=int, default=3, help="benchmark runs per validation point")
     parser.add_argument("--fit-only", action="store_true", help="refit and report from the measurements on file")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per benchmark run")
-    parser.add_argument("--out", type=Path, default=None, help="default brats_seg/lms/presets/cpu_<isa>.json")
+    parser.add_argument("--out", type=Path, default=None, help="default brats_seg/lms/presets/cpu_<kind>.json")
     parser.add_argument("--cross-validate", action="store_true",
                         help="leave each calibration configuration out in turn, fit, report its error; writes nothing")
     parser.add_argument("--rule", action="append", default=[], metavar="FIELD=VALUE",
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rule, --under-weight and --target-bias only go with --cross-validate (a preset is fitted "
                      "with the rules of BASE_PRESETS and the objective in this script)")
 
-    isa = cpu_isa()
+    isa = cpu_kind()  # the kind of kernels oneDNN runs here (capped by ONEDNN_MAX_CPU_ISA if set)
     path = args.out or REPO / "brats_seg" / "lms" / "presets" / f"cpu_{isa}.json"
     try:
         record = json.loads(path.read_text()) if path.exists() else {}
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cross_validate:  # reads the file only: any CPU's preset (--out)
         if not any(e.get("grid") == "calibration" for e in record.get("points", {}).values()):
             raise SystemExit(f"error: {path} holds no calibration measurements; run without --cross-validate first.")
-        base = base_preset(record.get("isa", isa))
+        base = base_preset(record.get("kind", isa))
         for rule in args.rule:
             name, _, value = rule.partition("=")
             if not hasattr(base, name) or not value:
@@ -338,11 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit_only:  # refit a preset measured elsewhere (--out brats_seg/lms/presets/cpu_avx512.json)
         if not any(e.get("grid") == "calibration" for e in record.get("points", {}).values()):
             raise SystemExit(f"error: {path} holds no calibration measurements to fit; run without --fit-only.")
-        isa = record.get("isa", isa)
+        isa = record.get("kind", isa)
     else:
-        if record.get("isa", isa) != isa:
-            raise SystemExit(f"error: {path} holds measurements of a {record['isa']} CPU, this one is {isa}.")
-        record.update({"isa": isa, "cpu": cpu_model_name()})
+        if record.get("kind", isa) != isa:
+            raise SystemExit(f"error: {path} holds measurements of a {record['kind']} CPU, this one is {isa}.")
+        # An instruction-set cap (ONEDNN_MAX_CPU_ISA) makes oneDNN run another kind's kernels on
+        # this CPU: recorded, so a preset measured that way says it was emulated.
+        record.update({"kind": isa, "cpu": cpu_model_name(), "onednn_max_cpu_isa": onednn_isa_cap()})
     if not args.fit_only:
         measure(record, path, _points("calibration"), args.runs, args.timeout)
     # The fit starts from the preset's rules, not from an earlier fit: rerunning it on the
