@@ -16,9 +16,11 @@ build on; None where TensorFlow keeps no statistics) and ``predicted_peak_bytes`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,55 +34,171 @@ from brats_seg.config import register_configs  # noqa: E402
 register_configs()
 
 
-def benchmark(conf, overrides: list[str]) -> dict:
-    from brats_seg.backend import configure
-
-    backend = configure(conf.backend)
-    import numpy as np
-    import tensorflow as tf
-
-    from brats_seg.cpu import cpu_isa, cpu_model_name
-    from brats_seg.distribute.strategy import make_strategy
+def plan_benchmark(conf, backend):
+    """``(strategy, plan, predicted peak bytes)`` of the configured step, as ``train.py`` plans it;
+    a fixed strategy is measured whatever it takes (no limit), ``auto`` plans to ``lms.limit``."""
     from brats_seg.lms.memory_model import memory_model_for
     from brats_seg.lms.preflight import plan_run
     from brats_seg.lms.search import estimate_peak
-    from brats_seg.lms.stats import allocator_peak_bytes, current_rss_bytes, device_peak_bytes, reset_device_peak
     from brats_seg.lms.workload import LMSOptions, Workload
-    from brats_seg.training.loop import compile_models, effective_lms, training_metrics
-    from brats_seg.training.steps import make_train_step
+    from brats_seg.training.loop import effective_lms
 
     strategy = effective_lms(conf, backend)
-    if strategy != "auto":  # a fixed strategy is measured whatever it takes; auto plans to lms.limit
+    if strategy != "auto":
         conf.lms.limit = "1e15"
     plan = plan_run(conf, backend.device, strategy)
-    fixed = strategy if strategy in ("off", "recompute", "offload") else None
-    if fixed:
-        options = LMSOptions.from_config(conf.lms, None, allow_offload=backend.device == "GPU", strategy=fixed)
-        predicted = estimate_peak(Workload.from_config(conf), options, memory_model_for(backend.device)).peak_bytes
-    else:
-        predicted = plan.predicted_peak_bytes
+    workload = Workload.from_config(conf)
+    if conf.benchmark.input == "memory":  # fed from memory: no input pipeline buffers
+        workload = dataclasses.replace(workload, input_batches=0)
+    if strategy in ("off", "recompute", "offload"):
+        options = LMSOptions.from_config(conf.lms, None, allow_offload=backend.device == "GPU", strategy=strategy)
+        return strategy, plan, estimate_peak(workload, options, memory_model_for(backend.device)).peak_bytes
+    return strategy, plan, plan.predicted_peak_bytes
 
-    replicas, _ = make_strategy(conf.distribute, backend.device)  # before any TensorFlow op runs
-    b, shape = conf.trainer.batch_size, tuple(conf.resolution.shape)
+
+def _random_cache(root: Path, conf, cases: int) -> list[Path]:
+    """``cases`` cache entries of random data at the configured shape (float16 image, uint8 regions)."""
+    import numpy as np
+
+    from brats_seg.data.pipeline import IMAGE_FILE, REGIONS_FILE
+
     rng = np.random.default_rng(conf.trainer.seed)
-    x = tf.constant(rng.standard_normal((b, *shape, conf.model.in_channels), dtype=np.float32))
-    y = tf.constant((rng.random((b, *shape, conf.model.out_channels)) < 0.05).astype(np.float32))
+    shape = tuple(conf.resolution.shape)
+    dirs = []
+    for k in range(cases):
+        case = root / f"case_{k:03d}"
+        case.mkdir(parents=True)
+        np.save(case / IMAGE_FILE, rng.standard_normal((*shape, 4), dtype=np.float32).astype(np.float16))
+        np.save(case / REGIONS_FILE, (rng.random((*shape, conf.model.out_channels)) < 0.05).astype(np.uint8))
+        dirs.append(case)
+    return dirs
 
+
+def make_input(conf, replicas, tmp: Path):
+    """The step's iterator: one random batch repeated from memory, or the training input
+    pipeline (augmentation, prefetch) over random cache entries."""
+    import numpy as np
+    import tensorflow as tf
+
+    from brats_seg.data.pipeline import make_train_dataset
+
+    b, shape = conf.trainer.batch_size, tuple(conf.resolution.shape)
+    if conf.benchmark.input == "memory":  # the dtypes the input pipeline hands the step
+        rng = np.random.default_rng(conf.trainer.seed)
+        x = tf.constant(rng.standard_normal((b, *shape, conf.model.in_channels), dtype=np.float32).astype(np.float16))
+        y = tf.constant((rng.random((b, *shape, conf.model.out_channels)) < 0.05).astype(np.uint8))
+        dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    else:
+        dirs = _random_cache(tmp, conf, max(2 * b, 2))
+        dataset = make_train_dataset(dirs, b, conf.trainer.seed, True, conf.model.in_channels,
+                                     conf.model.out_channels, prefetch_batches=conf.data.prefetch_batches)
+    return iter(replicas.experimental_distribute_dataset(dataset))
+
+
+def build_benchmark_step(conf, tmp: Path, backend=None):
+    """Everything the benchmark runs: ``(info, run_once)``; ``run_once()`` runs one training
+    step and brings its sums to the host, as the training loop does. ``info`` has the
+    backend, the plan, the prediction, the step's FLOPs and the RSS just before the model
+    was built (``baseline_bytes``). ``backend``: the configured backend (configured here if None)."""
+    from brats_seg.backend import configure
+
+    backend = backend or configure(conf.backend)
+    import tensorflow as tf
+
+    from brats_seg.distribute.strategy import make_strategy
+    from brats_seg.lms.cost import compute_network_cost, compute_step_flops
+    from brats_seg.lms.stats import current_rss_bytes, reset_device_peak
+    from brats_seg.lms.workload import Workload
+    from brats_seg.training.loop import compile_models, training_metrics
+    from brats_seg.training.steps import make_train_step
+
+    strategy, plan, predicted = plan_benchmark(conf, backend)
+    replicas, _ = make_strategy(conf.distribute, backend.device)  # before any TensorFlow op runs
+    iterator = make_input(conf, replicas, tmp)
     baseline = current_rss_bytes() if backend.device == "CPU" else 0  # just before the model is built
     reset_device_peak(backend.device)
     # The step training runs (training/loop.py): strategy.run of the tape, the update and the
     # per-sample metric sums. Keras' train_on_batch, measured before, holds 11-18% more.
     model, _, stats, loss = compile_models(conf, plan, backend, replicas, steps_per_epoch=100)
-    step = make_train_step(replicas, model, loss, training_metrics(conf), b)
-    iterator = iter(replicas.experimental_distribute_dataset(tf.data.Dataset.from_tensors((x, y)).repeat()))
+    step = make_train_step(replicas, model, loss, training_metrics(conf), conf.trainer.batch_size)
     stop = tf.constant(False)
-    times = []
-    for _ in range(max(conf.benchmark.steps, 1) + 1):
+
+    def run_once():
+        return {k: v.numpy() for k, v in step(iterator, stop).items()}
+
+    info = {"backend": backend, "strategy": strategy, "plan": plan, "predicted": predicted, "stats": stats,
+            "baseline": baseline,
+            "flops": compute_step_flops(compute_network_cost(Workload.from_config(conf)))}
+    return info, run_once
+
+
+def measure_sgemm_flops(n: int = 4096, repeats: int = 5) -> float:
+    """FLOP/s of an ``n x n`` float32 matrix product with this process's threads (the best of
+    ``repeats``): the practical peak the training step's FLOP/s is judged against."""
+    import tensorflow as tf
+
+    a = tf.random.normal((n, n))
+    b = tf.random.normal((n, n))
+    matmul = tf.function(lambda a, b: tf.reduce_sum(tf.linalg.matmul(a, b)))
+    matmul(a, b).numpy()
+    best = float("inf")
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        {k: v.numpy() for k, v in step(iterator, stop).items()}  # to the host, as the loop does
-        times.append(time.perf_counter() - t0)
-    peak = device_peak_bytes(backend.device)
-    allocator_peak = allocator_peak_bytes(backend.device)
+        matmul(a, b).numpy()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def measure_pipeline(conf) -> dict:
+    """Volumes per second of the training input pipeline alone (load, augment, batch), no model."""
+    import tensorflow as tf
+
+    from brats_seg.data.pipeline import make_train_dataset
+
+    b = conf.trainer.batch_size
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = _random_cache(Path(tmp), conf, max(4 * b, 4))
+        it = iter(make_train_dataset(dirs, b, conf.trainer.seed, True, conf.model.in_channels,
+                                     conf.model.out_channels, prefetch_batches=conf.data.prefetch_batches))
+        next(it)  # start-up
+        n = max(conf.benchmark.steps, 1) * 4
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x, _ = next(it)
+            tf.debugging.assert_all_finite(tf.cast(x[:1, :1, :1, :1], tf.float32), "")
+        seconds = time.perf_counter() - t0
+    return {"mode": "pipeline_only", "shape": list(conf.resolution.shape), "batch_size": b,
+            "batches": n, "seconds": round(seconds, 3), "volumes_per_s": round(n * b / seconds, 2)}
+
+
+def benchmark(conf, overrides: list[str]) -> dict:
+    from brats_seg.backend import configure
+    from brats_seg.config import resolve_model_outputs
+
+    if conf.benchmark.input not in ("memory", "pipeline"):
+        raise ValueError(f"benchmark.input={conf.benchmark.input!r}: use memory or pipeline.")
+    resolve_model_outputs(conf)
+    backend = configure(conf.backend)  # before anything imports TensorFlow
+    import numpy as np
+
+    from brats_seg.cpu import cpu_isa, cpu_model_name
+    from brats_seg.lms.stats import allocator_peak_bytes, device_peak_bytes
+
+    if conf.benchmark.pipeline_only:
+        return {"overrides": overrides, "cpu": cpu_model_name(), "cpu_isa": cpu_isa(), **measure_pipeline(conf)}
+    with tempfile.TemporaryDirectory() as tmp:
+        info, run_once = build_benchmark_step(conf, Path(tmp), backend)
+        backend, plan, stats = info["backend"], info["plan"], info["stats"]
+        times = []
+        for _ in range(max(conf.benchmark.steps, 1) + 1):
+            t0 = time.perf_counter()
+            run_once()
+            times.append(time.perf_counter() - t0)
+        peak = device_peak_bytes(backend.device)
+        allocator_peak = allocator_peak_bytes(backend.device)
+    sgemm = measure_sgemm_flops() if conf.benchmark.sgemm else None  # after the memory was read
+    b, shape = conf.trainer.batch_size, tuple(conf.resolution.shape)
+    baseline, predicted = info["baseline"], info["predicted"]
     step_s = statistics.median(times[1:])
     result = {
         "overrides": overrides,
@@ -88,15 +206,19 @@ def benchmark(conf, overrides: list[str]) -> dict:
         "device": backend.device,
         "cpu": cpu_model_name(),
         "cpu_isa": cpu_isa(),
-        "strategy": strategy,
+        "strategy": info["strategy"],
         "resolution": conf.resolution.name,
         "shape": list(shape),
         "batch_size": b,
         "precision": conf.backend.precision,
+        "input": conf.benchmark.input,
         "steps": len(times) - 1,
         "step_s": round(step_s, 4),
         "first_step_s": round(times[0], 3),
         "voxels_per_s": round(b * float(np.prod(shape)) / step_s, 1),
+        "step_flops": info["flops"],
+        "flops_per_s": round(info["flops"] / step_s, 1),
+        "sgemm_flops_per_s": None if sgemm is None else round(sgemm, 1),
         "peak_bytes": int(peak),
         "baseline_bytes": int(baseline),
         "measured_bytes": int(peak - baseline),
