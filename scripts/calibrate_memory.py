@@ -20,7 +20,8 @@ and normalisation the calibration grid does not have. The preset's ``planning_ma
 (the share of ``lms.limit`` the planner keeps free for its own error) is the worst
 under-prediction of a leave-one-configuration-out cross-validation of that fit, again on
 the calibration grid only. ``lms=auto`` validation points check that the measured peak
-stays under their ``lms.limit``.
+stays under their ``lms.limit``. On a CPU with native bfloat16 a third grid,
+``validation_bf16``, measures ``backend.precision=bf16`` points (never fitted).
 
 Writes ``brats_seg/lms/presets/cpu_<kind>.json`` (``--out`` to change; the kinds of
 :func:`brats_seg.cpu.cpu_kind`: ``avx512_amx``, ``avx512``, ``avx2``): the machine, the
@@ -79,6 +80,21 @@ VALIDATION = {
                                      "trainer.batch_size=2", "model.upsample=trilinear"],
     "d4 f32 64x80x64 b1": ["model.depth=4", "model.base_filters=32", "resolution.shape=[64,80,64]",
                            "trainer.batch_size=1"],
+}
+# bfloat16 (backend.precision=bf16), measured where the CPU computes it natively and never
+# fitted: how well the dtype rules (brats_seg.lms.layer_cost, checked on the traced graph by
+# tests/unit/test_saved_tensors.py) carry the float32 fit over to bf16.
+VALIDATION_BF16 = {
+    "d4 f16 full b1 bf16": ["model.depth=4", "model.base_filters=16", "resolution=full", "trainer.batch_size=1",
+                            "backend.precision=bf16"],
+    "d4 f16 half b2 bf16": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=2",
+                            "backend.precision=bf16"],
+    "d3 f12 112x128x96 b2 bf16": ["model.depth=3", "model.base_filters=12", "resolution.shape=[112,128,96]",
+                                  "trainer.batch_size=2", "backend.precision=bf16"],
+    "d4 f16 half b1 group bf16": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=1",
+                                  "model.norm=group", "model.groups=8", "backend.precision=bf16"],
+    "d3 f16 half b3 trilinear bf16": ["model.depth=3", "model.base_filters=16", "resolution=half",
+                                      "trainer.batch_size=3", "model.upsample=trilinear", "backend.precision=bf16"],
 }
 STRATEGIES = ("off", "recompute")
 # lms=auto points of the validation grid: (point, limit as a fraction between the off and
@@ -150,8 +166,8 @@ def _save(path: Path, record: dict) -> None:
 
 
 def _points(grid: str) -> list[tuple[str, str, list[str]]]:
-    """``(key, grid, overrides)`` of every fixed-strategy point of ``grid`` (calibration | validation)."""
-    table = CALIBRATION if grid == "calibration" else VALIDATION
+    """``(key, grid, overrides)`` of every fixed-strategy point of ``grid``."""
+    table = {"calibration": CALIBRATION, "validation": VALIDATION, "validation_bf16": VALIDATION_BF16}[grid]
     return [(_key(n, s), grid, [*o, f"lms={s}"]) for n, o in table.items() for s in STRATEGIES]
 
 
@@ -249,7 +265,7 @@ def _summary(errors: dict[str, float]) -> str:
 
 
 def report(record: dict, memory_model) -> None:
-    for grid in ("calibration", "validation"):
+    for grid in ("calibration", "validation", "validation_bf16"):
         errs = _errors(record, memory_model, grid)
         record.setdefault("errors", {})[grid] = {k: round(v, 4) for k, v in errs.items()}
         if not errs:
@@ -296,7 +312,7 @@ def cross_validate(record: dict, base, verbose: bool = True, under_weight: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    from brats_seg.cpu import cpu_kind, cpu_model_name, onednn_isa_cap
+    from brats_seg.cpu import cpu_kind, cpu_model_name, has_native_bf16, onednn_isa_cap
     from brats_seg.lms.memory_model import base_preset
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -367,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
     if not args.fit_only:
         measure(record, path, _points("validation") + _auto_points(mm), args.validation_runs, args.timeout)
+        if has_native_bf16():  # bf16 runs only where oneDNN computes it (the benchmark refuses it elsewhere)
+            measure(record, path, _points("validation_bf16"), args.validation_runs, args.timeout)
     report(record, mm)
     _save(path, record)
     print(f"\nwrote {path}")
