@@ -138,7 +138,10 @@ def _workload(overrides: tuple[str, ...]):
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         conf = to_config(compose(config_name="benchmark", overrides=list(overrides)))
-    return Workload.from_config(conf), conf.lms
+    workload = Workload.from_config(conf)
+    if conf.benchmark.input == "memory":  # as benchmark.py plans it: fed from memory, no pipeline buffers
+        workload = dataclasses.replace(workload, input_batches=0)
+    return workload, conf.lms
 
 
 def predict(overrides: list[str], strategy: str, memory_model) -> int:
