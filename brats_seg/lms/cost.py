@@ -12,6 +12,7 @@ Tensors are channels-last ``(batch, x, y, z, channels)``; sizes are bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -21,7 +22,7 @@ from brats_seg.lms.memory_model import MemoryModel
 from brats_seg.lms.workload import OPTIMIZER_SLOTS, Workload
 from brats_seg.model.topology import DTYPE_POLICIES
 
-__all__ = ["BlockCost", "NetworkCost", "compute_network_cost", "compute_step_flops"]
+__all__ = ["BlockCost", "NetworkCost", "compute_network_cost", "compute_step_flops", "forward_only_bytes"]
 
 # The input pipeline hands the step the cache's dtypes (brats_seg.data.pipeline): the image
 # float16, the region targets uint8. The model casts the image to float32 (``image``) first.
@@ -188,6 +189,9 @@ class NetworkCost:
             ``weight_bytes``, ``weight_gradient_bytes``, ``optimizer_slot_bytes``,
             ``weight_cast_bytes``, ``data_bytes``, ``workspace_bytes``).
         loss_bytes: transient bytes of the loss step.
+        validation_bytes: the validation pass's peak of activations and inputs (forward
+            only, one case, each tensor freed after its last reader; :func:`forward_only_bytes`)
+            plus the validation pipeline's buffers; None when the workload does not validate.
         params: weights; trainable_params: trainable weights.
         memory_model: the coefficients used.
     """
@@ -202,6 +206,7 @@ class NetworkCost:
     params: int
     trainable_params: int
     memory_model: MemoryModel
+    validation_bytes: int | None = None
 
     @property
     def persistent_bytes(self) -> int:
@@ -275,7 +280,7 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         "workspace_bytes": int(mm.workspace_factor * workspace_ref),
         "library_scratch_bytes": int(mm.conv_weight_grad_scratch * weight_grad_scratch_ref),
     }
-    return NetworkCost(
+    net = NetworkCost(
         blocks=tuple(blocks),
         tensor_bytes=globals_,
         producer=producer,
@@ -287,6 +292,28 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         trainable_params=trainable,
         memory_model=mm,
     )
+    if workload.validates:  # one case at a time, fed by its own pipeline (batches of one)
+        pipeline = (batch_image_bytes + labels_bytes) // batch * workload.input_batches
+        net = dataclasses.replace(net, validation_bytes=forward_only_bytes(net) // batch + pipeline)
+    return net
+
+
+def forward_only_bytes(net: NetworkCost, with_loss: bool = True) -> int:
+    """Activations and inputs at the worst moment of a forward pass without backward (the
+    validation pass, inference): every tensor lives from its producer to its last reader and
+    a block's internals only while it runs; then (``with_loss``) the loss on the head's output.
+
+    Returns:
+        Bytes at the network's batch size (activations scale with the batch).
+    """
+    n = len(net.blocks)
+    worst = 0
+    for i in range(n + 1 if with_loss else n):  # block i, or the loss (i == n)
+        alive = sum(nbytes for t, nbytes in net.tensor_bytes.items()
+                    if net.producer[t] <= i <= max(net.consumers[t], default=net.producer[t]))
+        working = net.blocks[i].forward_working_drop_bytes if i < n else net.loss_bytes
+        worst = max(worst, alive + working)
+    return worst
 
 
 def compute_step_flops(net: NetworkCost) -> float:

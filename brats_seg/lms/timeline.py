@@ -27,7 +27,8 @@ class Timeline:
     """Predicted device bytes per step of one training step.
 
     Steps: ``forward <block>`` for each block in order, ``loss``, ``backward <block>``
-    in reverse order.
+    in reverse order, and ``validation`` (the forward-only validation pass) when the
+    workload validates.
 
     Attributes:
         steps: step labels.
@@ -201,6 +202,13 @@ def simulate(
         "loss",
         *(f"backward {b.name}" for b in reversed(blocks)),
     )
+    if net.validation_bytes is not None:  # the run's validation pass, between epochs: no LMS, nothing kept
+        val = int(factor * net.validation_bytes)
+        kept.append(val)
+        grads.append(0)
+        transient.append(0)
+        total = (*total, int(fixed + val + rebuild))
+        labels = (*labels, "validation")
 
     def scaled(arr: list[int]) -> tuple[int, ...]:
         return tuple(int(factor * v) for v in arr)

@@ -58,6 +58,9 @@ class Workload:
         input_batches: batches the input pipeline holds besides the one the step reads
             (``brats_seg.data.pipeline``: the prefetched ones, the one being assembled and
             the case in its map call); 0 for a step fed from memory (the benchmark).
+        validates: the process also runs the validation pass (forward only, one case at a
+            time, with the training pipeline's buffers still held): ``train.py`` does, the
+            benchmark does not. Planned as a step of its own after the training step.
 
     Raises:
         ValueError: a bad value, named, with what to use instead.
@@ -69,6 +72,7 @@ class Workload:
     policy: str = "float32"
     optimizer: str = "adam"
     input_batches: int = 0
+    validates: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", check_policy(self.policy))
@@ -85,13 +89,14 @@ class Workload:
         """The workload of a composed train config (``model``, ``resolution``, ``trainer``,
         ``backend.precision``, ``data.prefetch_batches``), ``model.out_channels`` resolved from
         ``data.layout``; ``cfg`` is not changed. The config has no optimizer field: the
-        trainer's Adam is the default. The step is fed by the input pipeline."""
+        trainer's Adam is the default. The step is fed by the input pipeline, and the run
+        validates."""
         from brats_seg.data.labels import output_regions
 
         model_cfg = dataclasses.replace(
             cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels)))
         return cls(model_cfg, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, optimizer,
-                   input_batches=pipeline_batches(cfg.data.prefetch_batches))
+                   input_batches=pipeline_batches(cfg.data.prefetch_batches), validates=True)
 
     def topology(self) -> UNetTopology:
         """The U-Net under this workload's dtype policy."""

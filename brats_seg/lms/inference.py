@@ -1,0 +1,101 @@
+"""Memory of evaluation and prediction: whole-volume inference, mirroring, the way back to the native grid.
+
+``scripts/evaluate.py`` and ``scripts/predict.py`` run each case through
+``brats_seg.evaluation.sliding.predict_volume`` (the model in a ``tf.function``, which frees
+every tensor after its last reader; test-time mirroring in the same graph) and
+``brats_seg.data.preprocess.invert_to_native`` (a channel at a time), then threshold, write
+and score on the native grid. This module predicts that process's peak above the imported
+runtime from the same cost tables as the training plan (:mod:`brats_seg.lms.cost`), so a run
+trained under ``lms.limit`` is evaluated under it too, or refused before any model is loaded.
+
+Per case, at the worst of three moments:
+
+- **forward**: the weights and the per-convolution runtime, the case's float16 image twice
+  (the host's array and TensorFlow's copy of it), and the forward pass's activations
+  (:func:`~brats_seg.lms.cost.forward_only_bytes`); with mirroring the second pass runs
+  while the first one's float32 probabilities wait, and the mean makes two more;
+- **back to the native grid**: the float32 probabilities on the network grid, one channel
+  on the resampled grid twice (the padded window and SimpleITK's copy), and the native
+  probabilities of every channel;
+- **scoring**: the native probabilities, label maps and the metrics' distance maps, a few
+  native-sized float64 arrays (:data:`NATIVE_SCORING_BYTES_PER_VOXEL`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from brats_seg.lms.cost import compute_network_cost, forward_only_bytes
+from brats_seg.lms.layer_cost import FLOAT32_BYTES
+from brats_seg.lms.memory_model import MemoryModel
+from brats_seg.lms.workload import Workload
+
+__all__ = ["InferenceEstimate", "NATIVE_SCORING_BYTES_PER_VOXEL", "estimate_inference"]
+
+# Native-grid arrays alive while a case is scored: the reference and predicted label maps,
+# per-region boolean masks, surface-distance maps (float64) and panoptica's instance maps:
+# about six float64 arrays of the native grid. An allowance, not calibrated.
+NATIVE_SCORING_BYTES_PER_VOXEL = 48
+
+
+@dataclass(frozen=True)
+class InferenceEstimate:
+    """Predicted memory of evaluating or predicting one case (bytes above the imported runtime).
+
+    Attributes:
+        forward_bytes: at the forward pass (or the mirrored second pass).
+        native_bytes: while the probabilities go back to the native grid.
+        scoring_bytes: while the case is scored on the native grid.
+        peak_bytes: the largest of the three.
+        peak_at: ``forward``, ``native`` or ``scoring``.
+    """
+
+    forward_bytes: int
+    native_bytes: int
+    scoring_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.forward_bytes, self.native_bytes, self.scoring_bytes)
+
+    @property
+    def peak_at(self) -> str:
+        return max((("forward", self.forward_bytes), ("native", self.native_bytes), ("scoring", self.scoring_bytes)),
+                   key=lambda kv: kv[1])[0]
+
+
+def estimate_inference(workload: Workload, memory_model: MemoryModel, mirror: bool = True,
+                       resampled_voxels: int | None = None, native_voxels: int | None = None,
+                       scoring: bool = True) -> InferenceEstimate:
+    """The peak of evaluating (``scoring``) or predicting one case of ``workload``'s shape.
+
+    Args:
+        workload: the model, network grid and dtype policy (batch and pipeline ignored:
+            one case at a time, read from the cache or the input files).
+        memory_model: the device's coefficients (``activation_factor``, the runtime).
+        mirror: test-time mirroring (``evaluate.mirror``).
+        resampled_voxels: voxels of the case's resampled grid (the native extent at the
+            network spacing; the cache's ``resampled_shape``); default the network grid's.
+        native_voxels: voxels of the native grid; default the network grid's.
+        scoring: whether the case is scored (evaluation) or only written (prediction).
+    """
+    one = dataclasses.replace(workload, batch_size=1, input_batches=0, validates=False)
+    net = compute_network_cost(one, memory_model)
+    mm = memory_model
+    voxels = 1
+    for s in one.input_shape:
+        voxels *= s
+    regions = one.model_cfg.out_channels
+    probs = voxels * regions * FLOAT32_BYTES  # float32 probabilities on the network grid
+    resampled = resampled_voxels or voxels
+    native = native_voxels or voxels
+    runtime = net.persistent["runtime_bytes"] + net.persistent["weight_bytes"] + net.persistent["weight_cast_bytes"]
+    host_image = net.tensor_bytes["batch_image"]  # the float16 image on the host; TensorFlow holds a copy
+    activations = forward_only_bytes(net, with_loss=False) - net.tensor_bytes["labels"]  # no labels, no loss
+    forward = runtime + host_image + mm.activation_factor * activations
+    if mirror:  # the first pass's probabilities wait through the second; then the mean of both
+        forward = max(forward + mm.activation_factor * probs, runtime + host_image + 3 * probs)
+    back = runtime + probs + 2 * resampled * FLOAT32_BYTES + native * (regions + 1) * FLOAT32_BYTES
+    score = runtime + native * regions * FLOAT32_BYTES + (native * NATIVE_SCORING_BYTES_PER_VOXEL if scoring else 0)
+    return InferenceEstimate(int(forward), int(back), int(score))
