@@ -32,8 +32,12 @@ def main(cfg) -> None:
     # TensorFlow-free checks first: a wrong run_dir fails in a second, not after the TF import.
     from brats_seg.evaluation.evaluate import check_run_dir
 
+    from brats_seg.evaluation.run import inference_precision
+
     with user_errors():
-        check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
+        run = check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
+        # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
+        conf.backend.precision = inference_precision(run, _requested_precision())
 
     from brats_seg.backend import configure
 
@@ -57,6 +61,14 @@ def main(cfg) -> None:
     print(f"  predictions  {out / 'predictions'}/<case_id>.nii.gz")
     if conf.evaluate.overlays:
         print(f"  overlays     {out / 'overlays'}/<case_id>.png")
+
+
+def _requested_precision() -> str | None:
+    """``backend.precision`` if given on the command line."""
+    from hydra.core.hydra_config import HydraConfig
+
+    given = [o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if o.startswith("backend.precision=")]
+    return given[-1] if given else None
 
 
 if __name__ == "__main__":

@@ -33,20 +33,25 @@ def main(cfg) -> None:
     from brats_seg.evaluation.evaluate import check_run_dir
     from brats_seg.evaluation.run import RunError, run_regions
 
+    from brats_seg.evaluation.run import inference_precision
+
     with user_errors():  # TensorFlow-free checks first
         if not str(conf.output).strip():
             raise RunError("output is not set: pass output=<folder for the masks>.")
         run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
         cases = find_input_cases(conf.input, run.data.layout)
+        # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
+        conf.backend.precision = inference_precision(run, _requested_precision())
 
     from brats_seg.backend import configure
 
     with user_errors():
-        configure(conf.backend)
+        backend = configure(conf.backend)
     from brats_seg.evaluation.predict import predict_new_cases
-    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.run import check_inference_memory, inference_policy, load_run_model
 
-    with user_errors():
+    with user_errors():  # predicted to fit lms.limit, or refused before the model is loaded
+        check_inference_memory(run, conf.evaluate, backend.device, inference_policy(), scoring=False)
         model = load_run_model(conf.run_dir, conf.checkpoint, run)
         written = predict_new_cases(model, cases, run, conf.output, conf.evaluate)
     regions = run_regions(run)
@@ -58,6 +63,14 @@ def main(cfg) -> None:
         print(f"  ... and {len(written) - 10} more")
     if conf.evaluate.overlays:
         print(f"overlays in {Path(conf.output) / 'overlays'}")
+
+
+def _requested_precision() -> str | None:
+    """``backend.precision`` if given on the command line."""
+    from hydra.core.hydra_config import HydraConfig
+
+    given = [o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if o.startswith("backend.precision=")]
+    return given[-1] if given else None
 
 
 if __name__ == "__main__":

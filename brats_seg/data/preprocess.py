@@ -253,11 +253,12 @@ def invert_to_native(output: np.ndarray, record: PreprocessRecord | dict) -> np.
     rec = record if isinstance(record, PreprocessRecord) else PreprocessRecord(**record)
     if tuple(output.shape[:3]) != tuple(rec.shape):
         raise ValueError(f"output grid {output.shape[:3]} differs from the case's network grid {tuple(rec.shape)}.")
-    # Place the window back in the resampled grid: the inverse crop is a crop at -start.
+    # Place the window back in the resampled grid (the inverse crop is a crop at -start) and
+    # resample, a channel at a time: at 2x resolution one channel on the resampled grid is
+    # ~0.3 GB, all of them together over a GB.
     back_start = [-s for s in rec.crop_start]
-    on_resampled = _crop_pad(output.astype(np.float32), back_start, rec.resampled_shape)
-    channels = [
-        resample(on_resampled[..., c], [rec.spacing_mm] * 3, rec.native_spacing_mm, rec.native_shape)
-        for c in range(on_resampled.shape[-1])
-    ]
-    return np.stack(channels, axis=-1)
+    native = np.empty((*rec.native_shape, output.shape[-1]), dtype=np.float32)
+    for c in range(output.shape[-1]):
+        on_resampled = _crop_pad(output[..., c], back_start, rec.resampled_shape)
+        native[..., c] = resample(on_resampled, [rec.spacing_mm] * 3, rec.native_spacing_mm, rec.native_shape)
+    return native

@@ -48,6 +48,9 @@ from brats_seg.evaluation.run import (
     RunError,
     check_evaluate_config,
     checkpoint_path,
+    check_inference_memory,
+    inference_device,
+    inference_policy,
     load_run_config,
     load_run_model,
     run_regions,
@@ -245,6 +248,9 @@ def evaluate_run(
     if not case_ids:
         raise RunError(f"the {split} split of {run_dir / 'split.json'} is empty: nothing to evaluate; try split=all.")
     entries = _prepare_entries(config, case_ids, progress)
+    if model is None:  # predicted to fit lms.limit, or refused before the model is loaded
+        check_inference_memory(config, eval_cfg, inference_device(), inference_policy(),
+                               [entry.meta["record"] for entry in entries])
     model = model if model is not None else load_run_model(run_dir, checkpoint, config)
     out = eval_dir(run_dir, split)
     table = MetricsTable(region_names(config.data.layout))

@@ -82,10 +82,10 @@ def predict_case_native(
         the network window.
     """
     if isinstance(case, CacheEntry):
-        image = np.load(case.image_path).astype(np.float32)
+        image = np.load(case.image_path)  # float16, as cached: the model casts it on the device
         record = record if record is not None else case.meta["record"]
     else:
-        image = np.asarray(case, dtype=np.float32)
+        image = np.asarray(case)
     if record is None:
         raise ValueError("predict_case_native needs the case's PreprocessRecord when given an array.")
     probs = predict_volume(model, image, mode=mode, window=window, overlap=overlap, depth=depth, mirror=mirror)

@@ -9,6 +9,8 @@ at module level: they are imported inside :func:`load_run_model`, after
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 from pathlib import Path
@@ -24,6 +26,10 @@ __all__ = [
     "checkpoint_path",
     "load_run_config",
     "load_run_model",
+    "check_inference_memory",
+    "inference_device",
+    "inference_policy",
+    "inference_precision",
     "run_regions",
 ]
 
@@ -152,3 +158,94 @@ def load_run_model(run_dir: str | Path, checkpoint: str = "best", config: TrainC
         ) from e
     log.info("loaded %s into unet3d depth=%d base_filters=%d", path, config.model.depth, config.model.base_filters)
     return model
+
+
+def inference_precision(run: TrainConfig, requested: str | None) -> str:
+    """The precision a run's model infers in: ``requested`` (``backend.precision=`` given on the
+    command line) or else the run's own, so a bf16 run is evaluated in bf16 (half the memory)
+    -- except on a CPU without native bf16, where oneDNN cannot run it: fp32, said once."""
+    if requested:
+        return requested
+    precision = run.backend.precision
+    if precision == "bf16":
+        from brats_seg.cpu import cpu_model_name, has_native_bf16
+        from brats_seg.lms.preflight import planning_device
+
+        if planning_device(run) == "CPU" and not has_native_bf16():
+            log.warning("the run trained in bf16; this CPU (%s) has no native bf16, so its model infers in fp32 "
+                        "(about twice the memory of bf16)", cpu_model_name())
+            return "fp32"
+    return precision if precision in ("fp32", "bf16") else "fp32"
+
+
+def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(),
+                           scoring: bool = True):
+    """Predict a case's evaluation (``scoring``) or prediction peak and hold it to the run's
+    ``lms.limit`` (less the planning margin), before any model is loaded.
+
+    Args:
+        run: the run's config.
+        eval_cfg: mirroring and mode.
+        device: ``CPU`` or ``GPU``.
+        policy: the dtype policy the model infers in (``float32``, ``mixed_bfloat16``).
+        records: the cases' ``PreprocessRecord`` dicts (their resampled and native grids);
+            none: the network grid stands for both.
+
+    Returns:
+        The :class:`~brats_seg.lms.inference.InferenceEstimate` of the largest case.
+
+    Raises:
+        RunError: the estimate is over the budget, with the numbers and what to change.
+    """
+    import math
+
+    from brats_seg.backend import device_memory_bytes
+    from brats_seg.lms.inference import estimate_inference
+    from brats_seg.lms.memory_model import memory_model_for
+    from brats_seg.lms.search import planning_budget
+    from brats_seg.lms.units import format_gb, parse_limit
+    from brats_seg.lms.workload import Workload
+
+    mm = memory_model_for(device)
+    workload = dataclasses.replace(Workload.from_config(run), policy=policy)
+    resampled = max((math.prod(r["resampled_shape"]) for r in records), default=None)
+    native = max((math.prod(r["native_shape"]) for r in records), default=None)
+    estimate = estimate_inference(workload, mm, mirror=eval_cfg.mirror and eval_cfg.mode == "whole",
+                                  resampled_voxels=resampled, native_voxels=native, scoring=scoring)
+    limit = parse_limit(run.lms.limit, device_memory_bytes(device, run.backend.gpu_memory_limit_mb))
+    budget = planning_budget(limit, mm)
+    log.info("inference of a case (%s, %s): predicted peak %s at its %s step, budget %s (lms.limit %s)",
+             "x".join(map(str, workload.input_shape)), workload.policy, format_gb(estimate.peak_bytes),
+             estimate.peak_at, format_gb(budget), format_gb(limit))
+    if estimate.peak_bytes > budget:
+        hints = []
+        if eval_cfg.mirror and eval_cfg.mode == "whole":
+            no_mirror = estimate_inference(workload, mm, mirror=False, resampled_voxels=resampled,
+                                           native_voxels=native, scoring=scoring).peak_bytes
+            hints.append(f"evaluate.mirror=false ({format_gb(no_mirror)})")
+        if workload.policy == "float32":
+            bf16 = estimate_inference(dataclasses.replace(workload, policy="mixed_bfloat16"), mm,
+                                      mirror=eval_cfg.mirror, resampled_voxels=resampled, native_voxels=native,
+                                      scoring=scoring).peak_bytes
+            hints.append(f"backend.precision=bf16 on a CPU with native bf16 ({format_gb(bf16)})")
+        hints.append("a machine with more memory, or a larger lms.limit in the run's config.json")
+        raise RunError(
+            f"inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}) is predicted to "
+            f"need {format_gb(estimate.peak_bytes)} at its {estimate.peak_at} step, over the budget "
+            f"{format_gb(budget)} (lms.limit {format_gb(limit)} less the planner's margin). Try: "
+            + "; ".join(hints) + ".")
+    return estimate
+
+
+def inference_device() -> str:
+    """``GPU`` if TensorFlow sees one (call after ``backend.configure``), else ``CPU``."""
+    import tensorflow as tf
+
+    return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+
+
+def inference_policy() -> str:
+    """Keras' global dtype policy, which ``backend.configure`` set from ``backend.precision``."""
+    import keras
+
+    return keras.mixed_precision.global_policy().name

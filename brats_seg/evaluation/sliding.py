@@ -113,13 +113,16 @@ def _model_for(model, spatial: tuple[int, int, int]):
 
 
 def _check_image(model, image: np.ndarray) -> np.ndarray:
+    """The model's channels of ``image`` (FLAIR-only models: channel 0), in the image's float
+    dtype (the cache's float16 is not upcast here: the model casts it on the device)."""
     image = np.asarray(image)
     if image.ndim != 4:
         raise ValueError(f"image should have shape (X, Y, Z, C), got {image.shape}.")
     channels = model.input_shape[-1]
     if image.shape[-1] < channels:
         raise ValueError(f"image has {image.shape[-1]} channels but the model takes {channels} (FLAIR, T1, T1ce, T2).")
-    return np.ascontiguousarray(image[..., :channels], dtype=np.float32)  # FLAIR-only models: channel 0
+    dtype = image.dtype if image.dtype in (np.float16, np.float32) else np.float32
+    return np.ascontiguousarray(image[..., :channels], dtype=dtype)
 
 
 def resolve_window(window, shape: tuple[int, int, int], depth: int) -> tuple[int, int, int]:
@@ -176,20 +179,47 @@ def predict_volume(
     if not 0 <= overlap < 1:
         raise ValueError(f"evaluate.window_overlap={overlap}: use a fraction in [0, 1).")
     image = _check_image(model, image)
+    shape = tuple(int(s) for s in image.shape[:3])
+    if mode == "whole":  # mirrored inside the graph: no flipped copy of the volume on the host
+        return _forward(_model_for(model, shape), image[None], mirror)[0]
     if mirror:
         probs = predict_volume(model, image, mode, window, overlap, depth, batch_size)
         mirrored = predict_volume(model, np.ascontiguousarray(image[::-1]), mode, window, overlap, depth, batch_size)
         return 0.5 * (probs + mirrored[::-1])
-    shape = tuple(int(s) for s in image.shape[:3])
-    if mode == "whole":
-        return _forward(_model_for(model, shape), image[None])[0]
     depth = _model_depth(model) if depth is None else int(depth)
     win = resolve_window(window, shape, depth)
     return _predict_sliding(_model_for(model, win), image, win, overlap, batch_size)
 
 
-def _forward(model, batch: np.ndarray) -> np.ndarray:
-    return np.asarray(model(batch, training=False), dtype=np.float32)
+_FORWARD_FNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _forward(model, batch: np.ndarray, mirror: bool = False) -> np.ndarray:
+    """``model(batch)`` as float32, in a ``tf.function``: Keras' eager functional call keeps
+    every intermediate tensor until the output (the whole forward pass's activations at once:
+    at 2x resolution more than the machine's memory), the graph executor frees each one after
+    its last use. ``mirror``: the mean with the prediction of the x-mirrored input."""
+    import keras
+
+    if not isinstance(model, keras.Model):  # any other callable (a test double) runs on arrays
+        probs = np.asarray(model(batch, training=False), dtype=np.float32)
+        if mirror:
+            flipped = np.asarray(model(np.ascontiguousarray(batch[:, ::-1]), training=False), dtype=np.float32)
+            probs = 0.5 * (probs + flipped[:, ::-1])
+        return probs
+    fns = _FORWARD_FNS.setdefault(model, {})
+    if mirror not in fns:
+        import tensorflow as tf
+
+        def forward(x):  # (B, X, Y, Z, C) -> (B, X, Y, Z, R) float32
+            p = tf.cast(model(x, training=False), tf.float32)
+            if mirror:
+                q = tf.cast(model(tf.reverse(x, axis=[1]), training=False), tf.float32)
+                p = 0.5 * (p + tf.reverse(q, axis=[1]))
+            return p
+
+        fns[mirror] = tf.function(forward, reduce_retracing=True, autograph=False)
+    return fns[mirror](batch).numpy()
 
 
 def _predict_sliding(model, image: np.ndarray, window, overlap: float, batch_size: int) -> np.ndarray:
