@@ -162,6 +162,8 @@ class BenchmarkConfig:
     input: str = "memory"  # memory: one random batch in memory | pipeline: the training input pipeline over random cache entries
     pipeline_only: bool = False  # time the input pipeline alone (volumes/s), no model
     sgemm: bool = False  # also measure a 4096^2 float32 SGEMM with the same threads, after the step (FLOP/s against it)
+    sweep: str = ""  # a grid of overrides: a name in configs/benchmark_sweeps/ or a YAML path; JSONL + plots
+    out: str = ""  # the sweep's JSON lines file; default outputs/benchmark/<sweep>/results.jsonl
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +28,8 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 from brats_seg.cli import to_config, user_errors  # noqa: E402
 from brats_seg.config import register_configs  # noqa: E402
 
@@ -181,11 +183,11 @@ def benchmark(conf, overrides: list[str]) -> dict:
     backend = configure(conf.backend)  # before anything imports TensorFlow
     import numpy as np
 
-    from brats_seg.cpu import cpu_isa, cpu_model_name
+    from brats_seg.cpu import cpu_isa, cpu_kind, cpu_model_name
     from brats_seg.lms.stats import allocator_peak_bytes, device_peak_bytes
 
     if conf.benchmark.pipeline_only:
-        return {"overrides": overrides, "cpu": cpu_model_name(), "cpu_isa": cpu_isa(), **measure_pipeline(conf)}
+        return {"overrides": overrides, "cpu": cpu_model_name(), "cpu_kind": cpu_kind(), **measure_pipeline(conf)}
     with tempfile.TemporaryDirectory() as tmp:
         info, run_once = build_benchmark_step(conf, Path(tmp), backend)
         backend, plan, stats = info["backend"], info["plan"], info["stats"]
@@ -206,6 +208,7 @@ def benchmark(conf, overrides: list[str]) -> dict:
         "device": backend.device,
         "cpu": cpu_model_name(),
         "cpu_isa": cpu_isa(),
+        "cpu_kind": cpu_kind(),
         "strategy": info["strategy"],
         "resolution": conf.resolution.name,
         "shape": list(shape),
@@ -233,11 +236,69 @@ def benchmark(conf, overrides: list[str]) -> dict:
     return result
 
 
+def _sweep_spec(name: str) -> tuple[Path, dict]:
+    """The sweep file named by ``benchmark.sweep`` (configs/benchmark_sweeps/<name>.yaml or a path)."""
+    import yaml
+
+    path = Path(name).expanduser()
+    if not path.suffix:
+        path = REPO / "configs" / "benchmark_sweeps" / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in (REPO / "configs" / "benchmark_sweeps").glob("*.yaml")))
+        raise ValueError(f"benchmark.sweep={name!r}: no {path}; use one of {known} or a YAML file with base: and axes:.")
+    spec = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(spec.get("axes"), dict) or not spec["axes"]:
+        raise ValueError(f"{path}: expected 'axes:' mapping override keys to lists of values (and an optional 'base:').")
+    return path, spec
+
+
+def run_sweep(conf, overrides: list[str]) -> Path:
+    """Every combination of the sweep's axes in a fresh benchmark process; JSON lines, then the plots."""
+    import itertools
+
+    from brats_seg.plots import plot_benchmark_sweep
+
+    path, spec = _sweep_spec(conf.benchmark.sweep)
+    out = Path(conf.benchmark.out or REPO / "outputs" / "benchmark" / path.stem / "results.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    base = [*spec.get("base", []), *(o for o in overrides if not o.startswith(("benchmark.sweep=", "benchmark.out=")))]
+    keys = list(spec["axes"])
+    done = {json.dumps(r["sweep"]) for r in _read_jsonl(out) if "sweep" in r}
+    combos = [dict(zip(keys, values)) for values in itertools.product(*(spec["axes"][k] for k in keys))]
+    for i, combo in enumerate(combos, 1):
+        if json.dumps(combo) in done:
+            continue
+        cmd = [sys.executable, str(Path(__file__).resolve()), *base, *(f"{k}={v}" for k, v in combo.items()),
+               "benchmark.sgemm=true"]
+        print(f"[{i}/{len(combos)}] {' '.join(f'{k}={v}' for k, v in combo.items())}", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        if proc.returncode != 0:  # e.g. bf16 refused on a CPU without it: said, and the sweep goes on
+            print(f"  failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+            continue
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        with open(out, "a") as f:
+            f.write(json.dumps({"sweep": combo, **result}) + "\n")
+    records = _read_jsonl(out)
+    for png in plot_benchmark_sweep(records, out.parent):
+        print(f"wrote {png}")
+    return out
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 @hydra.main(config_path="../configs", config_name="benchmark", version_base="1.3")
 def main(cfg) -> None:
     conf = to_config(cfg)
+    overrides = list(HydraConfig.get().overrides.task)
     with user_errors():
-        result = benchmark(conf, list(HydraConfig.get().overrides.task))
+        if conf.benchmark.sweep:
+            print(f"results in {run_sweep(conf, overrides)}")
+            return
+        result = benchmark(conf, overrides)
     print(json.dumps(result))
 
 

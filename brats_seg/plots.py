@@ -1,0 +1,142 @@
+"""The project's figures: benchmark sweeps and the resolution study (matplotlib, no display).
+
+Every function takes plain records (the JSON lines ``scripts/benchmark.py`` writes, the
+resolution study's summaries), writes one PNG through the atomic-write helper and returns its
+path; nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, also on a machine without a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from brats_seg.files import atomic_path  # noqa: E402
+
+__all__ = ["plot_benchmark_sweep", "plot_resolution_study"]
+
+log = logging.getLogger(__name__)
+
+_GB = 1e9
+
+
+def _series(records: Iterable[Mapping], y) -> dict[str, list[tuple[float, float]]]:
+    """``label -> [(input voxels per step, y(record))]`` sorted, one line per precision and strategy."""
+    lines: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in records:
+        voxels = float(r["batch_size"]) * r["shape"][0] * r["shape"][1] * r["shape"][2]
+        value = y(r)
+        if value is not None:
+            lines[f"{r['precision']}, lms={r['strategy']}"].append((voxels, value))
+    return {k: sorted(v) for k, v in sorted(lines.items())}
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title: str = "") -> list[Path]:
+    """Three figures of a benchmark sweep, in ``out_dir``.
+
+    - ``throughput.png``: voxels per second against the input's voxels per step, a line per
+      precision and LMS strategy;
+    - ``memory.png``: measured peak (RSS above the runtime on CPU) against the input's voxels,
+      the planner's prediction drawn dashed over each line;
+    - ``flops.png``: the step's FLOP/s against the input's voxels, with the same runs' 4096^2
+      float32 SGEMM rate as a band (its lowest to highest).
+
+    Args:
+        records: ``scripts/benchmark.py`` results (``shape``, ``batch_size``, ``precision``,
+            ``strategy``, ``voxels_per_s``, ``measured_bytes``, ``predicted_peak_bytes``,
+            ``flops_per_s``, ``sgemm_flops_per_s``, ``cpu``).
+        out_dir: folder for the PNGs.
+        title: prefix of each figure's title (e.g. the CPU).
+
+    Returns:
+        The paths written.
+    """
+    out_dir = Path(out_dir)
+    records = [r for r in records if "voxels_per_s" in r]
+    if not records:
+        raise ValueError("no benchmark results to plot")
+    title = title or f"{records[0].get('cpu', '')} ({records[0].get('cpu_kind', '')})"
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in _series(records, lambda r: r["voxels_per_s"]).items():
+        ax.plot([p[0] / 1e6 for p in points], [p[1] / 1e6 for p in points], "o-", label=label)
+    ax.set(xlabel="input voxels per step (millions)", ylabel="training throughput (million voxels / s)",
+           title=f"{title}: training speed")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out_dir / "throughput.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    measured = _series(records, lambda r: r["measured_bytes"] / _GB)
+    predicted = _series(records, lambda r: r.get("predicted_peak_bytes", 0) / _GB or None)
+    for (label, points), color in zip(measured.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4):
+        ax.plot([p[0] / 1e6 for p in points], [p[1] for p in points], "o-", color=color, label=f"{label} measured")
+        if label in predicted:
+            pts = predicted[label]
+            ax.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], "--", color=color, alpha=0.8,
+                    label=f"{label} planner")
+    ax.set(xlabel="input voxels per step (millions)", ylabel="peak memory (GB)",
+           title=f"{title}: peak memory, measured and planned")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out_dir / "memory.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    sgemm = [r["sgemm_flops_per_s"] for r in records if r.get("sgemm_flops_per_s")]
+    if sgemm:
+        ax.axhspan(min(sgemm) / 1e9, max(sgemm) / 1e9, color="grey", alpha=0.25,
+                   label=f"float32 SGEMM 4096^2, same runs ({min(sgemm) / 1e9:.0f}-{max(sgemm) / 1e9:.0f})")
+    for label, points in _series(records, lambda r: r.get("flops_per_s")).items():
+        ax.plot([p[0] / 1e6 for p in points], [p[1] / 1e9 for p in points], "o-", label=label)
+    ax.set(xlabel="input voxels per step (millions)", ylabel="GFLOP/s of the training step",
+           title=f"{title}: step FLOP/s against SGEMM")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out_dir / "flops.png"))
+    return paths
+
+
+def plot_resolution_study(rows: Sequence[Mapping], path: str | Path, regions: Sequence[str] = ("wt", "tc", "et"),
+                          title: str = "") -> Path:
+    """Dice per region against the training resolution (the seeds' chart), scored on the native grid.
+
+    Args:
+        rows: one per resolution: ``{"spacing_mm", "label", "epochs", "n_cases", "dice_<r>": {"mean",
+            "std"}}`` (``summary.json``'s entries of the run's evaluation).
+        path: the PNG.
+        regions: regions to draw.
+        title: the figure's title.
+    """
+    rows = sorted(rows, key=lambda r: -r["spacing_mm"])  # coarse to fine
+    labels = [f"{r['label']}\n{r['spacing_mm']:g} mm\n{r['epochs']} epochs" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / len(regions)
+    for k, region in enumerate(regions):
+        means = [r[f"dice_{region}"]["mean"] for r in rows]
+        stds = [r[f"dice_{region}"].get("std", 0.0) for r in rows]
+        xs = [i + (k - (len(regions) - 1) / 2) * width for i in range(len(rows))]
+        ax.bar(xs, means, width, yerr=stds, capsize=3, label=region.upper())
+        for x, m in zip(xs, means):
+            ax.text(x, m + 0.01, f"{m:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set(ylabel="Dice on the native grid (mean, std over test cases)", ylim=(0, 1.05),
+           title=title or "Dice per region against training resolution")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, Path(path))
