@@ -45,7 +45,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PREPROCESS_VERSION = 1  # bump when preprocessing changes: every entry is rebuilt
+PREPROCESS_VERSION = 2  # bump when preprocessing changes: every entry is rebuilt (2: z-score statistics summed in float64)
 
 
 @dataclass(frozen=True)
