@@ -248,9 +248,14 @@ def evaluate_run(
     if not case_ids:
         raise RunError(f"the {split} split of {run_dir / 'split.json'} is empty: nothing to evaluate; try split=all.")
     entries = _prepare_entries(config, case_ids, progress)
+    estimate = None
     if model is None:  # predicted to fit lms.limit, or refused before the model is loaded
-        check_inference_memory(config, eval_cfg, inference_device(), inference_policy(),
-                               [entry.meta["record"] for entry in entries])
+        estimate = check_inference_memory(config, eval_cfg, inference_device(), inference_policy(),
+                                          [entry.meta["record"] for entry in entries])
+    from brats_seg.lms.stats import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+
+    baseline = current_rss_bytes()  # the runtime, before the model (what the estimate is above)
+    reset_peak_rss()
     model = model if model is not None else load_run_model(run_dir, checkpoint, config)
     out = eval_dir(run_dir, split)
     table = MetricsTable(region_names(config.data.layout))
@@ -259,6 +264,10 @@ def evaluate_run(
         row = _evaluate_case(model, entry, config, eval_cfg, out)
         table.add(entry.case_id, row)
         bar.set_postfix(dice_wt=f"{row['dice_wt']:.3f}")
+    measured = peak_rss_bytes() - baseline
+    if estimate is not None:
+        log.info("evaluation peak %.2f GB above the runtime (predicted %.2f GB, at its %s step)", measured / 1e9,
+                 estimate.peak_bytes / 1e9, estimate.peak_at)
     table.save_csv(out / "metrics.csv")
     table.save_summary_json(out / "summary.json")
     summary = table.summary()

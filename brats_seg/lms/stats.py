@@ -120,12 +120,16 @@ class MemoryStatsCallback(keras.callbacks.Callback):
     Args:
         device: ``GPU`` or ``CPU``.
         offload_stats: the :class:`~brats_seg.lms.offload_stats.OffloadStats` of the LMS wrapper, or None.
+        baseline_bytes: on CPU, the RSS just before the model was built (the runtime); each
+            epoch then also logs ``measured_bytes``, the peak above it: what the plan
+            predicts (``plan.txt``), validation included.
     """
 
-    def __init__(self, device: str, offload_stats=None) -> None:
+    def __init__(self, device: str, offload_stats=None, baseline_bytes: int | None = None) -> None:
         super().__init__()
         self.device = device
         self.offload_stats = offload_stats
+        self.baseline_bytes = baseline_bytes
 
     def on_epoch_begin(self, epoch, logs=None):
         reset_device_peak(self.device)
@@ -136,6 +140,8 @@ class MemoryStatsCallback(keras.callbacks.Callback):
         if logs is None:
             return
         logs["peak_bytes"] = float(device_peak_bytes(self.device))
+        if self.baseline_bytes is not None and self.device == "CPU":
+            logs["measured_bytes"] = logs["peak_bytes"] - float(self.baseline_bytes)
         if self.offload_stats is not None:
             stats = self.offload_stats.result()
             logs["lms_offloaded_bytes"] = float(stats["lms_offloaded_bytes"])

@@ -338,7 +338,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
 
     from brats_seg.data.labels import output_regions
     from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
-    from brats_seg.lms.stats import MemoryStatsCallback
+    from brats_seg.lms.stats import MemoryStatsCallback, current_rss_bytes
     from brats_seg.tracking.mlflow import NullTracker, Tracker, git_commit, make_run_name
     from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
     from brats_seg.training.epochs import LoopOutcome, run_epochs
@@ -354,6 +354,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
+    baseline = current_rss_bytes() if backend.device == "CPU" else None  # the runtime, before the model
     model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)
     regions = output_regions(cfg.data.layout, cfg.model.out_channels)
     metrics = training_metrics(cfg)
@@ -397,7 +398,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     val_ds = make_eval_dataset(val_dirs, 1, cfg.model.in_channels, cfg.model.out_channels)
     checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model,
                                write=is_chief)
-    callbacks = [MemoryStatsCallback(backend.device, offload_stats), checkpoint, TrackingCallback(tracker),
+    callbacks = [MemoryStatsCallback(backend.device, offload_stats, baseline), checkpoint, TrackingCallback(tracker),
                  *extra_callbacks]
     if is_chief:
         callbacks.insert(1, DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())))
