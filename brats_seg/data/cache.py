@@ -32,7 +32,7 @@ from brats_seg.data.case_io import load_case_image, load_case_label
 from brats_seg.data.errors import CaseError
 from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import Case
-from brats_seg.data.preprocess import preprocess_case
+from brats_seg.data.preprocess import estimate_preparation_bytes, preprocess_case
 
 __all__ = [
     "PREPROCESS_VERSION",
@@ -161,6 +161,30 @@ def _build_or_error(case: Case, cache_root: Path, spacing_mm, shape, allow_crop,
                                        "Use fewer data.num_workers or a coarser resolution.")
 
 
+def _workers_that_fit(case: Case, spacing_mm: float, shape, num_workers: int) -> int:
+    """``num_workers``, lowered so that the workers' cases fit in half the RAM available now.
+
+    A case's memory is estimated from its first image's header (no voxels read): at 0.5 mm
+    about 2.6 GB, so a 24 GB machine prepares 2x resolution one or a few cases at a time.
+    """
+    if num_workers <= 1:
+        return max(num_workers, 1)
+    import nibabel as nib
+    import psutil
+
+    try:
+        header = nib.load(str(case.images[0])).header
+        native_shape, zooms = header.get_data_shape(), header.get_zooms()
+    except Exception:  # noqa: BLE001 - a bad file is reported by its preparation, with its name
+        return num_workers
+    per_case = estimate_preparation_bytes(native_shape, zooms, spacing_mm, shape)
+    fit = max(1, int(0.5 * psutil.virtual_memory().available // max(per_case, 1)))
+    if fit < num_workers:
+        log.info("preparing %d case(s) at a time instead of data.num_workers=%d: a case at %.2g mm needs "
+                 "about %.1f GB", fit, num_workers, spacing_mm, per_case / 1e9)
+    return min(num_workers, fit)
+
+
 def _clean_stale(cache_root: Path, max_age_s: float = 3600.0) -> None:
     if not cache_root.is_dir():
         return
@@ -206,7 +230,8 @@ def prepare_cases(
             todo.append(case)
     errors: list[CaseError] = []
     if todo:
-        log.info("preprocessing %d of %d cases into %s", len(todo), len(cases), cache_root)
+        num_workers = _workers_that_fit(todo[0], spacing_mm, shape, num_workers)
+        log.info("preprocessing %d of %d cases into %s (%d worker(s))", len(todo), len(cases), cache_root, num_workers)
         bar = tqdm(total=len(todo), desc="preparing cases", unit="case", disable=not progress)
         args = [(c, cache_root, spacing_mm, shape, allow_crop, fingerprints[c.case_id]) for c in todo]
         if num_workers <= 1 or len(todo) == 1:

@@ -89,6 +89,22 @@ def _resampled_shape(shape: tuple[int, ...], spacing_mm, target_mm: float) -> tu
     return tuple(max(1, int(round(n * s / target_mm))) for n, s in zip(shape[:3], spacing_mm))
 
 
+def estimate_preparation_bytes(native_shape, native_spacing_mm, target_spacing_mm: float, shape,
+                               channels: int = 4) -> int:
+    """Memory :func:`preprocess_case` and the cache writer hold for one case at their peak.
+
+    The native float32 image, one float32 array of all channels on the resampled grid (the
+    native extent at ``target_spacing_mm``) with a channel's resampling input and output
+    beside it, the brain masks, the float16 network-grid image and the label maps.
+    """
+    native = int(np.prod(native_shape[:3]))
+    resampled = int(np.prod(_resampled_shape(tuple(native_shape), native_spacing_mm, target_spacing_mm)))
+    network = int(np.prod(shape))
+    return (native * (4 * channels + 2)  # float32 image, brain mask, label
+            + resampled * (4 * channels + 2 * 4 + 2)  # all channels, a channel's SimpleITK in/out, masks
+            + network * (2 * channels + 4))  # float16 image, labels and regions
+
+
 def resample(
     volume: np.ndarray,
     spacing_mm,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -83,10 +85,13 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
         bar = tqdm(total=steps, initial=first, desc=f"epoch {epoch + 1}/{epochs}", unit="step", leave=True,
                    disable=not (is_chief and sys.stderr.isatty()), dynamic_ncols=True)
         stop = False
+        step_times: list[float] = []
         with bar:
             for step in range(first, steps):
                 callbacks.on_train_batch_begin(step)
+                started = time.perf_counter()
                 out = {k: float(v) for k, v in train_step(iterator, tf.constant(preemption.requested)).items()}
+                step_times.append(time.perf_counter() - started)
                 # a worker signalled before this step (the flag travels in the step), or this
                 # single-worker process signalled during it
                 stop = out.pop("stop") > 0 or (single_worker and preemption.requested)
@@ -98,8 +103,12 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
                 if stop and step + 1 < steps:
                     return LoopOutcome("preempted", epoch, step + 1, sums)
         logs = sums.means()
+        if step_times:  # seconds per training step (the median: the first one traces the step)
+            logs["step_s"] = statistics.median(step_times)
         if (epoch + 1) % max(val_every, 1) == 0:  # as Keras' validation_freq
+            started = time.perf_counter()
             logs.update(evaluate(eval_step, val_dataset).means("val_"))
+            logs["val_s"] = time.perf_counter() - started  # the validation pass, seconds
         callbacks.on_epoch_end(epoch, logs)
         log.info("epoch %d/%d: %s", epoch + 1, epochs,
                  ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k.endswith(PROGRESS_KEYS)))

@@ -8,7 +8,7 @@ import pytest
 from brats_seg import cpu
 from brats_seg.backend import BackendError, check_precision, configure
 from brats_seg.config import BackendConfig
-from brats_seg.cpu import cpu_flags, cpu_isa, cpu_model_name, has_native_bf16
+from brats_seg.cpu import cpu_flags, cpu_isa, cpu_kind, cpu_model_name, has_native_bf16
 
 SAPPHIRE_RAPIDS = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -20,6 +20,32 @@ vendor_id\t: AuthenticAMD
 model name\t: AMD EPYC
 flags\t\t: fpu sse sse2 avx f16c avx2 fma bmi2 sha_ni vaes
 """
+
+
+ZEN4 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9R14 96-Core Processor
+flags\t\t: fpu sse sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni
+"""
+
+
+def test_kinds_tell_amx_from_avx512_bf16_alone():
+    assert cpu_kind(SAPPHIRE_RAPIDS, {}) == "avx512_amx"
+    assert cpu_kind(ZEN4, {}) == "avx512" and has_native_bf16(ZEN4, {})  # Zen 4: AVX512-BF16, no AMX
+    assert cpu_kind(EPYC, {}) == "avx2" and cpu_kind("", {}) == "other"
+    assert cpu_isa(ZEN4, {}) == cpu_isa(SAPPHIRE_RAPIDS, {}) == "avx512"
+
+
+@pytest.mark.parametrize("cap, kind, bf16", [
+    ("AVX2", "avx2", False), ("avx512_core", "avx512", False), ("AVX512_CORE_BF16", "avx512", True),
+    ("AVX512_CORE_AMX", "avx512_amx", True), ("DEFAULT", "avx512_amx", True), ("bogus", "avx512_amx", True)])
+def test_onednn_cap_lowers_what_the_cpu_is_taken_for(cap, kind, bf16):
+    """oneDNN runs the capped set's kernels: the presets and the bf16 check must follow it
+    (an unknown value caps nothing, as oneDNN ignores it)."""
+    assert cpu_kind(SAPPHIRE_RAPIDS, {"ONEDNN_MAX_CPU_ISA": cap}) == kind
+    assert has_native_bf16(SAPPHIRE_RAPIDS, {"ONEDNN_MAX_CPU_ISA": cap}) is bf16
+    assert cpu_kind(EPYC, {"ONEDNN_MAX_CPU_ISA": cap}) == "avx2"  # a cap never raises the CPU
+    assert cpu_kind(SAPPHIRE_RAPIDS, {"DNNL_MAX_CPU_ISA": "AVX2"}) == "avx2"  # oneDNN's older name
 
 
 def test_sapphire_rapids_is_avx512_with_native_bf16():

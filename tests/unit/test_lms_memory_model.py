@@ -19,6 +19,7 @@ from brats_seg.lms.memory_model import (
     base_preset,
     load_preset,
     memory_model_for,
+    upper_bound,
 )
 from brats_seg.lms.timeline import tail_kept
 from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig, estimate, network
@@ -116,11 +117,23 @@ def test_avx2_preset_adds_the_gemm_weight_gradient_scratch():
     assert network(cfg, FULL, 1).persistent["library_scratch_bytes"] == 0  # AVX-512: direct kernels
 
 
-def test_memory_model_for_picks_the_preset_of_the_device():
-    assert memory_model_for("CPU", "avx512") == CPU_MEMORY_MODELS["avx512"] == load_preset("avx512")
+def test_memory_model_for_picks_the_preset_of_the_kind_or_the_safe_side():
+    assert set(CPU_MEMORY_MODELS) == {"avx512_amx", "avx2"}  # the kinds calibrated so far
+    assert memory_model_for("CPU", "avx512_amx") == CPU_MEMORY_MODELS["avx512_amx"] == load_preset("avx512_amx")
     assert memory_model_for("CPU", "avx2") == CPU_MEMORY_MODELS["avx2"] != MemoryModel()
-    assert memory_model_for("CPU", "other") == CPU_MEMORY_MODELS["avx2"]  # the larger preset when unknown
-    assert memory_model_for("GPU", "avx2") == MemoryModel()  # the host's ISA says nothing about the GPU
+    assert memory_model_for("GPU", "avx2") == MemoryModel()  # the host's CPU says nothing about the GPU
+    # AVX-512 without AMX (Zen 4) has no preset of its own yet, nor has an unknown CPU: they plan
+    # with the field-by-field largest of the calibrated ones, which predicts at least what each does.
+    safe = memory_model_for("CPU", "avx512")
+    assert safe == memory_model_for("CPU", "other") == upper_bound(*CPU_MEMORY_MODELS.values())
+    assert safe.planning_margin == max(m.planning_margin for m in CPU_MEMORY_MODELS.values())
+    for cfg, shape, batch, policy, strategy in [
+            (ModelConfig(depth=4, base_filters=16), FULL, 1, "float32", "off"),
+            (ModelConfig(depth=3, base_filters=12, upsample="trilinear"), HALF, 2, "mixed_bfloat16", "recompute"),
+            (ModelConfig(depth=4, base_filters=8, norm="group"), HALF, 3, "float32", "recompute")]:
+        peaks = [estimate(cfg, shape, batch, policy, strategy=strategy, memory_model=m).peak_bytes
+                 for m in CPU_MEMORY_MODELS.values()]
+        assert estimate(cfg, shape, batch, policy, strategy=strategy, memory_model=safe).peak_bytes >= max(peaks)
 
 
 def test_runtime_allowance_excludes_the_imported_runtime():
