@@ -9,16 +9,14 @@ budget, which must also measure under that budget. The printed table is the one 
 README quotes.
 
 Asserted: never more than 8% under the measured peak (the side that ends a run in an
-out-of-memory crash), and on a CPU whose preset the calibration script measured and
-validated (AVX2 today) never more than 30% over it. The calibration's held-out points
-(the largest of three runs) reach +10.0% (+17.6% with two runs: group norm under
-recompute, whose third run read 9% higher), and a single run of a point has measured up to 18% below another run of it (depth
-3, 12 filters, 112x128x96, recompute; the trilinear point here read 1.69 and 1.85 GB), so
-one run can read ~25% over. The AVX-512 preset was fitted to earlier measurements of
-Keras' train_on_batch entered by hand and errs higher (up to +21.5% on its own points, and
-the training step holds 11-18% less than train_on_batch): there only the lower bound is
-asserted. ``lms=auto`` plans within the limit less the preset's planning margin (10.8% on
-AVX2), so its point reads high against the plan and must measure under the limit.
+out-of-memory crash), never more than 60% over it (a plan so high wastes what LMS is for), and
+``lms=auto`` under its limit. A single run of one configuration moves by up to 50% between
+runs on the Sapphire Rapids (TensorFlow's executor orders independent ops by measured cost,
+and the allocator's peak moves with the order: docs/lms_calibration.md), so one run can read
+far under its preset's calibrated envelope; the lower bound is what the planning margin must
+cover. A CPU kind without a calibrated preset (AVX-512 without AMX) plans with the
+field-by-field largest of the calibrated ones and reads higher still: there only the lower bound
+and the limit are asserted.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-UNDER, OVER = -0.08, 0.30
+UNDER, OVER = -0.08, 0.60
 POINTS = [  # (name, overrides, lms)
     ("d5 f8 96x128x96 b1", ["model.depth=5", "model.base_filters=8", "resolution.shape=[96,128,96]",
                             "trainer.batch_size=1"], "off"),
@@ -67,7 +65,8 @@ def _auto_limit(overrides) -> int:
 
 @pytest.mark.slow
 def test_predicted_peak_within_bounds_where_not_fitted():
-    from brats_seg.cpu import cpu_isa
+    from brats_seg.cpu import cpu_kind
+    from brats_seg.lms.memory_model import CPU_MEMORY_MODELS
 
     rows, over_limit = [], []
     for name, overrides, strategy in POINTS:
@@ -82,10 +81,10 @@ def test_predicted_peak_within_bounds_where_not_fitted():
             over_limit.append((name, r["measured_bytes"], limit))
     lines = [f"{'point':<26} {'lms':<10} {'measured':>10} {'predicted':>10} {'error':>7} {'step_s':>7}"]
     lines += [f"{n:<26} {s:<10} {m / 1e9:>8.2f}GB {p / 1e9:>8.2f}GB {e:>+7.1%} {t:>7.2f}" for n, s, m, p, e, t in rows]
-    print(f"\n{cpu_isa()} CPU\n" + "\n".join(lines))
+    print(f"\n{cpu_kind()} CPU\n" + "\n".join(lines))
     assert not over_limit, f"lms=auto measured above its lms.limit: {over_limit}"
     low = [r for r in rows if r[4] < UNDER]
     assert not low, f"predicted more than {-UNDER:.0%} under the measured peak: {low}"
-    if cpu_isa() == "avx2":
+    if cpu_kind() in CPU_MEMORY_MODELS:  # a preset calibrated on this kind
         high = [r for r in rows if r[4] > OVER]
         assert not high, f"predicted more than {OVER:.0%} over the measured peak: {high}"
