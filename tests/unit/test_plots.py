@@ -1,0 +1,59 @@
+"""The benchmark sweep's and the resolution study's figures (brats_seg.plots), and the sweep files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+from brats_seg.plots import plot_benchmark_sweep, plot_resolution_study
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _record(shape, precision, strategy, voxels_per_s, measured, predicted, flops, sgemm):
+    return {"shape": list(shape), "batch_size": 1, "precision": precision, "strategy": strategy,
+            "voxels_per_s": voxels_per_s, "measured_bytes": measured, "predicted_peak_bytes": predicted,
+            "flops_per_s": flops, "sgemm_flops_per_s": sgemm, "cpu": "test CPU", "cpu_kind": "avx2"}
+
+
+def test_sweep_figures_are_written_and_differ_by_what_they_show(tmp_path):
+    records = [_record(s, p, "off", v, m, m * 1.05, f, 3e11) for s, p, v, m, f in [
+        ((32, 32, 32), "fp32", 1e5, 2e8, 1e11), ((64, 64, 48), "fp32", 1.2e5, 6e8, 1.5e11),
+        ((32, 32, 32), "bf16", 2e5, 1.2e8, 2e11), ((64, 64, 48), "bf16", 2.4e5, 3.5e8, 2.8e11)]]
+    paths = plot_benchmark_sweep(records, tmp_path)
+    assert [p.name for p in paths] == ["throughput.png", "memory.png", "flops.png"]
+    images = [mpimg.imread(p) for p in paths]
+    assert all(img.ndim == 3 and img.shape[0] > 200 for img in images)
+    assert not np.array_equal(images[0], images[1])  # three different figures
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flops.png", "memory.png", "throughput.png"]  # no temps
+
+
+def test_sweep_without_results_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no benchmark results"):
+        plot_benchmark_sweep([], tmp_path)
+
+
+def test_resolution_chart_has_a_group_per_resolution(tmp_path):
+    rows = [{"label": r, "spacing_mm": s, "epochs": 5, "n_cases": 4,
+             **{f"dice_{x}": {"mean": 0.5 + s / 10, "std": 0.1} for x in ("wt", "tc", "et")}}
+            for r, s in (("tiny", 4.0), ("full", 1.0), ("half", 2.0))]
+    path = plot_resolution_study(rows, tmp_path / "study.png")
+    assert path.exists() and mpimg.imread(path).shape[1] > 300
+
+
+def test_sweep_files_name_their_axes(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    from benchmark import _sweep_spec
+
+    path, spec = _sweep_spec("readme")
+    assert path.name == "readme.yaml" and set(spec["axes"]) == {"resolution.shape", "backend.precision", "lms"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: [backend=cpu_onednn]\n")
+    with pytest.raises(ValueError, match="axes"):
+        _sweep_spec(str(bad))
+    with pytest.raises(ValueError, match="use one of .*readme"):
+        _sweep_spec("no_such_sweep")
