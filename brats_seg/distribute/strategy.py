@@ -7,7 +7,7 @@ Every strategy, a single device included, runs the same distributed step
 - ``mirrored``: ``MirroredStrategy`` over ``distribute.devices``, else every logical GPU,
   else every logical CPU (tests split the CPU into logical devices to get 2 replicas);
 - ``multi_worker``: ``MultiWorkerMirroredStrategy`` over the cluster of
-  :func:`brats_seg.distribute.cluster.resolve_cluster`, with ``TF_CONFIG`` written for it.
+  :func:`brats_seg.distribute.resolve.resolve_cluster`, with ``TF_CONFIG`` written for it.
 
 TensorFlow is imported inside the functions: :func:`brats_seg.backend.configure` must run
 first, and ``multi_worker`` must be built before TensorFlow runs any op (collective ops
@@ -22,8 +22,8 @@ import re
 from typing import TYPE_CHECKING
 
 from brats_seg.config import DistributeConfig, check_distribute_config
-from brats_seg.distribute.cluster import (Cluster, ClusterFailure, check_port_free, resolve_cluster, split_address,
-                                         unreachable_workers)
+from brats_seg.distribute.cluster import Cluster, ClusterFailure, check_port_free, split_address, unreachable_workers
+from brats_seg.distribute.resolve import resolve_cluster
 
 if TYPE_CHECKING:
     import tensorflow as tf

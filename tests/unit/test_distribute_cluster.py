@@ -17,11 +17,10 @@ from brats_seg.distribute.cluster import (
     ClusterError,
     PortInUseError,
     check_port_free,
-    cluster_from_tf_config,
-    resolve_cluster,
     split_address,
     unreachable_workers,
 )
+from brats_seg.distribute.resolve import cluster_from_tf_config, resolve_cluster
 from brats_seg.distribute.slurm import expand_hostlist, parse_tasks_per_node
 
 REPO = Path(__file__).resolve().parents[2]
