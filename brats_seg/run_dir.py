@@ -1,0 +1,252 @@
+"""The run folder: every file a training run and its evaluation keep, and the one place their names are joined.
+
+    <run_dir>/config.json        the resolved config (read_config upgrades older ones)
+              split.json         train/val/test case ids
+              plan.txt plan.json the memory plan
+              state.json         epoch, optimizer step, partial sums, history, best
+              history.csv        per-epoch metrics
+              mlflow.json        the MLflow run this folder logs to
+              checkpoints/last.keras best.keras
+              eval/<split>/metrics.csv summary.json predictions/ overlays/
+
+Training, resume, evaluation, prediction and the scripts ask a :class:`RunFolder` for these
+paths and files instead of joining names. Every file a later step reads is written through
+:mod:`brats_seg.files` (temporary file, fsync, rename), so a run killed at any moment never
+leaves a half-written one to be read back. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from brats_seg.config import TrainConfig, config_from_dict, config_to_dict, resolve_model_outputs
+from brats_seg.data.errors import DataError
+from brats_seg.files import write_text_atomic
+
+__all__ = ["CHECKPOINTS", "RunError", "RunFolder", "upgrade_config_dict"]
+
+CHECKPOINTS = ("best", "last")  # checkpoints/<name>.keras
+
+_CONFIG = "config.json"
+_SPLIT = "split.json"
+_STATE = "state.json"
+_HISTORY = "history.csv"
+_PLAN = ("plan.txt", "plan.json")
+_TRACKING = "mlflow.json"
+_CHECKPOINT_DIR = "checkpoints"
+_EVAL = "eval"
+
+
+class RunError(DataError):
+    """A run folder or the inference settings cannot be used (no config.json, no checkpoint,
+    unreadable files, a bad ``evaluate.*`` value); the message says what to do."""
+
+
+def upgrade_config_dict(stored: dict) -> dict:
+    """A stored ``config.json`` brought to this version's keys (in place; returned).
+
+    Keys added since a run was written take their defaults when the dataclasses are filled
+    (:func:`~brats_seg.config.config_from_dict`). Where a default changed meaning, the old
+    behaviour is written out here: runs from before ``model.regions`` had independent
+    sigmoids.
+    """
+    if isinstance(stored.get("model"), dict):
+        stored["model"].setdefault("regions", "independent")
+    return stored
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder (``run_dir``).
+
+    Attributes:
+        root: the folder (user paths expanded; it need not exist yet).
+    """
+
+    root: Path
+
+    @classmethod
+    def of(cls, run_dir: str | Path) -> RunFolder:
+        """The folder named by ``run_dir`` (a config value or a path).
+
+        Raises:
+            RunError: ``run_dir`` is empty.
+        """
+        if not str(run_dir).strip():
+            raise RunError("run_dir is not set: pass run_dir=<the training run's folder> (e.g. outputs/<run>).")
+        return cls(Path(run_dir).expanduser())
+
+    # -- paths -------------------------------------------------------------------------
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / _CONFIG
+
+    @property
+    def split_path(self) -> Path:
+        return self.root / _SPLIT
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / _STATE
+
+    @property
+    def history_path(self) -> Path:
+        return self.root / _HISTORY
+
+    @property
+    def plan_paths(self) -> tuple[Path, Path]:
+        """``(plan.txt, plan.json)``."""
+        return self.root / _PLAN[0], self.root / _PLAN[1]
+
+    @property
+    def tracking_path(self) -> Path:
+        return self.root / _TRACKING
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / _CHECKPOINT_DIR
+
+    def checkpoint_file(self, name: str) -> Path:
+        """Where checkpoint ``name`` (``best`` | ``last``) is written (it need not exist)."""
+        if name not in CHECKPOINTS:
+            raise ValueError(f"checkpoint {name!r}: the run keeps {', '.join(CHECKPOINTS)}.")
+        return self.checkpoints_dir / f"{name}.keras"
+
+    def eval_dir(self, split: str) -> Path:
+        return self.root / _EVAL / split
+
+    def metrics_csv(self, split: str) -> Path:
+        return self.eval_dir(split) / "metrics.csv"
+
+    def summary_json(self, split: str) -> Path:
+        return self.eval_dir(split) / "summary.json"
+
+    def predictions_dir(self, split: str) -> Path:
+        return self.eval_dir(split) / "predictions"
+
+    def overlays_dir(self, split: str) -> Path:
+        return self.eval_dir(split) / "overlays"
+
+    # -- config ------------------------------------------------------------------------
+
+    def has_config(self) -> bool:
+        return self.config_path.is_file()
+
+    def read_config(self) -> TrainConfig:
+        """The :class:`TrainConfig` the run was trained with, upgraded to this version
+        (:func:`upgrade_config_dict`) and with its outputs resolved: the one reader, for
+        training's resume check, evaluation and prediction alike.
+
+        Raises:
+            RunError: the folder or its config.json is missing or unreadable.
+        """
+        if not self.has_config():
+            what = "does not exist" if not self.root.is_dir() else "has no config.json"
+            raise RunError(f"run folder {self.root} {what}, so it is not a training run; train first: "
+                           f"python train.py run_dir={self.root}")
+        try:
+            stored = upgrade_config_dict(json.loads(self.config_path.read_text()))
+            return resolve_model_outputs(config_from_dict(TrainConfig, stored))
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError, AttributeError) as e:
+            raise RunError(f"{self.config_path} cannot be read as a brats-seg run config ({e}). "
+                           "Re-run training into a new run_dir.") from e
+
+    def write_config(self, cfg: TrainConfig) -> Path:
+        return write_text_atomic(self.config_path, json.dumps(config_to_dict(cfg), indent=1))
+
+    # -- split -------------------------------------------------------------------------
+
+    def has_split(self) -> bool:
+        return self.split_path.is_file()
+
+    def read_split(self) -> dict[str, list[str]]:
+        """``{"train": [...], "val": [...], "test": [...]}`` of the run.
+
+        Raises:
+            RunError: no or an unreadable split.json.
+        """
+        try:
+            split = json.loads(self.split_path.read_text())
+        except FileNotFoundError:
+            raise RunError(f"{self.split_path} not found: the run has not started training; train first: "
+                           f"python train.py run_dir={self.root}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RunError(f"{self.split_path} cannot be read ({e}); re-run training into a new run_dir.") from e
+        if not isinstance(split, dict):
+            raise RunError(f"{self.split_path} is not a train/val/test split; re-run training into a new run_dir.")
+        return split
+
+    def write_split(self, split: Mapping[str, Sequence[str]]) -> Path:
+        return write_text_atomic(self.split_path, json.dumps({k: list(v) for k, v in split.items()}, indent=1))
+
+    # -- training state ----------------------------------------------------------------
+
+    def read_state(self) -> dict[str, Any] | None:
+        """``state.json`` (completed epochs, position, history, best), or None for a new run."""
+        if not self.state_path.is_file():
+            return None
+        try:
+            return json.loads(self.state_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RunError(f"{self.state_path} cannot be read ({e}); the run cannot be resumed from it.") from e
+
+    def write_state(self, state: Mapping[str, Any]) -> Path:
+        return write_text_atomic(self.state_path, json.dumps(dict(state), indent=1))
+
+    def write_history_csv(self, history: Sequence[Mapping[str, Any]]) -> Path:
+        """``history.csv``: one row per epoch, every key any epoch has (empty where it lacks one)."""
+        keys: list[str] = []
+        for row in history:
+            keys.extend(k for k in row if k not in keys)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=keys, restval="")
+        writer.writeheader()
+        for row in history:
+            writer.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
+        return write_text_atomic(self.history_path, buf.getvalue())
+
+    # -- plan and tracking -------------------------------------------------------------
+
+    def write_plan(self, table: str, plan_json: str) -> list[Path]:
+        """``plan.txt`` (the table) and ``plan.json``."""
+        txt, js = self.plan_paths
+        return [write_text_atomic(txt, table), write_text_atomic(js, plan_json)]
+
+    def read_tracking(self) -> dict[str, Any] | None:
+        """``mlflow.json`` (the MLflow run this folder logs to), or None."""
+        if not self.tracking_path.is_file():
+            return None
+        try:
+            return json.loads(self.tracking_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None  # a new MLflow run is started instead
+
+    def write_tracking(self, record: Mapping[str, Any]) -> Path:
+        return write_text_atomic(self.tracking_path, json.dumps(dict(record), indent=1))
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def checkpoint(self, which: str = "best") -> Path:
+        """The checkpoint to load: ``best`` | ``last`` of this run, or a ``.keras`` file's path.
+
+        Raises:
+            RunError: an unknown name, or a checkpoint not saved yet.
+        """
+        if which in CHECKPOINTS:
+            path = self.checkpoint_file(which)
+        elif which.endswith(".keras"):
+            path = Path(which).expanduser()
+        else:
+            raise RunError(f"checkpoint={which!r}: use best, last, or the path of a .keras file.")
+        if not path.is_file():
+            raise RunError(f"checkpoint {path} not found: the run has not saved a model yet; train first: "
+                           f"python train.py run_dir={self.root}")
+        return path

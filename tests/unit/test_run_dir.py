@@ -1,0 +1,80 @@
+"""The run folder (brats_seg.run_dir): its paths, its one config reader, its files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from brats_seg.config import DataConfig, ModelConfig, TrainConfig, config_to_dict
+from brats_seg.run_dir import RunError, RunFolder
+
+
+def test_paths_follow_the_layout(tmp_path):
+    run = RunFolder.of(tmp_path / "run")
+    assert run.config_path == tmp_path / "run" / "config.json"
+    assert run.plan_paths == (tmp_path / "run" / "plan.txt", tmp_path / "run" / "plan.json")
+    assert run.checkpoint_file("last") == tmp_path / "run" / "checkpoints" / "last.keras"
+    assert run.metrics_csv("test") == tmp_path / "run" / "eval" / "test" / "metrics.csv"
+    assert run.predictions_dir("val") == tmp_path / "run" / "eval" / "val" / "predictions"
+    with pytest.raises(ValueError, match="best, last"):
+        run.checkpoint_file("middle")
+    with pytest.raises(RunError, match="run_dir is not set"):
+        RunFolder.of("  ")
+
+
+def test_config_round_trip_and_the_missing_folder(tmp_path):
+    run = RunFolder.of(tmp_path / "run")
+    with pytest.raises(RunError, match="does not exist.*python train.py run_dir="):
+        run.read_config()
+    cfg = TrainConfig(data=DataConfig(layout="brats2024"), model=ModelConfig(depth=4, base_filters=12))
+    run.write_config(cfg)
+    back = run.read_config()
+    assert back.model.base_filters == 12 and back.model.out_channels == 4  # brats2024: WT, TC, ET, RC resolved
+    assert sorted(p.name for p in run.root.iterdir()) == ["config.json"]  # no temporary left
+
+
+def test_an_old_config_without_the_newer_keys_is_upgraded(tmp_path):
+    """A config.json written before model.regions and data.prefetch_batches existed reads as
+    that run trained: independent sigmoids, and today's defaults for what it could not say."""
+    stored = config_to_dict(TrainConfig())
+    del stored["model"]["regions"], stored["model"]["region_parents"], stored["data"]["prefetch_batches"]
+    del stored["benchmark"]
+    run = RunFolder.of(tmp_path)
+    run.config_path.write_text(json.dumps(stored))
+    cfg = run.read_config()
+    assert cfg.model.regions == "independent" and cfg.model.region_parents == [-1, -1, -1]
+    assert cfg.data.prefetch_batches == DataConfig().prefetch_batches
+
+
+def test_unreadable_files_are_named(tmp_path):
+    run = RunFolder.of(tmp_path)
+    run.config_path.write_text("{not json")
+    with pytest.raises(RunError, match="config.json cannot be read"):
+        run.read_config()
+    run.config_path.write_text(json.dumps({"model": {"depth": 3}, "colour": "blue"}))
+    with pytest.raises(RunError, match="unknown TrainConfig keys"):
+        run.read_config()
+    with pytest.raises(RunError, match="split.json not found"):
+        run.read_split()
+    run.state_path.write_text("[")
+    with pytest.raises(RunError, match="state.json cannot be read"):
+        run.read_state()
+    with pytest.raises(RunError, match="checkpoint .*best.keras not found"):
+        run.checkpoint("best")
+
+
+def test_state_history_split_and_tracking_files(tmp_path):
+    run = RunFolder.of(tmp_path)
+    assert run.read_state() is None and run.read_tracking() is None
+    run.write_state({"epoch": 2, "history": [{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": 0.4, "val_loss": 0.45}]})
+    assert run.read_state()["epoch"] == 2
+    run.write_history_csv([{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": math.nan, "val_loss": 0.45}])
+    assert run.history_path.read_text().splitlines() == ["epoch,loss,val_loss", "1,0.5,", "2,,0.45"]
+    run.write_split({"train": ["a", "b"], "val": ("c",), "test": ["d"]})
+    assert run.read_split() == {"train": ["a", "b"], "val": ["c"], "test": ["d"]}
+    run.write_tracking({"run_id": "abc"})
+    assert run.read_tracking() == {"run_id": "abc"}
+    paths = run.write_plan("table", "{}")
+    assert [p.read_text() for p in paths] == ["table", "{}"]
