@@ -195,7 +195,7 @@ def _log_to_mlflow(run_dir: Path, config: TrainConfig, split: str, summary: dict
         for stat, value in stats.items() if stat in ("mean", "median", "std") and math.isfinite(value)
     }
     try:
-        from brats_seg.tracking.mlflow import Tracker
+        from brats_seg.tracking import Tracker
 
         # The run's own tracking settings; no system metrics for a short evaluation.
         tracker = Tracker.resume(run_dir, dataclasses.replace(config.tracking, system_metrics=False))

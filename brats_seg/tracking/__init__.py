@@ -1,1 +1,46 @@
-"""brats_seg.tracking"""
+"""brats_seg.tracking: a run's MLflow tracking, which never stops training.
+
+Training opens its run with ``Tracker.start`` (a new run, or the one ``mlflow.json`` in the
+run folder names, so a resumed training goes on in the same MLflow run); evaluation logs into it
+with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``. How the parts fit:
+
+* :mod:`~brats_seg.tracking.store` decides where runs go before any run exists: the tracking
+  URI (a relative ``sqlite:///`` path is taken from the project root), the lock that lets the
+  jobs of a sweep create a new SQLite store together, and the plain-HTTP probe that finds an
+  unreachable server in seconds.
+* :mod:`~brats_seg.tracking.tracker` is the run itself, on MLflow's public API only:
+  ``mlflow.start_run``/``end_run`` for MLflow's user, source and git tags and its system
+  metrics, an ``MlflowClient`` with the run's id for params, tags, per-epoch metrics and
+  artifacts. A store that fails is reported once and left alone; training goes on.
+* :mod:`~brats_seg.tracking.names` makes the run's name and git tag, and mends keys and cuts
+  values so MLflow does not refuse a batch for one of them.
+
+Nothing is recorded beside MLflow: the run folder (:mod:`brats_seg.run_dir`) already holds the
+config, the per-epoch history, the plan, the checkpoints and the evaluation.
+"""
+
+from brats_seg.tracking.names import git_commit, make_run_name
+from brats_seg.tracking.store import (
+    DEFAULT_URI,
+    StoreUnreachable,
+    artifact_location_for,
+    find_project_root,
+    open_store,
+    probe_server,
+    resolve_tracking_uri,
+)
+from brats_seg.tracking.tracker import NullTracker, Tracker
+
+__all__ = [
+    "DEFAULT_URI",
+    "NullTracker",
+    "StoreUnreachable",
+    "Tracker",
+    "artifact_location_for",
+    "find_project_root",
+    "git_commit",
+    "make_run_name",
+    "open_store",
+    "probe_server",
+    "resolve_tracking_uri",
+]

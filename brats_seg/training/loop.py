@@ -339,7 +339,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     from brats_seg.data.labels import output_regions
     from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
     from brats_seg.lms.stats import MemoryStatsCallback, current_rss_bytes
-    from brats_seg.tracking.mlflow import NullTracker, Tracker, git_commit, make_run_name
+    from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name
     from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
     from brats_seg.training.epochs import LoopOutcome, run_epochs
     from brats_seg.training.preemption import Preempted, PreemptionFlag

@@ -389,7 +389,7 @@ def test_non_nested_network_output_is_scored_as_the_mask_that_is_written(brats_e
 
 
 class _FakeTracker:
-    """Stands in for brats_seg.tracking.mlflow.Tracker: records what evaluation logs."""
+    """Stands in for brats_seg.tracking.Tracker: records what evaluation logs."""
 
     calls: list = []
 
@@ -413,7 +413,7 @@ class _FakeTracker:
 
 
 def test_wt_only_model_scores_wt_and_logs_to_mlflow(evaluated, monkeypatch):
-    monkeypatch.setitem(sys.modules, "brats_seg.tracking.mlflow", types.SimpleNamespace(Tracker=_FakeTracker))
+    monkeypatch.setitem(sys.modules, "brats_seg.tracking", types.SimpleNamespace(Tracker=_FakeTracker))
     _FakeTracker.calls = []
     run_dir = evaluated.base / "run_wt"
     make_run_dir(run_dir, evaluated.root, evaluated.layout, evaluated.base, evaluated.split,

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from brats_seg.config import TrackingConfig
-from brats_seg.tracking.mlflow import (
-    RECORD_DIR,
-    RUN_FILE,
+from brats_seg.run_dir import RunFolder
+from brats_seg.tracking import (
     Tracker,
     artifact_location_for,
     find_project_root,
@@ -23,7 +22,8 @@ from brats_seg.tracking.mlflow import (
     resolve_tracking_uri,
 )
 
-LOGGER = "brats_seg.tracking.mlflow"
+LOGGER = "brats_seg.tracking.tracker"
+RUN_FILE = RunFolder(Path(".")).tracking_path.name  # the run folder owns the name of the run id file
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +54,6 @@ def _client(uri: str):
 
 def _metric_steps(uri: str, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in _client(uri).get_metric_history(run_id, key))
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_run_is_logged_and_reads_back(store_uri, tmp_path):
@@ -95,13 +91,7 @@ def test_run_is_logged_and_reads_back(store_uri, tmp_path):
     saved = json.loads((run_dir / RUN_FILE).read_text())
     assert saved == {"run_id": tracker.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": store_uri,
                      "run_name": "synthetic-tiny-test"}
-    record = run_dir / RECORD_DIR
-    assert json.loads((record / "params.json").read_text())["model.depth"] == 3
-    assert json.loads((record / "tags.json").read_text()) == {"backend": "cpu_onednn", "git_commit": "abc"}
-    assert [(m["key"], m["step"]) for m in _jsonl(record / "metrics.jsonl")] == [
-        ("loss", 1), ("val/dice_wt", 1), ("loss", 2), ("val/dice_wt", 2)]
-    assert len((record / "artifacts.txt").read_text().splitlines()) == 3
-    assert (record / "text" / "plan" / "memory.txt").read_text() == "plan table"
+    assert sorted(p.name for p in run_dir.iterdir()) == [RUN_FILE]  # no local copy of the calls
 
 
 def test_resume_reopens_the_same_run(store_uri, tmp_path):
@@ -126,7 +116,6 @@ def test_resume_reopens_the_same_run(store_uri, tmp_path):
     assert run.data.params["trainer.epochs"] == "2"  # MLflow params are immutable: the first value stays
     assert run.data.params["trainer.seed"] == "0"  # new keys are added
     assert run.data.tags["resumed"] == "yes"
-    assert json.loads((run_dir / RECORD_DIR / "params.json").read_text())["trainer.epochs"] == 4
 
     # Evaluation reopens it too; the run keeps its status, evaluation's goes in a tag.
     evaluation = Tracker.resume(run_dir)
@@ -138,31 +127,26 @@ def test_resume_reopens_the_same_run(store_uri, tmp_path):
     assert run.data.metrics["test/dice_wt"] == pytest.approx(0.7)
 
 
-def test_resume_without_run_file_is_local_only(tmp_path):
+def test_resume_without_run_file_sends_nothing(tmp_path):
     tracker = Tracker.resume(tmp_path / "never-tracked")
     assert tracker.run_id is None
     tracker.log_metrics({"test/dice_wt": 0.7})
     tracker.end()
-    assert _jsonl(tmp_path / "never-tracked" / RECORD_DIR / "metrics.jsonl")[0]["key"] == "test/dice_wt"
+    assert not (tmp_path / "never-tracked").exists()
 
 
-def test_tracking_none_keeps_only_the_local_record(tmp_path):
+def test_tracking_none_sends_nothing(tmp_path):
     db = tmp_path / "should-not-exist.db"
     run_dir = tmp_path / "run"
+    (tmp_path / "f.txt").write_text("x")
     tracker = Tracker.start(_cfg(f"sqlite:///{db}", name="none"), run_dir, "offline", {"a": 1}, {"t": "v"})
     tracker.log_metrics({"loss": 1.0}, step=1)
     tracker.log_params({"b": 2})
-    tracker.log_artifact(run_dir / RECORD_DIR / "params.json")
+    tracker.log_artifact(tmp_path / "f.txt")
     tracker.log_text("x", "notes.txt")
     tracker.end()
     assert tracker.run_id is None
     assert not db.exists() and not (run_dir / RUN_FILE).exists() and not (tmp_path / "mlartifacts").exists()
-    record = run_dir / RECORD_DIR
-    assert json.loads((record / "params.json").read_text()) == {"a": 1, "b": 2}
-    assert json.loads((record / "tags.json").read_text()) == {"t": "v"}
-    assert _jsonl(record / "metrics.jsonl")[0]["value"] == 1.0
-    assert len((record / "artifacts.txt").read_text().splitlines()) == 2
-    assert json.loads((record / "run.json").read_text())["status"] == "FINISHED"
 
 
 def test_unreachable_server_warns_once_and_training_goes_on(tmp_path, caplog, clean_env):
@@ -186,13 +170,8 @@ def test_unreachable_server_warns_once_and_training_goes_on(tmp_path, caplog, cl
     warnings = [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     message = warnings[0].getMessage()
-    assert "http://127.0.0.1:9" in message and "Training goes on" in message and str(run_dir / RECORD_DIR) in message
+    assert "http://127.0.0.1:9" in message and "Training goes on" in message and str(run_dir) in message
     assert tracker.run_id is None and not (run_dir / RUN_FILE).exists()
-    record = run_dir / RECORD_DIR
-    assert [m["step"] for m in _jsonl(record / "metrics.jsonl")] == list(range(1, 21))
-    assert json.loads((record / "params.json").read_text()) == {"a": 1, "b": 2}
-    assert json.loads((record / "tags.json").read_text()) == {"t": "v", "u": "w"}
-    assert len((record / "artifacts.txt").read_text().splitlines()) == 2
 
 
 def test_store_failure_mid_run_warns_once_then_stops_contacting(store_uri, tmp_path, caplog):
@@ -213,7 +192,6 @@ def test_store_failure_mid_run_warns_once_then_stops_contacting(store_uri, tmp_p
     assert len(calls) == 1  # after the first failure the store is not contacted again
     warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
     assert sum("store went away" in w for w in warnings) == 1
-    assert len(_jsonl(tmp_path / "run" / RECORD_DIR / "metrics.jsonl")) == 5
 
 
 def test_refused_call_warns_but_stays_connected(store_uri, tmp_path, caplog):
@@ -277,3 +255,4 @@ def test_bad_tracking_name_is_an_actionable_error(tmp_path):
     with pytest.raises(ValueError, match="tracking=mlflow or tracking=none"):
         Tracker.start(_cfg("sqlite:///x.db", name="wandb"), tmp_path, "x", {}, {})
     assert os.listdir(tmp_path) == []
+

@@ -1,0 +1,421 @@
+"""One run's tracking on MLflow's public API, never stopping training; and its null twin.
+
+How a :class:`Tracker` talks to MLflow:
+
+* The run is opened with ``mlflow.start_run`` and closed with ``mlflow.end_run``, because that
+  is how MLflow gives a run its user, source and git tags (``mlflow.user``, ``mlflow.source.*``)
+  and its system metrics (``log_system_metrics``: MLflow's monitor samples CPU, memory, disk,
+  network and GPUs into ``system/*`` and stops with the run). Both use MLflow's global tracking
+  URI, which the tracker therefore sets.
+* Every logging call goes through an ``MlflowClient`` with the run's id: params, tags and metrics
+  in one ``log_batch`` each (the client splits large batches itself), artifacts and text. No
+  call depends on which thread holds MLflow's active run.
+* ``mlflow.json`` in the run folder (its path and format belong to
+  :class:`~brats_seg.run_dir.RunFolder`) names the run: re-running training with the same
+  ``run_dir`` reopens it (:meth:`Tracker.start`), and evaluation logs into it (:meth:`Tracker.resume`).
+
+No method raises into training. The first failure that means the store is gone logs ONE
+warning naming the URI, and the tracker stops sending; a call the store refuses (a bad value)
+warns once and the tracker stays connected; a failed upload turns artifacts off. The run folder
+holds what a run needs whatever MLflow does (config, history, plan, checkpoints, evaluation).
+
+MLflow's active run is per thread, so a thread has one tracker at a time; a run already active
+in the thread (a notebook's own) gets the tracker's run nested under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+
+from brats_seg.config import TrackingConfig
+from brats_seg.run_dir import RunFolder
+from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
+from brats_seg.tracking.store import artifact_location_for, open_store, resolve_tracking_uri
+
+__all__ = ["NullTracker", "Tracker"]
+
+log = logging.getLogger(__name__)
+
+_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow error codes meaning "this call was refused", not "the store is gone".
+_REJECTED = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
+             "INVALID_STATE"}
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class Tracker:
+    """One run's tracking in MLflow, or nothing (``tracking=none``, or the store is unusable).
+
+    Build with :meth:`start` (training) or :meth:`resume` (evaluation of a trained run). No
+    method raises into the caller. Usable as a context manager: leaving the block ends the run
+    (FAILED on an exception, KILLED on Ctrl-C).
+
+    Attributes:
+        run_id: the MLflow run id, or None when nothing is sent to MLflow.
+        run_dir: the run's output folder.
+        tracking_uri: the resolved tracking URI, or None with ``tracking=none``.
+    """
+
+    def __init__(self, run_dir: Path, run_name: str = "") -> None:
+        self.run_dir = Path(run_dir)
+        self.run_name = run_name
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self.tracking_uri: str | None = None
+        self._folder = RunFolder(self.run_dir)
+        self._client = None  # MlflowClient while the store is usable, None otherwise
+        self._artifacts_ok = True
+        self._warned: set[str] = set()
+        self._logged_params: dict[str, str] = {}  # what the MLflow run already holds (params are immutable)
+        self._restore_status: str | None = None  # set by resume(): end() puts this status back
+        self._run_active = False  # our run is on MLflow's active-run stack: end() takes it off
+        self._ended = False
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, cfg: TrackingConfig, run_dir: Path, run_name: str, params: dict[str, object],
+              tags: dict[str, str]) -> Tracker:
+        """Open the run of ``run_dir``: reopen the one ``mlflow.json`` names, or create a new one.
+
+        Args:
+            cfg: ``tracking.*``; ``name=none`` sends nothing.
+            run_dir: the run's output folder.
+            run_name: the name shown in the MLflow UI (see :func:`~brats_seg.tracking.names.make_run_name`); a reopened
+                run keeps its own.
+            params: flattened config (``{"model.depth": 4, ...}``); values are logged as strings.
+            tags: run tags (backend, device, ...), added to MLflow's user, source and git tags.
+
+        Raises:
+            ValueError: ``cfg.name`` is neither ``mlflow`` nor ``none``.
+        """
+        if cfg.name not in ("mlflow", "none"):
+            raise ValueError(f"tracking.name must be 'mlflow' or 'none', got {cfg.name!r}; "
+                             "use tracking=mlflow or tracking=none.")
+        tracker = cls(run_dir, run_name)
+        if cfg.name == "none":
+            log.info("tracking=none: nothing is sent to MLflow; the run folder %s keeps the run", tracker.run_dir)
+            return tracker
+        saved = tracker._read_saved()
+        uri = resolve_tracking_uri(cfg.uri)
+        if saved and saved.get("tracking_uri") and saved["tracking_uri"] != uri:
+            log.info("resumed run %s stays in its store %s (tracking.uri is %s)", saved["run_id"],
+                     saved["tracking_uri"], uri)
+            uri = saved["tracking_uri"]
+        if tracker._connect(uri):
+            tracker._call("open the run", lambda: tracker._open(saved, cfg, params, tags))
+        return tracker
+
+    @classmethod
+    def resume(cls, run_dir: Path, fallback: TrackingConfig | None = None) -> Tracker:
+        """Reopen the training run ``mlflow.json`` names (e.g. to log evaluation into it).
+
+        Without ``mlflow.json`` nothing is sent. :meth:`end` puts the run's previous status back
+        (evaluation does not change whether training finished) and records its own status as
+        the tag ``evaluation.status``.
+
+        Args:
+            run_dir: the training run's output folder.
+            fallback: settings ``mlflow.json`` does not hold: ``name=none`` disables MLflow,
+                ``system_metrics`` (default off), ``uri`` if the file lacks one, ``experiment``
+                if the recorded run no longer exists and a new one must be created.
+        """
+        cfg = fallback or TrackingConfig(system_metrics=False)
+        tracker = cls(run_dir)
+        saved = tracker._read_saved()
+        if saved is None or cfg.name == "none":
+            log.info("no MLflow run to reopen (%s); nothing is sent to MLflow",
+                     "tracking=none" if saved else f"no {tracker._folder.tracking_path}")
+            return tracker
+        tracker.run_name = str(saved.get("run_name", ""))
+        uri = resolve_tracking_uri(saved.get("tracking_uri") or cfg.uri)
+        if tracker._connect(uri):
+            tracker._call("reopen the run", lambda: tracker._open(saved, cfg, {}, {}, evaluation=True))
+        return tracker
+
+    def _read_saved(self) -> dict | None:
+        """``mlflow.json`` if it names a run; a file that cannot be read is reported, then ignored."""
+        try:
+            saved = self._folder.read_tracking()
+            why = "not a JSON object with a run_id"
+        except OSError as exc:
+            saved, why = None, _short(exc)
+        if isinstance(saved, dict) and saved.get("run_id"):
+            return saved
+        if self._folder.tracking_path.is_file():
+            log.warning("cannot read %s (%s); a new MLflow run is created. Delete or fix the file to silence this.",
+                        self._folder.tracking_path, why)
+        return None
+
+    def _connect(self, uri: str) -> bool:
+        """A client of the store at ``uri``; False (and one warning) if it cannot be used."""
+        self.tracking_uri = uri
+        try:
+            self._client = open_store(uri)
+        except Exception as exc:  # noqa: BLE001 - tracking never stops training
+            self._go_offline(f"cannot connect ({_short(exc)})")
+            return False
+        return True
+
+    def _open(self, saved: dict | None, cfg: TrackingConfig, params: dict, tags: dict,
+              evaluation: bool = False) -> None:
+        run = self._recorded_run(saved) if saved else None
+        clean_tags = {mlflow_key(k): mlflow_value(v, MAX_TAG_CHARS) for k, v in tags.items()}
+        mlflow.set_tracking_uri(self.tracking_uri)
+        outer = mlflow.active_run()
+        if outer is not None:
+            log.info("MLflow run %s is already active in this thread; this run is nested under it", outer.info.run_id)
+        if run is None:
+            self.run_name = self.run_name or (saved or {}).get("run_name", "") or self.run_dir.name
+            active = mlflow.start_run(experiment_id=self._experiment_id(cfg.experiment), run_name=self.run_name,
+                                      tags=clean_tags, nested=outer is not None,
+                                      log_system_metrics=cfg.system_metrics)
+        else:
+            if evaluation:
+                self._restore_status = run.info.status
+            self._logged_params = dict(run.data.params)
+            active = mlflow.start_run(run_id=run.info.run_id, tags=clean_tags or None, nested=outer is not None,
+                                      log_system_metrics=cfg.system_metrics)
+        self._run_active = True
+        self.run_id = active.info.run_id
+        self.experiment_id = active.info.experiment_id
+        self.run_name = active.info.run_name
+        if run is None:
+            self._folder.write_tracking({"run_id": self.run_id, "experiment_id": self.experiment_id,
+                                         "tracking_uri": self.tracking_uri, "run_name": self.run_name})
+        self._send_params(params)
+        log.info("MLflow run %s %s (%s), experiment %s, store %s", "created" if run is None else "reopened",
+                 self.run_name, self.run_id, self.experiment_id, self.tracking_uri)
+
+    def _recorded_run(self, saved: dict):
+        """The run ``mlflow.json`` names, or None (with a warning) if the store lost or deleted it."""
+        run = None
+        try:
+            run = self._client.get_run(saved["run_id"])
+        except Exception as exc:  # noqa: BLE001 - anything but "no such run" means the store is unusable
+            if getattr(exc, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+                raise
+        if run is None or run.info.lifecycle_stage == "deleted":
+            log.warning("MLflow run %s named in %s is missing or deleted in %s; a new run is created and the "
+                        "file rewritten.", saved["run_id"], self._folder.tracking_path, self.tracking_uri)
+            return None
+        return run
+
+    def _experiment_id(self, name: str) -> str:
+        client = self._client
+        exp = client.get_experiment_by_name(name)
+        if exp is not None and exp.lifecycle_stage == "deleted":
+            log.info("restoring the deleted MLflow experiment %r to log into it", name)
+            client.restore_experiment(exp.experiment_id)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location_for(self.tracking_uri, name))
+        except Exception as exc:  # noqa: BLE001 - another process may have created it meanwhile
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            log.debug("experiment %r created concurrently (%s)", name, exc)
+            return exp.experiment_id
+
+    # -- logging --------------------------------------------------------------------------------
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Log numeric metrics at ``step`` (default 0); values that are not numbers are skipped."""
+        timestamp_ms = int(time.time() * 1000)
+        step = int(step) if step is not None else 0
+        batch = []
+        for key, value in metrics.items():
+            try:
+                batch.append(Metric(mlflow_key(key), float(value), timestamp_ms, step))
+            except (TypeError, ValueError):
+                self._warn_once(f"metric:{key}", f"metric {key!r}={value!r} is not a number; not logged.")
+        if batch:
+            self._call("log metrics", lambda: self._client.log_batch(self.run_id, metrics=batch))
+
+    def log_params(self, params: dict) -> None:
+        """Log params (strings, cut to 6000 chars); a param the run already holds keeps its first value."""
+        self._call("log params", lambda: self._send_params(params))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        """Set (or overwrite) run tags."""
+        self._call("set tags", lambda: self._send_tags(tags))
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Upload a file (or a folder's content) under ``artifact_path``."""
+        path = Path(path)
+        if not path.exists():
+            self._warn_once(f"missing:{path}", f"artifact {path} does not exist; not logged.")
+            return
+        if path.is_dir():
+            self._call("log artifacts", lambda: self._client.log_artifacts(self.run_id, str(path), artifact_path),
+                       artifacts=True)
+        else:
+            self._call("log artifact", lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
+                       artifacts=True)
+
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
+        """Upload every file under ``folder`` under ``artifact_path``."""
+        self.log_artifact(folder, artifact_path)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """Save ``text`` as the artifact ``artifact_file`` (e.g. ``plan/memory.txt``)."""
+        self._call("log text", lambda: self._client.log_text(self.run_id, text, artifact_file), artifacts=True)
+
+    def end(self, status: str = "FINISHED") -> None:
+        """End the run: FINISHED, FAILED or KILLED. Later calls do nothing."""
+        if self._ended:
+            return
+        self._ended = True
+        status = str(status).upper()
+        if status not in _STATUSES:
+            self._warn_once("status", f"unknown run status {status!r} (use one of {_STATUSES}); ending as FAILED.")
+            status = "FAILED"
+        final = status
+        if self._restore_status is not None:  # resume(): evaluation's outcome is a tag, not the run's status
+            self._call("set tags", lambda: self._send_tags({"evaluation.status": status}))
+            final = self._restore_status
+        self._close_run(final)
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.end("FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt)
+                 else "FAILED")
+        return False
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _close_run(self, status: str) -> None:
+        """Take our run off MLflow's active-run stack with ``status``; that also stops its system metrics.
+
+        From another thread than the one that opened it, the run is not this thread's active
+        run: its status is set through the client, and MLflow's monitor stops by itself on
+        seeing that the run is no longer RUNNING. After the store failed, ending the run is one
+        last, quiet attempt: it clears the active run and, if the store is back, records the status.
+        """
+        if not self._run_active:
+            return
+        self._run_active = False
+        active = mlflow.active_run()
+        ours = active is not None and active.info.run_id == self.run_id
+        if self._client is None:
+            try:
+                if ours:
+                    mlflow.set_tracking_uri(self.tracking_uri)
+                    mlflow.end_run(status)
+            except Exception as exc:  # noqa: BLE001 - the store was already reported unusable
+                log.debug("MLflow run %s not ended in %s: %s", self.run_id, self.tracking_uri, _short(exc))
+            return
+        if ours:
+            mlflow.set_tracking_uri(self.tracking_uri)
+            self._call("end the run", lambda: mlflow.end_run(status))
+        else:
+            self._call("end the run", lambda: self._client.set_terminated(self.run_id, status))
+
+    def _send_params(self, params: dict) -> None:
+        new: dict[str, str] = {}
+        changed = []
+        for key, value in params.items():
+            k, v = mlflow_key(key), mlflow_value(value, MAX_PARAM_CHARS)
+            if k in self._logged_params or k in new:
+                if self._logged_params.get(k, new.get(k)) != v:
+                    changed.append(f"{k}: {self._logged_params.get(k, new.get(k))!r} -> {v!r}")
+                continue
+            new[k] = v
+        if changed:
+            log.info("MLflow params cannot change; run %s keeps its first values for %s (config.json in %s has the "
+                     "new ones)", self.run_id, "; ".join(changed), self.run_dir)
+        if new:
+            self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in new.items()])
+            self._logged_params.update(new)
+
+    def _send_tags(self, tags: dict) -> None:
+        items = {mlflow_key(k): mlflow_value(v, MAX_TAG_CHARS) for k, v in tags.items()}
+        if items:
+            self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in items.items()])
+
+    def _call(self, what: str, fn: Callable[[], object], artifacts: bool = False) -> None:
+        """Run an MLflow call unless MLflow is off; turn any failure into (at most one) warning.
+
+        A refused call (bad value) only warns; a failed artifact upload turns artifacts off;
+        any other failure (or any failure before the run exists) means the store is unusable
+        and the tracker stops contacting it.
+        """
+        if self._client is None or (artifacts and not self._artifacts_ok):
+            return
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - tracking never stops training
+            code = getattr(exc, "error_code", None)
+            if code in _REJECTED and self.run_id is not None:
+                self._warn_once(f"rejected:{what}", f"MLflow refused to {what} ({_short(exc)}); training goes on.")
+            elif artifacts:
+                self._artifacts_ok = False
+                self._warn_once("artifacts", f"cannot upload artifacts to MLflow at {self.tracking_uri} "
+                                             f"({_short(exc)}); training goes on, the files stay in {self.run_dir}.")
+            else:
+                self._go_offline(f"could not {what} ({_short(exc)})")
+
+    def _go_offline(self, reason: str) -> None:
+        """Stop contacting the store. MLflow's system-metrics monitor stops by itself at its next
+        sample, when it cannot read the run; the run stays MLflow's active run until :meth:`end`."""
+        self._warn_once("offline", f"MLflow tracking at {self.tracking_uri} is not usable: {reason}. Training goes "
+                                   f"on without MLflow; the run folder {self.run_dir} keeps the config, history, "
+                                   "plan and checkpoints. Start the server or fix tracking.uri (or use "
+                                   "tracking=none) to silence this.")
+        self._client = None
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            log.debug(message)
+        else:
+            self._warned.add(key)
+            log.warning(message)
+
+
+class NullTracker:
+    """The tracker of a worker that is not the chief: sends nothing (the chief's run is the job's).
+
+    It answers every :class:`Tracker` method, so code that logs does not ask which one it holds.
+    """
+
+    run_id: str | None = None
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_params(self, params: dict) -> None:
+        pass
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        pass
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def end(self, status: str = "FINISHED") -> None:
+        pass
+
+    def __enter__(self) -> NullTracker:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return False
