@@ -256,3 +256,61 @@ def test_bad_tracking_name_is_an_actionable_error(tmp_path):
         Tracker.start(_cfg("sqlite:///x.db", name="wandb"), tmp_path, "x", {}, {})
     assert os.listdir(tmp_path) == []
 
+
+def test_mlflow_sets_its_user_and_source_tags(store_uri, tmp_path):
+    tracker = Tracker.start(_cfg(store_uri), tmp_path / "run", "context-tags", {}, {"backend": "cpu_onednn"})
+    tracker.end()
+    tags = _client(store_uri).get_run(tracker.run_id).data.tags
+    assert {"mlflow.user", "mlflow.source.name", "mlflow.source.type"} <= set(tags) and tags["backend"] == "cpu_onednn"
+
+
+def test_a_run_already_active_in_the_thread_is_left_alone(store_uri, tmp_path):
+    import mlflow
+
+    mlflow.set_tracking_uri(store_uri)
+    outer = mlflow.start_run(run_name="notebook")
+    try:
+        tracker = Tracker.start(_cfg(store_uri), tmp_path / "run", "inner", {}, {})
+        tracker.end()
+        assert mlflow.active_run().info.run_id == outer.info.run_id
+        assert _client(store_uri).get_run(tracker.run_id).info.status == "FINISHED"
+    finally:
+        mlflow.end_run()
+
+
+def test_probe_counts_any_http_answer_and_fails_fast_without_one():
+    import http.server
+    import threading
+
+    from brats_seg.tracking import StoreUnreachable, probe_server
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        probe_server(f"http://127.0.0.1:{server.server_port}", timeout_s=5)  # an error status is an answer
+    finally:
+        server.shutdown()
+        server.server_close()
+    t0 = time.perf_counter()
+    with pytest.raises(StoreUnreachable, match="127.0.0.1:9.*tracking.uri"):
+        probe_server("http://127.0.0.1:9", timeout_s=2)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_only_mlflows_public_api_is_used():
+    """MLflow's internals change between minor versions; the pin in pyproject.toml trusts its public API only."""
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    private = re.compile(r"mlflow\.(utils|tracking\.context|system_metrics\.system_metrics_monitor|store)\b")
+    offenders = [f"{path.relative_to(repo)}:{n}" for folder in ("brats_seg", "scripts")
+                 for path in sorted((repo / folder).rglob("*.py"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert offenders == []
