@@ -6,8 +6,8 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
 
 * :mod:`~brats_seg.tracking.store` decides where runs go before any run exists: the tracking
   URI (a relative ``sqlite:///`` path is taken from the project root), the lock that lets the
-  jobs of a sweep create a new SQLite store together, and the plain-HTTP probe that finds an
-  unreachable server in seconds.
+  jobs of a sweep create a new SQLite store together, the plain-HTTP probe that finds an
+  unreachable server in seconds, and the experiment (its artifacts beside a sqlite database).
 * :mod:`~brats_seg.tracking.tracker` is the run itself, on MLflow's public API only:
   ``mlflow.start_run``/``end_run`` for MLflow's user, source and git tags and its system
   metrics, an ``MlflowClient`` with the run's id for params, tags, per-epoch metrics and
@@ -24,6 +24,7 @@ from brats_seg.tracking.store import (
     DEFAULT_URI,
     StoreUnreachable,
     artifact_location_for,
+    experiment_id_for,
     find_project_root,
     open_store,
     probe_server,
@@ -37,6 +38,7 @@ __all__ = [
     "StoreUnreachable",
     "Tracker",
     "artifact_location_for",
+    "experiment_id_for",
     "find_project_root",
     "git_commit",
     "make_run_name",

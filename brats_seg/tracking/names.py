@@ -14,7 +14,8 @@ from pathlib import Path
 
 from brats_seg.tracking.store import find_project_root
 
-__all__ = ["MAX_KEY_CHARS", "MAX_PARAM_CHARS", "MAX_TAG_CHARS", "git_commit", "make_run_name", "mlflow_key", "mlflow_value"]
+__all__ = ["MAX_KEY_CHARS", "MAX_PARAM_CHARS", "MAX_TAG_CHARS", "git_commit", "make_run_name", "mlflow_key",
+           "mlflow_value"]
 
 MAX_KEY_CHARS = 250  # MLflow's longest param, tag or metric key
 MAX_PARAM_CHARS = 6000  # MLflow's longest param value

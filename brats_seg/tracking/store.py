@@ -21,6 +21,7 @@ tells whether it works.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import ssl
@@ -33,11 +34,14 @@ from mlflow import MlflowClient
 
 from brats_seg.files import file_lock
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "DEFAULT_URI",
     "PROBE_TIMEOUT_S",
     "StoreUnreachable",
     "artifact_location_for",
+    "experiment_id_for",
     "find_project_root",
     "open_store",
     "probe_server",
@@ -173,3 +177,22 @@ def open_store(uri: str) -> MlflowClient:
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # the first contact creates the schema
     return client
+
+
+def experiment_id_for(client: MlflowClient, uri: str, name: str) -> str:
+    """The id of experiment ``name``: restored if deleted, created (artifacts per
+    :func:`artifact_location_for`) if missing, also when another job creates it at the same time."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None and exp.lifecycle_stage == "deleted":
+        log.info("restoring the deleted MLflow experiment %r to log into it", name)
+        client.restore_experiment(exp.experiment_id)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location_for(uri, name))
+    except Exception as exc:  # noqa: BLE001 - another process may have created it meanwhile
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        log.debug("experiment %r created concurrently (%s)", name, exc)
+        return exp.experiment_id

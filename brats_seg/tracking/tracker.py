@@ -36,7 +36,7 @@ from mlflow.entities import Metric, Param, RunTag
 from brats_seg.config import TrackingConfig
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
-from brats_seg.tracking.store import artifact_location_for, open_store, resolve_tracking_uri
+from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri
 
 __all__ = ["NullTracker", "Tracker"]
 
@@ -91,8 +91,8 @@ class Tracker:
         Args:
             cfg: ``tracking.*``; ``name=none`` sends nothing.
             run_dir: the run's output folder.
-            run_name: the name shown in the MLflow UI (see :func:`~brats_seg.tracking.names.make_run_name`); a reopened
-                run keeps its own.
+            run_name: the name shown in the MLflow UI (see :func:`~brats_seg.tracking.names.make_run_name`);
+                a reopened run keeps its own.
             params: flattened config (``{"model.depth": 4, ...}``); values are logged as strings.
             tags: run tags (backend, device, ...), added to MLflow's user, source and git tags.
 
@@ -169,6 +169,7 @@ class Tracker:
 
     def _open(self, saved: dict | None, cfg: TrackingConfig, params: dict, tags: dict,
               evaluation: bool = False) -> None:
+        """Start (or restart) the MLflow run, name it in ``mlflow.json`` if new, log the params."""
         run = self._recorded_run(saved) if saved else None
         clean_tags = {mlflow_key(k): mlflow_value(v, MAX_TAG_CHARS) for k, v in tags.items()}
         mlflow.set_tracking_uri(self.tracking_uri)
@@ -177,9 +178,9 @@ class Tracker:
             log.info("MLflow run %s is already active in this thread; this run is nested under it", outer.info.run_id)
         if run is None:
             self.run_name = self.run_name or (saved or {}).get("run_name", "") or self.run_dir.name
-            active = mlflow.start_run(experiment_id=self._experiment_id(cfg.experiment), run_name=self.run_name,
-                                      tags=clean_tags, nested=outer is not None,
-                                      log_system_metrics=cfg.system_metrics)
+            experiment_id = experiment_id_for(self._client, self.tracking_uri, cfg.experiment)
+            active = mlflow.start_run(experiment_id=experiment_id, run_name=self.run_name, tags=clean_tags,
+                                      nested=outer is not None, log_system_metrics=cfg.system_metrics)
         else:
             if evaluation:
                 self._restore_status = run.info.status
@@ -210,23 +211,6 @@ class Tracker:
                         "file rewritten.", saved["run_id"], self._folder.tracking_path, self.tracking_uri)
             return None
         return run
-
-    def _experiment_id(self, name: str) -> str:
-        client = self._client
-        exp = client.get_experiment_by_name(name)
-        if exp is not None and exp.lifecycle_stage == "deleted":
-            log.info("restoring the deleted MLflow experiment %r to log into it", name)
-            client.restore_experiment(exp.experiment_id)
-        if exp is not None:
-            return exp.experiment_id
-        try:
-            return client.create_experiment(name, artifact_location=artifact_location_for(self.tracking_uri, name))
-        except Exception as exc:  # noqa: BLE001 - another process may have created it meanwhile
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            log.debug("experiment %r created concurrently (%s)", name, exc)
-            return exp.experiment_id
 
     # -- logging --------------------------------------------------------------------------------
 
