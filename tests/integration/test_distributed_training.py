@@ -9,7 +9,9 @@ rounding. Adam then turns a rounding difference into up to a whole step for a we
 gradient is near zero (its step is ``lr * m / sqrt(v)`` whatever the gradient's size). The
 largest difference after the 9 steps of the two-worker test was 1.05e-4 on an AMD EPYC
 (AVX2), 7.4e-4 on an Intel Sapphire Rapids (AMX) and 1.1e-3 on an AMD EPYC Zen 4
-(AVX-512, no AMX): a bound taken from one CPU's maximum fails on the next. So the test
+(AVX-512, no AMX), and 5.3e-3 on the Sapphire Rapids once instance norm became oneDNN's fused
+kernel (whose statistics move with the thread partition, ``BULK_REL``): a bound taken from one
+CPU's maximum fails on the next, or on the next version of a kernel. So the test
 asserts two things instead (:func:`compare_weights`):
 
 1. **Every weight, by construction: Adam's step bound.** Keras' Adam moves a weight at
@@ -35,8 +37,9 @@ asserts two things instead (:func:`compare_weights`):
    movement ``|w_single - w0|``, must stay under ``BULK_REL``; and likewise for Adam's
    moments (relative to their own norms). Measured: see ``BULK_REL``.
 
-Metrics: loss and validation loss are smooth functions of the weights and agree to 1e-4
-relative (measured 3.5e-6 on the Sapphire Rapids). Hard Dice is a step function of the
+Metrics: loss and validation loss are smooth functions of the weights and agree to 1e-3
+relative (measured on the Sapphire Rapids: 3.5e-6 with Keras' norm; with the fused instance
+norm 1.3e-4 between two workers and one process, 2.0e-4 between 1 and 2 intra-op threads). Hard Dice is a step function of the
 probabilities: a voxel sitting at the 0.5 threshold flips, and one voxel of the 4 mm grid in
 a validation case of this size (~900 reference and ~500 predicted WT voxels) moves
 ``val_dice_wt`` by about 1.4e-3 and ``val_dice_mean`` by a third of that; ``DICE_ATOL``
@@ -63,20 +66,29 @@ from brats_seg.distribute.cluster import free_local_ports
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_PREEMPTED, EXIT_CLUSTER_FAILURE = 75, 3
-RTOL, ATOL = 1e-4, 1e-5  # smooth metrics (loss, val_loss, mean probabilities)
+RTOL, ATOL = 1e-3, 1e-5  # smooth metrics (loss, val_loss, mean probabilities)
 DICE_ATOL = 2e-3  # hard Dice: a few voxels at the threshold (module doc)
 # Weights and Adam moments: |difference| / |the single process's movement (weights) or value
-# (moments)|, over the whole model. Measured on the two-worker test (Intel Sapphire Rapids, with
-# oneDNN's kernels capped by ONEDNN_MAX_CPU_ISA to each kind's):
-#   AVX2 kernels             bulk 7.6e-4  (largest weight difference 1.7e-4; the AVX2 EPYC's own: 1.05e-4)
-#   AVX-512 kernels (+AMX)   bulk 3.0e-3  (largest 7.4e-4; fp32 runs the same avx512_core kernels
-#                                          with or without AMX; a Zen 4's own run: largest 1.1e-3)
-# and for real differences, the same test with the code or config changed:
-#   Adam's moments zeroed on resume    bulk 0.24  (largest 5.3e-3)
-#   training on other cases            bulk 0.88  (largest 2.3e-2)
+# (moments)|, over the whole model, measured on this test on an Intel Sapphire Rapids.
+# Rounding only (the same training; the figures are weights / momentum / velocity):
+#   before the own instance norm (Keras' GroupNormalization), AVX2 kernels    7.6e-4 / - / -
+#   the same, AVX-512 kernels                                               3.0e-3 / - / -
+#   oneDNN's fused batch-norm kernel as instance norm (brats_seg.model.norm): two workers against
+#     one process, both one intra-op thread                                 0.053 / 0.022 / 0.010
+#   one process, 1 against 2 intra-op threads (no distribution at all)      0.058 / 0.025 / 0.013
+#   one process, AVX2 against AVX-512 kernels (ONEDNN_MAX_CPU_ISA)          1.4e-3 / 3.3e-3 / 1.9e-3
+# The fused kernel sums its statistics in float32 in an order set by its thread partition: its
+# output moves by ~1e-5 (relative) between partitions, where a pairwise sum moves by ~1e-7, so
+# any perturbation (another summation order of the replicas' gradients, another thread count)
+# reaches every norm at that level, and Adam carries it on. That is rounding, harmless for
+# training, but it is what this criterion must allow. Real differences, the same test with the
+# code changed:
+#   Adam's moments zeroed on resume    0.25 / 0.43 / 0.42   (measured again with the fused norm)
+#   training on other cases            bulk 0.88            (largest 2.3e-2; before the fused norm)
 #   learning rate doubled              a weight moved 0.0265, over the 0.0137 Adam's 9 steps allow
-# 0.03 is 10x the largest rounding figure, 8x under the subtlest real difference.
-BULK_REL = 0.03
+# Each bound is about 2x the largest rounding figure and 2x (weights) or 7x (moments) under
+# the subtlest real difference.
+BULK_REL = {"bulk_rel": 0.12, "m_rel": 0.06, "v_rel": 0.06}
 
 MIRRORED = textwrap.dedent("""
     import json, sys
@@ -247,8 +259,8 @@ def compare_weights(single_dir: Path, other_dir: Path) -> dict[str, float]:
         assert ma.size == diff.size, f"expected one Adam {kind} per weight, found {ma.size} values"
         figures[key] = float(np.linalg.norm(ma - mb) / np.linalg.norm(ma))
     for key in ("bulk_rel", "m_rel", "v_rel"):
-        assert figures[key] <= BULK_REL, (
-            f"{key} = {figures[key]:.3g} > {BULK_REL}: the runs trained differently, not by rounding ({figures})")
+        assert figures[key] <= BULK_REL[key], (
+            f"{key} = {figures[key]:.3g} > {BULK_REL[key]}: the runs trained differently, not by rounding ({figures})")
     return figures
 
 
@@ -257,7 +269,8 @@ def test_two_workers_preempted_killed_and_resumed_end_as_one_process(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    single = subprocess.run(_train_cmd(tmp_path, tmp_path / "single", uri, "backend.intra_op_threads=2"), cwd=tmp_path,
+    # one intra-op thread, as each worker has (module doc: the norms' statistics depend on it)
+    single = subprocess.run(_train_cmd(tmp_path, tmp_path / "single", uri), cwd=tmp_path,
                             capture_output=True, text=True, timeout=900)  # also writes the data and the cache
     assert single.returncode == 0, single.stderr[-4000:]
 
