@@ -20,8 +20,10 @@ and normalisation the calibration grid does not have. The preset's ``planning_ma
 (the share of ``lms.limit`` the planner keeps free for its own error) is the worst
 under-prediction of a leave-one-configuration-out cross-validation of that fit, again on
 the calibration grid only. ``lms=auto`` validation points check that the measured peak
-stays under their ``lms.limit``. On a CPU with native bfloat16 a third grid,
-``validation_bf16``, measures ``backend.precision=bf16`` points (never fitted).
+stays under their ``lms.limit``. On a CPU with native bfloat16, ``backend.precision=bf16``
+points: ``calibration_bf16`` fits the two fields of what bfloat16 holds outside the allocator
+(``FITTED_BF16``, after the float32 fit, which they do not move) and ``validation_bf16``
+judges that on configurations it was not fitted on.
 
 Writes ``brats_seg/lms/presets/cpu_<kind>.json`` (``--out`` to change; the kinds of
 :func:`brats_seg.cpu.cpu_kind`: ``avx512_amx``, ``avx512``, ``avx2``): the machine, the
@@ -81,9 +83,22 @@ VALIDATION = {
     "d4 f32 64x80x64 b1": ["model.depth=4", "model.base_filters=32", "resolution.shape=[64,80,64]",
                            "trainer.batch_size=1"],
 }
-# bfloat16 (backend.precision=bf16), measured where the CPU computes it natively and never
-# fitted: how well the dtype rules (brats_seg.lms.layer_cost, checked on the traced graph by
-# tests/unit/test_saved_tensors.py) carry the float32 fit over to bf16.
+# bfloat16 (backend.precision=bf16), measured where the CPU computes it natively. The dtype
+# rules (brats_seg.lms.layer_cost, checked on the traced graph by tests/unit/test_saved_tensors.py)
+# carry the float32 fit over to the tensors; what bf16 holds outside the allocator
+# (MemoryModel.bf16_scratch_*: it grows with the volume, not the batch or the width) is fitted
+# on CALIBRATION_BF16 (depth 3, 8 filters, four volumes from 48x64x48 to full resolution) and
+# judged on VALIDATION_BF16 (other depths, widths, batches, norms, up-sampling).
+CALIBRATION_BF16 = {
+    "d3 f8 48x64x48 b1 bf16": ["model.depth=3", "model.base_filters=8", "resolution.shape=[48,64,48]",
+                               "trainer.batch_size=1", "backend.precision=bf16"],
+    "d3 f8 half b1 bf16": ["model.depth=3", "model.base_filters=8", "resolution=half", "trainer.batch_size=1",
+                           "backend.precision=bf16"],
+    "d3 f8 128x160x128 b2 bf16": ["model.depth=3", "model.base_filters=8", "resolution.shape=[128,160,128]",
+                                  "trainer.batch_size=2", "backend.precision=bf16"],
+    "d3 f8 full b1 bf16": ["model.depth=3", "model.base_filters=8", "resolution=full", "trainer.batch_size=1",
+                           "backend.precision=bf16"],
+}
 VALIDATION_BF16 = {
     "d4 f16 full b1 bf16": ["model.depth=4", "model.base_filters=16", "resolution=full", "trainer.batch_size=1",
                             "backend.precision=bf16"],
@@ -101,6 +116,8 @@ STRATEGIES = ("off", "recompute")
 # recompute predictions) -- the planner must choose a plan whose measured peak is under it.
 AUTO = {"d3 f16 half b3": 0.5, "d4 f24 80x96x64 b2": 0.5, "d4 f16 full b1": 0.6}
 
+# The bfloat16 fields, fitted on CALIBRATION_BF16 after FITTED (which they do not move).
+FITTED_BF16 = {"bf16_scratch_bytes": (0.0, 500e6), "bf16_scratch_bytes_per_voxel": (0.0, 500.0)}
 # MemoryModel fields the fit adjusts, with bounds; the others are per-layer rules.
 FITTED = {
     "activation_factor": (0.8, 1.6),
@@ -170,7 +187,8 @@ def _save(path: Path, record: dict) -> None:
 
 def _points(grid: str) -> list[tuple[str, str, list[str]]]:
     """``(key, grid, overrides)`` of every fixed-strategy point of ``grid``."""
-    table = {"calibration": CALIBRATION, "validation": VALIDATION, "validation_bf16": VALIDATION_BF16}[grid]
+    table = {"calibration": CALIBRATION, "validation": VALIDATION, "calibration_bf16": CALIBRATION_BF16,
+             "validation_bf16": VALIDATION_BF16}[grid]
     return [(_key(n, s), grid, [*o, f"lms={s}"]) for n, o in table.items() for s in STRATEGIES]
 
 
@@ -221,9 +239,9 @@ def _errors(record: dict, memory_model, grid: str) -> dict[str, float]:
     return out
 
 
-def fit(record: dict, base, under_weight: float = UNDER_WEIGHT, target_bias: float = TARGET_BIAS
-        ) -> tuple[object, dict]:
-    """Fit :data:`FITTED` on the calibration points; returns the model and the fit report.
+def fit(record: dict, base, under_weight: float = UNDER_WEIGHT, target_bias: float = TARGET_BIAS,
+        grid: str = "calibration", fields: dict | None = None) -> tuple[object, dict]:
+    """Fit ``fields`` (:data:`FITTED`) on the points of ``grid``; returns the model and the fit report.
 
     A field that no calibration point depends on (the trilinear scratch without a trilinear
     point) keeps its base value and is left out of the report.
@@ -231,17 +249,18 @@ def fit(record: dict, base, under_weight: float = UNDER_WEIGHT, target_bias: flo
     import numpy as np
     from scipy.optimize import minimize
 
-    cal = [(k, e) for k, e in record["points"].items() if e["grid"] == "calibration"]
+    fields = FITTED if fields is None else fields
+    cal = [(k, e) for k, e in record["points"].items() if e["grid"] == grid]
     targets = [(
         [o for o in e["overrides"] if not o.startswith("lms")], k.rsplit("lms=", 1)[1], _measured(e)) for k, e in cal]
 
     def moves_a_point(name: str) -> bool:  # e.g. no trilinear point: its scratch stays the base rule's
-        lo, hi = FITTED[name]
+        lo, hi = fields[name]
         other = dataclasses.replace(base, **{name: type(getattr(base, name))((lo + hi) / 2 + getattr(base, name))})
         return any(predict(o, s, base) != predict(o, s, other) for o, s, _ in targets)
 
-    names = [n for n in FITTED if moves_a_point(n)]
-    bounds = [FITTED[n] for n in names]
+    names = [n for n in fields if moves_a_point(n)]
+    bounds = [fields[n] for n in names]
     scale = np.array([max(abs(hi), 1.0) for _, hi in bounds])
 
     def model_of(x):
@@ -268,7 +287,7 @@ def _summary(errors: dict[str, float]) -> str:
 
 
 def report(record: dict, memory_model) -> None:
-    for grid in ("calibration", "validation", "validation_bf16"):
+    for grid in ("calibration", "validation", "calibration_bf16", "validation_bf16"):
         errs = _errors(record, memory_model, grid)
         record.setdefault("errors", {})[grid] = {k: round(v, 4) for k, v in errs.items()}
         if not errs:
@@ -387,7 +406,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.fit_only:
         measure(record, path, _points("validation") + _auto_points(mm), args.validation_runs, args.timeout)
         if has_native_bf16():  # bf16 runs only where oneDNN computes it (the benchmark refuses it elsewhere)
-            measure(record, path, _points("validation_bf16"), args.validation_runs, args.timeout)
+            measure(record, path, _points("calibration_bf16"), args.runs, args.timeout)
+    if any(e["grid"] == "calibration_bf16" for e in record["points"].values()):
+        mm, fitted_bf16 = fit(record, mm, grid="calibration_bf16", fields=FITTED_BF16)
+        fitted.update(fitted_bf16)
+        record["fit"]["fields"] = fitted
+        _save(path, record)
+        print("fitted on the bfloat16 calibration points: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted_bf16.items()))
+    if not args.fit_only and has_native_bf16():
+        measure(record, path, _points("validation_bf16"), args.validation_runs, args.timeout)
     report(record, mm)
     _save(path, record)
     print(f"\nwrote {path}")

@@ -223,6 +223,13 @@ def _kernel_cast_bytes(topology) -> int:
     return kernels * DTYPE_BYTES[compute]
 
 
+def _bf16_scratch_bytes(topology, voxels: int, mm: MemoryModel) -> int:
+    """What a bfloat16 step holds outside the allocator (``MemoryModel.bf16_scratch_bytes``)."""
+    if DTYPE_POLICIES[topology.policy] != "bfloat16":
+        return 0
+    return int(mm.bf16_scratch_bytes + mm.bf16_scratch_bytes_per_voxel * voxels)
+
+
 def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = None) -> NetworkCost:
     """The cost tables of one workload, by walking its topology layer by layer.
 
@@ -279,6 +286,7 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         "data_bytes": (batch_image_bytes + labels_bytes) * workload.input_batches,  # the pipeline's batches
         "workspace_bytes": int(mm.workspace_factor * workspace_ref),
         "library_scratch_bytes": int(mm.conv_weight_grad_scratch * weight_grad_scratch_ref),
+        "bf16_scratch_bytes": _bf16_scratch_bytes(topology, voxels, mm),
     }
     net = NetworkCost(
         blocks=tuple(blocks),

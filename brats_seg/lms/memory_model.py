@@ -121,6 +121,18 @@ class MemoryModel:
             AVX2-only CPUs, where oneDNN picks ``gemm:jit`` for it (RSS beyond the
             allocator's peak +0.55 GB at full resolution, 8 filters, against 0.50 GB for
             ``dec0``'s first convolution by this formula).
+        bf16_scratch_bytes, bf16_scratch_bytes_per_voxel: memory outside TensorFlow's
+            allocator that a bfloat16 step holds on a CPU, ``bf16_scratch_bytes +
+            bf16_scratch_bytes_per_voxel * voxels`` (voxels of one input volume; neither
+            the batch nor the width moves it). Measured on a Sapphire Rapids (AMX): under
+            bfloat16 the RSS beyond the allocator's peak grows, against the same float32
+            step, by 43 MB at 48x64x48, 0.11-0.15 GB at 96x112x80 (8 and 16 filters alike),
+            0.27 GB at 128x160x128 (batch 1 and 2 alike) and 0.35-0.83 GB at 192x224x160:
+            about 120 bytes a voxel, i.e. 30 float32 values, the size of oneDNN's copies of
+            the thin convolutions' tensors (4 channels in, 3 out) padded to its 16-channel
+            blocks. Left out, bf16 was under-predicted by 14% at 64x64x48 and 27% at full
+            resolution (and by 6 GB at 2x). Fitted on its own grid of bfloat16 points
+            (``calibrate_memory.py``, ``calibration_bf16``); 0 for float32.
         backward_release_lag_layers: how many layers after its own a saved tensor outlives
             in backward, in layers of the block walked backward. TensorFlow frees a saved
             tensor once every backward op reading it has run, and the executor may run a
@@ -162,6 +174,8 @@ class MemoryModel:
     rebuild_runtime_bytes: int = 25_000_000
     rebuild_fragmentation: float = 0.15
     conv_weight_grad_scratch: float = 0.0
+    bf16_scratch_bytes: int = 0
+    bf16_scratch_bytes_per_voxel: float = 0.0
     backward_release_lag_layers: int = 2
     planning_margin: float = 0.1
 
@@ -255,9 +269,10 @@ def memory_model_for(device: str, kind: str | None = None) -> MemoryModel:
 
     Returns:
         The calibrated preset of the host's kind; for a kind without one (AVX-512 without
-        AMX, such as AMD Zen 4, until calibrated there; an unknown CPU) the safe side: the
-        field-by-field largest of the calibrated presets (:func:`upper_bound`). On a GPU
-        the uncalibrated default.
+        AMX, such as AMD Zen 4, and AVX2-only CPUs, until calibrated with the current model;
+        an unknown CPU) the safe side: the field-by-field largest (:func:`upper_bound`) of
+        the calibrated presets and of the kind's own rules (:data:`BASE_PRESETS`, with the
+        uncalibrated planning margin of 10%). On a GPU the uncalibrated default.
     """
     if device != "CPU":
         return MemoryModel()
@@ -267,4 +282,4 @@ def memory_model_for(device: str, kind: str | None = None) -> MemoryModel:
         kind = cpu_kind()
     if kind in CPU_MEMORY_MODELS:
         return CPU_MEMORY_MODELS[kind]
-    return upper_bound(*CPU_MEMORY_MODELS.values()) if CPU_MEMORY_MODELS else MemoryModel()
+    return upper_bound(base_preset(kind) if kind in BASE_PRESETS else MemoryModel(), *CPU_MEMORY_MODELS.values())
