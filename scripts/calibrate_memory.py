@@ -19,7 +19,8 @@ error on the ``validation`` grid, whose batch sizes, depths, widths, shapes, up-
 and normalisation the calibration grid does not have. The preset's ``planning_margin``
 (the share of ``lms.limit`` the planner keeps free for its own error) is the worst
 under-prediction of a leave-one-configuration-out cross-validation of that fit, again on
-the calibration grid only. ``lms=auto`` validation points check that the measured peak
+the calibration grid only, raised where any measured point (a validation point, an
+``lms=auto`` run, a fitted point) is under-predicted by more. ``lms=auto`` validation points check that the measured peak
 stays under their ``lms.limit``. On a CPU with native bfloat16, ``backend.precision=bf16``
 points: ``calibration_bf16`` fits the two fields of what bfloat16 holds outside the allocator
 (``FITTED_BF16``, after the float32 fit, which they do not move) and ``validation_bf16``
@@ -415,6 +416,21 @@ def main(argv: list[str] | None = None) -> int:
         print("fitted on the bfloat16 calibration points: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted_bf16.items()))
     if not args.fit_only and has_native_bf16():
         measure(record, path, _points("validation_bf16"), args.validation_runs, args.timeout)
+    # The margin also covers every under-prediction measured: a point of a validation grid (or
+    # an lms=auto run) that needs more than the cross-validation says is evidence that it is too
+    # small (on the Sapphire Rapids one run of a trilinear point under recompute read 44% above
+    # its other two, the executor's order of two inter-op threads deciding the allocator's peak).
+    measured = [err for grid in ("calibration", "validation", "calibration_bf16", "validation_bf16")
+                for err in _errors(record, mm, grid).values()]
+    measured += [r["predicted_peak_bytes"] / r["measured_bytes"] - 1 for k, e in record["points"].items()
+                 if k.endswith("lms=auto") for r in e["runs"]]
+    worst = math.ceil(max(0.0, -min(measured, default=0.0)) * 1000) / 1000
+    if worst > fitted["planning_margin"]:
+        print(f"planning margin {fitted['planning_margin']:.1%} (cross-validation) raised to {worst:.1%}, "
+              "the worst under-prediction measured")
+        fitted["planning_margin"] = worst
+        mm = dataclasses.replace(mm, planning_margin=worst)
+        record["fit"]["fields"] = fitted
     report(record, mm)
     _save(path, record)
     print(f"\nwrote {path}")
