@@ -9,7 +9,8 @@ budget, which must also measure under that budget. The printed table is the one 
 README quotes.
 
 Asserted: never more than 8% under the measured peak (the side that ends a run in an
-out-of-memory crash), never more than 60% over it (a plan so high wastes what LMS is for), and
+out-of-memory crash; or the preset's planning margin where that is larger, as it is set to
+cover the worst single run calibration measured), never more than 60% over it (a plan so high wastes what LMS is for), and
 ``lms=auto`` under its limit. A single run of one configuration moves by up to 50% between
 runs on the Sapphire Rapids (TensorFlow's executor orders independent ops by measured cost,
 and the allocator's peak moves with the order: docs/lms_calibration.md), so one run can read
@@ -66,7 +67,7 @@ def _auto_limit(overrides) -> int:
 @pytest.mark.slow
 def test_predicted_peak_within_bounds_where_not_fitted():
     from brats_seg.cpu import cpu_kind
-    from brats_seg.lms.memory_model import CPU_MEMORY_MODELS
+    from brats_seg.lms.memory_model import CPU_MEMORY_MODELS, memory_model_for
 
     rows, over_limit = [], []
     for name, overrides, strategy in POINTS:
@@ -83,8 +84,11 @@ def test_predicted_peak_within_bounds_where_not_fitted():
     lines += [f"{n:<26} {s:<10} {m / 1e9:>8.2f}GB {p / 1e9:>8.2f}GB {e:>+7.1%} {t:>7.2f}" for n, s, m, p, e, t in rows]
     print(f"\n{cpu_kind()} CPU\n" + "\n".join(lines))
     assert not over_limit, f"lms=auto measured above its lms.limit: {over_limit}"
-    low = [r for r in rows if r[4] < UNDER]
-    assert not low, f"predicted more than {-UNDER:.0%} under the measured peak: {low}"
+    # the planning margin covers the worst under-prediction calibration measured (a single run
+    # can read that far above the others): so it bounds one run here, where it exceeds 8%
+    under = -max(-UNDER, memory_model_for("CPU").planning_margin)
+    low = [r for r in rows if r[4] < under]
+    assert not low, f"predicted more than {-under:.1%} under the measured peak: {low}"
     if cpu_kind() in CPU_MEMORY_MODELS:  # a preset calibrated on this kind
         high = [r for r in rows if r[4] > OVER]
         assert not high, f"predicted more than {OVER:.0%} over the measured peak: {high}"

@@ -43,8 +43,8 @@ def test_each_preset_is_its_calibration_file_and_holds_on_its_points(path, key):
     the error recorded in the file is what the code predicts; every point measured (the
     largest of its runs), fitted or held out, is under-predicted by less than the preset's
     planning margin; a held-out point (the validation grid the script measured on its CPU) is
-    within -8% / +30%. bfloat16 points (``validation_bf16``, never fitted) are held to the
-    planning margin: they show how the dtype rules carry the float32 fit over."""
+    within -8% / +30% (held out: the ``validation`` and ``validation_bf16`` grids), or as far
+    under as its own runs spread."""
     record = json.loads(path.read_text())
     entry = record["points"][key]
     measured = max(r["measured_bytes"] for r in entry["runs"])
@@ -54,8 +54,12 @@ def test_each_preset_is_its_calibration_file_and_holds_on_its_points(path, key):
     error = predict(overrides, strategy, mm) / measured - 1
     assert error == pytest.approx(record["errors"][entry["grid"]][key], abs=1e-4)
     assert error >= -mm.planning_margin, f"{key}: {error:+.1%}, beyond the planning margin {mm.planning_margin:.1%}"
-    if entry["grid"] == "validation":
-        assert UNDER <= error <= OVER, f"{key}: {error:+.1%}"
+    if entry["grid"] in ("validation", "validation_bf16"):
+        # held out: within the planner's aim, or as far under as the point's own runs spread
+        # (a prediction cannot be closer than the measurement repeats; safety is the margin's job)
+        runs = [r["measured_bytes"] for r in entry["runs"]]
+        spread = 1 - min(runs) / max(runs)
+        assert min(UNDER, -spread) <= error <= OVER, f"{key}: {error:+.1%} (its runs spread {spread:.0%})"
 
 
 @pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: p.stem)
@@ -94,15 +98,16 @@ def test_presets_are_base_rules_plus_the_fitted_fields(tmp_path):
 
 
 def test_full_resolution_is_plausible():
-    """16 filters at 192x224x160, float32, batch 1 trains in 8.4 GB above the imported
-    TensorFlow on CPU (peak RSS 9.6 GB; docs/lms_calibration.md): the calibrated
-    prediction is within 15% of it, at the start of dec0's backward, and recompute
-    saves more than 35% of it (measured: 39.3% after four steps)."""
+    """16 filters at 192x224x160, float32, batch 1 trains in 8.3-8.6 GB above the imported
+    TensorFlow on CPU (three runs of calibrate_memory.py's validation point on a Sapphire
+    Rapids): the prediction is within 15% of the largest, at the start of dec0's backward,
+    and recompute saves more than 35% of it (measured: 5.0-5.35 GB, 38%)."""
     cfg = ModelConfig(depth=4, base_filters=16, norm="instance")
-    t = estimate(cfg, FULL, 1, "float32")
-    assert 0.85 * 8.4 * GB <= t.peak_bytes <= 1.15 * 8.4 * GB
+    mm = memory_model_for("CPU", "avx512_amx")
+    t = estimate(cfg, FULL, 1, "float32", memory_model=mm)
+    assert 0.85 * 8.62 * GB <= t.peak_bytes <= 1.15 * 8.62 * GB
     assert t.peak_at == "backward dec0"
-    assert estimate(cfg, FULL, 1, "float32", strategy="recompute").peak_bytes < 0.65 * t.peak_bytes
+    assert estimate(cfg, FULL, 1, "float32", strategy="recompute", memory_model=mm).peak_bytes < 0.65 * t.peak_bytes
 
 
 def test_avx2_preset_adds_the_gemm_weight_gradient_scratch():
