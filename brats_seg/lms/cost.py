@@ -287,6 +287,8 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         "workspace_bytes": int(mm.workspace_factor * workspace_ref),
         "library_scratch_bytes": int(mm.conv_weight_grad_scratch * weight_grad_scratch_ref),
         "bf16_scratch_bytes": _bf16_scratch_bytes(topology, voxels, mm),
+        # a training process (fed by its pipeline) beyond the benchmark's step
+        "training_loop_bytes": mm.training_loop_bytes if workload.input_batches else 0,
     }
     net = NetworkCost(
         blocks=tuple(blocks),
