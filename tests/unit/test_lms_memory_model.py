@@ -5,6 +5,7 @@ The measurements and how the presets were fitted: docs/lms_calibration.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from brats_seg.lms.memory_model import (
     BASE_PRESETS,
     CPU_MEMORY_MODELS,
     PRESET_DIR,
+    PREVIOUS_FITS,
     MemoryModel,
     base_preset,
     load_preset,
@@ -132,9 +134,15 @@ def test_memory_model_for_picks_the_preset_of_the_kind_or_the_safe_side():
     for kind in ("avx512", "avx2", "other"):
         safe = memory_model_for("CPU", kind)
         rules = base_preset(kind) if kind in BASE_PRESETS else MemoryModel()
-        assert safe == upper_bound(rules, *CPU_MEMORY_MODELS.values())
-        assert safe.planning_margin == max(0.1, *(m.planning_margin for m in CPU_MEMORY_MODELS.values()))
+        previous = [dataclasses.replace(rules, **PREVIOUS_FITS[kind])] if kind in PREVIOUS_FITS else []
+        assert safe == upper_bound(rules, *previous, *CPU_MEMORY_MODELS.values())
+        assert safe.planning_margin == max(m.planning_margin for m in [rules, *previous, *CPU_MEMORY_MODELS.values()])
+        assert safe.planning_margin >= 0.1
     assert memory_model_for("CPU", "avx2").conv_weight_grad_scratch == 1.0  # AVX2's gemm scratch, a rule of its own
+    assert memory_model_for("CPU", "avx2").rebuild_fragmentation == PREVIOUS_FITS["avx2"]["rebuild_fragmentation"]
+    withdrawn = json.loads((PRESET_DIR.parents[2] / "docs" / "measurements" / "cpu_avx2_before_fused_norm.json").read_text())
+    for name, value in PREVIOUS_FITS["avx2"].items():  # the withdrawn preset's own fit, rounded
+        assert value == pytest.approx(withdrawn["fit"]["fields"][name], abs=1e-4)
     safe = memory_model_for("CPU", "avx2")
     for cfg, shape, batch, policy, strategy in [
             (ModelConfig(depth=4, base_filters=16), FULL, 1, "float32", "off"),
