@@ -25,7 +25,9 @@ stage() {  # stage <name> <command...>: its output to the log, then its time and
 echo "$(date -Is) $($PY -c 'from brats_seg.cpu import cpu_model_name, cpu_kind; print(cpu_model_name(), cpu_kind())'), precision $PREC" | tee -a "$LOG"
 stage plan $PY scripts/plan_memory.py "${COMMON[@]}"
 stage prepare $PY scripts/prepare_data.py data=mni_gliomas resolution=2x
-du -sb data/cache/mni_gliomas/2x | awk '{printf "  cache: %.2f GB for 20 cases\n", $1 / 1e9}' | tee -a "$LOG"
+# the cache folder is named by the dataset and its preprocessing (data/cache/mni_gliomas_<hash>/2x)
+CACHE=$(grep -oE "  cache  \S+" "$LOG" | tail -1 | awk '{print $2}')
+du -sb "$CACHE" | awk '{printf "  cache: %.2f GB for 20 cases\n", $1 / 1e9}' | tee -a "$LOG"
 stage train $PY train.py "${COMMON[@]}" trainer.epochs=1 trainer.steps_per_epoch=4 tracking=none run_dir="$OUT/run"
 $PY - "$OUT/run" <<'PY' | tee -a "$LOG"
 import json, sys
