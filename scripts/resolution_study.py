@@ -5,7 +5,7 @@
     python scripts/resolution_study.py data=mni_gliomas epochs=30 epochs_2x=12 resolutions=tiny,half,full,2x
     python scripts/resolution_study.py out=outputs/resolution_study plot_only=true
 
-For each resolution: ``train.py experiment=resolution_study`` (depth 4, 8 base filters, batch 1;
+For each resolution: ``train.py experiment=resolution_study`` (depth 4, 6 base filters, batch 1;
 bf16 where the CPU computes it natively, else fp32; at 2x ``lms=auto`` under ``limit_2x``),
 then ``scripts/evaluate.py`` on the test split, scored on the native grid of the original
 label files, so every resolution is judged on the same voxels. A run folder that already
@@ -14,7 +14,7 @@ per-resolution summaries and times) and ``<out>/resolution_study.png`` (Dice per
 against resolution), and prints a Markdown table.
 
 Arguments are ``key=value``: ``data`` (a data config, default ``mni_gliomas``), ``epochs``
-(30), ``epochs_2x`` (default ``epochs``), ``resolutions``, ``limit_2x`` (``20GB``), ``out``,
+(30), ``epochs_2x`` (default ``epochs``), ``resolutions``, ``limit_2x`` (``21GB``), ``out``,
 ``plot_only``; anything else with a dot (``trainer.seed=1``) is passed to every training run.
 """
 
@@ -35,7 +35,7 @@ EXTRA = {"tiny": ["resolution.shape=[48,64,48]"]}  # depth 4 divides it; the bra
 
 def _args(argv: list[str]) -> tuple[dict, list[str]]:
     args = {"data": "mni_gliomas", "epochs": "30", "epochs_2x": "", "resolutions": "tiny,half,full,2x",
-            "limit_2x": "20GB", "out": str(REPO / "outputs" / "resolution_study"), "plot_only": "false"}
+            "limit_2x": "21GB", "out": str(REPO / "outputs" / "resolution_study"), "plot_only": "false"}
     passed = []
     for a in argv:
         key, sep, value = a.partition("=")
@@ -53,7 +53,8 @@ def _args(argv: list[str]) -> tuple[dict, list[str]]:
     return args, passed
 
 
-def _run(cmd: list[str], log: Path) -> float:
+def run_logged(cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` in the repository with its output appended to ``log``; its wall time in seconds."""
     print("  " + " ".join(cmd[1:]), flush=True)
     t0 = time.time()
     with open(log, "a") as f:
@@ -81,11 +82,11 @@ def main(argv: list[str]) -> int:
         if args["plot_only"] != "true" and not summary_path.is_file():
             print(f"{res} ({SPACING_MM[res]} mm), {epochs} epochs:", flush=True)
             lms = ["lms=auto", f"lms.limit={args['limit_2x']}"] if res == "2x" else []
-            train_s = _run([sys.executable, str(REPO / "train.py"), "experiment=resolution_study", f"data={args['data']}",
+            train_s = run_logged([sys.executable, str(REPO / "train.py"), "experiment=resolution_study", f"data={args['data']}",
                             f"resolution={res}", *EXTRA.get(res, []), f"trainer.epochs={epochs}",
                             f"backend=cpu_onednn", f"backend.precision={precision}", *lms, f"run_dir={run_dir}",
                             *passed], out / f"{res}.log")
-            eval_s = _run([sys.executable, str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=test",
+            eval_s = run_logged([sys.executable, str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=test",
                            "backend=cpu_onednn"], out / f"{res}.log")
             study["runs"][res] = {"train_s": round(train_s), "evaluate_s": round(eval_s)}
         if summary_path.is_file():
