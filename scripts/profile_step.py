@@ -112,7 +112,9 @@ def _tf_op_times(logdir: str) -> dict[str, float]:
                     continue
                 for event in line.events:
                     name = names.get(event.metadata_id, "")
-                    if ":" not in name:  # TF op events are "name:Type"
+                    # TF op events are "name:Type"; "Scope::Event" ones (ExecutorState::Process,
+                    # Iterator::Prefetch, ...) enclose ops or are tf.data's and would count twice.
+                    if ":" not in name or "::" in name:
                         continue
                     out[name.rsplit(":", 1)[1]] += event.duration_ps / 1e12
     return dict(out)
