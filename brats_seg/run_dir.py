@@ -184,8 +184,11 @@ class RunFolder:
             raise RunError(f"{self.split_path} is not a train/val/test split; re-run training into a new run_dir.")
         return split
 
-    def write_split(self, split: Mapping[str, Sequence[str]]) -> Path:
-        return write_text_atomic(self.split_path, json.dumps({k: list(v) for k, v in split.items()}, indent=1))
+    def write_split(self, split: Mapping[str, Any]) -> Path:
+        """``split.json``: the case ids per split (and whatever else the dataset's split file
+        records, e.g. its seed and fractions)."""
+        return write_text_atomic(self.split_path, json.dumps(
+            {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in split.items()}, indent=1))
 
     # -- training state ----------------------------------------------------------------
 

@@ -62,7 +62,7 @@ def _random_cache(root: Path, conf, cases: int) -> list[Path]:
     """``cases`` cache entries of random data at the configured shape (float16 image, uint8 regions)."""
     import numpy as np
 
-    from brats_seg.data.pipeline import IMAGE_FILE, REGIONS_FILE
+    from brats_seg.data.cache import IMAGE_FILE, REGIONS_FILE
 
     rng = np.random.default_rng(conf.trainer.seed)
     shape = tuple(conf.resolution.shape)

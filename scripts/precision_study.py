@@ -53,6 +53,7 @@ def _args(argv: list[str]) -> tuple[dict, list[str]]:
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(REPO))
     from brats_seg.cpu import cpu_kind, cpu_model_name, has_native_bf16
+    from brats_seg.run_dir import RunFolder
 
     args, passed = _args(argv)
     precisions = args["precisions"].split(",")
@@ -66,7 +67,7 @@ def main(argv: list[str]) -> int:
     for precision in precisions:
         for seed in seeds:
             run_dir = out / f"{precision}-seed{seed}"
-            summary_path = run_dir / "eval" / "test" / "summary.json"
+            summary_path = RunFolder(run_dir).summary_json("test")
             if not summary_path.is_file():
                 print(f"{precision}, seed {seed}, {args['epochs']} epochs:", flush=True)
                 log = out / f"{precision}-seed{seed}.log"

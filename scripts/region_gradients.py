@@ -15,7 +15,6 @@ is driven to "empty" by the bulk of the volume before it can learn what it looks
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import hydra
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from brats_seg.cli import to_config, user_errors  # noqa: E402
 from brats_seg.config import register_configs  # noqa: E402
+from brats_seg.run_dir import RunFolder  # noqa: E402
 
 register_configs()
 
@@ -45,9 +45,10 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
         model = build_unet3d(cfg.model, tuple(cfg.resolution.shape))
     else:
         model = load_run_model(run_dir, checkpoint, cfg)
-    names = json.loads((Path(run_dir) / "split.json").read_text()).get(split)
+    folder = RunFolder.of(run_dir)
+    names = folder.read_split().get(split)
     if not names:
-        raise ValueError(f"{run_dir}/split.json has no cases in split={split!r}: use train, val or test.")
+        raise ValueError(f"{folder.split_path} has no cases in split={split!r}: use train, val or test.")
     entries = {e.case_id: e.path for e in prepare_dataset(cfg.data, cfg.resolution).entries}
     dirs = [entries[n] for n in names if n in entries]
     features = keras.Model(model.input, model.get_layer("head_conv").output)  # logits (B, x, y, z, R)

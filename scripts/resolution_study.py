@@ -67,6 +67,7 @@ def run_logged(cmd: list[str], log: Path) -> float:
 def main(argv: list[str]) -> int:
     from brats_seg.cpu import cpu_kind, cpu_model_name, has_native_bf16
     from brats_seg.plots import plot_resolution_study
+    from brats_seg.run_dir import RunFolder
 
     args, passed = _args(argv)
     out = Path(args["out"]).expanduser()
@@ -77,7 +78,8 @@ def main(argv: list[str]) -> int:
     study.update(cpu=cpu_model_name(), cpu_kind=cpu_kind(), data=args["data"], precision=precision)
     for res in args["resolutions"].split(","):
         run_dir = out / res
-        summary_path = run_dir / "eval" / "test" / "summary.json"
+        folder = RunFolder(run_dir)
+        summary_path = folder.summary_json("test")
         epochs = args["epochs_2x"] if res == "2x" and args["epochs_2x"] else args["epochs"]
         if args["plot_only"] != "true" and not summary_path.is_file():
             print(f"{res} ({SPACING_MM[res]} mm), {epochs} epochs:", flush=True)
@@ -91,7 +93,7 @@ def main(argv: list[str]) -> int:
             study["runs"][res] = {"train_s": round(train_s), "evaluate_s": round(eval_s)}
         if summary_path.is_file():
             summary = json.loads(summary_path.read_text())
-            state = json.loads((run_dir / "state.json").read_text())
+            state = folder.read_state()
             study["runs"].setdefault(res, {}).update(
                 label=res, spacing_mm=SPACING_MM[res], epochs=int(state["epoch"]), n_cases=summary["n_cases"],
                 **{k: v for k, v in summary.items() if k.startswith(("dice_", "hd95_"))})

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from brats_seg.distribute.cluster import free_local_ports  # noqa: E402
+from brats_seg.run_dir import RunFolder  # noqa: E402
 
 
 def _common(args, tmp: Path, run_dir: Path, threads: int) -> list[str]:
@@ -40,7 +41,7 @@ def _common(args, tmp: Path, run_dir: Path, threads: int) -> list[str]:
 
 
 def _epoch_seconds(run_dir: Path) -> float:
-    return float(json.loads((run_dir / "state.json").read_text())["history"][-1]["seconds"])
+    return float(RunFolder(run_dir).read_state()["history"][-1]["seconds"])
 
 
 def _run(cmds: list[list[str]], cwd: Path) -> None:

@@ -35,6 +35,9 @@ from brats_seg.data.layouts import Case
 from brats_seg.data.preprocess import estimate_preparation_bytes, preprocess_case
 
 __all__ = [
+    "IMAGE_FILE",
+    "META_FILE",
+    "REGIONS_FILE",
     "PREPROCESS_VERSION",
     "CacheEntry",
     "compute_fingerprint",
@@ -44,6 +47,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# An entry's files: this module writes them, CacheEntry and the input pipeline read them by these names.
+IMAGE_FILE = "image.npy"  # float16 (x, y, z, 4): FLAIR, T1, T1ce, T2
+REGIONS_FILE = "regions.npy"  # uint8 (x, y, z, R): the layout's regions, WT first
+META_FILE = "meta.json"  # written last: marks the entry complete
 
 PREPROCESS_VERSION = 2  # bump when preprocessing changes: every entry is rebuilt (2: z-score statistics summed in float64)
 
@@ -58,15 +66,15 @@ class CacheEntry:
 
     @property
     def image_path(self) -> Path:
-        return self.path / "image.npy"
+        return self.path / IMAGE_FILE
 
     @property
     def regions_path(self) -> Path:
-        return self.path / "regions.npy"
+        return self.path / REGIONS_FILE
 
     @property
     def meta(self) -> dict:
-        return json.loads((self.path / "meta.json").read_text())
+        return json.loads((self.path / META_FILE).read_text())
 
 
 def compute_fingerprint(case: Case, spacing_mm: float, shape, allow_crop: bool) -> str:
@@ -90,7 +98,7 @@ def compute_fingerprint(case: Case, spacing_mm: float, shape, allow_crop: bool) 
 def load_entry_meta(entry_dir: Path) -> dict | None:
     """The entry's meta.json, or None if the entry is absent or incomplete."""
     try:
-        return json.loads((Path(entry_dir) / "meta.json").read_text())
+        return json.loads((Path(entry_dir) / META_FILE).read_text())
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
         return None
 
@@ -133,10 +141,10 @@ def build_entry(case: Case, cache_root: Path, spacing_mm: float, shape, allow_cr
     tmp = cache_root / f".tmp-{case.case_id}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        _write_npy(tmp / "image.npy", out_image.astype(np.float16))
+        _write_npy(tmp / IMAGE_FILE, out_image.astype(np.float16))
         if out_label is not None:
-            _write_npy(tmp / "regions.npy", labels_to_regions(out_label, case.layout))
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))  # last: marks the entry complete
+            _write_npy(tmp / REGIONS_FILE, labels_to_regions(out_label, case.layout))
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))  # last: marks the entry complete
         old = None
         if final.exists():
             old = cache_root / f".old-{case.case_id}-{uuid.uuid4().hex[:8]}"

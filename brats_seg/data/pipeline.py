@@ -40,6 +40,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
+from brats_seg.data.cache import IMAGE_FILE, REGIONS_FILE  # the cache owns an entry's file names
+
 __all__ = [
     "IMAGE_FILE",
     "REGIONS_FILE",
@@ -50,8 +52,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-IMAGE_FILE = "image.npy"  # float16 (x, y, z, 4): FLAIR, T1, T1ce, T2
-REGIONS_FILE = "regions.npy"  # uint8 (x, y, z, R): the layout's regions, WT first
 CACHE_DTYPES = {IMAGE_FILE: np.float16, REGIONS_FILE: np.uint8}
 FLIP_PROBABILITY = 0.5  # L-R flip along x
 SCALE_RANGE = 0.1  # intensity scale in [1 - 0.1, 1 + 0.1], per channel

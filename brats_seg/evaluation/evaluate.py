@@ -57,6 +57,7 @@ from brats_seg.evaluation.run import (
 )
 from brats_seg.evaluation.scoring import load_reference, score_case
 from brats_seg.evaluation.table import MetricsTable
+from brats_seg.run_dir import RunFolder
 
 __all__ = [
     "SPLITS",
@@ -73,7 +74,7 @@ SPLITS = ("val", "test", "all")
 
 def eval_dir(run_dir: str | Path, split: str) -> Path:
     """``<run_dir>/eval/<split>``: where an evaluation's files go."""
-    return Path(run_dir).expanduser() / "eval" / split
+    return RunFolder(Path(run_dir).expanduser()).eval_dir(split)
 
 
 def check_run_dir(
@@ -110,7 +111,7 @@ def split_case_ids(run_dir: str | Path, split: str) -> list[str]:
     """
     if split not in SPLITS:
         raise RunError(f"split={split!r}: use one of {', '.join(SPLITS)}.")
-    path = Path(run_dir).expanduser() / "split.json"
+    path = RunFolder(Path(run_dir).expanduser()).split_path
     if not path.is_file():
         raise RunError(f"{path} not found: the run does not say which cases it held out; train first: "
                        f"python train.py run_dir={run_dir}")

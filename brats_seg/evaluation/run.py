@@ -10,14 +10,12 @@ at module level: they are imported inside :func:`load_run_model`, after
 from __future__ import annotations
 
 import dataclasses
-
-import json
 import logging
 from pathlib import Path
 
-from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig, config_from_dict, resolve_model_outputs
-from brats_seg.data.errors import DataError
+from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.labels import output_regions
+from brats_seg.run_dir import RunError, RunFolder
 
 __all__ = [
     "MODES",
@@ -38,30 +36,14 @@ log = logging.getLogger(__name__)
 MODES = ("whole", "sliding")
 
 
-class RunError(DataError):
-    """A run folder or the inference settings cannot be used (no config.json, no checkpoint,
-    unreadable files, a bad ``evaluate.*`` value); the message says what to do."""
-
-
 def load_run_config(run_dir: str | Path) -> TrainConfig:
-    """The :class:`TrainConfig` a run was trained with (``<run_dir>/config.json``), outputs resolved.
+    """The :class:`TrainConfig` a run was trained with (``<run_dir>/config.json``), outputs resolved:
+    :meth:`RunFolder.read_config`, the one reader (it upgrades an older run's config).
 
     Raises:
         RunError: the folder or its config.json is missing or unreadable.
     """
-    run_dir = Path(run_dir).expanduser()
-    path = run_dir / "config.json"
-    if not path.is_file():
-        what = "does not exist" if not run_dir.is_dir() else "has no config.json"
-        raise RunError(f"run folder {run_dir} {what}, so it is not a training run; train first: "
-                       f"python train.py run_dir={run_dir}")
-    try:
-        stored = json.loads(path.read_text())
-        if isinstance(stored.get("model"), dict):  # runs from before model.regions had independent sigmoids
-            stored["model"].setdefault("regions", "independent")
-        return resolve_model_outputs(config_from_dict(TrainConfig, stored))
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as e:
-        raise RunError(f"{path} cannot be read as a brats-seg run config ({e}). Re-run training into a new run_dir.") from e
+    return RunFolder(Path(run_dir).expanduser()).read_config()
 
 
 def run_regions(config: TrainConfig) -> tuple[str, ...]:
@@ -70,22 +52,13 @@ def run_regions(config: TrainConfig) -> tuple[str, ...]:
 
 
 def checkpoint_path(run_dir: str | Path, checkpoint: str = "best") -> Path:
-    """``<run_dir>/checkpoints/<best|last>.keras``, or ``checkpoint`` itself if it is a ``.keras`` file.
+    """``<run_dir>/checkpoints/<best|last>.keras``, or ``checkpoint`` itself if it is a ``.keras`` file
+    (:meth:`RunFolder.checkpoint`).
 
     Raises:
         RunError: the checkpoint file does not exist.
     """
-    run_dir = Path(run_dir).expanduser()
-    if checkpoint in ("best", "last"):
-        path = run_dir / "checkpoints" / f"{checkpoint}.keras"
-    elif checkpoint.endswith(".keras"):
-        path = Path(checkpoint).expanduser()
-    else:
-        raise RunError(f"checkpoint={checkpoint!r}: use best, last, or the path of a .keras file.")
-    if not path.is_file():
-        raise RunError(f"checkpoint {path} not found: the run has not saved a model yet; train first: "
-                       f"python train.py run_dir={run_dir}")
-    return path
+    return RunFolder(Path(run_dir).expanduser()).checkpoint(checkpoint)
 
 
 def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None) -> None:
@@ -153,7 +126,7 @@ def load_run_model(run_dir: str | Path, checkpoint: str = "best", config: TrainC
         model.load_weights(str(path))
     except (ValueError, KeyError, OSError) as e:
         raise RunError(
-            f"weights of {path} do not fit the model of {Path(run_dir) / 'config.json'} ({e}). "
+            f"weights of {path} do not fit the model of {RunFolder(Path(run_dir)).config_path} ({e}). "
             "Was config.json edited after training? Restore it, or evaluate another run."
         ) from e
     log.info("loaded %s into unet3d depth=%d base_filters=%d", path, config.model.depth, config.model.base_filters)

@@ -8,22 +8,21 @@ Run folder (``run_dir``)::
     history.csv              the same history as a table
 
 ``state.json`` is written after ``last.keras``, each through a temporary name and a
-rename, so a run killed at any moment resumes from the last completed epoch.
+rename, so a run killed at any moment resumes from the last completed epoch. The names and
+the writing of these files belong to :class:`brats_seg.run_dir.RunFolder`.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import logging
 import math
-import io
 import time
 from pathlib import Path
 
 import keras
 
-from brats_seg.files import atomic_path, write_text_atomic
+from brats_seg.files import atomic_path
+from brats_seg.run_dir import RunFolder
 
 __all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "DeadRegionWarning", "load_state"]
 
@@ -36,10 +35,8 @@ class RunState(dict):
 
 def load_state(run_dir: str | Path) -> RunState | None:
     """The run's state, or None for a new run."""
-    path = Path(run_dir) / "state.json"
-    if not path.is_file():
-        return None
-    return RunState(json.loads(path.read_text()))
+    state = RunFolder(Path(run_dir)).read_state()
+    return None if state is None else RunState(state)
 
 
 def _save_model_atomic(model: keras.Model, path: Path) -> None:
@@ -66,7 +63,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         super().__init__()
         self.export_model = export_model  # saved instead of the training model (LMS wrappers can't be)
         self.run_dir = Path(run_dir)
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.folder = RunFolder(self.run_dir)
+        self.ckpt_dir = self.folder.checkpoints_dir
         self.write = write  # False on the workers that are not the chief: same decisions, no files
         if write:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +86,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         )
         if improved:
             if self.write:
-                _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "best.keras")
+                _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("best"))
                 log.info("epoch %d: %s improved to %.4f, saved best.keras", epoch + 1, self.monitor, float(value))
             self.state["best_value"], self.state["best_epoch"] = float(value), epoch + 1
         self.state["epoch"] = epoch + 1
@@ -98,9 +96,9 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.state["history"].append(row)
         self.state["iterations"] = self._iterations()
         if self.write:
-            _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
-            write_text_atomic(self.run_dir / "state.json", json.dumps(self.state, indent=1))
-            self._write_history_csv()
+            _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
+            self.folder.write_state(self.state)
+            self.folder.write_history_csv(self.state["history"])
         best_epoch = self.state["best_epoch"] or 0
         if self.patience and epoch + 1 - best_epoch >= self.patience:
             log.info("early stopping: no %s gain for %d epochs (best %.4f at epoch %d)",
@@ -120,22 +118,13 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.state["partial_epoch"] = epoch + 1
         self.state["iterations"] = self._iterations()
         if self.write:
-            _save_model_atomic(self.export_model or self.model, self.ckpt_dir / "last.keras")
-            write_text_atomic(self.run_dir / "state.json", json.dumps(self.state, indent=1))
+            _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
+            self.folder.write_state(self.state)
 
     def _iterations(self) -> int | None:
         """The optimizer step the saved weights are at (``resume_position`` checks it)."""
         opt = getattr(self.export_model or self.model, "optimizer", None)
         return int(opt.iterations.numpy()) if opt is not None else None
-
-    def _write_history_csv(self) -> None:
-        rows = self.state["history"]
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\r\n")  # csv's default, as before
-        writer.writeheader()
-        writer.writerows(rows)
-        write_text_atomic(self.run_dir / "history.csv", buf.getvalue())
 
 
 class TrackingCallback(keras.callbacks.Callback):

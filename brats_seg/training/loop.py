@@ -24,14 +24,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from brats_seg.backend import ResolvedBackend
-from brats_seg.config import TrainConfig, config_to_dict, flatten_config, resolve_model_outputs
+from brats_seg.config import TrainConfig, flatten_config, resolve_model_outputs
 from brats_seg.data.dataset import prepare_dataset
+from brats_seg.run_dir import RunFolder
 
 __all__ = ["TrainResult", "train", "resolve_paths", "make_optimizer", "compile_models", "training_metrics", "check_resumable",
            "resume_position"]
@@ -68,11 +67,15 @@ def _mutable(key: str) -> bool:
 
 
 def check_resumable(run_dir: Path, cfg: TrainConfig) -> None:
-    """Refuse to continue a run folder written with a different (non-length) config."""
-    path = run_dir / "config.json"
-    if not path.is_file():
+    """Refuse to continue a run folder written with a different (non-length) config.
+
+    The stored config is read as evaluation reads it (:meth:`RunFolder.read_config`: an older
+    run's config upgraded to this version's keys), so a run from an earlier version resumes.
+    """
+    folder = RunFolder(run_dir)
+    if not folder.has_config():
         return
-    old = flatten_config(json.loads(path.read_text()))
+    old = flatten_config(folder.read_config())
     new = flatten_config(cfg)
     diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
             if not _mutable(k) and old.get(k) != new.get(k)}
@@ -120,19 +123,16 @@ def _prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_resumable(run_dir, cfg)
-    tmp = run_dir / ".tmp-config.json"
-    tmp.write_text(json.dumps(config_to_dict(cfg), indent=1))
-    os.replace(tmp, run_dir / "config.json")
-    run_split = run_dir / "split.json"
-    if run_split.is_file():
-        old = json.loads(run_split.read_text())
-        if old.get("test") != split["test"]:
+    folder = RunFolder(run_dir)
+    folder.write_config(cfg)
+    if folder.has_split():
+        if folder.read_split().get("test") != split["test"]:
             raise ValueError(
-                f"{run_split}: the dataset's test split changed since this run started "
+                f"{folder.split_path}: the dataset's test split changed since this run started "
                 f"({split_path}). Resuming would train on former test cases; start a new run_dir=."
             )
-    else:
-        shutil.copyfile(split_path, run_split)
+    else:  # the dataset's split file as it is (its seed and fractions with the ids)
+        folder.write_split(json.loads(Path(split_path).read_text()))
     return run_dir
 
 
@@ -179,12 +179,7 @@ def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend):
 
 
 def _save_plan(plan, run_dir: Path) -> list[Path]:
-    paths = [run_dir / "plan.txt", run_dir / "plan.json"]
-    for path, text in zip(paths, (plan.format_table(), plan.to_json())):
-        tmp = path.with_name(f".tmp-{path.name}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    return paths
+    return RunFolder(run_dir).write_plan(plan.format_table(), plan.to_json())
 
 
 def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
@@ -360,7 +355,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     metrics = training_metrics(cfg)
     initial_epoch, initial_step, partial = 0, 0, None
     if state:
-        last = run_dir / "checkpoints" / "last.keras"
+        last = RunFolder(run_dir).checkpoint_file("last")
         if not last.is_file():
             raise FileNotFoundError(f"{run_dir}/state.json says {state['epoch']} epochs are done but {last} is missing.")
         _restore(model, export_model, last)
@@ -382,7 +377,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
                   "run_dir": str(run_dir), "distribute": cfg.distribute.name, "replicas": str(replicas),
                   **(tags or {})},
         )
-        tracker.log_artifact(run_dir / "split.json")
+        tracker.log_artifact(RunFolder(run_dir).split_path)
         for path in plan_files:
             tracker.log_artifact(path, "plan")
     else:
@@ -413,11 +408,11 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
             return
         closed.append(status)
         st = checkpoint.state
-        best = run_dir / "checkpoints" / "best.keras"
-        if is_chief and best.is_file():
-            tracker.log_artifact(best, "checkpoints")
-        if is_chief and (run_dir / "history.csv").is_file():
-            tracker.log_artifact(run_dir / "history.csv")
+        folder = RunFolder(run_dir)
+        if is_chief and folder.checkpoint_file("best").is_file():
+            tracker.log_artifact(folder.checkpoint_file("best"), "checkpoints")
+        if is_chief and folder.history_path.is_file():
+            tracker.log_artifact(folder.history_path)
         tracker.log_metrics({"best_val_dice_mean": st["best_value"] or 0.0}, step=st["epoch"])
         tracker.end(status)
 

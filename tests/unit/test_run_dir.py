@@ -78,3 +78,48 @@ def test_state_history_split_and_tracking_files(tmp_path):
     assert run.read_tracking() == {"run_id": "abc"}
     paths = run.write_plan("table", "{}")
     assert [p.read_text() for p in paths] == ["table", "{}"]
+
+
+def test_training_reads_an_old_config_as_evaluation_does(tmp_path):
+    """Training's resume check and evaluation share the one reader: a run from before
+    model.regions (independent sigmoids) resumes with the same command, and a changed
+    model.regions is refused by name, which the raw comparison could not tell apart."""
+    from brats_seg.config import resolve_model_outputs
+    from brats_seg.training.loop import check_resumable
+
+    stored = config_to_dict(resolve_model_outputs(TrainConfig()))
+    del stored["model"]["regions"], stored["model"]["region_parents"]
+    RunFolder.of(tmp_path).config_path.write_text(json.dumps(stored))
+    same = resolve_model_outputs(TrainConfig(model=ModelConfig(regions="independent")))
+    check_resumable(tmp_path, same)  # the run as it trained: resumes
+    with pytest.raises(ValueError, match=r"model.regions: 'independent' -> 'nested'"):
+        check_resumable(tmp_path, resolve_model_outputs(TrainConfig(model=ModelConfig(regions="nested"))))
+
+
+def test_evaluation_raises_the_run_folders_error():
+    """One RunError: callers catching evaluation's catch the run folder's (and the CLI's handler both)."""
+    from brats_seg.evaluation import run as evaluation_run
+
+    assert evaluation_run.RunError is RunError
+
+
+def test_no_other_module_spells_the_run_folder_or_cache_file_names():
+    """Every path of a run folder is joined in run_dir.py and every cache entry's in data/cache.py:
+    a file renamed there is renamed everywhere."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    owners = {"brats_seg/run_dir.py", "brats_seg/data/cache.py"}
+    names = r"config\.json|split\.json|state\.json|history\.csv|plan\.txt|plan\.json|mlflow\.json|last\.keras|best\.keras|image\.npy|regions\.npy"
+    literal = re.compile(rf"""["'/]({names})["']""")
+    offenders = []
+    for path in [*repo.glob("brats_seg/**/*.py"), *repo.glob("scripts/*.py"), repo / "train.py"]:
+        rel = path.relative_to(repo).as_posix()
+        if rel in owners:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if literal.search(code) and "log." not in code and "raise " not in code:
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert not offenders, "file names joined outside their owner:\n" + "\n".join(offenders)
