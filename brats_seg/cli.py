@@ -40,7 +40,7 @@ def user_errors():
     """
     from brats_seg.backend import BackendError
     from brats_seg.distribute.cluster import ClusterError
-    from brats_seg.lms.plan import PlanDoesNotFitError
+    from brats_seg.lms.planner.plan import PlanDoesNotFitError
 
     try:
         yield

@@ -39,10 +39,10 @@ register_configs()
 def plan_benchmark(conf, backend):
     """``(strategy, plan, predicted peak bytes)`` of the configured step, as ``train.py`` plans it;
     a fixed strategy is measured whatever it takes (no limit), ``auto`` plans to ``lms.limit``."""
-    from brats_seg.lms.memory_model import memory_model_for
-    from brats_seg.lms.preflight import plan_run
-    from brats_seg.lms.search import estimate_peak
-    from brats_seg.lms.workload import LMSOptions, Workload
+    from brats_seg.lms.planner.memory_model import memory_model_for
+    from brats_seg.lms.planner.preflight import plan_run
+    from brats_seg.lms.planner.search import estimate_peak
+    from brats_seg.lms.planner.workload import LMSOptions, Workload
     from brats_seg.training.loop import effective_lms
 
     strategy = effective_lms(conf, backend)
@@ -108,9 +108,9 @@ def build_benchmark_step(conf, tmp: Path, backend=None):
     import tensorflow as tf
 
     from brats_seg.distribute.strategy import make_strategy
-    from brats_seg.lms.cost import compute_network_cost, compute_step_flops
-    from brats_seg.lms.stats import current_rss_bytes, reset_device_peak
-    from brats_seg.lms.workload import Workload
+    from brats_seg.lms.planner.cost import compute_network_cost, compute_step_flops
+    from brats_seg.lms.runtime.stats import current_rss_bytes, reset_device_peak
+    from brats_seg.lms.planner.workload import Workload
     from brats_seg.training.loop import compile_models, training_metrics
     from brats_seg.training.steps import make_train_step
 
@@ -184,7 +184,7 @@ def benchmark(conf, overrides: list[str]) -> dict:
     import numpy as np
 
     from brats_seg.cpu import cpu_isa, cpu_kind, cpu_model_name
-    from brats_seg.lms.stats import allocator_peak_bytes, device_peak_bytes
+    from brats_seg.lms.runtime.stats import allocator_peak_bytes, device_peak_bytes
 
     if conf.benchmark.pipeline_only:
         return {"overrides": overrides, "cpu": cpu_model_name(), "cpu_kind": cpu_kind(), **measure_pipeline(conf)}

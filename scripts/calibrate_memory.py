@@ -29,7 +29,7 @@ judges that on configurations it was not fitted on.
 Writes ``brats_seg/lms/presets/cpu_<kind>.json`` (``--out`` to change; the kinds of
 :func:`brats_seg.cpu.cpu_kind`: ``avx512_amx``, ``avx512``, ``avx2``): the machine, the
 points with every run, the fitted fields and both grids' errors. The planner reads its
-CPU presets from these files (:func:`brats_seg.lms.memory_model.memory_model_for`), so
+CPU presets from these files (:func:`brats_seg.lms.planner.memory_model.memory_model_for`), so
 the defaults in use are this script's output. Measurements are saved after every run:
 an interrupted calibration continues where it stopped.
 """
@@ -85,7 +85,7 @@ VALIDATION = {
                            "trainer.batch_size=1"],
 }
 # bfloat16 (backend.precision=bf16), measured where the CPU computes it natively. The dtype
-# rules (brats_seg.lms.layer_cost, checked on the traced graph by tests/unit/test_saved_tensors.py)
+# rules (brats_seg.lms.planner.layer_cost, checked on the traced graph by tests/unit/test_saved_tensors.py)
 # carry the float32 fit over to the tensors; what bf16 holds outside the allocator
 # (MemoryModel.bf16_scratch_*: it grows with the volume, not the batch or the width) is fitted
 # on CALIBRATION_BF16 (depth 3, 8 filters, four volumes from 48x64x48 to full resolution) and
@@ -151,7 +151,7 @@ def _workload(overrides: tuple[str, ...]):
 
     from brats_seg.cli import to_config
     from brats_seg.config import register_configs
-    from brats_seg.lms.workload import Workload
+    from brats_seg.lms.planner.workload import Workload
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
@@ -164,8 +164,8 @@ def _workload(overrides: tuple[str, ...]):
 
 def predict(overrides: list[str], strategy: str, memory_model) -> int:
     """The planner's prediction of ``peak_bytes - baseline_bytes`` for a fixed strategy."""
-    from brats_seg.lms.search import estimate_peak
-    from brats_seg.lms.workload import LMSOptions
+    from brats_seg.lms.planner.search import estimate_peak
+    from brats_seg.lms.planner.workload import LMSOptions
 
     workload, lms = _workload(tuple(overrides))
     options = LMSOptions.from_config(lms, None, allow_offload=False, strategy=strategy)
@@ -336,7 +336,7 @@ def cross_validate(record: dict, base, verbose: bool = True, under_weight: float
 
 def main(argv: list[str] | None = None) -> int:
     from brats_seg.cpu import cpu_kind, cpu_model_name, has_native_bf16, onednn_isa_cap
-    from brats_seg.lms.memory_model import base_preset
+    from brats_seg.lms.planner.memory_model import base_preset
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2, help="benchmark runs per calibration point (the largest counts)")

@@ -68,8 +68,8 @@ def _print_capacity(conf, device: str, limit: int, budget: int, found: dict) -> 
 
 @hydra.main(config_path="../configs", config_name="plan_memory", version_base="1.3")
 def main(cfg) -> None:
-    from brats_seg.lms.plan import PlanDoesNotFitError
-    from brats_seg.lms.preflight import capacity_run, compare_run, plan_run, planning_device
+    from brats_seg.lms.planner.plan import PlanDoesNotFitError
+    from brats_seg.lms.planner.preflight import capacity_run, compare_run, plan_run, planning_device
 
     conf = to_config(cfg)
     device = planning_device(conf)

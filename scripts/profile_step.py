@@ -8,7 +8,7 @@ Runs the step ``scripts/benchmark.py`` times (the one training runs) in a child 
 ``ONEDNN_VERBOSE=profile_exec`` and TensorFlow's profiler on, over ``benchmark.steps`` steps
 after one warm-up step, and prints:
 
-- the step's seconds, its FLOPs (``brats_seg.lms.cost.compute_step_flops``), the FLOP/s it
+- the step's seconds, its FLOPs (``brats_seg.lms.planner.cost.compute_step_flops``), the FLOP/s it
   reaches and, measured in the same process just before, a 4096x4096 float32 SGEMM's rate
   with the same threads (the machine's practical peak for this work);
 - oneDNN's share: seconds per primitive kind and implementation (convolutions by direction,

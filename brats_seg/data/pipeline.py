@@ -14,7 +14,7 @@ Memory is bounded and planned: each case is loaded and augmented by one call at 
 (``MAP_PARALLEL_CALLS``) and at most ``PREFETCH_BATCHES`` finished batches wait for the
 step (``data.prefetch_batches``), with tf.data's own autotuning of buffers off, so the input
 pipeline holds a fixed number of batches whatever the machine, which the LMS planner counts
-(``brats_seg.lms.workload.pipeline_batches``).
+(``brats_seg.lms.planner.workload.pipeline_batches``).
 
 Training is a pure function of ``(case_dirs, seed)``: epoch ``e`` visits the cases in the
 order ``default_rng([seed, e]).permutation(n)`` (its first ``steps * batch_size``), and the

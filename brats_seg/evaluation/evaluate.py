@@ -253,7 +253,7 @@ def evaluate_run(
     if model is None:  # predicted to fit lms.limit, or refused before the model is loaded
         estimate = check_inference_memory(config, eval_cfg, inference_device(), inference_policy(),
                                           [entry.meta["record"] for entry in entries])
-    from brats_seg.lms.stats import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+    from brats_seg.lms.runtime.stats import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
     baseline = current_rss_bytes()  # the runtime, before the model (what the estimate is above)
     reset_peak_rss()

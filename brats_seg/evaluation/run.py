@@ -15,6 +15,7 @@ from pathlib import Path
 
 from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.labels import output_regions
+from brats_seg.evaluation.sliding import MODES, resolve_window
 from brats_seg.run_dir import RunError, RunFolder
 
 __all__ = [
@@ -33,7 +34,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MODES = ("whole", "sliding")
 
 
 def load_run_config(run_dir: str | Path) -> TrainConfig:
@@ -77,8 +77,6 @@ def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None)
     Raises:
         RunError: naming the bad key and value.
     """
-    from brats_seg.evaluation.sliding import resolve_window
-
     if cfg.mode not in MODES:
         raise RunError(f"evaluate.mode={cfg.mode!r}: use one of {', '.join(MODES)}.")
     if not 0 < cfg.threshold < 1:
@@ -142,7 +140,7 @@ def inference_precision(run: TrainConfig, requested: str | None) -> str:
     precision = run.backend.precision
     if precision == "bf16":
         from brats_seg.cpu import cpu_model_name, has_native_bf16
-        from brats_seg.lms.preflight import planning_device
+        from brats_seg.lms.planner.preflight import planning_device
 
         if planning_device(run) == "CPU" and not has_native_bf16():
             log.warning("the run trained in bf16; this CPU (%s) has no native bf16, so its model infers in fp32 "
@@ -165,7 +163,7 @@ def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: s
             none: the network grid stands for both.
 
     Returns:
-        The :class:`~brats_seg.lms.inference.InferenceEstimate` of the largest case.
+        The :class:`~brats_seg.lms.planner.inference.InferenceEstimate` of the largest case.
 
     Raises:
         RunError: the estimate is over the budget, with the numbers and what to change.
@@ -173,11 +171,11 @@ def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: s
     import math
 
     from brats_seg.backend import device_memory_bytes
-    from brats_seg.lms.inference import estimate_inference
-    from brats_seg.lms.memory_model import memory_model_for
-    from brats_seg.lms.search import planning_budget
-    from brats_seg.lms.units import format_gb, parse_limit
-    from brats_seg.lms.workload import Workload
+    from brats_seg.lms.planner.inference import estimate_inference
+    from brats_seg.lms.planner.memory_model import memory_model_for
+    from brats_seg.lms.planner.search import planning_budget
+    from brats_seg.lms.planner.units import format_gb, parse_limit
+    from brats_seg.lms.planner.workload import Workload
 
     mm = memory_model_for(device)
     workload = dataclasses.replace(Workload.from_config(run), policy=policy)

@@ -27,9 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from brats_seg.evaluation.run import MODES
-
 __all__ = [
+    "MODES",
     "default_window",
     "gaussian_importance_map",
     "predict_volume",
@@ -37,10 +36,11 @@ __all__ = [
     "sliding_window_starts",
 ]
 
+MODES = ("whole", "sliding")  # evaluate.mode: the whole volume at once, or Gaussian-weighted windows
+
 log = logging.getLogger(__name__)
 
 _GAUSSIAN_SIGMA_SCALE = 1 / 8  # sigma per axis as a fraction of the window (nnU-Net's value)
-
 
 
 def default_window(shape: Sequence[int], depth: int) -> tuple[int, int, int]:

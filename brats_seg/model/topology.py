@@ -1,7 +1,7 @@
 """The one description of the 3D U-Net (Çiçek et al., 2016): blocks, layers, tensors, dtypes.
 
 Pure Python, no TensorFlow or Keras import. :mod:`brats_seg.model.unet3d` creates its
-Keras layers from it and :mod:`brats_seg.lms.cost` prices it, so the model that trains and
+Keras layers from it and :mod:`brats_seg.lms.planner.cost` prices it, so the model that trains and
 the model that is planned are the same by construction. The rules a model config must
 follow (:func:`check_unet_config`) are here too, once.
 

@@ -43,7 +43,7 @@ from brats_seg.model.topology import (
 
 __all__ = [
     "Block",
-    "BlockWrapper",
+    "BlockCallWrapper",
     "NestedRegionSigmoid",
     "TrilinearUpSampling3D",
     "build_unet3d",
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 NORM_EPSILON = 1e-5  # instance/group norm; the usual value (PyTorch, MONAI) rather than Keras' 1e-3
 
 # (block_name, block, inputs) -> output; see build_unet3d.
-BlockWrapper = Callable[[str, "Block", list], Any]
+BlockCallWrapper = Callable[[str, "Block", list], Any]  # what runs a block (brats_seg.lms.runtime.offload.BlockWrapper is one)
 
 
 # ---------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def make_unet_blocks(cfg: ModelConfig) -> dict[str, Block]:
 def build_unet3d(
     cfg: ModelConfig,
     input_shape: tuple[int, int, int],
-    block_wrapper: BlockWrapper | None = None,
+    block_wrapper: BlockCallWrapper | None = None,
     blocks: dict[str, Block] | None = None,
 ) -> keras.Model:
     """Build the 3D U-Net as a functional Keras model named ``unet3d``.

@@ -156,8 +156,8 @@ def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend):
         PlanDoesNotFitError: the run is predicted not to fit, with the numbers and the fix.
         ValueError: ``lms=offload`` on a CPU-only run.
     """
-    from brats_seg.lms.plan import PlanDoesNotFitError
-    from brats_seg.lms.preflight import plan_run
+    from brats_seg.lms.planner.plan import PlanDoesNotFitError
+    from brats_seg.lms.planner.preflight import plan_run
 
     strategy = effective_lms(cfg, backend)
     if backend.device == "CPU" and strategy == "offload":
@@ -189,8 +189,8 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
     the plan's keep/recompute/offload wrapper, and the export model (plain, saveable as
     ``.keras``, what evaluation loads) is built on the same blocks.
     """
-    from brats_seg.lms.offload import BlockWrapper
-    from brats_seg.lms.offload_stats import OffloadStats
+    from brats_seg.lms.runtime.offload import BlockWrapper
+    from brats_seg.lms.runtime.stats import OffloadStats
     from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
 
     shape = tuple(cfg.resolution.shape)
@@ -333,7 +333,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
 
     from brats_seg.data.labels import output_regions
     from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
-    from brats_seg.lms.stats import MemoryStatsCallback, current_rss_bytes
+    from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
     from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name
     from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
     from brats_seg.training.epochs import LoopOutcome, run_epochs

@@ -58,7 +58,7 @@ def _auto_limit(overrides) -> int:
     sys.path.insert(0, str(REPO / "scripts"))
     from calibrate_memory import predict
 
-    from brats_seg.lms.memory_model import memory_model_for
+    from brats_seg.lms.planner.memory_model import memory_model_for
 
     off, rec = (predict(overrides, s, memory_model_for("CPU")) for s in ("off", "recompute"))
     return int(rec + 0.5 * (off - rec))
@@ -67,7 +67,7 @@ def _auto_limit(overrides) -> int:
 @pytest.mark.slow
 def test_predicted_peak_within_bounds_where_not_fitted():
     from brats_seg.cpu import cpu_kind
-    from brats_seg.lms.memory_model import CPU_MEMORY_MODELS, memory_model_for
+    from brats_seg.lms.planner.memory_model import CPU_MEMORY_MODELS, memory_model_for
 
     rows, over_limit = [], []
     for name, overrides, strategy in POINTS:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 from brats_seg.config import ModelConfig as _ModelConfig
-from brats_seg.lms.cost import NetworkCost, compute_network_cost
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.search import compare_strategies, estimate_peak, planning_budget
-from brats_seg.lms.timeline import Timeline
-from brats_seg.lms.workload import LMSOptions, Workload
+from brats_seg.lms.planner.cost import NetworkCost, compute_network_cost
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.search import compare_strategies, estimate_peak, planning_budget
+from brats_seg.lms.planner.timeline import Timeline
+from brats_seg.lms.planner.workload import LMSOptions, Workload
 
 FULL = (192, 224, 160)
 HALF = (96, 112, 80)
@@ -34,7 +34,7 @@ def estimate(cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32", 
 
 def limit_for(budget: int, memory_model: MemoryModel | None = None) -> int:
     """The smallest ``lms.limit`` whose planning budget (the limit less the model's planning
-    margin, :func:`brats_seg.lms.search.planning_budget`) holds a peak of ``budget`` bytes."""
+    margin, :func:`brats_seg.lms.planner.search.planning_budget`) holds a peak of ``budget`` bytes."""
     limit = math.ceil(budget / (1.0 - (memory_model or MemoryModel()).planning_margin))
     while planning_budget(limit, memory_model or MemoryModel()) < budget:  # rounding
         limit += 1

@@ -1,4 +1,4 @@
-"""The largest input and batch a strategy fits in a budget (brats_seg.lms.capacity, plan.find)."""
+"""The largest input and batch a strategy fits in a budget (brats_seg.lms.planner.capacity, plan.find)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from brats_seg.lms.capacity import find_capacity, input_shape_at, largest_input
-from brats_seg.lms.memory_model import memory_model_for
-from brats_seg.lms.search import fits_with, largest_batch, plan_lms
-from brats_seg.lms.workload import LMSOptions, Workload
+from brats_seg.lms.planner.capacity import find_capacity, input_shape_at, largest_input
+from brats_seg.lms.planner.memory_model import memory_model_for
+from brats_seg.lms.planner.search import fits_with, largest_batch, plan_lms
+from brats_seg.lms.planner.workload import LMSOptions, Workload
 from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig
 
 MM = memory_model_for("CPU", "avx2")  # the plan an AVX2 CPU makes (the safe side until calibrated)

@@ -1,4 +1,4 @@
-"""The cost tables (brats_seg.lms.cost, brats_seg.lms.layer_cost): hand counts on a tiny U-Net."""
+"""The cost tables (brats_seg.lms.planner.cost, brats_seg.lms.planner.layer_cost): hand counts on a tiny U-Net."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.plan import Plan
-from brats_seg.lms.search import plan_lms
-from brats_seg.lms.timeline import simulate, tail_kept
-from brats_seg.lms.workload import LMSOptions, Workload
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.plan import Plan
+from brats_seg.lms.planner.search import plan_lms
+from brats_seg.lms.planner.timeline import simulate, tail_kept
+from brats_seg.lms.planner.workload import LMSOptions, Workload
 from brats_seg.model.topology import unet_topology
 from tests.unit.lms_workloads import HALF, ModelConfig, estimate, network
 

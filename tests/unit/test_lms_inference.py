@@ -1,5 +1,5 @@
 """The planner beyond the training step: the validation pass in the training plan, and the
-evaluation / prediction process (brats_seg.lms.inference, brats_seg.evaluation.run)."""
+evaluation / prediction process (brats_seg.lms.planner.inference, brats_seg.evaluation.run)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from brats_seg.config import EvaluateConfig, ModelConfig
-from brats_seg.lms.cost import compute_network_cost, forward_only_bytes
-from brats_seg.lms.inference import NATIVE_SCORING_BYTES_PER_VOXEL, estimate_inference
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.timeline import simulate
-from brats_seg.lms.workload import Workload
+from brats_seg.lms.planner.cost import compute_network_cost, forward_only_bytes
+from brats_seg.lms.planner.inference import NATIVE_SCORING_BYTES_PER_VOXEL, estimate_inference
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.timeline import simulate
+from brats_seg.lms.planner.workload import Workload
 
 CFG = ModelConfig(depth=3, base_filters=8, out_channels=3, region_parents=[-1, 0, 0])
 SHAPE = (64, 64, 48)

@@ -32,7 +32,7 @@ def _gradients(strategy, backend):
     import keras
     import tensorflow as tf
 
-    from brats_seg.lms.preflight import plan_run
+    from brats_seg.lms.planner.preflight import plan_run
     from brats_seg.training.loop import build_models
     from brats_seg.training.losses import SoftDiceBCELoss
 
@@ -72,7 +72,7 @@ def test_lms_checkpoint_loads_into_plain_model(backend, tmp_path):
     """The export twin shares the LMS model's weights and saves as .keras; evaluation loads it."""
     import keras
 
-    from brats_seg.lms.preflight import plan_run
+    from brats_seg.lms.planner.preflight import plan_run
     from brats_seg.model.unet3d import build_unet3d
     from brats_seg.training.loop import build_models
 

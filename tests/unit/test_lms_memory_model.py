@@ -1,4 +1,4 @@
-"""The memory model's coefficients and CPU presets against measured peaks (brats_seg.lms.memory_model).
+"""The memory model's coefficients and CPU presets against measured peaks (brats_seg.lms.planner.memory_model).
 
 The measurements and how the presets were fitted: docs/lms_calibration.md.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from brats_seg.lms.memory_model import (
+from brats_seg.lms.planner.memory_model import (
     BASE_PRESETS,
     CPU_MEMORY_MODELS,
     PRESET_DIR,
@@ -23,7 +23,7 @@ from brats_seg.lms.memory_model import (
     memory_model_for,
     upper_bound,
 )
-from brats_seg.lms.timeline import tail_kept
+from brats_seg.lms.planner.timeline import tail_kept
 from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig, estimate, network
 
 # The planner's aim on configurations it was not fitted on: never more than 8% under a

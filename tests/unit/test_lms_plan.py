@@ -1,4 +1,4 @@
-"""The plan object (brats_seg.lms.plan): its JSON, its table, its rows."""
+"""The plan object (brats_seg.lms.planner.plan): its JSON, its table, its rows."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from brats_seg.lms.plan import Plan
-from brats_seg.lms.search import plan_lms
-from brats_seg.lms.workload import LMSOptions, Workload
+from brats_seg.lms.planner.plan import Plan
+from brats_seg.lms.planner.search import plan_lms
+from brats_seg.lms.planner.workload import LMSOptions, Workload
 from tests.unit.lms_workloads import FULL, HALF, ModelConfig, network, peaks
 
 

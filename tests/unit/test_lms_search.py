@@ -1,4 +1,4 @@
-"""LMS planning (brats_seg.lms.search): strategies, the auto search, what fits instead."""
+"""LMS planning (brats_seg.lms.planner.search): strategies, the auto search, what fits instead."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from brats_seg.config import TrainConfig
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.plan import Plan, PlanDoesNotFitError
-from brats_seg.lms.search import compare_strategies, estimate_peak, plan_lms, plan_lms_from_config
-from brats_seg.lms.workload import LMSOptions, Workload
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.plan import Plan, PlanDoesNotFitError
+from brats_seg.lms.planner.search import compare_strategies, estimate_peak, plan_lms, plan_lms_from_config
+from brats_seg.lms.planner.workload import LMSOptions, Workload
 from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig, limit_for, network, peaks
 
 
@@ -98,7 +98,7 @@ def test_offload_strategy_sends_skips_to_host():
     workload = Workload(ModelConfig(depth=4), FULL, 1)
     plan = plan_lms(workload, LMSOptions(limit_bytes=10**15, strategy="offload", size_bytes=0))
     assert [b.block for b in plan.blocks if b.skip_offloaded] == ["dec3", "dec2", "dec1", "dec0"]
-    assert plan.offload_skips == {"enc0", "enc1", "enc2", "enc3"}  # the names brats_seg.lms.offload takes
+    assert plan.offload_skips == {"enc0", "enc1", "enc2", "enc3"}  # the names brats_seg.lms.runtime.offload takes
     recompute = plan_lms(workload, LMSOptions(limit_bytes=10**15, strategy="recompute"))
     assert not any(b.skip_offloaded for b in recompute.blocks)
 
@@ -215,7 +215,7 @@ def test_estimate_peak_takes_a_fixed_strategy():
 
 def test_planner_does_not_import_tensorflow():
     code = ("import sys; from brats_seg.config import ModelConfig; "
-            "from brats_seg.lms.search import plan_lms; from brats_seg.lms.workload import LMSOptions, Workload; "
+            "from brats_seg.lms.planner.search import plan_lms; from brats_seg.lms.planner.workload import LMSOptions, Workload; "
             "plan_lms(Workload(ModelConfig(depth=4, out_channels=3), (96, 112, 80), 1), LMSOptions(10**15)); "
             "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
             "assert not bad, bad")

@@ -1,11 +1,11 @@
-"""The simulated timeline (brats_seg.lms.timeline): how predicted peaks order and grow."""
+"""The simulated timeline (brats_seg.lms.planner.timeline): how predicted peaks order and grow."""
 
 from __future__ import annotations
 
 import pytest
 
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.timeline import simulate
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.timeline import simulate
 from tests.unit.lms_workloads import FULL, HALF, ModelConfig, estimate, network, peaks
 
 

@@ -1,10 +1,10 @@
-"""Reading ``lms.limit`` and printing sizes (brats_seg.lms.units)."""
+"""Reading ``lms.limit`` and printing sizes (brats_seg.lms.planner.units)."""
 
 from __future__ import annotations
 
 import pytest
 
-from brats_seg.lms.units import format_bytes, format_gb, format_shape, parse_limit
+from brats_seg.lms.planner.units import format_bytes, format_gb, format_shape, parse_limit
 
 GB = 10**9
 

@@ -1,4 +1,4 @@
-"""LMS block wrappers (brats_seg.lms.offload): keep / recompute / offload give the same
+"""LMS block wrappers (brats_seg.lms.runtime.offload): keep / recompute / offload give the same
 gradients (float32, mixed_float16, MirroredStrategy), work under model.fit and in functional
 models, count their bytes/FLOPs, and refuse blocks that cannot be recomputed.
 
@@ -22,9 +22,9 @@ tf = pytest.importorskip("tensorflow")
 
 from keras import layers  # noqa: E402
 
-from brats_seg.lms.offload import BlockWrapper, LMSBlock  # noqa: E402
-from brats_seg.lms.offload_stats import OffloadStats  # noqa: E402
-from brats_seg.lms.recompute_safety import RecomputeError, find_recompute_unsafe_layers  # noqa: E402
+from brats_seg.lms.runtime.offload import BlockWrapper, LMSBlock  # noqa: E402
+from brats_seg.lms.runtime.stats import OffloadStats  # noqa: E402
+from brats_seg.lms.runtime.recompute_safety import RecomputeError, find_recompute_unsafe_layers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = ["enc0", "enc1", "bottleneck", "dec1", "dec0", "head"]  # forward order, depth 2
@@ -397,8 +397,8 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
 import keras
-from brats_seg.lms.offload import BlockWrapper
-from brats_seg.lms.offload_stats import OffloadStats
+from brats_seg.lms.runtime.offload import BlockWrapper
+from brats_seg.lms.runtime.stats import OffloadStats
 from tests.unit.test_offload import BLOCKS, MIXED_PLAN, SHAPE, TinyUNet, loss_fn
 
 strategy = tf.distribute.MirroredStrategy(["/CPU:1", "/CPU:2"])  # host: /CPU:0

@@ -1,5 +1,5 @@
 """What the traced training step keeps for backward: bfloat16 where the maths allows, and what
-the LMS planner's rules say, byte for byte (brats_seg.lms.saved_tensors).
+the LMS planner's rules say, byte for byte (brats_seg.lms.runtime.saved_tensors).
 
 Only traces graphs (nothing runs), so it holds on any CPU, with or without native bf16.
 """
@@ -11,10 +11,10 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from brats_seg.config import ModelConfig  # noqa: E402
-from brats_seg.lms.cost import compute_network_cost  # noqa: E402
-from brats_seg.lms.memory_model import MemoryModel  # noqa: E402
-from brats_seg.lms.saved_tensors import trace_saved_tensors  # noqa: E402
-from brats_seg.lms.workload import Workload  # noqa: E402
+from brats_seg.lms.planner.cost import compute_network_cost  # noqa: E402
+from brats_seg.lms.planner.memory_model import MemoryModel  # noqa: E402
+from brats_seg.lms.runtime.saved_tensors import trace_saved_tensors  # noqa: E402
+from brats_seg.lms.planner.workload import Workload  # noqa: E402
 from brats_seg.model.unet3d import build_unet3d  # noqa: E402
 from brats_seg.training.losses import SoftDiceBCELoss  # noqa: E402
 

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from brats_seg.lms.units import format_bytes, format_gb, format_shape
-from brats_seg.lms.workload import Workload
+from brats_seg.lms.planner.units import format_bytes, format_gb, format_shape
+from brats_seg.lms.planner.workload import Workload
 
 __all__ = ["BlockPlan", "Plan", "PlanDoesNotFitError"]
 
@@ -32,7 +32,7 @@ class BlockPlan:
         recomputed_flops: forward FLOPs run again in backward.
         skip_offloaded: ``dec{l}`` only: its skip tensor (``enc{l}``'s output) waits in
             host memory during the middle of the forward pass; :attr:`Plan.offload_skips`
-            lists the producers, the names ``brats_seg.lms.offload`` takes.
+            lists the producers, the names ``brats_seg.lms.runtime.offload`` takes.
         keep_bytes: what ``keep`` would keep (for comparison).
         input_bytes: bytes of the block's inputs.
         skip_bytes: bytes of the skip input (``dec{l}``), else 0.
@@ -40,8 +40,8 @@ class BlockPlan:
         overhead_s: predicted extra seconds per step (recompute + transfers not hidden).
         tail_kept: the block's last conv unit is kept, only the rest is recomputed /
             offloaded (the last block before the head; see
-            :func:`~brats_seg.lms.timeline.tail_kept`).
-            :attr:`Plan.keep_tails` lists them for ``brats_seg.lms.offload``.
+            :func:`~brats_seg.lms.planner.timeline.tail_kept`).
+            :attr:`Plan.keep_tails` lists them for ``brats_seg.lms.runtime.offload``.
     """
 
     block: str
@@ -73,9 +73,9 @@ class Plan:
         inputs: the workload and costing inputs (model config, shape, batch, ...).
         timeline: ``(step, bytes)`` per step.
         strategies: predictions of the four strategies (see
-            :func:`~brats_seg.lms.search.compare_strategies`).
+            :func:`~brats_seg.lms.planner.search.compare_strategies`).
         budget_bytes: the largest peak the plan may predict: ``limit_bytes`` less the
-            memory model's ``planning_margin`` (:func:`~brats_seg.lms.search.planning_budget`);
+            memory model's ``planning_margin`` (:func:`~brats_seg.lms.planner.search.planning_budget`);
             None reads as ``limit_bytes`` (a plan saved before the margin existed).
     """
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from brats_seg.lms.cost import NetworkCost
-from brats_seg.lms.plan import BlockPlan
-from brats_seg.lms.timeline import offloadable, recomputed_flops, tail_kept
-from brats_seg.lms.workload import LMSOptions
+from brats_seg.lms.planner.cost import NetworkCost
+from brats_seg.lms.planner.plan import BlockPlan
+from brats_seg.lms.planner.timeline import offloadable, recomputed_flops, tail_kept
+from brats_seg.lms.planner.workload import LMSOptions
 
 __all__ = ["block_row", "plan_overhead"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from brats_seg.lms.cost import NetworkCost
-from brats_seg.lms.workload import DEFAULT_PREFETCH, DEFAULT_SIZE_BYTES
+from brats_seg.lms.planner.cost import NetworkCost
+from brats_seg.lms.planner.workload import DEFAULT_PREFETCH, DEFAULT_SIZE_BYTES
 
 __all__ = ["POLICIES", "Timeline", "offloadable", "recomputed_flops", "simulate", "tail_kept"]
 
@@ -106,7 +106,7 @@ def simulate(
     """Simulate the device memory of one training step under a per-block plan.
 
     Args:
-        net: cost tables from :func:`~brats_seg.lms.cost.compute_network_cost`.
+        net: cost tables from :func:`~brats_seg.lms.planner.cost.compute_network_cost`.
         policies: ``keep`` | ``recompute`` | ``offload`` per block, forward order.
         skip_offloaded: per block; True on ``dec{l}`` holds its skip tensor in host
             memory between ``enc{l+1}``'s forward and (``prefetch`` blocks before)

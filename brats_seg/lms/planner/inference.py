@@ -5,14 +5,14 @@
 every tensor after its last reader; test-time mirroring in the same graph) and
 ``brats_seg.data.preprocess.invert_to_native`` (a channel at a time), then threshold, write
 and score on the native grid. This module predicts that process's peak above the imported
-runtime from the same cost tables as the training plan (:mod:`brats_seg.lms.cost`), so a run
+runtime from the same cost tables as the training plan (:mod:`brats_seg.lms.planner.cost`), so a run
 trained under ``lms.limit`` is evaluated under it too, or refused before any model is loaded.
 
 Per case, at the worst of three moments:
 
 - **forward**: the weights and the per-convolution runtime, the case's float16 image twice
   (the host's array and TensorFlow's copy of it), and the forward pass's activations
-  (:func:`~brats_seg.lms.cost.forward_only_bytes`); with mirroring the second pass runs
+  (:func:`~brats_seg.lms.planner.cost.forward_only_bytes`); with mirroring the second pass runs
   while the first one's float32 probabilities wait, and the mean makes two more;
 - **back to the native grid**: the float32 probabilities on the network grid, one channel
   on the resampled grid twice (the padded window and SimpleITK's copy), and the native
@@ -26,10 +26,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from brats_seg.lms.cost import compute_network_cost, forward_only_bytes
-from brats_seg.lms.layer_cost import FLOAT32_BYTES
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.workload import Workload
+from brats_seg.lms.planner.cost import compute_network_cost, forward_only_bytes
+from brats_seg.lms.planner.layer_cost import FLOAT32_BYTES
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.workload import Workload
 
 __all__ = ["InferenceEstimate", "NATIVE_SCORING_BYTES_PER_VOXEL", "estimate_inference"]
 

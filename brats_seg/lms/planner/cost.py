@@ -1,11 +1,11 @@
 """Cost tables of the U-Net for one workload: per block and for the whole training step.
 
 :func:`compute_network_cost` walks the blocks of the topology (:mod:`brats_seg.model.topology`),
-prices their layers (:mod:`brats_seg.lms.layer_cost`) and derives per block what ``keep``
+prices their layers (:mod:`brats_seg.lms.planner.layer_cost`) and derives per block what ``keep``
 keeps, what ``recompute`` / ``offload`` rebuild in backward and the working sets of its
 forward and backward; per step, the bytes alive throughout (runtime, weights, gradients,
 optimizer slots, data, workspace). The coefficients come from
-:class:`~brats_seg.lms.memory_model.MemoryModel`.
+:class:`~brats_seg.lms.planner.memory_model.MemoryModel`.
 
 Tensors are channels-last ``(batch, x, y, z, channels)``; sizes are bytes.
 """
@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from brats_seg.lms.layer_cost import DTYPE_BYTES, FLOAT32_BYTES, LayerCost, compute_layer_costs
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.workload import OPTIMIZER_SLOTS, Workload
+from brats_seg.lms.planner.layer_cost import DTYPE_BYTES, FLOAT32_BYTES, LayerCost, compute_layer_costs
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.workload import OPTIMIZER_SLOTS, Workload
 from brats_seg.model.topology import DTYPE_POLICIES
 
 __all__ = ["BlockCost", "NetworkCost", "compute_network_cost", "compute_step_flops", "forward_only_bytes"]
@@ -54,7 +54,7 @@ class BlockCost:
         forward_flops: forward FLOPs (= FLOPs recomputed under recompute/offload).
         recomputable: False when a layer writes state in forward (BatchNormalization's
             moving statistics would be updated twice): such a block is always kept, as
-            ``brats_seg.lms.offload`` refuses to recompute it.
+            ``brats_seg.lms.runtime.offload`` refuses to recompute it.
         tail_start: index in ``layers`` of the block's last conv unit (the tail of
             ``Block.split``), None for the head. With the tail kept (the last block
             before the head, see :func:`tail_kept`), only the layers before it are

@@ -10,10 +10,10 @@ largest batch, the largest standard resolution) for :class:`PlanDoesNotFitError`
 The planner is pure Python, no TensorFlow or Keras import, so a plan can be made (and
 printed, and checked against a budget) before TensorFlow is configured or imported. Its
 modules: the U-Net (:mod:`brats_seg.model.topology`), the coefficients
-(:mod:`~brats_seg.lms.memory_model`), the cost tables (:mod:`~brats_seg.lms.layer_cost`,
-:mod:`~brats_seg.lms.cost`), the timeline (:mod:`~brats_seg.lms.timeline`), the price of
-a configuration (:mod:`~brats_seg.lms.accounting`), this search, the plan
-(:mod:`~brats_seg.lms.plan`) and byte units (:mod:`~brats_seg.lms.units`). How the
+(:mod:`~brats_seg.lms.planner.memory_model`), the cost tables (:mod:`~brats_seg.lms.planner.layer_cost`,
+:mod:`~brats_seg.lms.planner.cost`), the timeline (:mod:`~brats_seg.lms.planner.timeline`), the price of
+a configuration (:mod:`~brats_seg.lms.planner.accounting`), this search, the plan
+(:mod:`~brats_seg.lms.planner.plan`) and byte units (:mod:`~brats_seg.lms.planner.units`). How the
 coefficients were calibrated: ``docs/lms_calibration.md``.
 """
 
@@ -24,13 +24,13 @@ import logging
 from typing import Any, Callable, Sequence
 
 from brats_seg.config import TrainConfig
-from brats_seg.lms.accounting import block_row, plan_overhead
-from brats_seg.lms.cost import NetworkCost, compute_network_cost
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.plan import Plan, PlanDoesNotFitError
-from brats_seg.lms.timeline import Timeline, offloadable, simulate
-from brats_seg.lms.units import format_bytes, format_gb, parse_limit
-from brats_seg.lms.workload import FIXED_STRATEGIES, LMSOptions, Workload
+from brats_seg.lms.planner.accounting import block_row, plan_overhead
+from brats_seg.lms.planner.cost import NetworkCost, compute_network_cost
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.plan import Plan, PlanDoesNotFitError
+from brats_seg.lms.planner.timeline import Timeline, offloadable, simulate
+from brats_seg.lms.planner.units import format_bytes, format_gb, parse_limit
+from brats_seg.lms.planner.workload import FIXED_STRATEGIES, LMSOptions, Workload
 
 __all__ = [
     "STANDARD_RESOLUTIONS",
@@ -60,7 +60,7 @@ STANDARD_RESOLUTIONS = (
 
 def planning_budget(limit_bytes: int, memory_model: MemoryModel) -> int:
     """The largest peak a plan may predict under ``limit_bytes``: the limit less the
-    preset's :attr:`~brats_seg.lms.memory_model.MemoryModel.planning_margin` (room for the
+    preset's :attr:`~brats_seg.lms.planner.memory_model.MemoryModel.planning_margin` (room for the
     model's own under-prediction, so that the measured peak stays under the limit)."""
     return int(limit_bytes * (1.0 - memory_model.planning_margin))
 

@@ -1,4 +1,4 @@
-"""Bookkeeping of one forward pass of the LMS block wrapper (:mod:`brats_seg.lms.offload`).
+"""Bookkeeping of one forward pass of the LMS block wrapper (:mod:`brats_seg.lms.runtime.offload`).
 
 Each forward pass (per graph and thread, so each ``MirroredStrategy`` replica has its own)
 records its block calls in order; a later block's backward finds an earlier block's call

@@ -1,6 +1,6 @@
 """What a traced training step really keeps from forward for backward: names, dtypes, bytes.
 
-The LMS planner prices what each layer keeps (``brats_seg.lms.layer_cost``) from rules; this
+The LMS planner prices what each layer keeps (``brats_seg.lms.planner.layer_cost``) from rules; this
 module reads the same thing off TensorFlow's traced graph, so the rules can be checked
 against the graph (``tests/unit/test_saved_tensors.py``) and a user can see where a step's
 memory goes under a dtype policy (``scripts/plan_memory.py plan.saved=true``).

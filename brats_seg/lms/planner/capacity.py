@@ -4,7 +4,7 @@
 (everything kept), ``recompute`` and ``auto`` (and ``offload`` on a GPU). The ratio of the
 largest input under ``auto`` to the one under ``off`` is the figure LMS is quoted by
 ("5x resolution"). ``auto`` fits whenever its last resort fits: the greedy of
-:func:`brats_seg.lms.search.auto_config` ends, with no move left, at the ``recompute``
+:func:`brats_seg.lms.planner.search.auto_config` ends, with no move left, at the ``recompute``
 strategy on a CPU and ``offload`` on a GPU, so ``auto`` can train what the cheapest fixed
 strategy can.
 """
@@ -15,9 +15,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from brats_seg.lms.memory_model import MemoryModel
-from brats_seg.lms.search import fits_with, largest_batch, largest_fitting, plan_lms
-from brats_seg.lms.workload import LMSOptions, Workload
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.search import fits_with, largest_batch, largest_fitting, plan_lms
+from brats_seg.lms.planner.workload import LMSOptions, Workload
 
 __all__ = ["Capacity", "FINDS", "find_capacity", "input_shape_at", "largest_input"]
 

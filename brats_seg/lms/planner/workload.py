@@ -113,8 +113,8 @@ class LMSOptions:
     """How a plan is bounded, chosen and priced: the ``lms`` config group and the device.
 
     Attributes:
-        limit_bytes: the device budget (see :func:`brats_seg.lms.units.parse_limit`); None
-            only where no budget is involved (:func:`brats_seg.lms.search.estimate_peak`).
+        limit_bytes: the device budget (see :func:`brats_seg.lms.planner.units.parse_limit`); None
+            only where no budget is involved (:func:`brats_seg.lms.planner.search.estimate_peak`).
         strategy: ``off`` (keep all), ``recompute`` (all), ``offload`` (all blocks and
             skips whose tensors reach ``size_bytes``), ``auto`` (least predicted overhead
             that fits).

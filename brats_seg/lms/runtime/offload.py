@@ -64,8 +64,8 @@ Functional models: on symbolic ``KerasTensor`` inputs the wrapper returns the ou
 an :class:`LMSBlock` layer named after the block, whose ``call`` applies the policy when
 the model runs; it tracks the block's layers (weights belong to the model).
 
-Refused in recompute/offload blocks (:mod:`brats_seg.lms.recompute_safety`): layers whose
-forward writes state, and XLA. Counters: :class:`brats_seg.lms.offload_stats.OffloadStats`.
+Refused in recompute/offload blocks (:mod:`brats_seg.lms.runtime.recompute_safety`): layers whose
+forward writes state, and XLA. Counters: :class:`brats_seg.lms.runtime.stats.OffloadStats`.
 """
 
 from __future__ import annotations
@@ -82,15 +82,15 @@ import tensorflow as tf
 # the tapes of the current thread or tells whether a tape is recording / watching.
 from tensorflow.python.eager import record as _tape
 
-from brats_seg.lms.offload_stats import OffloadStats
-from brats_seg.lms.passes import BlockCall, ForwardPass
-from brats_seg.lms.recompute_safety import check_layers, check_new_ops, check_not_xla
+from brats_seg.lms.planner.timeline import POLICIES  # the planner names the policies; the wrapper runs them
+from brats_seg.lms.runtime.stats import OffloadStats
+from brats_seg.lms.runtime.passes import BlockCall, ForwardPass
+from brats_seg.lms.runtime.recompute_safety import check_layers, check_new_ops, check_not_xla
 
 __all__ = ["POLICIES", "BlockWrapper", "LMSBlock"]
 
 logger = logging.getLogger(__name__)
 
-POLICIES = ("keep", "recompute", "offload")
 
 def _default_compute_device() -> str:
     return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"

@@ -10,12 +10,12 @@ import logging
 import shutil
 
 from brats_seg.config import TrainConfig, resolve_model_outputs
-from brats_seg.lms.capacity import Capacity, find_capacity
-from brats_seg.lms.memory_model import memory_model_for
-from brats_seg.lms.plan import Plan
-from brats_seg.lms.search import compare_strategies, plan_lms_from_config, planning_budget
-from brats_seg.lms.units import parse_limit
-from brats_seg.lms.workload import LMSOptions, Workload
+from brats_seg.lms.planner.capacity import Capacity, find_capacity
+from brats_seg.lms.planner.memory_model import memory_model_for
+from brats_seg.lms.planner.plan import Plan
+from brats_seg.lms.planner.search import compare_strategies, plan_lms_from_config, planning_budget
+from brats_seg.lms.planner.units import parse_limit
+from brats_seg.lms.planner.workload import LMSOptions, Workload
 
 __all__ = ["capacity_run", "compare_run", "plan_run", "planning_device"]
 
@@ -54,7 +54,7 @@ def plan_run(cfg: TrainConfig, device: str | None = None, strategy: str | None =
 
 def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, int, dict]:
     """``(limit_bytes, budget_bytes, {strategy: prediction})`` for off/recompute/offload/auto
-    (``budget_bytes``: what a plan may predict, :func:`~brats_seg.lms.search.planning_budget`);
+    (``budget_bytes``: what a plan may predict, :func:`~brats_seg.lms.planner.search.planning_budget`);
     never raises for fit."""
     from brats_seg.backend import check_precision, device_memory_bytes
 

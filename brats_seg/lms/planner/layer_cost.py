@@ -1,7 +1,7 @@
 """Cost of one layer by the rule of its kind: tensors kept for backward, FLOPs, weights, scratch.
 
 The rules price the layers of a topology block (:mod:`brats_seg.model.topology`) in call
-order; :mod:`brats_seg.lms.cost` derives the block and network tables from these rows.
+order; :mod:`brats_seg.lms.planner.cost` derives the block and network tables from these rows.
 Sizes are bytes, FLOPs are for the whole batch.
 
 What each kind keeps for its backward pass (TensorFlow autodiff of the Keras 3 layer):
@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from brats_seg.lms.memory_model import MemoryModel
+from brats_seg.lms.planner.memory_model import MemoryModel
 from brats_seg.model.topology import BlockSpec, LayerSpec, TensorSpec
 
 __all__ = ["LayerCost", "compute_layer_costs"]

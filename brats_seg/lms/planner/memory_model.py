@@ -29,7 +29,7 @@ class MemoryModel:
     (recompute/offload only) is ``rebuild_runtime_bytes + rebuild_fragmentation *`` the
     largest block's rebuilt internals. ``runtime_bytes`` and ``activation_factor`` are
     the intercept and slope of a least-squares fit to measured peaks; the other fields
-    are per-layer assumptions (see :mod:`brats_seg.lms.layer_cost`) or were
+    are per-layer assumptions (see :mod:`brats_seg.lms.planner.layer_cost`) or were
     fitted once (the docs).
 
     Calibrated on CPU (oneDNN, float32, Adam, batch 1) against the peak RSS that
@@ -228,7 +228,7 @@ PREVIOUS_FITS: dict[str, dict[str, float]] = {
 
 #: Where ``scripts/calibrate_memory.py`` writes each kind's measurements and fit
 #: (``cpu_<kind>.json``); the fitted fields found there override the base preset.
-PRESET_DIR = Path(__file__).with_name("presets")
+PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"  # brats_seg/lms/presets: data beside the package
 
 
 def base_preset(kind: str) -> MemoryModel:
