@@ -33,7 +33,6 @@ __all__ = [
     "config_to_dict",
     "config_from_dict",
     "flatten_config",
-    "resolve_model_outputs",
     "check_distribute_config",
 ]
 
@@ -297,23 +296,3 @@ def check_distribute_config(cfg: DistributeConfig) -> None:
             f"distribute.devices={list(cfg.devices)} only applies to distribute=mirrored (distribute={cfg.name}): "
             "drop it, or restrict a multi_worker worker's GPUs with CUDA_VISIBLE_DEVICES."
         )
-
-
-def resolve_model_outputs(cfg: TrainConfig) -> TrainConfig:
-    """Set ``model.out_channels`` (and ``model.region_parents``) from ``data.layout``.
-
-    ``0`` (the default) becomes one output per region of the layout (3: WT, TC, ET; 4 with
-    the resection cavity of brats2024); ``1`` (WT only) stays. Idempotent: a run folder's
-    config.json holds the resolved value and resolves to itself.
-
-    Raises:
-        ValueError: a value that fits neither, naming the layout's regions.
-    """
-    from brats_seg.data.labels import output_regions, region_parents
-
-    if cfg.model.regions not in ("nested", "independent"):
-        raise ValueError(f"model.regions={cfg.model.regions!r}: use nested (the default) or independent.")
-    cfg.model.out_channels = len(output_regions(cfg.data.layout, cfg.model.out_channels))
-    parents = region_parents(cfg.data.layout, cfg.model.out_channels)
-    cfg.model.region_parents = list(parents) if cfg.model.regions == "nested" else [-1] * len(parents)
-    return cfg

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brats_seg.config import TrainConfig, config_from_dict, config_to_dict, resolve_model_outputs
+from brats_seg.config import TrainConfig, config_from_dict, config_to_dict
+from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.data.errors import DataError
 from brats_seg.files import write_text_atomic
 

@@ -175,7 +175,7 @@ def measure_pipeline(conf) -> dict:
 
 def benchmark(conf, overrides: list[str]) -> dict:
     from brats_seg.backend import configure
-    from brats_seg.config import resolve_model_outputs
+    from brats_seg.data.labels import resolve_model_outputs
 
     if conf.benchmark.input not in ("memory", "pipeline"):
         raise ValueError(f"benchmark.input={conf.benchmark.input!r}: use memory or pipeline.")

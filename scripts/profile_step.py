@@ -51,7 +51,7 @@ def _child(overrides: list[str], logdir: str) -> None:
         conf = to_config(compose(config_name="benchmark", overrides=overrides))
     from benchmark import build_benchmark_step, measure_sgemm_flops
 
-    from brats_seg.config import resolve_model_outputs
+    from brats_seg.data.labels import resolve_model_outputs
 
     resolve_model_outputs(conf)
     step, run_once = build_benchmark_step(conf, Path(tempfile.mkdtemp(dir=logdir)))

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # a type only: the config schemas import nothing of data/, nor does this import them
+    from brats_seg.config import TrainConfig
 
 __all__ = [
     "Region",
@@ -41,6 +44,7 @@ __all__ = [
     "invalid_label_values",
     "check_label_map",
     "labels_to_regions",
+    "resolve_model_outputs",
     "regions_to_labels",
 ]
 
@@ -272,3 +276,21 @@ def regions_to_labels(regions: np.ndarray, layout: str, names: Sequence[str] | N
         if region in names:
             label[regions[..., names.index(region)].astype(bool)] = value
     return label
+
+
+def resolve_model_outputs(cfg: "TrainConfig") -> "TrainConfig":
+    """Set ``model.out_channels`` (and ``model.region_parents``) from ``data.layout``.
+
+    ``0`` (the default) becomes one output per region of the layout (3: WT, TC, ET; 4 with
+    the resection cavity of brats2024); ``1`` (WT only) stays. Idempotent: a run folder's
+    config.json holds the resolved value and resolves to itself.
+
+    Raises:
+        ValueError: a value that fits neither, naming the layout's regions.
+    """
+    if cfg.model.regions not in ("nested", "independent"):
+        raise ValueError(f"model.regions={cfg.model.regions!r}: use nested (the default) or independent.")
+    cfg.model.out_channels = len(output_regions(cfg.data.layout, cfg.model.out_channels))
+    parents = region_parents(cfg.data.layout, cfg.model.out_channels)
+    cfg.model.region_parents = list(parents) if cfg.model.regions == "nested" else [-1] * len(parents)
+    return cfg

@@ -371,7 +371,7 @@ def check_model_config(cfg: ModelConfig) -> None:
         raise ValueError(
             f"model.out_channels must be the number of sigmoid outputs (>= 1), got {cfg.out_channels!r}; "
             "0 means one output per region of data.layout and is resolved by "
-            "brats_seg.config.resolve_model_outputs before a model is built."
+            "brats_seg.data.labels.resolve_model_outputs before a model is built."
         )
     if cfg.norm not in NORMS:
         raise ValueError(f"model.norm must be one of {', '.join(NORMS)}, got {cfg.norm!r}.")

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brats_seg.backend import ResolvedBackend
-from brats_seg.config import TrainConfig, flatten_config, resolve_model_outputs
+from brats_seg.config import TrainConfig, flatten_config
+from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.run_dir import RunFolder
 

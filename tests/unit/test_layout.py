@@ -82,3 +82,14 @@ def test_no_import_circles_between_modules():
         if v not in index:
             visit(v)
     assert not circles, f"modules importing each other in a circle: {circles}"
+
+
+def test_config_and_data_import_nothing_above_them():
+    """config.py is schemas only (no brats_seg import); data/ takes only config, files and itself."""
+    below_data = ("brats_seg.data", "brats_seg.config", "brats_seg.files")
+    offenders = [f"brats_seg/config.py imports {n}" for n in _imports(PACKAGE / "config.py")
+                 if n.startswith("brats_seg")]
+    for path in sorted((PACKAGE / "data").glob("*.py")):
+        offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path)
+                      if n.startswith("brats_seg") and not n.startswith(below_data)]
+    assert not offenders, "\n".join(offenders)

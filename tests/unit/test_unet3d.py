@@ -394,7 +394,8 @@ def test_nested_head_saves_loads_and_starts_each_child_at_half_its_parent(tmp_pa
 
 
 def test_resolving_the_config_sets_the_parents_of_the_layout():
-    from brats_seg.config import DataConfig, TrainConfig, resolve_model_outputs
+    from brats_seg.config import DataConfig, TrainConfig
+    from brats_seg.data.labels import resolve_model_outputs
 
     cfg = resolve_model_outputs(TrainConfig(data=DataConfig(layout="brats2024")))
     assert cfg.model.out_channels == 4 and cfg.model.region_parents == [-1, 0, 0, -1]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import shutil
 
-from brats_seg.config import TrainConfig, resolve_model_outputs
+from brats_seg.config import TrainConfig
+from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.lms.planner.capacity import Capacity, find_capacity
 from brats_seg.lms.planner.memory_model import memory_model_for
 from brats_seg.lms.planner.plan import Plan

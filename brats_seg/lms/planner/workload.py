@@ -49,7 +49,7 @@ class Workload:
 
     Attributes:
         model_cfg: the U-Net config, ``out_channels`` resolved (not 0; see
-            :func:`brats_seg.config.resolve_model_outputs`).
+            :func:`brats_seg.data.labels.resolve_model_outputs`).
         input_shape: spatial ``(x, y, z)``, each divisible by ``2**depth``.
         batch_size: samples per step.
         policy: ``float32`` | ``mixed_float16`` | ``mixed_bfloat16``; ``fp32``, ``fp16`` and
