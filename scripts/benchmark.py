@@ -43,7 +43,7 @@ def plan_benchmark(conf, backend):
     from brats_seg.lms.planner.preflight import plan_run
     from brats_seg.lms.planner.search import estimate_peak
     from brats_seg.lms.planner.workload import LMSOptions, Workload
-    from brats_seg.training.loop import effective_lms
+    from brats_seg.training.build import effective_lms
 
     strategy = effective_lms(conf, backend)
     if strategy != "auto":
@@ -111,7 +111,7 @@ def build_benchmark_step(conf, tmp: Path, backend=None):
     from brats_seg.lms.planner.cost import compute_network_cost, compute_step_flops
     from brats_seg.lms.runtime.stats import current_rss_bytes, reset_device_peak
     from brats_seg.lms.planner.workload import Workload
-    from brats_seg.training.loop import compile_models, training_metrics
+    from brats_seg.training.build import compile_models, training_metrics
     from brats_seg.training.steps import make_train_step
 
     strategy, plan, predicted = plan_benchmark(conf, backend)

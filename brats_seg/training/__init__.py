@@ -1,1 +1,22 @@
-"""brats_seg.training"""
+"""Training a run: from prepared data to checkpoints, resumable at any moment.
+
+::
+
+    loop          train(): the conductor: data -> run folder -> strategy -> plan -> model ->
+                  resume -> the epoch loop -> tracking, and what ends it (finished, early
+                  stop, preempted, a lost worker)
+    build         the optimizer and its schedule, the memory plan the run trains under (the
+                  one place its LMS strategy is decided), the models and their compilation
+    checkpoint    the run folder as training uses it: start or resume, refuse a changed
+                  config, restore last.keras and the position it was saved at
+    steps         the compiled training and evaluation steps (one strategy.run each)
+    epochs        the step loop over epochs and validation, partial epochs on a signal
+    losses        soft Dice + BCE on nested or independent region outputs
+    metrics       Dice per region and the region monitors
+    callbacks     checkpoints with resume state, early stopping, tracking, dead regions
+    preemption    SIGTERM/SIGINT: finish the step, save, exit resumably
+    cluster_sync  a multi-worker cluster's workers follow the chief's position
+
+Files go through :class:`brats_seg.run_dir.RunFolder`; TensorFlow is imported inside the
+functions, after :func:`brats_seg.backend.configure`.
+"""

@@ -110,7 +110,7 @@ class RunCheckpoint(keras.callbacks.Callback):
 
         ``last.keras`` is written before ``state.json``, as at an epoch's end; the optimizer
         step inside ``last.keras`` tells the resuming run where the weights are if it was
-        stopped between the two writes (:func:`brats_seg.training.loop.resume_position`).
+        stopped between the two writes (:func:`brats_seg.training.checkpoint.resume_position`).
         """
         self.state["epoch"] = int(epoch)  # completed epochs
         self.state["step"] = int(step)

@@ -1,6 +1,8 @@
 """Training: data ready -> run folder -> strategy -> model -> the step loop, with resume and tracking.
 
-:func:`train` is what ``train.py`` calls (and tests call directly). Order matters:
+:func:`train` is what ``train.py`` calls (and tests call directly): the conductor. Building
+the models is :mod:`brats_seg.training.build`'s, the run folder's start and resume
+:mod:`brats_seg.training.checkpoint`'s. Order matters:
 
 1. the data layer prepares and validates every case first, so corrupt or inconsistent
    data fails with its message before any model is built;
@@ -22,7 +24,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +33,12 @@ from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.run_dir import RunFolder
+from brats_seg.training.build import compile_models, preflight_plan, training_metrics
+from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_plan
 
-__all__ = ["TrainResult", "train", "resolve_paths", "make_optimizer", "compile_models", "training_metrics", "check_resumable",
-           "resume_position"]
+__all__ = ["TrainResult", "train", "resolve_paths"]
 
 log = logging.getLogger(__name__)
-
-# Keys that may change between a run and its resumption (length, patience, logging).
-_RESUME_MUTABLE = {"trainer.epochs", "trainer.early_stopping_patience", "trainer.val_every", "run_name",
-                   "run_dir", "data.num_workers", "data.on_error", "tracking.", "backend.", "plan.", "benchmark.",
-                   "lms.", "distribute."}
 
 
 @dataclass
@@ -63,226 +60,9 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def _mutable(key: str) -> bool:
-    return any(key == m or (m.endswith(".") and key.startswith(m)) for m in _RESUME_MUTABLE)
-
-
-def check_resumable(run_dir: Path, cfg: TrainConfig) -> None:
-    """Refuse to continue a run folder written with a different (non-length) config.
-
-    The stored config is read as evaluation reads it (:meth:`RunFolder.read_config`: an older
-    run's config upgraded to this version's keys), so a run from an earlier version resumes.
-    """
-    folder = RunFolder(run_dir)
-    if not folder.has_config():
-        return
-    old = flatten_config(folder.read_config())
-    new = flatten_config(cfg)
-    diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-            if not _mutable(k) and old.get(k) != new.get(k)}
-    if diff:
-        lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:6])
-        raise ValueError(
-            f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
-            "command resumes it; for a new experiment pass a new run_dir=."
-        )
-
-
-def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
-    """Adam with a per-step LR schedule (cosine with linear warm-up, or constant).
-
-    ``trainer.learning_rate`` is the rate for the global batch ``trainer.batch_size``
-    (whatever the number of replicas sharing it); ``distribute.lr_scaling=linear``
-    multiplies it by ``replicas`` instead (a recipe tuned on one device at
-    ``batch_size / replicas``).
-    """
-    import keras
-
-    t = cfg.trainer
-    scaling = getattr(cfg.distribute, "lr_scaling", "none")
-    if scaling not in ("none", "linear"):
-        raise ValueError(f"distribute.lr_scaling={scaling!r}: use none or linear.")
-    base_lr = t.learning_rate * (replicas if scaling == "linear" else 1)
-    if t.lr_schedule == "constant":
-        lr = base_lr
-    elif t.lr_schedule == "cosine":
-        warmup = min(t.warmup_epochs, max(t.epochs - 1, 0)) * steps_per_epoch
-        total = max(t.epochs * steps_per_epoch - warmup, 1)
-        lr = keras.optimizers.schedules.CosineDecay(
-            initial_learning_rate=base_lr if warmup == 0 else 0.0,
-            decay_steps=total,
-            alpha=0.01,
-            warmup_target=base_lr if warmup else None,
-            warmup_steps=warmup,
-        )
-    else:
-        raise ValueError(f"trainer.lr_schedule={t.lr_schedule!r}: use cosine or constant.")
-    return keras.optimizers.Adam(learning_rate=lr)
-
-
-def _prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    check_resumable(run_dir, cfg)
-    folder = RunFolder(run_dir)
-    folder.write_config(cfg)
-    if folder.has_split():
-        if folder.read_split().get("test") != split["test"]:
-            raise ValueError(
-                f"{folder.split_path}: the dataset's test split changed since this run started "
-                f"({split_path}). Resuming would train on former test cases; start a new run_dir=."
-            )
-    else:  # the dataset's split file as it is (its seed and fractions with the ids)
-        folder.write_split(json.loads(Path(split_path).read_text()))
-    return run_dir
-
-
 def _model_desc(cfg: TrainConfig) -> str:
     m = cfg.model
     return f"unet3d_d{m.depth}f{m.base_filters}{'' if m.in_channels == 4 else '_flair'}"
-
-
-def effective_lms(cfg: TrainConfig, backend: ResolvedBackend) -> str:
-    """The LMS strategy a run uses: ``backend=gpu_lms`` with ``lms=off`` plans (``auto``)."""
-    if backend.name == "gpu_lms" and cfg.lms.name == "off":
-        log.info("backend=gpu_lms with lms=off: planning with lms=auto")
-        return "auto"
-    return cfg.lms.name
-
-
-def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend):
-    """Plan the run against ``lms.limit`` before building anything.
-
-    Raises:
-        PlanDoesNotFitError: the run is predicted not to fit, with the numbers and the fix.
-        ValueError: ``lms=offload`` on a CPU-only run.
-    """
-    from brats_seg.lms.planner.plan import PlanDoesNotFitError
-    from brats_seg.lms.planner.preflight import plan_run
-
-    strategy = effective_lms(cfg, backend)
-    if backend.device == "CPU" and strategy == "offload":
-        raise ValueError(
-            "lms=offload needs a GPU: a CPU-only run has no separate device memory to offload from. "
-            "Use lms=recompute (or lms=auto) to fit a RAM budget on CPU."
-        )
-    try:
-        plan = plan_run(cfg, backend.device, strategy)
-    except PlanDoesNotFitError as e:
-        if backend.reason and backend.device == "GPU" and strategy == "off":  # backend=auto: add LMS if needed
-            log.info("backend=auto: the plan without LMS does not fit the GPU; using gpu_lms with lms=auto")
-            return plan_run(cfg, backend.device, "auto")
-        raise ValueError(str(e)) from e
-    log.info("memory plan (lms=%s): predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB less %.1f%% for "
-             "the planner's error)", plan.strategy, plan.predicted_peak_bytes / 1e9, plan.budget_bytes / 1e9,
-             plan.limit_bytes / 1e9, 100 * plan.margin)
-    return plan
-
-
-def _save_plan(plan, run_dir: Path) -> list[Path]:
-    return RunFolder(run_dir).write_plan(plan.format_table(), plan.to_json())
-
-
-def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
-    """``(train_model, export_model, offload_stats)`` sharing one set of layers and weights.
-
-    Without LMS both are the plain U-Net. With LMS the training model runs blocks through
-    the plan's keep/recompute/offload wrapper, and the export model (plain, saveable as
-    ``.keras``, what evaluation loads) is built on the same blocks.
-    """
-    from brats_seg.lms.runtime.offload import BlockWrapper
-    from brats_seg.lms.runtime.stats import OffloadStats
-    from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
-
-    shape = tuple(cfg.resolution.shape)
-    blocks = make_unet_blocks(cfg.model)
-    export_model = build_unet3d(cfg.model, shape, blocks=blocks)
-    policies = plan.policies
-    if all(p == "keep" for p in policies.values()):
-        return export_model, export_model, None
-    batch = max(cfg.trainer.batch_size, 1)
-    stats = OffloadStats({row.block: row.recomputed_flops / batch for row in plan.blocks})
-    wrapper = BlockWrapper(policies, host_device="/CPU:0", prefetch=cfg.lms.prefetch,
-                                 offload_skips=plan.offload_skips, stats=stats, keep_tails=plan.keep_tails,
-                                 compute_device="/GPU:0" if backend.device == "GPU" else "/CPU:0")
-    model = build_unet3d(cfg.model, shape, block_wrapper=wrapper, blocks=blocks)
-    log.info("LMS: %s", ", ".join(f"{b}={p}" + (" (last conv unit kept)" if b in plan.keep_tails else "")
-                                  for b, p in policies.items() if p != "keep"))
-    return model, export_model, stats
-
-
-def compile_models(cfg: TrainConfig, plan, backend: ResolvedBackend, strategy, steps_per_epoch: int):
-    """:func:`build_models` under ``strategy``, compiled with the run's loss and optimizer and
-    the optimizer built: what a training step needs (``training.steps.make_train_step``).
-
-    Returns:
-        ``(train_model, export_model, offload_stats, loss)``.
-    """
-    from brats_seg.training.losses import SoftDiceBCELoss
-
-    with strategy.scope():
-        model, export_model, offload_stats = build_models(cfg, plan, backend)
-        loss = SoftDiceBCELoss(bce_weight=cfg.trainer.bce_weight)
-        model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, strategy.num_replicas_in_sync), loss=loss,
-                      jit_compile=False)  # XLA would drop the LMS host placements
-        if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
-            export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
-        model.optimizer.build(model.trainable_variables)
-    return model, export_model, offload_stats, loss
-
-
-def training_metrics(cfg: TrainConfig) -> list:
-    """The per-sample metrics a training step sums: Dice and monitors of the output regions."""
-    from brats_seg.data.labels import output_regions
-    from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
-
-    regions = output_regions(cfg.data.layout, cfg.model.out_channels)
-    return [*make_dice_metrics(regions), *make_region_monitors(regions, cfg.resolution.spacing_mm**3 / 1000.0)]
-
-
-def _restore(model, export_model, last: Path) -> None:
-    """Weights and optimizer state of ``last.keras`` into the (shared) models.
-
-    Optimizer variables are matched by path without the optimizer's own name, which
-    depends on how many optimizers the process has made (``adam_3/enc0_conv1_kernel_momentum``).
-    """
-    import keras
-
-    def key(v) -> str:
-        return v.path.split("/", 1)[-1]
-
-    restored = keras.models.load_model(last, compile=True)
-    export_model.set_weights(restored.get_weights())
-    model.optimizer.build(model.trainable_variables)
-    theirs = {key(v): v for v in restored.optimizer.variables}
-    missing = [v.path for v in model.optimizer.variables if key(v) not in theirs]
-    if missing:
-        raise ValueError(f"{last}: its optimizer state lacks {missing[:3]}: the checkpoint is from another model. "
-                         "Resume with the config it was trained with, or start a new run_dir=.")
-    for v in model.optimizer.variables:
-        v.assign(theirs[key(v)])
-
-
-def resume_position(state, iterations: int | None, steps: int) -> tuple[int, int, dict | None]:
-    """``(epoch, step, partial sums)`` to resume at: ``state.json``'s, checked against the
-    optimizer step restored from ``last.keras``.
-
-    ``last.keras`` is written before ``state.json``, which records the optimizer step it was
-    written with (``iterations``). A run killed between the two writes leaves weights newer
-    than the state: then the restored optimizer step says where the weights are (one per
-    training step; under fp16 loss scaling, skipped steps make this approximate) and
-    training resumes there, without the partial sums.
-    """
-    epoch, step = int(state["epoch"]), int(state.get("step", 0))
-    partial = state.get("partial") if state.get("partial_epoch") == epoch + 1 and step else None
-    recorded = state.get("iterations")
-    if iterations is not None and recorded is not None and int(iterations) != int(recorded):
-        new_epoch, new_step = divmod(int(iterations), steps)
-        log.warning("last.keras holds optimizer step %d but state.json was written at step %d (epoch %d step %d): "
-                    "stopped between the two writes; resuming at epoch %d step %d from the weights", iterations,
-                    recorded, epoch, step, new_epoch + 1, new_step)
-        return new_epoch, new_step, None
-    return epoch, step, partial
 
 
 def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: dict[str, str] | None = None,
@@ -324,10 +104,10 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     if t.batch_size % replicas:
         raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
                          f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
-    run_dir = _prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
+    run_dir = prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
     replica_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
     plan = preflight_plan(replica_cfg, backend)  # LMS plans one replica's memory
-    plan_files = _save_plan(plan, run_dir) if is_chief else []
+    plan_files = save_plan(plan, run_dir) if is_chief else []
 
     import keras
     import tensorflow as tf
@@ -354,13 +134,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)
     regions = output_regions(cfg.data.layout, cfg.model.out_channels)
     metrics = training_metrics(cfg)
-    initial_epoch, initial_step, partial = 0, 0, None
-    if state:
-        last = RunFolder(run_dir).checkpoint_file("last")
-        if not last.is_file():
-            raise FileNotFoundError(f"{run_dir}/state.json says {state['epoch']} epochs are done but {last} is missing.")
-        _restore(model, export_model, last)
-        initial_epoch, initial_step, partial = resume_position(state, int(model.optimizer.iterations.numpy()), steps)
+    initial_epoch, initial_step, partial = load_resume(run_dir, state, model, export_model, steps)
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
         initial_epoch, initial_step = sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs),
                                                        (initial_epoch, initial_step))

@@ -33,7 +33,7 @@ def _gradients(strategy, backend):
     import tensorflow as tf
 
     from brats_seg.lms.planner.preflight import plan_run
-    from brats_seg.training.loop import build_models
+    from brats_seg.training.build import build_models
     from brats_seg.training.losses import SoftDiceBCELoss
 
     cfg = _cfg(strategy)
@@ -74,7 +74,7 @@ def test_lms_checkpoint_loads_into_plain_model(backend, tmp_path):
 
     from brats_seg.lms.planner.preflight import plan_run
     from brats_seg.model.unet3d import build_unet3d
-    from brats_seg.training.loop import build_models
+    from brats_seg.training.build import build_models
 
     cfg = _cfg("recompute")
     model, export_model, _ = build_models(cfg, plan_run(cfg, "CPU"), backend)
@@ -88,7 +88,7 @@ def test_lms_checkpoint_loads_into_plain_model(backend, tmp_path):
 
 
 def test_run_predicted_not_to_fit_fails_before_building(backend, tmp_path):
-    from brats_seg.training.loop import preflight_plan
+    from brats_seg.training.build import preflight_plan
 
     cfg = _cfg("off")
     cfg.resolution = ResolutionConfig(name="full", spacing_mm=1.0, shape=[192, 224, 160])
@@ -101,7 +101,7 @@ def test_run_predicted_not_to_fit_fails_before_building(backend, tmp_path):
 
 
 def test_offload_on_cpu_is_refused_with_the_reason(backend):
-    from brats_seg.training.loop import preflight_plan
+    from brats_seg.training.build import preflight_plan
 
     with pytest.raises(ValueError, match="no separate device memory"):
         preflight_plan(_cfg("offload"), backend)

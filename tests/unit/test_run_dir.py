@@ -85,7 +85,7 @@ def test_training_reads_an_old_config_as_evaluation_does(tmp_path):
     model.regions (independent sigmoids) resumes with the same command, and a changed
     model.regions is refused by name, which the raw comparison could not tell apart."""
     from brats_seg.data.labels import resolve_model_outputs
-    from brats_seg.training.loop import check_resumable
+    from brats_seg.training.checkpoint import check_resumable
 
     stored = config_to_dict(resolve_model_outputs(TrainConfig()))
     del stored["model"]["regions"], stored["model"]["region_parents"]

@@ -106,7 +106,7 @@ def test_corrupt_data_fails_before_the_first_step(dataset_copy, tmp_path, backen
 
 
 def test_resume_position_trusts_the_state_unless_the_weights_are_newer():
-    from brats_seg.training.loop import resume_position
+    from brats_seg.training.checkpoint import resume_position
 
     state = {"epoch": 2, "step": 3, "partial": {"loss": 1.5, "count": 6.0}, "partial_epoch": 3, "iterations": 23}
     assert resume_position(state, 23, steps=10) == (2, 3, state["partial"])

@@ -1,0 +1,146 @@
+"""Building a run's model: the optimizer, the memory plan it trains under, the models and their compilation.
+
+:func:`preflight_plan` plans the run against ``lms.limit`` before anything is built (the one
+place the LMS strategy of a run is decided: :func:`effective_lms`); :func:`build_models`
+makes the training model (blocks run through the plan's wrapper) and the plain export model
+on the same layers; :func:`compile_models` does it under the distribution strategy with the
+optimizer and loss. TensorFlow and Keras are imported inside the functions, after
+:func:`brats_seg.backend.configure`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from brats_seg.backend import ResolvedBackend
+from brats_seg.config import TrainConfig
+
+__all__ = ["build_models", "compile_models", "effective_lms", "make_optimizer", "preflight_plan", "training_metrics"]
+
+log = logging.getLogger(__name__)
+
+
+def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
+    """Adam with a per-step LR schedule (cosine with linear warm-up, or constant).
+
+    ``trainer.learning_rate`` is the rate for the global batch ``trainer.batch_size``
+    (whatever the number of replicas sharing it); ``distribute.lr_scaling=linear``
+    multiplies it by ``replicas`` instead (a recipe tuned on one device at
+    ``batch_size / replicas``).
+    """
+    import keras
+
+    t = cfg.trainer
+    scaling = getattr(cfg.distribute, "lr_scaling", "none")
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"distribute.lr_scaling={scaling!r}: use none or linear.")
+    base_lr = t.learning_rate * (replicas if scaling == "linear" else 1)
+    if t.lr_schedule == "constant":
+        lr = base_lr
+    elif t.lr_schedule == "cosine":
+        warmup = min(t.warmup_epochs, max(t.epochs - 1, 0)) * steps_per_epoch
+        total = max(t.epochs * steps_per_epoch - warmup, 1)
+        lr = keras.optimizers.schedules.CosineDecay(
+            initial_learning_rate=base_lr if warmup == 0 else 0.0,
+            decay_steps=total,
+            alpha=0.01,
+            warmup_target=base_lr if warmup else None,
+            warmup_steps=warmup,
+        )
+    else:
+        raise ValueError(f"trainer.lr_schedule={t.lr_schedule!r}: use cosine or constant.")
+    return keras.optimizers.Adam(learning_rate=lr)
+
+
+def effective_lms(cfg: TrainConfig, backend: ResolvedBackend) -> str:
+    """The LMS strategy a run uses: ``backend=gpu_lms`` with ``lms=off`` plans (``auto``)."""
+    if backend.name == "gpu_lms" and cfg.lms.name == "off":
+        log.info("backend=gpu_lms with lms=off: planning with lms=auto")
+        return "auto"
+    return cfg.lms.name
+
+
+def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend):
+    """Plan the run against ``lms.limit`` before building anything.
+
+    Raises:
+        PlanDoesNotFitError: the run is predicted not to fit, with the numbers and the fix.
+        ValueError: ``lms=offload`` on a CPU-only run.
+    """
+    from brats_seg.lms.planner.plan import PlanDoesNotFitError
+    from brats_seg.lms.planner.preflight import plan_run
+
+    strategy = effective_lms(cfg, backend)
+    if backend.device == "CPU" and strategy == "offload":
+        raise ValueError(
+            "lms=offload needs a GPU: a CPU-only run has no separate device memory to offload from. "
+            "Use lms=recompute (or lms=auto) to fit a RAM budget on CPU."
+        )
+    try:
+        plan = plan_run(cfg, backend.device, strategy)
+    except PlanDoesNotFitError as e:
+        if backend.reason and backend.device == "GPU" and strategy == "off":  # backend=auto: add LMS if needed
+            log.info("backend=auto: the plan without LMS does not fit the GPU; using gpu_lms with lms=auto")
+            return plan_run(cfg, backend.device, "auto")
+        raise ValueError(str(e)) from e
+    log.info("memory plan (lms=%s): predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB less %.1f%% for "
+             "the planner's error)", plan.strategy, plan.predicted_peak_bytes / 1e9, plan.budget_bytes / 1e9,
+             plan.limit_bytes / 1e9, 100 * plan.margin)
+    return plan
+
+
+def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
+    """``(train_model, export_model, offload_stats)`` sharing one set of layers and weights.
+
+    Without LMS both are the plain U-Net. With LMS the training model runs blocks through
+    the plan's keep/recompute/offload wrapper, and the export model (plain, saveable as
+    ``.keras``, what evaluation loads) is built on the same blocks.
+    """
+    from brats_seg.lms.runtime.offload import BlockWrapper
+    from brats_seg.lms.runtime.stats import OffloadStats
+    from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
+
+    shape = tuple(cfg.resolution.shape)
+    blocks = make_unet_blocks(cfg.model)
+    export_model = build_unet3d(cfg.model, shape, blocks=blocks)
+    policies = plan.policies
+    if all(p == "keep" for p in policies.values()):
+        return export_model, export_model, None
+    batch = max(cfg.trainer.batch_size, 1)
+    stats = OffloadStats({row.block: row.recomputed_flops / batch for row in plan.blocks})
+    wrapper = BlockWrapper(policies, host_device="/CPU:0", prefetch=cfg.lms.prefetch,
+                                 offload_skips=plan.offload_skips, stats=stats, keep_tails=plan.keep_tails,
+                                 compute_device="/GPU:0" if backend.device == "GPU" else "/CPU:0")
+    model = build_unet3d(cfg.model, shape, block_wrapper=wrapper, blocks=blocks)
+    log.info("LMS: %s", ", ".join(f"{b}={p}" + (" (last conv unit kept)" if b in plan.keep_tails else "")
+                                  for b, p in policies.items() if p != "keep"))
+    return model, export_model, stats
+
+
+def compile_models(cfg: TrainConfig, plan, backend: ResolvedBackend, strategy, steps_per_epoch: int):
+    """:func:`build_models` under ``strategy``, compiled with the run's loss and optimizer and
+    the optimizer built: what a training step needs (``training.steps.make_train_step``).
+
+    Returns:
+        ``(train_model, export_model, offload_stats, loss)``.
+    """
+    from brats_seg.training.losses import SoftDiceBCELoss
+
+    with strategy.scope():
+        model, export_model, offload_stats = build_models(cfg, plan, backend)
+        loss = SoftDiceBCELoss(bce_weight=cfg.trainer.bce_weight)
+        model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, strategy.num_replicas_in_sync), loss=loss,
+                      jit_compile=False)  # XLA would drop the LMS host placements
+        if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
+            export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
+        model.optimizer.build(model.trainable_variables)
+    return model, export_model, offload_stats, loss
+
+
+def training_metrics(cfg: TrainConfig) -> list:
+    """The per-sample metrics a training step sums: Dice and monitors of the output regions."""
+    from brats_seg.data.labels import output_regions
+    from brats_seg.training.metrics import make_dice_metrics, make_region_monitors
+
+    regions = output_regions(cfg.data.layout, cfg.model.out_channels)
+    return [*make_dice_metrics(regions), *make_region_monitors(regions, cfg.resolution.spacing_mm**3 / 1000.0)]

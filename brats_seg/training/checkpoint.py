@@ -1,0 +1,134 @@
+"""The run folder as training uses it: start or resume, refuse what would corrupt a resume, restore.
+
+:func:`prepare_run_dir` writes ``config.json`` and ``split.json`` through
+:class:`~brats_seg.run_dir.RunFolder` after :func:`check_resumable` has compared the stored
+config (read by the one reader, which upgrades older runs) with this one; :func:`restore`
+loads ``last.keras`` into the models and :func:`resume_position` says where in the epoch
+the saved weights are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from brats_seg.config import TrainConfig, flatten_config
+from brats_seg.run_dir import RunFolder
+
+__all__ = ["check_resumable", "load_resume", "prepare_run_dir", "restore", "resume_position", "save_plan"]
+
+log = logging.getLogger(__name__)
+
+# Keys that may change between a run and its resumption (length, patience, logging).
+_RESUME_MUTABLE = {"trainer.epochs", "trainer.early_stopping_patience", "trainer.val_every", "run_name",
+                   "run_dir", "data.num_workers", "data.on_error", "tracking.", "backend.", "plan.", "benchmark.",
+                   "lms.", "distribute."}
+
+
+def _mutable(key: str) -> bool:
+    return any(key == m or (m.endswith(".") and key.startswith(m)) for m in _RESUME_MUTABLE)
+
+
+def check_resumable(run_dir: Path, cfg: TrainConfig) -> None:
+    """Refuse to continue a run folder written with a different (non-length) config.
+
+    The stored config is read as evaluation reads it (:meth:`RunFolder.read_config`: an older
+    run's config upgraded to this version's keys), so a run from an earlier version resumes.
+    """
+    folder = RunFolder(run_dir)
+    if not folder.has_config():
+        return
+    old = flatten_config(folder.read_config())
+    new = flatten_config(cfg)
+    diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+            if not _mutable(k) and old.get(k) != new.get(k)}
+    if diff:
+        lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:6])
+        raise ValueError(
+            f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
+            "command resumes it; for a new experiment pass a new run_dir=."
+        )
+
+
+def prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_resumable(run_dir, cfg)
+    folder = RunFolder(run_dir)
+    folder.write_config(cfg)
+    if folder.has_split():
+        if folder.read_split().get("test") != split["test"]:
+            raise ValueError(
+                f"{folder.split_path}: the dataset's test split changed since this run started "
+                f"({split_path}). Resuming would train on former test cases; start a new run_dir=."
+            )
+    else:  # the dataset's split file as it is (its seed and fractions with the ids)
+        folder.write_split(json.loads(Path(split_path).read_text()))
+    return run_dir
+
+
+def save_plan(plan, run_dir: Path) -> list[Path]:
+    return RunFolder(run_dir).write_plan(plan.format_table(), plan.to_json())
+
+
+def restore(model, export_model, last: Path) -> None:
+    """Weights and optimizer state of ``last.keras`` into the (shared) models.
+
+    Optimizer variables are matched by path without the optimizer's own name, which
+    depends on how many optimizers the process has made (``adam_3/enc0_conv1_kernel_momentum``).
+    """
+    import keras
+
+    def key(v) -> str:
+        return v.path.split("/", 1)[-1]
+
+    restored = keras.models.load_model(last, compile=True)
+    export_model.set_weights(restored.get_weights())
+    model.optimizer.build(model.trainable_variables)
+    theirs = {key(v): v for v in restored.optimizer.variables}
+    missing = [v.path for v in model.optimizer.variables if key(v) not in theirs]
+    if missing:
+        raise ValueError(f"{last}: its optimizer state lacks {missing[:3]}: the checkpoint is from another model. "
+                         "Resume with the config it was trained with, or start a new run_dir=.")
+    for v in model.optimizer.variables:
+        v.assign(theirs[key(v)])
+
+
+def resume_position(state, iterations: int | None, steps: int) -> tuple[int, int, dict | None]:
+    """``(epoch, step, partial sums)`` to resume at: ``state.json``'s, checked against the
+    optimizer step restored from ``last.keras``.
+
+    ``last.keras`` is written before ``state.json``, which records the optimizer step it was
+    written with (``iterations``). A run killed between the two writes leaves weights newer
+    than the state: then the restored optimizer step says where the weights are (one per
+    training step; under fp16 loss scaling, skipped steps make this approximate) and
+    training resumes there, without the partial sums.
+    """
+    epoch, step = int(state["epoch"]), int(state.get("step", 0))
+    partial = state.get("partial") if state.get("partial_epoch") == epoch + 1 and step else None
+    recorded = state.get("iterations")
+    if iterations is not None and recorded is not None and int(iterations) != int(recorded):
+        new_epoch, new_step = divmod(int(iterations), steps)
+        log.warning("last.keras holds optimizer step %d but state.json was written at step %d (epoch %d step %d): "
+                    "stopped between the two writes; resuming at epoch %d step %d from the weights", iterations,
+                    recorded, epoch, step, new_epoch + 1, new_step)
+        return new_epoch, new_step, None
+    return epoch, step, partial
+
+
+def load_resume(run_dir: Path, state, model, export_model, steps: int) -> tuple[int, int, dict | None]:
+    """``(initial_epoch, initial_step, partial sums)``: ``(0, 0, None)`` for a new run; for a
+    resumed one, ``last.keras`` restored into the models and the position it was saved at.
+
+    Raises:
+        FileNotFoundError: ``state.json`` records progress but ``last.keras`` is missing.
+    """
+    if not state:
+        return 0, 0, None
+    last = RunFolder(run_dir).checkpoint_file("last")
+    if not last.is_file():
+        raise FileNotFoundError(f"{RunFolder(run_dir).state_path} says {state['epoch']} epochs are done but "
+                                f"{last} is missing.")
+    restore(model, export_model, last)
+    return resume_position(state, int(model.optimizer.iterations.numpy()), steps)
