@@ -30,8 +30,10 @@ from brats_seg.data.errors import CaseError, DatasetError
 from brats_seg.data.nifti import find_nifti, is_nifti, nifti_stem
 
 __all__ = [
+    "CHANNELS",
     "Case",
     "LAYOUTS",
+    "case_file_paths",
     "MSD_CHANNELS",
     "case_from_dir",
     "discover_cases",
@@ -46,6 +48,7 @@ _BRATS2021 = ("_", ("flair", "t1", "t1ce", "t2"), "seg")
 _BRATS2023 = ("-", ("t2f", "t1n", "t1c", "t2w"), "seg")
 _SUFFIXES = {"brats2021": _BRATS2021, "brats2023": _BRATS2023, "brats2024": _BRATS2023}
 LAYOUTS = ("msd", "brats2021", "brats2023", "brats2024")
+CHANNELS = _BRATS2021[1]  # the project's channel order and names: flair, t1, t1ce, t2
 
 # Names a dataset.json may give each project channel (lower case), FLAIR, T1, T1ce, T2.
 _CHANNEL_NAMES = (
@@ -395,3 +398,31 @@ def find_input_cases(source: str | Path, layout: str) -> list[Case]:
     if dupes:
         raise DatasetError(f"input {path}: case ids {dupes} occur more than once; their masks would overwrite each other.")
     return cases
+
+
+
+def case_file_paths(root: str | Path, case_id: str, layout: str, with_label: bool = True) -> dict[str, Path]:
+    """Where case ``case_id``'s files go in ``layout``'s structure: what discovery reads back.
+
+    Keys: the project's channel names (:data:`CHANNELS`) and ``seg`` for the BraTS layouts
+    (``<root>/<id>/<id>_flair.nii.gz`` in 2021, ``<id>-t2f.nii.gz`` from 2023 on); ``image``
+    (4D) and ``seg`` for ``msd`` (``imagesTr``/``labelsTr``, or ``imagesTs`` without labels).
+    ``seg`` only if ``with_label``. Data generators write through this, so a layout's naming
+    is stated once.
+
+    Raises:
+        ValueError: an unknown layout, naming the known ones.
+    """
+    root = Path(root)
+    if layout in _SUFFIXES:
+        sep, suffixes, label = _SUFFIXES[layout]
+        files = {c: root / case_id / f"{case_id}{sep}{suffix}.nii.gz" for c, suffix in zip(CHANNELS, suffixes)}
+        files["seg"] = root / case_id / f"{case_id}{sep}{label}.nii.gz"
+    elif layout == "msd":
+        images = "imagesTr" if with_label else "imagesTs"
+        files = {"image": root / images / f"{case_id}.nii.gz", "seg": root / "labelsTr" / f"{case_id}.nii.gz"}
+    else:
+        raise ValueError(f"Unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}.")
+    if not with_label:
+        del files["seg"]
+    return files

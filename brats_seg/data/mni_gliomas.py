@@ -38,6 +38,8 @@ import nibabel as nib
 import numpy as np
 import scipy.ndimage as ndi
 
+from brats_seg.data.labels import LABELS
+from brats_seg.data.layouts import CHANNELS, case_file_paths
 from brats_seg.data.nifti import save_nifti
 from brats_seg.data.synthetic import check_generator_args
 
@@ -46,8 +48,9 @@ __all__ = ["GRID_SHAPE", "MNICase", "generate_mni_case", "mni_case_id", "write_m
 log = logging.getLogger(__name__)
 
 GRID_SHAPE = (240, 240, 155)  # the BraTS grid, 1 mm
-MODALITIES = ("flair", "t1", "t1ce", "t2")
-NCR, ED, ET = 1, 2, 4  # BraTS 2021 labels
+MODALITIES = CHANNELS
+_ROLES = LABELS["brats2021"].roles  # the cases are written in the brats2021 layout, with its labels
+NCR, ED, ET = _ROLES["core"], _ROLES["edema"], _ROLES["enhancing"]
 
 _TEMPLATES = {
     "t1": "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz",
@@ -281,10 +284,6 @@ def generate_mni_case(rng: np.random.Generator) -> MNICase:
     return MNICase(out, labels, out_affine, lps=bool(rng.random() < 0.5))
 
 
-def _case_files(out: Path, case_id: str) -> dict[str, Path]:
-    return {m: out / case_id / f"{case_id}_{m}.nii.gz" for m in (*MODALITIES, "seg")}
-
-
 def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed: int = 0) -> list[str]:
     """Write ``n_cases`` cases in the ``brats2021`` layout; existing complete cases are kept.
 
@@ -305,7 +304,7 @@ def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed
     for i in tqdm(range(int(n_cases)), desc="MNI gliomas", unit="case"):
         cid = mni_case_id(i)
         ids.append(cid)
-        files = _case_files(out, cid)
+        files = case_file_paths(out, cid, "brats2021")
         if all(p.exists() for p in files.values()):
             continue
         case = generate_mni_case(np.random.default_rng([int(seed), i]))

@@ -42,6 +42,7 @@ from scipy import ndimage as ndi
 from tqdm import tqdm
 
 from brats_seg.data.labels import LABELS
+from brats_seg.data.layouts import CHANNELS, case_file_paths
 from brats_seg.data.nifti import save_nifti
 from brats_seg.files import write_text_atomic
 
@@ -64,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 SHAPE = (240, 240, 155)  # voxels (x, y, z) at 1 mm, as in BraTS
 AFFINE = np.array([[-1, 0, 0, 0], [0, -1, 0, 239], [0, 0, 1, 0], [0, 0, 0, 1]], dtype=float)
-MODALITIES = ("flair", "t1", "t1ce", "t2")  # project channel order
+MODALITIES = CHANNELS  # project channel order (data.layouts owns it)
 INT16_MAX = 32767
 
 # Relative intensities (white matter on T1 = 1) per modality, in MODALITIES order.
@@ -591,9 +592,6 @@ def add_resection_cavity(case: SyntheticCase, rng: np.random.Generator) -> Synth
 
 # --------------------------------------------------------------------------- writing
 
-_BRATS2023_SUFFIX = {"flair": "t2f", "t1": "t1n", "t1ce": "t1c", "t2": "t2w"}
-
-
 def _case_id(layout: str, i: int) -> str:
     if layout == "brats2021":
         return f"BraTS2021_{i:05d}"
@@ -616,21 +614,12 @@ def check_generator_args(n_cases: int, seed: int) -> None:
 
 
 def case_files(out_dir: str | os.PathLike, layout: str, i: int, with_labels: bool = True) -> dict[str, Path]:
-    """Paths of case ``i``'s files: keys ``flair``, ``t1``, ``t1ce``, ``t2``, ``seg`` for the
-    BraTS layouts, ``image`` (4D) and ``seg`` for msd; ``seg`` only if ``with_labels``."""
-    out, cid = Path(out_dir), _case_id(layout, i)
-    if layout == "brats2021":
-        files = {m: out / cid / f"{cid}_{m}.nii.gz" for m in (*MODALITIES, "seg")}
-    elif layout in ("brats2023", "brats2024"):
-        files = {m: out / cid / f"{cid}-{_BRATS2023_SUFFIX.get(m, m)}.nii.gz" for m in (*MODALITIES, "seg")}
-    elif layout == "msd":
-        images = "imagesTr" if with_labels else "imagesTs"
-        files = {"image": out / images / f"{cid}.nii.gz", "seg": out / "labelsTr" / f"{cid}.nii.gz"}
-    else:
+    """Paths of case ``i``'s files (:func:`brats_seg.data.layouts.case_file_paths`): keys
+    ``flair``, ``t1``, ``t1ce``, ``t2``, ``seg`` for the BraTS layouts, ``image`` (4D) and
+    ``seg`` for msd; ``seg`` only if ``with_labels``."""
+    if layout not in LABELS:
         raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.")
-    if not with_labels:
-        del files["seg"]
-    return files
+    return case_file_paths(out_dir, _case_id(layout, i), layout, with_labels)
 
 
 def _write_case(case: SyntheticCase, files: dict[str, Path], layout: str) -> None:
