@@ -56,7 +56,7 @@ from nibabel import orientations as ornt
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from brats_seg.data.labels import LABELS, region_label_values  # noqa: E402
-from brats_seg.data.synthetic import case_files, write_synthetic_dataset  # noqa: E402
+from brats_seg.data.phantoms.synthetic import case_files, write_synthetic_dataset  # noqa: E402
 
 LAYOUTS = ("brats2024", "brats2023", "brats2021", "msd")
 BRATS_EVALUATION = "brats-evaluation==0.0.10"

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         args[key] = value
     try:
         n, seed = int(args["n_cases"]), int(args["seed"])
-        from brats_seg.data.mni_gliomas import write_mni_glioma_dataset
+        from brats_seg.data.phantoms.mni_gliomas import write_mni_glioma_dataset
 
         ids = write_mni_glioma_dataset(args["out"], n, seed)
     except ValueError as e:

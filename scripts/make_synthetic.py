@@ -4,7 +4,7 @@
     python scripts/make_synthetic.py out=/tmp/unlabelled layout=brats2023 n_cases=3 labels=false
 
 Cases whose files all exist already are kept, so re-running completes an interrupted
-run. See ``brats_seg.data.synthetic`` for what a case contains.
+run. See ``brats_seg.data.phantoms.synthetic`` for what a case contains.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main(cfg: DictConfig) -> None:
     if OmegaConf.is_missing(cfg, "out") or not str(cfg.out).strip():
         sys.exit(f"make_synthetic: `out` is required: the folder to write the dataset to.\n  usage: {USAGE}")
     logging.getLogger("brats_seg").setLevel(logging.WARNING)  # the summary below says it all
-    from brats_seg.data.synthetic import write_synthetic_dataset
+    from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
 
     out = Path(str(cfg.out)).expanduser()
     t0 = time.perf_counter()

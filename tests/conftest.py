@@ -18,7 +18,7 @@ TINY = ResolutionConfig(name="tiny", spacing_mm=4.0, shape=[48, 56, 40])
 @pytest.fixture(scope="session")
 def synthetic_root(tmp_path_factory):
     """``layout -> folder`` with 3 labelled synthetic cases each (seed 0), read-only by convention."""
-    from brats_seg.data.synthetic import write_synthetic_dataset
+    from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
 
     base = tmp_path_factory.mktemp("synthetic")
     roots = {}

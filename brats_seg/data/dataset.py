@@ -74,13 +74,13 @@ def ensure_synthetic(data: DataConfig) -> None:
     run left half-written (each file is written atomically; the label file last).
     """
     if data.name == "mni_gliomas":
-        from brats_seg.data.mni_gliomas import write_mni_glioma_dataset
+        from brats_seg.data.phantoms.mni_gliomas import write_mni_glioma_dataset
 
         if data.layout != "brats2021":
             raise ValueError(f"data=mni_gliomas is written in the brats2021 layout, got data.layout={data.layout!r}.")
         write_mni_glioma_dataset(Path(data.root), data.synthetic_cases, data.synthetic_seed)
         return
-    from brats_seg.data.synthetic import write_synthetic_dataset
+    from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
 
     write_synthetic_dataset(Path(data.root), data.layout, data.synthetic_cases, data.synthetic_seed)
 

@@ -52,7 +52,7 @@ def _python(args, cwd, timeout=1200):
 @pytest.mark.slow
 def test_prepare_train_evaluate_predict_at_twice_the_native_resolution(tmp_path):
     from brats_seg.cpu import has_native_bf16
-    from brats_seg.data.synthetic import write_synthetic_dataset
+    from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
 
     write_synthetic_dataset(tmp_path / "one_mm", "brats2021", n_cases=6, seed=0)
     root = tmp_path / "four_mm"

@@ -96,7 +96,7 @@ MIRRORED = textwrap.dedent("""
     from brats_seg.config import (BackendConfig, DataConfig, DistributeConfig, LMSConfig, ModelConfig,
                                   ResolutionConfig, TrackingConfig, TrainConfig, TrainerConfig)
     tmp = sys.argv[1]
-    from brats_seg.data.synthetic import write_synthetic_dataset
+    from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
     root = tmp + "/data"
     write_synthetic_dataset(root, "brats2021", n_cases=8, seed=0)
     backend = configure(BackendConfig(name="cpu_onednn"))

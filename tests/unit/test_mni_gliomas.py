@@ -14,7 +14,7 @@ from brats_seg.data.case_io import load_case_image, load_case_label
 from brats_seg.data.dataset import ensure_synthetic
 from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import discover_cases
-from brats_seg.data.mni_gliomas import GRID_SHAPE, generate_mni_case, write_mni_glioma_dataset
+from brats_seg.data.phantoms.mni_gliomas import GRID_SHAPE, generate_mni_case, write_mni_glioma_dataset
 
 pytest.importorskip("nilearn")
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from scipy import ndimage as ndi
 
-from brats_seg.data import synthetic
+from brats_seg.data.phantoms import synthetic
 from brats_seg.data.labels import LABELS
-from brats_seg.data.synthetic import (
+from brats_seg.data.phantoms.synthetic import (
     AFFINE,
     MODALITIES,
     SHAPE,

@@ -31,7 +31,6 @@ images / uint8 labels in any of the three layouts.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -43,8 +42,7 @@ from tqdm import tqdm
 
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import CHANNELS, case_file_paths
-from brats_seg.data.nifti import save_nifti
-from brats_seg.files import write_text_atomic
+from brats_seg.data.phantoms.writer import check_generator_args, write_case, write_msd_json
 
 __all__ = [
     "SHAPE",
@@ -605,14 +603,6 @@ def _case_id(layout: str, i: int) -> str:
 _DESCRIPTION = "brats-seg synthetic"
 
 
-def check_generator_args(n_cases: int, seed: int) -> None:
-    """Refuse a case count below 1 or a negative seed, naming the value (every generator)."""
-    if int(n_cases) < 1:
-        raise ValueError(f"n_cases should be >= 1, got {n_cases}.")
-    if int(seed) < 0:
-        raise ValueError(f"seed should be >= 0 (it seeds np.random.default_rng), got {seed}.")
-
-
 def case_files(out_dir: str | os.PathLike, layout: str, i: int, with_labels: bool = True) -> dict[str, Path]:
     """Paths of case ``i``'s files (:func:`brats_seg.data.layouts.case_file_paths`): keys
     ``flair``, ``t1``, ``t1ce``, ``t2``, ``seg`` for the BraTS layouts, ``image`` (4D) and
@@ -620,51 +610,6 @@ def case_files(out_dir: str | os.PathLike, layout: str, i: int, with_labels: boo
     if layout not in LABELS:
         raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.")
     return case_file_paths(out_dir, _case_id(layout, i), layout, with_labels)
-
-
-def _write_case(case: SyntheticCase, files: dict[str, Path], layout: str) -> None:
-    as_int16 = {m: case.images[m].astype(np.int16) for m in MODALITIES}
-    if layout == "msd":
-        save_nifti(files["image"], np.stack([as_int16[m] for m in MODALITIES], axis=-1), case.affine, _DESCRIPTION)
-    else:
-        for m in MODALITIES:
-            save_nifti(files[m], as_int16[m], case.affine, _DESCRIPTION)
-    if "seg" in files:
-        save_nifti(files["seg"], case.labels(layout), case.affine, _DESCRIPTION)
-
-
-def _write_msd_json(out: Path, case_ids: list[str], with_labels: bool) -> None:
-    """Write (or update) the MSD Task01_BrainTumour-style dataset.json."""
-    path = out / "dataset.json"
-    meta = {
-        "name": "BRATS",
-        "description": "Synthetic BraTS-like gliomas (brats-seg), MSD Task01_BrainTumour layout",
-        "reference": "brats_seg.data.synthetic",
-        "licence": "CC-BY-SA 4.0",
-        "release": "1.0",
-        "tensorImageSize": "4D",
-        "modality": {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"},
-        "labels": {"0": "background", "1": "edema", "2": "non-enhancing tumor", "3": "enhancing tumour"},
-        "numTraining": 0,
-        "numTest": 0,
-        "training": [],
-        "test": [],
-    }
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-            meta["training"], meta["test"] = list(old.get("training", [])), list(old.get("test", []))
-        except (json.JSONDecodeError, AttributeError):
-            logger.warning("%s is not valid JSON; rewriting it.", path)
-    if with_labels:
-        entries = {e["image"]: e for e in meta["training"]}
-        entries.update({f"./imagesTr/{c}.nii.gz": {"image": f"./imagesTr/{c}.nii.gz",
-                        "label": f"./labelsTr/{c}.nii.gz"} for c in case_ids})
-        meta["training"] = [entries[k] for k in sorted(entries)]
-    else:
-        meta["test"] = sorted(set(meta["test"]) | {f"./imagesTs/{c}.nii.gz" for c in case_ids})
-    meta["numTraining"], meta["numTest"] = len(meta["training"]), len(meta["test"])
-    write_text_atomic(path, json.dumps(meta, indent=4) + "\n")
 
 
 def write_synthetic_dataset(
@@ -708,10 +653,10 @@ def write_synthetic_dataset(
             cavity_rng = np.random.default_rng([int(seed), i, 4])
             if cavity_rng.random() < 0.75:
                 case = add_resection_cavity(case, cavity_rng)
-        _write_case(case, files, layout)
+        write_case(files, case.images, case.labels(layout), case.affine, _DESCRIPTION)
         written += 1
     if layout == "msd":
-        _write_msd_json(out, case_ids, with_labels)
+        write_msd_json(out, case_ids, with_labels, "Synthetic BraTS-like gliomas (brats-seg), MSD Task01_BrainTumour layout", "brats_seg.data.phantoms.synthetic")
     logger.info("Synthetic %s dataset in %s: %d cases (%d written, %d existed).",
                 layout, out, len(case_ids), written, len(case_ids) - written)
     return case_ids

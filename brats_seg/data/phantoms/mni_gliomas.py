@@ -1,6 +1,6 @@
 """A second, independently built realistic dataset: gliomas grown in real brain anatomy.
 
-Made differently from :mod:`brats_seg.data.synthetic` (ellipsoid lesions in a procedural
+Made differently from :mod:`brats_seg.data.phantoms.synthetic` (ellipsoid lesions in a procedural
 head), so that a training recipe tuned on one can be judged on the other:
 
 * **Anatomy** is the MNI152 ICBM 2009a symmetric template that ``nilearn`` ships in its
@@ -40,8 +40,7 @@ import scipy.ndimage as ndi
 
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import CHANNELS, case_file_paths
-from brats_seg.data.nifti import save_nifti
-from brats_seg.data.synthetic import check_generator_args
+from brats_seg.data.phantoms.writer import check_generator_args, write_case
 
 __all__ = ["GRID_SHAPE", "MNICase", "generate_mni_case", "mni_case_id", "write_mni_glioma_dataset"]
 
@@ -313,8 +312,7 @@ def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed
             f = np.diag([-1.0, -1.0, 1.0, 1.0])
             f[0, 3], f[1, 3] = GRID_SHAPE[0] - 1, GRID_SHAPE[1] - 1
             affine, axes = case.affine @ f, (0, 1)
-        for m in MODALITIES:
-            save_nifti(files[m], np.flip(case.images[m], axes).astype(np.int16), affine, "brats-seg MNI glioma")
-        save_nifti(files["seg"], np.flip(case.labels, axes), affine, "brats-seg MNI glioma")  # last: a complete case has its label
+        write_case(files, {m: np.flip(case.images[m], axes) for m in MODALITIES}, np.flip(case.labels, axes), affine,
+                   "brats-seg MNI glioma")
     log.info("MNI glioma dataset in %s: %d cases.", out, len(ids))
     return ids
