@@ -1,1 +1,18 @@
-"""brats_seg.data"""
+"""The data layer: from a dataset on disk to cached, validated volumes on the network grid.
+
+Read in the order a case travels::
+
+    layouts     where a layout keeps a case's files (discovery, and the paths generators write)
+    labels      each layout's label values, the regions (WT, TC, ET[, RC]), the model's outputs
+    nifti       NIfTI in and out with nibabel, in RAS, the original grid kept
+    case_io     one case's images and label map, loaded and checked (the one reader)
+    preprocess  resample, normalise, crop to the network grid, and the inverse for predictions
+    cache       one folder per case (image.npy, regions.npy, meta.json), written atomically
+    splits      the seeded train/val/test split
+    dataset     discover -> validate -> preprocess -> cache -> split: prepare_dataset
+    pipeline    tf.data over the cache (augmentation, batches, resumable order); imports TensorFlow
+    errors      what was wrong, with which case and file, and what to do
+    phantoms/   generated datasets: the synthetic and MNI glioma generators and their writer
+
+Arrows point down only: this package imports nothing of brats_seg but config.py and files.py.
+"""
