@@ -60,6 +60,71 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def _prepared_data(cfg: TrainConfig):
+    """The run's dataset, prepared and split (paths and model outputs resolved first).
+
+    Raises:
+        ValueError: no ``run_dir``, or a split without training or validation cases.
+    """
+    if not cfg.run_dir:
+        raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
+    resolve_paths(cfg)
+    resolve_model_outputs(cfg)  # one sigmoid output per region of the layout (or WT only)
+    ds = prepare_dataset(cfg.data, cfg.resolution)
+    if not ds.split["train"] or not ds.split["val"]:
+        raise ValueError(
+            f"{len(ds.entries)} prepared cases give train={len(ds.split['train'])}, val={len(ds.split['val'])}: "
+            "training needs at least one of each (add cases or change data.val_fraction/test_fraction)."
+        )
+    return ds
+
+
+def _start_tracking(cfg: TrainConfig, backend: ResolvedBackend, run_dir: Path, run_name: str, replicas: int,
+                    plan_files, tags: dict[str, str] | None):
+    """The chief's tracked run, with its tags, the split and the plan."""
+    from brats_seg.tracking import Tracker, git_commit
+
+    tracker = Tracker.start(
+        cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
+        tags={"backend": backend.name, "device": backend.device, "precision": backend.precision,
+              "resolution": cfg.resolution.name, "data": cfg.data.name, "git_commit": git_commit(),
+              "run_dir": str(run_dir), "distribute": cfg.distribute.name, "replicas": str(replicas),
+              **(tags or {})},
+    )
+    tracker.log_artifact(RunFolder(run_dir).split_path)
+    for path in plan_files:
+        tracker.log_artifact(path, "plan")
+    return tracker
+
+
+def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) -> None:
+    """Log the final artifacts and the best value, and end the tracked run."""
+    folder = RunFolder(run_dir)
+    if is_chief and folder.checkpoint_file("best").is_file():
+        tracker.log_artifact(folder.checkpoint_file("best"), "checkpoints")
+    if is_chief and folder.history_path.is_file():
+        tracker.log_artifact(folder.history_path)
+    tracker.log_metrics({"best_val_dice_mean": state["best_value"] or 0.0}, step=state["epoch"])
+    tracker.end(status)
+
+
+def _train_dataset_fn(cfg: TrainConfig, train_dirs, initial_epoch: int, initial_step: int):
+    """The ``dataset_fn`` of ``strategy.distribute_datasets_from_function``: each input pipeline
+    its shard, from the resumed position on."""
+    from brats_seg.data.pipeline import make_train_dataset
+
+    t = cfg.trainer
+
+    def dataset_fn(ctx):
+        return make_train_dataset(
+            train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels, cfg.model.out_channels,
+            initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch, initial_step=initial_step,
+            shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
+            replica_batch=ctx.get_per_replica_batch_size(t.batch_size), prefetch_batches=cfg.data.prefetch_batches)
+
+    return dataset_fn
+
+
 def _model_desc(cfg: TrainConfig) -> str:
     m = cfg.model
     return f"unet3d_d{m.depth}f{m.base_filters}{'' if m.in_channels == 4 else '_flair'}"
@@ -84,16 +149,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
         Preempted: SIGTERM/SIGINT stopped the run after saving; the same command resumes.
         ClusterFailure: a worker of a ``multi_worker`` cluster was lost, naming it.
     """
-    if not cfg.run_dir:
-        raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
-    resolve_paths(cfg)
-    resolve_model_outputs(cfg)  # one sigmoid output per region of the layout (or WT only)
-    ds = prepare_dataset(cfg.data, cfg.resolution)  # fails here, with the data layer's message
-    if not ds.split["train"] or not ds.split["val"]:
-        raise ValueError(
-            f"{len(ds.entries)} prepared cases give train={len(ds.split['train'])}, val={len(ds.split['val'])}: "
-            "training needs at least one of each (add cases or change data.val_fraction/test_fraction)."
-        )
+    ds = _prepared_data(cfg)  # fails here, with the data layer's message, before anything is built
 
     from brats_seg.distribute.strategy import make_strategy
 
@@ -113,9 +169,9 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
     import tensorflow as tf
 
     from brats_seg.data.labels import output_regions
-    from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
+    from brats_seg.data.pipeline import make_eval_dataset, steps_per_epoch
     from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
-    from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name
+    from brats_seg.tracking import NullTracker, make_run_name
     from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
     from brats_seg.training.epochs import LoopOutcome, run_epochs
     from brats_seg.training.preemption import Preempted, PreemptionFlag
@@ -144,26 +200,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
 
     run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg),
                                              backend.name, cfg.lms.name) + name_suffix
-    if is_chief:
-        tracker = Tracker.start(
-            cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
-            tags={"backend": backend.name, "device": backend.device, "precision": backend.precision,
-                  "resolution": cfg.resolution.name, "data": cfg.data.name, "git_commit": git_commit(),
-                  "run_dir": str(run_dir), "distribute": cfg.distribute.name, "replicas": str(replicas),
-                  **(tags or {})},
-        )
-        tracker.log_artifact(RunFolder(run_dir).split_path)
-        for path in plan_files:
-            tracker.log_artifact(path, "plan")
-    else:
-        tracker = NullTracker()
-
-    def dataset_fn(ctx: tf.distribute.InputContext):
-        return make_train_dataset(
-            train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels, cfg.model.out_channels,
-            initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch, initial_step=initial_step,
-            shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
-            replica_batch=ctx.get_per_replica_batch_size(t.batch_size), prefetch_batches=cfg.data.prefetch_batches)
+    tracker = _start_tracking(cfg, backend, run_dir, run_name, replicas, plan_files, tags) if is_chief else NullTracker()
 
     val_ds = make_eval_dataset(val_dirs, 1, cfg.model.in_channels, cfg.model.out_channels)
     checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model,
@@ -177,19 +214,10 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
              run_dir)
     closed = []
 
-    def close(status: str) -> None:
-        """Log the final artifacts and end the tracked run, once."""
-        if closed:
-            return
-        closed.append(status)
-        st = checkpoint.state
-        folder = RunFolder(run_dir)
-        if is_chief and folder.checkpoint_file("best").is_file():
-            tracker.log_artifact(folder.checkpoint_file("best"), "checkpoints")
-        if is_chief and folder.history_path.is_file():
-            tracker.log_artifact(folder.history_path)
-        tracker.log_metrics({"best_val_dice_mean": st["best_value"] or 0.0}, step=st["epoch"])
-        tracker.end(status)
+    def close(status: str) -> None:  # once: a preempted run closes before it raises
+        if not closed:
+            closed.append(status)
+            _end_tracking(tracker, checkpoint.state, run_dir, is_chief, status)
 
     multi = cluster is not None and cluster.num_workers > 1
     status = "FAILED"
@@ -198,7 +226,8 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
         outcome = LoopOutcome("finished")
         with flag:  # through the save: a second SIGTERM does not cut it short
             if initial_epoch < t.epochs:
-                iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+                iterator = iter(strategy.distribute_datasets_from_function(
+                    _train_dataset_fn(cfg, train_dirs, initial_epoch, initial_step)))
                 outcome = run_epochs(
                     strategy=strategy, model=model, iterator=iterator, val_dataset=val_ds,
                     train_step=make_train_step(strategy, model, loss, metrics, t.batch_size),
