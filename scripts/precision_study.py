@@ -25,25 +25,14 @@ import statistics
 import sys
 from pathlib import Path
 
-from resolution_study import EXTRA, REPO, run_logged
+from resolution_study import EXTRA, REPO, parse_study_args, run_logged
 
 REGIONS = ("wt", "tc", "et")
 
 
 def _args(argv: list[str]) -> tuple[dict, list[str]]:
-    args = {"data": "mni_gliomas", "epochs": "30", "seeds": "0,1,2", "precisions": "fp32,bf16",
-            "out": str(REPO / "outputs" / "precision_study")}
-    passed = []
-    for a in argv:
-        key, sep, value = a.partition("=")
-        if not sep:
-            raise SystemExit(f"error: expected key=value, got {a!r}")
-        if key in args:
-            args[key] = value
-        elif "." in key:
-            passed.append(a)
-        else:
-            raise SystemExit(f"error: unknown argument {key!r}; known: {', '.join(args)} (or dotted config keys)")
+    args, passed = parse_study_args(argv, {"data": "mni_gliomas", "epochs": "30", "seeds": "0,1,2",
+                                           "precisions": "fp32,bf16", "out": str(REPO / "outputs" / "precision_study")})
     bad = [p for p in args["precisions"].split(",") if p not in ("fp32", "bf16")]
     if bad:
         raise SystemExit(f"error: precisions {bad}: use fp32 and/or bf16")

@@ -33,10 +33,9 @@ SPACING_MM = {"tiny": 4.0, "half": 2.0, "full": 1.0, "2x": 0.5}
 EXTRA = {"tiny": ["resolution.shape=[48,64,48]"]}  # depth 4 divides it; the brain box at 4 mm fits
 
 
-def _args(argv: list[str]) -> tuple[dict, list[str]]:
-    args = {"data": "mni_gliomas", "epochs": "30", "epochs_2x": "", "resolutions": "tiny,half,full,2x",
-            "limit_2x": "21GB", "out": str(REPO / "outputs" / "resolution_study"), "plot_only": "false"}
-    passed = []
+def parse_study_args(argv: list[str], defaults: dict[str, str]) -> tuple[dict, list[str]]:
+    """A study's ``key=value`` arguments: ``(its own, the dotted config overrides for train.py)``."""
+    args, passed = dict(defaults), []
     for a in argv:
         key, sep, value = a.partition("=")
         if not sep:
@@ -47,6 +46,13 @@ def _args(argv: list[str]) -> tuple[dict, list[str]]:
             passed.append(a)
         else:
             raise SystemExit(f"error: unknown argument {key!r}; known: {', '.join(args)} (or dotted config keys)")
+    return args, passed
+
+
+def _args(argv: list[str]) -> tuple[dict, list[str]]:
+    args, passed = parse_study_args(argv, {
+        "data": "mni_gliomas", "epochs": "30", "epochs_2x": "", "resolutions": "tiny,half,full,2x",
+        "limit_2x": "21GB", "out": str(REPO / "outputs" / "resolution_study"), "plot_only": "false"})
     unknown = [r for r in args["resolutions"].split(",") if r not in SPACING_MM]
     if unknown:
         raise SystemExit(f"error: resolutions {unknown}: use among {', '.join(SPACING_MM)}")
