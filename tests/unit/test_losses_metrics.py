@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
+import keras
 
 from brats_seg.training.losses import SoftDiceBCELoss, compute_bce, compute_soft_dice  # noqa: E402
 from brats_seg.training.metrics import (  # noqa: E402

@@ -16,7 +16,7 @@ from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.phantoms.mni_gliomas import GRID_SHAPE, generate_mni_case, write_mni_glioma_dataset
 
-pytest.importorskip("nilearn")
+import nilearn  # noqa: F401  (a dependency: its MNI152 templates)
 
 
 @pytest.fixture(scope="module")

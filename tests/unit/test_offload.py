@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
-tf = pytest.importorskip("tensorflow")
+import keras
+import tensorflow as tf
 
 from keras import layers  # noqa: E402
 

@@ -17,8 +17,8 @@ import re
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
-tf = pytest.importorskip("tensorflow")
+import keras
+import tensorflow as tf
 
 from tests.unit.test_offload import (  # noqa: E402
     BLOCKS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf
 
 from brats_seg.data.pipeline import (  # noqa: E402
     _augment_map,
@@ -226,7 +226,7 @@ def test_argument_errors(cases):
 
 def test_feeds_keras_fit_with_loss_and_metrics(tmp_path):
     """Smoke: U-Net + loss + Dice metrics train on the pipeline for two short epochs."""
-    keras = pytest.importorskip("keras")
+    import keras
     from brats_seg.config import ModelConfig
     from brats_seg.model.unet3d import build_unet3d
     from brats_seg.training.losses import SoftDiceBCELoss

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-keras = pytest.importorskip("keras")
+import keras
 
 from brats_seg.config import ModelConfig  # noqa: E402
 from brats_seg.lms.planner.cost import compute_network_cost  # noqa: E402

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
-tf = pytest.importorskip("tensorflow")
+import keras
+import tensorflow as tf
 
 from brats_seg.config import ModelConfig  # noqa: E402
 from brats_seg.model.topology import level_filters, unet_block_names, unet_topology  # noqa: E402
