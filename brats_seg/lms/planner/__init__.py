@@ -17,19 +17,40 @@ Read in the order a plan is made::
     preflight     plan_run and friends: a run's config in, its plan (or the refusal) out
     units         lms.limit parsing, sizes and shapes for printing
 
-The public names are re-exported here; the modules import each other downwards only.
+The public names are re-exported here, each imported on first use (so importing one module
+of the planner does not import all of them); the modules import each other downwards only.
 """
 
-from brats_seg.lms.planner.capacity import Capacity, find_capacity
-from brats_seg.lms.planner.cost import NetworkCost, compute_network_cost, compute_step_flops
-from brats_seg.lms.planner.inference import InferenceEstimate, estimate_inference
-from brats_seg.lms.planner.memory_model import MemoryModel, memory_model_for
-from brats_seg.lms.planner.plan import BlockPlan, Plan, PlanDoesNotFitError
-from brats_seg.lms.planner.preflight import capacity_run, compare_run, plan_run, planning_device
-from brats_seg.lms.planner.search import compare_strategies, estimate_peak, plan_lms, plan_lms_from_config
-from brats_seg.lms.planner.timeline import POLICIES, Timeline, simulate
-from brats_seg.lms.planner.units import format_bytes, parse_limit
-from brats_seg.lms.planner.workload import STRATEGIES, LMSOptions, Workload
+_HOME = {  # public name -> its module; imported on first use, so importing one planner module stays cheap
+    "Capacity": "capacity",
+    "find_capacity": "capacity",
+    "NetworkCost": "cost",
+    "compute_network_cost": "cost",
+    "compute_step_flops": "cost",
+    "InferenceEstimate": "inference",
+    "estimate_inference": "inference",
+    "MemoryModel": "memory_model",
+    "memory_model_for": "memory_model",
+    "BlockPlan": "plan",
+    "Plan": "plan",
+    "PlanDoesNotFitError": "plan",
+    "capacity_run": "preflight",
+    "compare_run": "preflight",
+    "plan_run": "preflight",
+    "planning_device": "preflight",
+    "compare_strategies": "search",
+    "estimate_peak": "search",
+    "plan_lms": "search",
+    "plan_lms_from_config": "search",
+    "POLICIES": "timeline",
+    "Timeline": "timeline",
+    "simulate": "timeline",
+    "format_bytes": "units",
+    "parse_limit": "units",
+    "STRATEGIES": "workload",
+    "LMSOptions": "workload",
+    "Workload": "workload",
+}
 
 __all__ = [
     "POLICIES", "STRATEGIES", "BlockPlan", "Capacity", "InferenceEstimate", "LMSOptions", "MemoryModel",
@@ -38,3 +59,17 @@ __all__ = [
     "find_capacity", "format_bytes", "memory_model_for", "parse_limit", "plan_lms", "plan_lms_from_config",
     "plan_run", "planning_device", "simulate",
 ]
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
