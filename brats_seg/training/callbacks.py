@@ -62,12 +62,10 @@ class RunCheckpoint(keras.callbacks.Callback):
                  write: bool = True) -> None:
         super().__init__()
         self.export_model = export_model  # saved instead of the training model (LMS wrappers can't be)
-        self.run_dir = Path(run_dir)
-        self.folder = RunFolder(self.run_dir)
-        self.ckpt_dir = self.folder.checkpoints_dir
+        self.folder = RunFolder(Path(run_dir))
         self.write = write  # False on the workers that are not the chief: same decisions, no files
         if write:
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            self.folder.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         self.monitor = monitor
         self.patience = patience
         self.state = state or RunState(epoch=0, best_value=None, best_epoch=None, history=[])

@@ -126,9 +126,9 @@ def load_resume(run_dir: Path, state, model, export_model, steps: int) -> tuple[
     """
     if not state:
         return 0, 0, None
-    last = RunFolder(run_dir).checkpoint_file("last")
+    folder = RunFolder(run_dir)
+    last = folder.checkpoint_file("last")
     if not last.is_file():
-        raise FileNotFoundError(f"{RunFolder(run_dir).state_path} says {state['epoch']} epochs are done but "
-                                f"{last} is missing.")
+        raise FileNotFoundError(f"{folder.state_path} says {state['epoch']} epochs are done but {last} is missing.")
     restore(model, export_model, last)
     return resume_position(state, int(model.optimizer.iterations.numpy()), steps)
