@@ -43,9 +43,9 @@ def plan_benchmark(conf, backend):
     from brats_seg.lms.planner.preflight import plan_run
     from brats_seg.lms.planner.search import estimate_peak
     from brats_seg.lms.planner.workload import LMSOptions, Workload
-    from brats_seg.training.build import effective_lms
+    from brats_seg.training.build import choose_lms
 
-    strategy = effective_lms(conf, backend)
+    strategy, _ = choose_lms(conf, backend)
     if strategy != "auto":
         conf.lms.limit = "1e15"
     plan = plan_run(conf, backend.device, strategy)

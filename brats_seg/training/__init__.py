@@ -5,8 +5,9 @@
     loop          train(): the conductor: data -> run folder -> strategy -> plan -> model ->
                   resume -> the epoch loop -> tracking, and what ends it (finished, early
                   stop, preempted, a lost worker)
-    build         the optimizer and its schedule, the memory plan the run trains under (the
-                  one place its LMS strategy is decided), the models and their compilation
+    build         the optimizer and its schedule, the backend and LMS strategy the run trains
+                  under with its memory plan (decided in one function, with the reason), the
+                  models and their compilation
     checkpoint    the run folder as training uses it: start or resume, refuse a changed
                   config, restore last.keras and the position it was saved at
     steps         the compiled training and evaluation steps (one strategy.run each)
@@ -17,6 +18,7 @@
     preemption    SIGTERM/SIGINT: finish the step, save, exit resumably
     cluster_sync  a multi-worker cluster's workers follow the chief's position
 
-Files go through :class:`brats_seg.run_dir.RunFolder`; TensorFlow is imported inside the
-functions, after :func:`brats_seg.backend.configure`.
+Files go through :class:`brats_seg.run_dir.RunFolder`. Modules that need TensorFlow import it
+(loop, steps, epochs, callbacks) or import it inside their functions (build, checkpoint):
+entry points import them after :func:`brats_seg.backend.configure`.
 """

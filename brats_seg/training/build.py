@@ -1,7 +1,7 @@
 """Building a run's model: the optimizer, the memory plan it trains under, the models and their compilation.
 
-:func:`preflight_plan` plans the run against ``lms.limit`` before anything is built (the one
-place the LMS strategy of a run is decided: :func:`effective_lms`); :func:`build_models`
+:func:`preflight_plan` decides the run's backend and LMS strategy and plans it against
+``lms.limit`` before anything is built (the one place they are decided); :func:`build_models`
 makes the training model (blocks run through the plan's wrapper) and the plain export model
 on the same layers; :func:`compile_models` does it under the distribution strategy with the
 optimizer and loss. TensorFlow and Keras are imported inside the functions, after
@@ -10,12 +10,15 @@ optimizer and loss. TensorFlow and Keras are imported inside the functions, afte
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from dataclasses import dataclass
 
 from brats_seg.backend import ResolvedBackend
 from brats_seg.config import TrainConfig
 
-__all__ = ["build_models", "compile_models", "effective_lms", "make_optimizer", "preflight_plan", "training_metrics"]
+__all__ = ["MemoryDecision", "build_models", "choose_lms", "compile_models", "make_optimizer", "preflight_plan",
+           "training_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -52,41 +55,71 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
     return keras.optimizers.Adam(learning_rate=lr)
 
 
-def effective_lms(cfg: TrainConfig, backend: ResolvedBackend) -> str:
-    """The LMS strategy a run uses: ``backend=gpu_lms`` with ``lms=off`` plans (``auto``)."""
-    if backend.name == "gpu_lms" and cfg.lms.name == "off":
-        log.info("backend=gpu_lms with lms=off: planning with lms=auto")
-        return "auto"
-    return cfg.lms.name
+@dataclass(frozen=True)
+class MemoryDecision:
+    """The backend and LMS strategy a run trains under, the plan they make, and why.
+
+    Attributes:
+        backend: the resolved backend, with ``name`` ``gpu_lms`` when LMS was added to a GPU run.
+        lms: ``off`` | ``auto`` | ``recompute`` | ``offload``: the strategy planned.
+        plan: its :class:`~brats_seg.lms.planner.plan.Plan` against ``lms.limit``.
+        reason: why these, in words (logged, and kept in the MLflow tags).
+    """
+
+    backend: ResolvedBackend
+    lms: str
+    plan: object
+    reason: str
 
 
-def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend):
-    """Plan the run against ``lms.limit`` before building anything.
+def choose_lms(cfg: TrainConfig, backend: ResolvedBackend) -> tuple[str, str]:
+    """``(strategy, reason)`` from the config alone: ``lms=`` as given, except that
+    ``backend=gpu_lms`` with ``lms=off`` plans (``auto``).
 
     Raises:
-        PlanDoesNotFitError: the run is predicted not to fit, with the numbers and the fix.
         ValueError: ``lms=offload`` on a CPU-only run.
     """
-    from brats_seg.lms.planner.plan import PlanDoesNotFitError
-    from brats_seg.lms.planner.preflight import plan_run
-
-    strategy = effective_lms(cfg, backend)
-    if backend.device == "CPU" and strategy == "offload":
+    if backend.device == "CPU" and cfg.lms.name == "offload":
         raise ValueError(
             "lms=offload needs a GPU: a CPU-only run has no separate device memory to offload from. "
             "Use lms=recompute (or lms=auto) to fit a RAM budget on CPU."
         )
+    if backend.name == "gpu_lms" and cfg.lms.name == "off":
+        return "auto", "backend=gpu_lms with lms=off: planning with lms=auto"
+    return cfg.lms.name, f"lms={cfg.lms.name} as configured"
+
+
+def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend) -> MemoryDecision:
+    """Decide the run's backend and LMS strategy and plan it against ``lms.limit``, before
+    anything is built: the one place they are decided, logged once with the reason.
+
+    :func:`choose_lms` applies the config; then, on a GPU that ``backend=auto`` chose, a run
+    whose plan without LMS does not fit becomes ``gpu_lms`` with ``lms=auto``.
+
+    Raises:
+        ValueError: the run is predicted not to fit, with the numbers and the fix; or
+            ``lms=offload`` on a CPU-only run.
+    """
+    from brats_seg.lms.planner.plan import PlanDoesNotFitError
+    from brats_seg.lms.planner.preflight import plan_run
+
+    strategy, reason = choose_lms(cfg, backend)
     try:
         plan = plan_run(cfg, backend.device, strategy)
     except PlanDoesNotFitError as e:
-        if backend.reason and backend.device == "GPU" and strategy == "off":  # backend=auto: add LMS if needed
-            log.info("backend=auto: the plan without LMS does not fit the GPU; using gpu_lms with lms=auto")
-            return plan_run(cfg, backend.device, "auto")
-        raise ValueError(str(e)) from e
-    log.info("memory plan (lms=%s): predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB less %.1f%% for "
-             "the planner's error)", plan.strategy, plan.predicted_peak_bytes / 1e9, plan.budget_bytes / 1e9,
-             plan.limit_bytes / 1e9, 100 * plan.margin)
-    return plan
+        if not (backend.reason and backend.device == "GPU" and strategy == "off"):
+            raise ValueError(str(e)) from e
+        # backend=auto chose this GPU: add LMS rather than fail
+        strategy, reason = "auto", (f"backend=auto ({backend.reason}): the plan without LMS does not fit "
+                                    f"({e.smallest_peak_bytes / 1e9:.2f} GB predicted); using gpu_lms with lms=auto")
+        backend = dataclasses.replace(backend, name="gpu_lms", reason=reason)
+        plan = plan_run(cfg, backend.device, strategy)
+    if backend.reason and backend.reason not in reason:
+        reason = f"backend=auto chose {backend.name} ({backend.reason}); {reason}"
+    log.info("backend %s, lms=%s (%s). Memory plan: predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB "
+             "less %.1f%% for the planner's error)", backend.name, strategy, reason, plan.predicted_peak_bytes / 1e9,
+             plan.budget_bytes / 1e9, plan.limit_bytes / 1e9, 100 * plan.margin)
+    return MemoryDecision(backend, strategy, plan, reason)
 
 
 def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):

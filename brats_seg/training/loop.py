@@ -8,17 +8,21 @@ the models is :mod:`brats_seg.training.build`'s, the run folder's start and resu
    data fails with its message before any model is built;
 2. the run folder gets ``config.json`` and ``split.json`` (evaluation reads these);
    an existing run folder with a different config is refused rather than mixed;
-3. the ``distribute=`` strategy is made (:mod:`brats_seg.distribute.strategy`), the memory
-   plan is made for the per-replica batch, and the model is built under the seed in the
+3. the ``distribute=`` strategy is made (:mod:`brats_seg.distribute.strategy`), the backend
+   and LMS strategy are decided and planned for the per-replica batch
+   (:func:`~brats_seg.training.build.preflight_plan`, logged with the reason and tagged),
+   and the model is built under the seed in the
    strategy's scope, compiled, and, if ``checkpoints/last.keras`` and ``state.json``
    exist, restored with its optimizer state and continued from the last completed epoch,
    or from the saved step of a run stopped by a signal (data order and augmentation are
    stateless functions of ``(seed, epoch, position)``, the LR schedule a function of the
    optimizer's step); other workers take the chief's weights;
 4. the step loop (:mod:`brats_seg.training.epochs`, one ``strategy.run`` step for every
-   strategy) with checkpoint/early-stopping and tracking callbacks. Only the chief writes
-   the run folder and tracks; SIGTERM/SIGINT end the run resumably
-   (:mod:`brats_seg.training.preemption`).
+   strategy) with checkpoint/early-stopping and tracking callbacks, and the run's end
+   (``_Session``). Only the chief writes the run folder and tracks; SIGTERM/SIGINT end the
+   run resumably (:mod:`brats_seg.training.preemption`).
+
+This module imports TensorFlow: entry points import it after :func:`brats_seg.backend.configure`.
 """
 
 from __future__ import annotations
@@ -28,13 +32,25 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import keras
+import tensorflow as tf
+
 from brats_seg.backend import ResolvedBackend
 from brats_seg.config import TrainConfig, flatten_config
-from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.data.dataset import prepare_dataset
+from brats_seg.data.labels import output_regions, resolve_model_outputs
+from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
+from brats_seg.distribute.strategy import make_strategy
+from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.run_dir import RunFolder
-from brats_seg.training.build import compile_models, preflight_plan, training_metrics
+from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name
+from brats_seg.training.build import MemoryDecision, compile_models, preflight_plan, training_metrics
+from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
 from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_plan
+from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
+from brats_seg.training.epochs import LoopOutcome, run_epochs
+from brats_seg.training.preemption import Preempted, PreemptionFlag
+from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_train_step
 
 __all__ = ["TrainResult", "train", "resolve_paths"]
 
@@ -79,14 +95,14 @@ def _prepared_data(cfg: TrainConfig):
     return ds
 
 
-def _start_tracking(cfg: TrainConfig, backend: ResolvedBackend, run_dir: Path, run_name: str, replicas: int,
+def _start_tracking(cfg: TrainConfig, decision: MemoryDecision, run_dir: Path, run_name: str, replicas: int,
                     plan_files, tags: dict[str, str] | None):
     """The chief's tracked run, with its tags, the split and the plan."""
-    from brats_seg.tracking import Tracker, git_commit
-
+    backend = decision.backend
     tracker = Tracker.start(
         cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
         tags={"backend": backend.name, "device": backend.device, "precision": backend.precision,
+              "lms": decision.lms, "lms_reason": decision.reason,
               "resolution": cfg.resolution.name, "data": cfg.data.name, "git_commit": git_commit(),
               "run_dir": str(run_dir), "distribute": cfg.distribute.name, "replicas": str(replicas),
               **(tags or {})},
@@ -111,8 +127,6 @@ def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) ->
 def _train_dataset_fn(cfg: TrainConfig, train_dirs, initial_epoch: int, initial_step: int):
     """The ``dataset_fn`` of ``strategy.distribute_datasets_from_function``: each input pipeline
     its shard, from the resumed position on."""
-    from brats_seg.data.pipeline import make_train_dataset
-
     t = cfg.trainer
 
     def dataset_fn(ctx):
@@ -150,118 +164,143 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
         ClusterFailure: a worker of a ``multi_worker`` cluster was lost, naming it.
     """
     ds = _prepared_data(cfg)  # fails here, with the data layer's message, before anything is built
-
-    from brats_seg.distribute.strategy import make_strategy
-
     strategy, cluster = make_strategy(cfg.distribute, backend.device)  # before any TensorFlow op runs
     is_chief = cluster is None or cluster.is_chief
-    replicas = strategy.num_replicas_in_sync
-    t = cfg.trainer
-    if t.batch_size % replicas:
-        raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
-                         f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
+    replica_cfg = _per_replica(cfg, strategy.num_replicas_in_sync)
     run_dir = prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
-    replica_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
-    plan = preflight_plan(replica_cfg, backend)  # LMS plans one replica's memory
+    decision = preflight_plan(replica_cfg, backend)  # the backend and LMS the run trains under, and its plan
+    backend, plan = decision.backend, decision.plan
     plan_files = save_plan(plan, run_dir) if is_chief else []
 
-    import keras
-    import tensorflow as tf
-
-    from brats_seg.data.labels import output_regions
-    from brats_seg.data.pipeline import make_eval_dataset, steps_per_epoch
-    from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
-    from brats_seg.tracking import NullTracker, make_run_name
-    from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
-    from brats_seg.training.epochs import LoopOutcome, run_epochs
-    from brats_seg.training.preemption import Preempted, PreemptionFlag
-    from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
-    from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_train_step
-
+    t = cfg.trainer
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
-    train_dirs = [e.path for e in ds.entries_of("train")]
-    val_dirs = [e.path for e in ds.entries_of("val")]
+    train_dirs, val_dirs = [e.path for e in ds.entries_of("train")], [e.path for e in ds.entries_of("val")]
     steps = steps_per_epoch(len(train_dirs), t.batch_size, t.steps_per_epoch)
-
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
     baseline = current_rss_bytes() if backend.device == "CPU" else None  # the runtime, before the model
     model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)
-    regions = output_regions(cfg.data.layout, cfg.model.out_channels)
-    metrics = training_metrics(cfg)
-    initial_epoch, initial_step, partial = load_resume(run_dir, state, model, export_model, steps)
+    start = load_resume(run_dir, state, model, export_model, steps)
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
-        initial_epoch, initial_step = sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs),
-                                                       (initial_epoch, initial_step))
-    if state or initial_epoch:
-        log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, initial_epoch + 1, initial_step,
+        start = (*sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs), start[:2]), start[2])
+    if state or start[0]:
+        log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, start[0] + 1, start[1],
                  int(model.optimizer.iterations.numpy()))
 
-    run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg),
-                                             backend.name, cfg.lms.name) + name_suffix
-    tracker = _start_tracking(cfg, backend, run_dir, run_name, replicas, plan_files, tags) if is_chief else NullTracker()
-
-    val_ds = make_eval_dataset(val_dirs, 1, cfg.model.in_channels, cfg.model.out_channels)
+    run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg), backend.name,
+                                             decision.lms) + name_suffix
+    tracker = (_start_tracking(cfg, decision, run_dir, run_name, strategy.num_replicas_in_sync, plan_files, tags)
+               if is_chief else NullTracker())
     checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model,
                                write=is_chief)
     callbacks = [MemoryStatsCallback(backend.device, offload_stats, baseline), checkpoint, TrackingCallback(tracker),
                  *extra_callbacks]
     if is_chief:
+        regions = output_regions(cfg.data.layout, cfg.model.out_channels)
         callbacks.insert(1, DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())))
     log.info("training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
-             run_name, len(train_dirs), len(val_dirs), steps, t.batch_size, replicas, initial_epoch + 1, t.epochs,
-             run_dir)
-    closed = []
-
-    def close(status: str) -> None:  # once: a preempted run closes before it raises
-        if not closed:
-            closed.append(status)
-            _end_tracking(tracker, checkpoint.state, run_dir, is_chief, status)
-
-    multi = cluster is not None and cluster.num_workers > 1
-    status = "FAILED"
-    flag = PreemptionFlag()
-    try:
-        outcome = LoopOutcome("finished")
-        with flag:  # through the save: a second SIGTERM does not cut it short
-            if initial_epoch < t.epochs:
-                iterator = iter(strategy.distribute_datasets_from_function(
-                    _train_dataset_fn(cfg, train_dirs, initial_epoch, initial_step)))
-                outcome = run_epochs(
-                    strategy=strategy, model=model, iterator=iterator, val_dataset=val_ds,
-                    train_step=make_train_step(strategy, model, loss, metrics, t.batch_size),
-                    eval_step=make_eval_step(model, metrics, loss), epochs=t.epochs, initial_epoch=initial_epoch,
-                    initial_step=initial_step, steps=steps, val_every=t.val_every,
-                    callbacks=keras.callbacks.CallbackList(callbacks, model=model), preemption=flag,
-                    partial=EpochSums.from_dict(partial) if partial else None, is_chief=is_chief,
-                    single_worker=not multi)
-            else:
-                log.info("run %s already has %d/%d epochs: nothing to train", run_dir, initial_epoch, t.epochs)
-            if outcome.status == "preempted":
-                status = "KILLED"
-                if outcome.step:
-                    checkpoint.save_partial(outcome.epoch, outcome.step, outcome.sums.to_dict())
-                    where = f"step {outcome.step} of epoch {outcome.epoch + 1}"
-                else:
-                    where = f"epoch {outcome.epoch}"
-                close(status)
-            if multi:  # nobody leaves before the chief has saved (srun --kill-on-bad-exit would cut it)
-                chief_value(strategy, tf.constant(0.0))
-        if outcome.status == "preempted":
-            flag.pass_on()  # a launcher's requeue (SIGUSR2 under submitit) may end the process here
-            raise Preempted(flag.signal_name or "signal", where, str(run_dir))
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    except tuple(getattr(tf.errors, n) for n in COLLECTIVE_ERRORS) as e:
-        failure = cluster_error(e, cluster) if multi else None
-        if failure is None:
-            raise
-        raise failure from e
-    finally:
-        close(status)
+             run_name, len(train_dirs), len(val_dirs), steps, t.batch_size, strategy.num_replicas_in_sync,
+             start[0] + 1, t.epochs, run_dir)
+    session = _Session(cfg, strategy, cluster, model, loss, tracker, checkpoint, run_dir)
+    session.run(train_dirs, val_dirs, steps, start, callbacks)
     st = checkpoint.state
     return TrainResult(run_dir, float(st["best_value"] or 0.0), int(st["best_epoch"] or 0), int(st["epoch"]),
                        tracker.run_id)
+
+
+def _per_replica(cfg: TrainConfig, replicas: int) -> TrainConfig:
+    """``cfg`` with one replica's share of the global batch (what one device's memory must hold).
+
+    Raises:
+        ValueError: ``trainer.batch_size`` does not divide among the replicas.
+    """
+    t = cfg.trainer
+    if t.batch_size % replicas:
+        raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
+                         f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
+
+
+@dataclass
+class _Session:
+    """The epoch loop of a built, resumed run, and its end whatever ends it: finished, early
+    stopping, a signal (saved, tracked as KILLED, :class:`Preempted` raised), a lost worker
+    (:class:`~brats_seg.distribute.cluster.ClusterFailure`) or any error (tracked as FAILED)."""
+
+    cfg: TrainConfig
+    strategy: object
+    cluster: object
+    model: object
+    loss: object
+    tracker: object
+    checkpoint: RunCheckpoint
+    run_dir: Path
+    closed: bool = False
+
+    @property
+    def is_chief(self) -> bool:
+        return self.cluster is None or self.cluster.is_chief
+
+    @property
+    def multi(self) -> bool:
+        return self.cluster is not None and self.cluster.num_workers > 1
+
+    def run(self, train_dirs, val_dirs, steps: int, start: tuple[int, int, dict | None], callbacks) -> None:
+        status = "FAILED"
+        try:
+            status = self._epochs(train_dirs, val_dirs, steps, start, callbacks)
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        except tuple(getattr(tf.errors, n) for n in COLLECTIVE_ERRORS) as e:
+            failure = cluster_error(e, self.cluster) if self.multi else None
+            if failure is None:
+                raise
+            raise failure from e
+        finally:
+            self.close(status)
+
+    def _epochs(self, train_dirs, val_dirs, steps: int, start: tuple[int, int, dict | None], callbacks) -> str:
+        """Run the remaining epochs; ``FINISHED``, or :class:`Preempted` once the position is saved."""
+        t, (initial_epoch, initial_step, partial) = self.cfg.trainer, start
+        outcome = LoopOutcome("finished")
+        flag = PreemptionFlag()
+        with flag:  # through the save: a second SIGTERM does not cut it short
+            if initial_epoch < t.epochs:
+                iterator = iter(self.strategy.distribute_datasets_from_function(
+                    _train_dataset_fn(self.cfg, train_dirs, initial_epoch, initial_step)))
+                metrics = training_metrics(self.cfg)
+                outcome = run_epochs(
+                    strategy=self.strategy, model=self.model, iterator=iterator,
+                    val_dataset=make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels),
+                    train_step=make_train_step(self.strategy, self.model, self.loss, metrics, t.batch_size),
+                    eval_step=make_eval_step(self.model, metrics, self.loss), epochs=t.epochs,
+                    initial_epoch=initial_epoch, initial_step=initial_step, steps=steps, val_every=t.val_every,
+                    callbacks=keras.callbacks.CallbackList(callbacks, model=self.model), preemption=flag,
+                    partial=EpochSums.from_dict(partial) if partial else None, is_chief=self.is_chief,
+                    single_worker=not self.multi)
+            else:
+                log.info("run %s already has %d/%d epochs: nothing to train", self.run_dir, initial_epoch, t.epochs)
+            if outcome.status == "preempted":
+                where = self._save_preempted(outcome)
+                self.close("KILLED")
+            if self.multi:  # nobody leaves before the chief has saved (srun --kill-on-bad-exit would cut it)
+                chief_value(self.strategy, tf.constant(0.0))
+        if outcome.status == "preempted":
+            flag.pass_on()  # a launcher's requeue (SIGUSR2 under submitit) may end the process here
+            raise Preempted(flag.signal_name or "signal", where, str(self.run_dir))
+        return "FINISHED"
+
+    def _save_preempted(self, outcome: LoopOutcome) -> str:
+        """Save a partial epoch's position and sums; where the run stopped, in words."""
+        if not outcome.step:
+            return f"epoch {outcome.epoch}"
+        self.checkpoint.save_partial(outcome.epoch, outcome.step, outcome.sums.to_dict())
+        return f"step {outcome.step} of epoch {outcome.epoch + 1}"
+
+    def close(self, status: str) -> None:
+        """End the tracked run once (a preempted run closes before it raises)."""
+        if not self.closed:
+            self.closed = True
+            _end_tracking(self.tracker, self.checkpoint.state, self.run_dir, self.is_chief, status)
