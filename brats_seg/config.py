@@ -109,7 +109,6 @@ class BackendConfig:
 @dataclass
 class LMSConfig:
     name: str = "off"  # off | auto | recompute | offload
-    enabled: bool = False  # IBM LMS vocabulary: false = keep every activation
     limit: str = "0.9"  # budget: bytes, "16GB", or a fraction of device memory (RAM on CPU)
     size: int = 1 << 20  # bytes; tensors smaller than this are never offloaded
     prefetch: int = 1  # blocks ahead in backward at which a copy back is issued

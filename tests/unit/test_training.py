@@ -117,3 +117,49 @@ def test_resume_position_trusts_the_state_unless_the_weights_are_newer():
     # partial sums belong to the epoch after the completed ones, else they are dropped
     assert resume_position({**state, "partial_epoch": 2}, 23, steps=10) == (2, 3, None)
     assert resume_position({"epoch": 1, "iterations": 10}, 10, steps=10) == (1, 0, None)
+
+
+#: Keys the first released config lacked (``git show 5ef0090:brats_seg/config.py``), and the ones it
+#: had that are gone: an old run folder's ``config.json`` is this, not today's.
+_KEYS_ADDED_SINCE_FIRST = ("backend.gpu_memory_limit_mb", "data.prefetch_batches", "distribute.collective",
+                           "distribute.devices", "distribute.lr_scaling", "distribute.port", "distribute.timeout_s",
+                           "model.foreground_prior", "model.region_parents", "model.regions",
+                           "trainer.dead_region_epochs", "trainer.deterministic")
+
+
+def test_an_old_run_folder_resumes_and_evaluates(synthetic_root, tmp_path, backend):
+    """A run folder written by the first version (config.json without the newer keys, with
+    lms.enabled and the evaluate group it had) resumes with the same command and evaluates."""
+    import keras
+
+    from brats_seg.evaluation.evaluate import evaluate_run
+    from brats_seg.training.loop import train
+
+    root = synthetic_root["brats2021"]
+    run_dir = tmp_path / "old"
+    cfg = _cfg(root, tmp_path, run_dir, epochs=1)
+    cfg.model.regions = "independent"  # what a run from before model.regions trained with
+    train(cfg, backend)
+    stored = json.loads((run_dir / "config.json").read_text())
+    for key in _KEYS_ADDED_SINCE_FIRST:
+        group, name = key.split(".")
+        del stored[group][name]
+    stored["lms"]["enabled"] = False
+    stored["evaluate"] = {"split": "test", "mode": "whole", "threshold": 0.5, "overlays": True, "window_overlap": 0.5}
+    (run_dir / "config.json").write_text(json.dumps(stored))
+
+    summary = evaluate_run(run_dir, "val", progress=False)  # before the resume rewrites config.json
+    assert summary["n_cases"] >= 1 and (run_dir / "eval" / "val" / "metrics.csv").is_file()
+    assert 0.0 <= summary["dice_wt"]["mean"] <= 1.0
+
+    class CountEpochs(keras.callbacks.Callback):
+        trained: list = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.trained.append(epoch + 1)
+
+    counter = CountEpochs()
+    again = _cfg(root, tmp_path, run_dir, epochs=2)
+    again.model.regions = "independent"
+    assert train(again, backend, extra_callbacks=[counter]).epochs_done == 2
+    assert counter.trained == [2]
