@@ -32,14 +32,9 @@ import numpy as np
 from keras import layers, ops
 
 from brats_seg.config import ModelConfig
+from brats_seg.model.checks import check_region_parents, check_unet_config
 from brats_seg.model.norm import GroupNorm
-from brats_seg.model.topology import (
-    BlockSpec,
-    LayerSpec,
-    check_region_parents,
-    check_unet_config,
-    unet_topology,
-)
+from brats_seg.model.topology import BlockSpec, LayerSpec, unet_topology
 
 __all__ = [
     "Block",

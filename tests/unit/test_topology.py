@@ -12,14 +12,8 @@ import sys
 import pytest
 
 from brats_seg.config import ModelConfig
-from brats_seg.model.topology import (
-    check_batch_size,
-    check_input_shape,
-    check_policy,
-    check_unet_config,
-    group_count,
-    unet_topology,
-)
+from brats_seg.model.checks import check_batch_size, check_input_shape, check_policy, check_unet_config
+from brats_seg.model.topology import group_count, unet_topology
 
 
 def _cfg(**overrides) -> ModelConfig:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from brats_seg.lms.planner.layer_cost import DTYPE_BYTES, FLOAT32_BYTES, LayerCost, compute_layer_costs
 from brats_seg.lms.planner.memory_model import MemoryModel
 from brats_seg.lms.planner.workload import OPTIMIZER_SLOTS, Workload
-from brats_seg.model.topology import DTYPE_POLICIES
+from brats_seg.model.checks import DTYPE_POLICIES
 
 __all__ = ["BlockCost", "NetworkCost", "compute_network_cost", "compute_step_flops", "forward_only_bytes"]
 

@@ -10,14 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from brats_seg.config import LMSConfig, ModelConfig, TrainConfig
-from brats_seg.model.topology import (
-    UNetTopology,
-    check_batch_size,
-    check_input_shape,
-    check_model_config,
-    check_policy,
-    unet_topology,
-)
+from brats_seg.model.checks import check_batch_size, check_input_shape, check_model_config, check_policy
+from brats_seg.model.topology import UNetTopology, unet_topology
 
 __all__ = ["FIXED_STRATEGIES", "LMSOptions", "OPTIMIZER_SLOTS", "STRATEGIES", "Workload", "pipeline_batches"]
 
