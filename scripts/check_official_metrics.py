@@ -336,7 +336,7 @@ def _config_differences(official_ev, layout: str) -> list[str]:
     from panoptica.utils.config import _register_helper_classes
     from ruamel.yaml import YAML
 
-    from brats_seg.evaluation.lesionwise import make_panoptica_evaluator
+    from brats_seg.evaluation.panoptica_metrics import make_panoptica_evaluator
 
     def dump(value) -> str:
         yaml = YAML(typ="safe")

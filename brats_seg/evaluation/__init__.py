@@ -2,17 +2,26 @@
 
 ::
 
-    run          a trained run as inference sees it: its config, checkpoint, model, device,
-                 precision, and the memory check before loading
-    sliding      inference of one image on the network grid: whole volume or Gaussian windows
-                 (MODES), with test-time mirroring
-    predict      a case's probabilities back on its native grid, thresholded, nested, saved
-    metrics      legacy BraTS metrics (Dice, HD95, sensitivity, specificity)
-    lesionwise   the lesion-wise definitions BraTS ranks by since 2023
-    scoring      every metric of a case from the label map that is written
-    table        metrics.csv, summary.json and the printed summary
-    overlays     contours on three orthogonal slices, for people to look at
-    evaluate     a run's held-out split end to end: evaluate_run
+    run                a trained run as inference sees it: its config, checkpoint, model, device,
+                       precision, and the memory check before loading
+    sliding            inference of one image on the network grid: whole volume or Gaussian
+                       windows (MODES), with test-time mirroring
+    predict            a case's probabilities back on its native grid, thresholded, nested, saved
+    metrics            legacy BraTS metrics (Dice, HD95, sensitivity, specificity)
+    lesionwise         the lesion-wise definitions BraTS ranks by since 2023, both at once:
+                       compute_lesionwise_metrics
+    panoptica_metrics  BraTS 2025+ lesion-wise, NSD and detection metrics by panoptica, as the
+                       official evaluation computes them: compute_panoptica_metrics
+    lesion23           BraTS 2023/2024 lesion-wise Dice and HD95: compute_lesion23_metrics,
+                       lesion23_params_for
+    lesion_input       the label-map pair both lesion-wise definitions accept, and LesionwiseError
+    scoring            every metric of a case from the label map that is written
+    table              metrics.csv, summary.json and the printed summary
+    overlays           contours on three orthogonal slices, for people to look at
+    evaluate           a run's held-out split end to end: evaluate_run
 
-Files go to the run folder's eval/<split>/ (:class:`brats_seg.run_dir.RunFolder`).
+A case is scored by scoring.score_case, which calls metrics for the legacy columns and
+lesionwise for the lesion-wise ones; lesionwise runs panoptica_metrics and lesion23, which
+share only lesion_input, so neither definition imports the other. Files go to the run
+folder's eval/<split>/ (:class:`brats_seg.run_dir.RunFolder`).
 """

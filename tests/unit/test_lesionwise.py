@@ -16,16 +16,11 @@ import pytest
 
 from brats_seg.data.errors import CaseError
 from brats_seg.data.labels import region_label_values
-from brats_seg.evaluation import lesionwise
-from brats_seg.evaluation.lesionwise import (
-    LESION23_PARAMS,
-    Lesion23Params,
-    LesionwiseError,
-    compute_lesion23_metrics,
-    compute_lesionwise_metrics,
-    compute_panoptica_metrics,
-    lesion23_params_for,
-)
+from brats_seg.evaluation import panoptica_metrics
+from brats_seg.evaluation.lesion23 import LESION23_PARAMS, Lesion23Params, compute_lesion23_metrics, lesion23_params_for
+from brats_seg.evaluation.lesion_input import LesionwiseError
+from brats_seg.evaluation.lesionwise import compute_lesionwise_metrics
+from brats_seg.evaluation.panoptica_metrics import compute_panoptica_metrics
 from brats_seg.evaluation.scoring import score_case
 
 SHAPE = (32, 32, 32)
@@ -188,7 +183,7 @@ def test_a_panoptica_failure_names_the_case(monkeypatch):
         def evaluate(self, *a, **k):
             raise RuntimeError("matching exploded")
 
-    monkeypatch.setattr(lesionwise, "make_panoptica_evaluator", lambda table: Broken())
+    monkeypatch.setattr(panoptica_metrics, "make_panoptica_evaluator", lambda table: Broken())
     ref = cube(empty(), (2, 2, 2))
     with pytest.raises(CaseError, match="BraTS2021_00042.*panoptica failed: RuntimeError: matching exploded"):
         score_case("BraTS2021_00042", ref, ref, ISO, "brats2021")
