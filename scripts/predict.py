@@ -29,7 +29,7 @@ register_configs()
 @hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
 def main(cfg) -> None:
     conf = to_config(cfg)
-    from brats_seg.data.layouts import find_input_cases
+    from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
     from brats_seg.evaluation.run import RunError, run_regions
 

@@ -2,7 +2,11 @@
 
 Read in the order a case travels::
 
-    layouts     where a layout keeps a case's files (discovery, and the paths generators write)
+    layouts     where a layout keeps a case's files (discovery, and the paths generators write);
+                the one module that knows file names
+    predict_inputs
+                what scripts/predict.py input= names (a case folder, a 4D image, a .txt list...),
+                resolved into cases with layouts' rules
     labels      each layout's label values, the regions (WT, TC, ET[, RC]), the model's outputs
     nifti       NIfTI in and out with nibabel, in RAS, the original grid kept
     case_io     one case's images and label map, loaded and checked (the one reader)

@@ -15,8 +15,9 @@ brats2024   as brats2023 (BraTS 2024 GLI post-treatment)                {0,1,2,3
 Whatever the layout, :class:`Case` lists image files so that the project's channel order
 FLAIR, T1, T1ce, T2 can be read from them (msd: one 4D file and the index of each channel
 along its 4th axis). A case without a label file is an unlabelled case (a test set): fine
-for prediction, an error for training. :func:`find_input_cases` resolves what
-``scripts/predict.py input=`` names with the same rules.
+for prediction, an error for training. :mod:`brats_seg.data.predict_inputs` resolves what
+``scripts/predict.py input=`` names with the same rules, asking this module about file names
+(:func:`folder_naming`, :func:`is_msd_root`, :func:`image_channels`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ __all__ = [
     "MSD_CHANNELS",
     "case_from_dir",
     "discover_cases",
-    "find_input_cases",
+    "folder_naming",
+    "image_channels",
+    "is_msd_root",
     "msd_channel_order",
 ]
 
@@ -58,7 +61,6 @@ _CHANNEL_NAMES = (
     ("t2", "t2w"),
 )
 MSD_CHANNELS = (0, 1, 2, 3)  # MSD Task01's order: FLAIR, T1w, t1gd, T2w
-_INPUT_HELP = "input=<case folder | MSD 4D .nii.gz | folder of 4D images | .txt list | dataset root>"
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,15 @@ def _discover_brats(root: Path, layout: str) -> list[Path]:
                 g for g in sorted(p for p in child.iterdir() if p.is_dir()) if _looks_like_case_dir(g, layout)
             )
     return found
+
+
+def folder_naming(folder: Path, layout: str) -> str | None:
+    """The BraTS layout whose file names ``<folder>/<folder name><sep>*`` the folder holds (``layout`` first)."""
+    for name in dict.fromkeys([layout, *_SUFFIXES]):
+        sep = _SUFFIXES[name][0] if name in _SUFFIXES else None
+        if sep and any(is_nifti(p) for p in folder.glob(f"{folder.name}{sep}*")):
+            return name
+    return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -216,6 +227,20 @@ def _load_dataset_json(root: Path) -> tuple[Path, dict]:
     if not isinstance(meta, dict) or not isinstance(meta.get("training", []), list):
         raise DatasetError(f"{dj}: expected an object with a 'training' list, as in the MSD release.")
     return dj, meta
+
+
+def is_msd_root(folder: Path) -> bool:
+    """True if ``folder`` holds a dataset.json, i.e. is the root of an MSD-layout dataset."""
+    return (folder / "dataset.json").is_file()
+
+
+def image_channels(image: Path) -> tuple[int, ...]:
+    """Channel order of a loose 4D image: from the dataset.json of its dataset (MSD imagesTs/), else MSD's."""
+    for folder in (image.parent, image.parent.parent):
+        dj = folder / "dataset.json"
+        if dj.is_file():
+            return msd_channel_order(dj, _load_dataset_json(folder)[1])
+    return MSD_CHANNELS
 
 
 def _discover_msd(root: Path, require_labels: bool, on_error: str):
@@ -307,98 +332,8 @@ def _no_cases_message(root: Path, layout: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Inputs of scripts/predict.py
+# Writing: where generators put a case's files
 # ---------------------------------------------------------------------------------------
-
-
-def _folder_naming(folder: Path, layout: str) -> str | None:
-    """The BraTS layout whose file names ``<folder>/<folder name><sep>*`` the folder holds (``layout`` first)."""
-    for name in dict.fromkeys([layout, *_SUFFIXES]):
-        sep = _SUFFIXES[name][0] if name in _SUFFIXES else None
-        if sep and any(is_nifti(p) for p in folder.glob(f"{folder.name}{sep}*")):
-            return name
-    return None
-
-
-def _image_channels(image: Path) -> tuple[int, ...]:
-    """Channel order of a loose 4D image: from the dataset.json of its dataset (MSD imagesTs/), else MSD's."""
-    for folder in (image.parent, image.parent.parent):
-        dj = folder / "dataset.json"
-        if dj.is_file():
-            return msd_channel_order(dj, _load_dataset_json(folder)[1])
-    return MSD_CHANNELS
-
-
-def _cases_at(path: Path, layout: str, allow_root: bool) -> list[Case]:
-    if path.is_file():
-        if is_nifti(path):
-            return [Case(nifti_stem(path), "msd", (path,), None, _image_channels(path))]  # a 4D image
-        raise DatasetError(f"input {path} is not a NIfTI image or a .txt list: pass {_INPUT_HELP}.")
-    if not path.is_dir():
-        raise DatasetError(f"input {path} does not exist: pass {_INPUT_HELP}.")
-    if allow_root and (path / "dataset.json").is_file():
-        return discover_cases(path, "msd", require_labels=False)[0]
-    naming = _folder_naming(path, layout)
-    if naming is not None:
-        return [case_from_dir(path, naming)]
-    images = sorted(p for p in path.iterdir() if is_nifti(p))
-    if images:  # e.g. MSD imagesTs/
-        return [Case(nifti_stem(p), "msd", (p,), None, _image_channels(p)) for p in images]
-    if allow_root:
-        return discover_cases(path, layout, require_labels=False)[0]
-    raise DatasetError(f"{path} is neither a case folder nor a 4D image: list {_INPUT_HELP.split('=')[1]} entries.")
-
-
-def _read_list(path: Path) -> list[Path]:
-    entries = []
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        entry = Path(line).expanduser()
-        if not entry.is_absolute():
-            beside = path.parent / entry
-            entry = beside if beside.exists() or not entry.exists() else entry
-        entries.append(entry)
-    if not entries:
-        raise DatasetError(f"input list {path} names no case: write one case folder or 4D image per line.")
-    return entries
-
-
-def find_input_cases(source: str | Path, layout: str) -> list[Case]:
-    """The cases named by ``scripts/predict.py input=``.
-
-    Accepted: a BraTS case folder (brats2021 or brats2023 file names); a 4D image
-    (``.nii``/``.nii.gz``; channel order from the dataset.json of its dataset if there is
-    one, else MSD's FLAIR, T1, T1ce, T2); a folder of such images (e.g. MSD ``imagesTs/``);
-    a dataset root (MSD with dataset.json, or case folders in ``layout``; labels not
-    needed); or a ``.txt`` file listing case folders or 4D images, one per line (relative
-    paths are taken from the list's folder; blank lines and ``#`` comments are ignored).
-
-    Args:
-        source: the ``input=`` value.
-        layout: the run's ``data.layout`` (tried first for case folders and roots).
-
-    Returns:
-        Cases (images only; any label file is ignored by prediction), in input order.
-
-    Raises:
-        DatasetError: nothing usable at ``source``, or duplicate case ids.
-        CaseError: a case folder lacks a modality file.
-    """
-    if not str(source).strip():
-        raise DatasetError(f"input is not set: pass {_INPUT_HELP}.")
-    path = Path(source).expanduser()
-    if path.is_file() and path.suffix == ".txt":
-        cases = [case for entry in _read_list(path) for case in _cases_at(entry, layout, allow_root=False)]
-    else:
-        cases = _cases_at(path, layout, allow_root=True)
-    ids = [c.case_id for c in cases]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        raise DatasetError(f"input {path}: case ids {dupes} occur more than once; their masks would overwrite each other.")
-    return cases
-
 
 
 def case_file_paths(root: str | Path, case_id: str, layout: str, with_label: bool = True) -> dict[str, Path]:

@@ -14,7 +14,8 @@ import pytest
 from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.errors import CaseError, DatasetError
 from brats_seg.data.labels import LABELS
-from brats_seg.data.layouts import discover_cases, find_input_cases
+from brats_seg.data.layouts import discover_cases
+from brats_seg.data.predict_inputs import find_input_cases
 from brats_seg.evaluation.metrics import HD95_EMPTY_MM
 from brats_seg.evaluation.scoring import score_masks
 from brats_seg.evaluation.table import metric_columns
