@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from brats_seg.choices import check_choice
 from brats_seg.config import BackendConfig
 
 __all__ = [
@@ -70,10 +71,8 @@ def physical_cores() -> int:
 
 def configure_environment(cfg: BackendConfig) -> None:
     """Set the environment switches that TensorFlow reads at import. Imports nothing heavy."""
-    if cfg.precision not in _POLICIES:
-        raise BackendError(f"backend.precision={cfg.precision!r}: use one of {', '.join(_POLICIES)}.")
-    if cfg.name not in ("auto", "gpu", "gpu_lms", "cpu_onednn"):
-        raise BackendError(f"backend={cfg.name!r}: use one of auto, gpu, gpu_lms, cpu_onednn.")
+    check_choice(cfg.precision, _POLICIES, "backend.precision", error=BackendError)
+    check_choice(cfg.name, ("auto", "gpu", "gpu_lms", "cpu_onednn"), "backend", error=BackendError)
     if "tensorflow" in sys.modules:
         log.warning("TensorFlow was imported before backend.configure: oneDNN/thread/log switches may not apply")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", str(cfg.log_level))

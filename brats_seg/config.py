@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from brats_seg.choices import check_choice
+
 __all__ = [
     "DataConfig",
     "ResolutionConfig",
@@ -280,10 +282,7 @@ def check_distribute_config(cfg: DistributeConfig) -> None:
             index, or ``distribute.devices`` with a strategy other than mirrored.
     """
     for key, choices in _DISTRIBUTE_CHOICES.items():
-        value = getattr(cfg, key)
-        if value not in choices:
-            label = "distribute" if key == "name" else f"distribute.{key}"
-            raise ValueError(f"{label}={value!r}: use one of {', '.join(choices)}.")
+        check_choice(getattr(cfg, key), choices, "distribute" if key == "name" else f"distribute.{key}")
     if not 1 <= cfg.port <= 65535:
         raise ValueError(f"distribute.port={cfg.port}: use a TCP port in 1..65535 (e.g. 12345).")
     if cfg.timeout_s < 0:

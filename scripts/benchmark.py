@@ -30,6 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from brats_seg.choices import check_choice  # noqa: E402
 from brats_seg.cli import to_config, user_errors  # noqa: E402
 from brats_seg.config import register_configs  # noqa: E402
 
@@ -177,8 +178,7 @@ def benchmark(conf, overrides: list[str]) -> dict:
     from brats_seg.backend import configure
     from brats_seg.data.labels import resolve_model_outputs
 
-    if conf.benchmark.input not in ("memory", "pipeline"):
-        raise ValueError(f"benchmark.input={conf.benchmark.input!r}: use memory or pipeline.")
+    check_choice(conf.benchmark.input, ("memory", "pipeline"), "benchmark.input")
     resolve_model_outputs(conf)
     backend = configure(conf.backend)  # before anything imports TensorFlow
     import numpy as np

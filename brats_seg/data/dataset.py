@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from brats_seg.choices import check_choice
 from brats_seg.config import DataConfig, ResolutionConfig
 from brats_seg.data.cache import CacheEntry, prepare_cases
 from brats_seg.data.errors import DataError
@@ -96,8 +97,8 @@ def prepare_dataset(
         DatasetError: the dataset as a whole is unusable (root, dataset.json, no cases).
         PreparationFailed: bad cases with ``data.on_error=raise`` (the good ones are cached).
     """
-    if data.on_error not in ("raise", "skip"):
-        raise ValueError(f"data.on_error should be 'raise' or 'skip', got {data.on_error!r}.")
+    check_choice(data.on_error, ("raise", "skip"), "data.on_error",
+                 hint="raise stops at the first bad case; skip prepares the rest and lists the bad ones.")
     t0 = time.perf_counter()
     if data.name in GENERATED:
         ensure_synthetic(data)

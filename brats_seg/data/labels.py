@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
+from brats_seg.choices import check_choice
+
 if TYPE_CHECKING:  # a type only: the config schemas import nothing of data/, nor does this import them
     from brats_seg.config import TrainConfig
 
@@ -288,8 +290,8 @@ def resolve_model_outputs(cfg: "TrainConfig") -> "TrainConfig":
     Raises:
         ValueError: a value that fits neither, naming the layout's regions.
     """
-    if cfg.model.regions not in ("nested", "independent"):
-        raise ValueError(f"model.regions={cfg.model.regions!r}: use nested (the default) or independent.")
+    check_choice(cfg.model.regions, ("nested", "independent"), "model.regions",
+                 hint="nested (the default) predicts TC and ET within WT; independent, free sigmoids.")
     cfg.model.out_channels = len(output_regions(cfg.data.layout, cfg.model.out_channels))
     parents = region_parents(cfg.data.layout, cfg.model.out_channels)
     cfg.model.region_parents = list(parents) if cfg.model.regions == "nested" else [-1] * len(parents)

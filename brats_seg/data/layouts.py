@@ -27,6 +27,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from brats_seg.choices import check_choice
 from brats_seg.data.errors import CaseError, DatasetError
 from brats_seg.data.nifti import find_nifti, is_nifti, nifti_stem
 
@@ -287,8 +288,7 @@ def discover_cases(root: str | Path, layout: str, require_labels: bool = True, o
         DatasetError: root missing, dataset.json missing or malformed, no case found.
         CaseError: a bad case, with ``on_error=raise``.
     """
-    if layout not in LAYOUTS:
-        raise DatasetError(f"Unknown layout {layout!r}: use one of {', '.join(LAYOUTS)} (data.layout).")
+    check_choice(layout, LAYOUTS, "data.layout", error=DatasetError)
     if not str(root).strip():
         raise DatasetError("data.root is not set: pass data.root=/path/to/your/dataset.")
     root = Path(root).expanduser()

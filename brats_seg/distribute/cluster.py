@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from brats_seg.choices import check_choice
 from brats_seg.config import DistributeConfig
 
 __all__ = [
@@ -76,8 +77,7 @@ class Cluster:
     source: str
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"Cluster source {self.source!r}: use one of {', '.join(SOURCES)}.")
+        check_choice(self.source, SOURCES, "cluster source")
         object.__setattr__(self, "workers", tuple(self.workers))
         check_worker_list(self.workers, self.index, *_LABELS[self.source])
 

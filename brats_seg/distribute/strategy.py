@@ -21,6 +21,7 @@ import os
 import re
 from typing import TYPE_CHECKING
 
+from brats_seg.choices import check_choice
 from brats_seg.config import DistributeConfig, check_distribute_config
 from brats_seg.distribute.cluster import Cluster, ClusterFailure, check_port_free, split_address, unreachable_workers
 from brats_seg.distribute.resolve import resolve_cluster
@@ -65,8 +66,7 @@ def make_strategy(cfg: DistributeConfig, device: str) -> tuple["tf.distribute.St
         ClusterFailure: not every worker joined within ``distribute.timeout_s``.
     """
     check_distribute_config(cfg)
-    if device not in ("CPU", "GPU"):
-        raise ValueError(f"device={device!r}: expected 'GPU' or 'CPU' (the resolved backend's device).")
+    check_choice(device, ("CPU", "GPU"), "device", hint="(the resolved backend's device)")
     if cfg.collective == "nccl" and device == "CPU":
         raise ValueError(
             "distribute.collective=nccl needs GPUs (NCCL is NVIDIA's GPU collective library), but this run is on "

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from brats_seg.choices import check_choice
 from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry, prepare_cases
 from brats_seg.data.errors import DataError, DatasetError
@@ -94,8 +95,8 @@ def check_run_dir(
     """
     if not str(run_dir).strip():
         raise RunError("run_dir is not set: pass run_dir=<the training run's folder> (e.g. outputs/<run>).")
-    if split is not None and split not in SPLITS:
-        raise RunError(f"split={split!r}: use one of {', '.join(SPLITS)} (the run's split.json lists val and test).")
+    if split is not None:
+        check_choice(split, SPLITS, "split", error=RunError, hint="The run's split.json lists val and test.")
     config = load_run_config(run_dir)
     checkpoint_path(run_dir, checkpoint)
     if eval_cfg is not None:
@@ -109,8 +110,7 @@ def split_case_ids(run_dir: str | Path, split: str) -> list[str]:
     Raises:
         RunError: a bad split name, or no split.json.
     """
-    if split not in SPLITS:
-        raise RunError(f"split={split!r}: use one of {', '.join(SPLITS)}.")
+    check_choice(split, SPLITS, "split", error=RunError)
     path = RunFolder(Path(run_dir).expanduser()).split_path
     if not path.is_file():
         raise RunError(f"{path} not found: the run does not say which cases it held out; train first: "

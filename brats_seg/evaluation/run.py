@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from brats_seg.choices import check_choice
 from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.labels import output_regions
 from brats_seg.evaluation.sliding import MODES, resolve_window
@@ -77,8 +78,7 @@ def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None)
     Raises:
         RunError: naming the bad key and value.
     """
-    if cfg.mode not in MODES:
-        raise RunError(f"evaluate.mode={cfg.mode!r}: use one of {', '.join(MODES)}.")
+    check_choice(cfg.mode, MODES, "evaluate.mode", error=RunError)
     if not 0 < cfg.threshold < 1:
         raise RunError(f"evaluate.threshold={cfg.threshold}: use a probability in (0, 1), e.g. 0.5.")
     if not 0 <= cfg.window_overlap < 1:

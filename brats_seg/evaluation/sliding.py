@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from brats_seg.choices import check_choice
+
 __all__ = [
     "MODES",
     "default_window",
@@ -174,8 +176,7 @@ def predict_volume(
     Raises:
         ValueError: bad mode, window, overlap, or an image that does not fit the model.
     """
-    if mode not in MODES:
-        raise ValueError(f"evaluate.mode={mode!r}: use one of {', '.join(MODES)}.")
+    check_choice(mode, MODES, "evaluate.mode")
     if not 0 <= overlap < 1:
         raise ValueError(f"evaluate.window_overlap={overlap}: use a fraction in [0, 1).")
     image = _check_image(model, image)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numbers
 from typing import Sequence
 
+from brats_seg.choices import check_choice
 from brats_seg.config import ModelConfig
 
 __all__ = [
@@ -75,12 +76,11 @@ def check_model_config(cfg: ModelConfig) -> None:
             "0 means one output per region of data.layout and is resolved by "
             "brats_seg.data.labels.resolve_model_outputs before a model is built."
         )
-    if cfg.norm not in NORMS:
-        raise ValueError(f"model.norm must be one of {', '.join(NORMS)}, got {cfg.norm!r}.")
+    check_choice(cfg.norm, NORMS, "model.norm", hint=f"({cfg.norm!r} is not a normalisation this U-Net builds; "
+                 "instance and group norm keep no running statistics, so a recomputed block stays exact.)")
     if cfg.norm == "group" and (not isinstance(cfg.groups, int) or cfg.groups < 1):
         raise ValueError(f"model.groups must be an integer >= 1 for norm=group, got {cfg.groups!r}.")
-    if cfg.upsample not in UPSAMPLES:
-        raise ValueError(f"model.upsample must be one of {', '.join(UPSAMPLES)}, got {cfg.upsample!r}.")
+    check_choice(cfg.upsample, UPSAMPLES, "model.upsample")
     if cfg.region_parents:
         check_region_parents(cfg.region_parents, cfg.out_channels)
 
@@ -131,11 +131,7 @@ def check_policy(policy: str) -> str:
         ValueError: an unknown policy, with the known ones.
     """
     policy = PRECISION_ALIASES.get(policy, policy)
-    if policy not in DTYPE_POLICIES:
-        raise ValueError(
-            f"dtype policy must be one of {', '.join(DTYPE_POLICIES)} (or fp32/fp16/bf16), got {policy!r}."
-        )
-    return policy
+    return check_choice(policy, DTYPE_POLICIES, "dtype policy", hint="(or fp32, fp16, bf16)")
 
 
 def check_depth(depth: int) -> None:

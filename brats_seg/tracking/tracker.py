@@ -33,6 +33,7 @@ from typing import Callable
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 
+from brats_seg.choices import check_choice
 from brats_seg.config import TrackingConfig
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
@@ -99,9 +100,7 @@ class Tracker:
         Raises:
             ValueError: ``cfg.name`` is neither ``mlflow`` nor ``none``.
         """
-        if cfg.name not in ("mlflow", "none"):
-            raise ValueError(f"tracking.name must be 'mlflow' or 'none', got {cfg.name!r}; "
-                             "use tracking=mlflow or tracking=none.")
+        check_choice(cfg.name, ("mlflow", "none"), "tracking", hint="(tracking=mlflow or tracking=none)")
         tracker = cls(run_dir, run_name)
         if cfg.name == "none":
             log.info("tracking=none: nothing is sent to MLflow; the run folder %s keeps the run", tracker.run_dir)

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from brats_seg.backend import ResolvedBackend
+from brats_seg.choices import check_choice
 from brats_seg.config import TrainConfig
 
 __all__ = ["MemoryDecision", "build_models", "choose_lms", "compile_models", "make_optimizer", "preflight_plan",
@@ -34,13 +35,11 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
     import keras
 
     t = cfg.trainer
-    scaling = getattr(cfg.distribute, "lr_scaling", "none")
-    if scaling not in ("none", "linear"):
-        raise ValueError(f"distribute.lr_scaling={scaling!r}: use none or linear.")
+    scaling = check_choice(getattr(cfg.distribute, "lr_scaling", "none"), ("none", "linear"), "distribute.lr_scaling")
     base_lr = t.learning_rate * (replicas if scaling == "linear" else 1)
-    if t.lr_schedule == "constant":
+    if check_choice(t.lr_schedule, ("cosine", "constant"), "trainer.lr_schedule") == "constant":
         lr = base_lr
-    elif t.lr_schedule == "cosine":
+    else:
         warmup = min(t.warmup_epochs, max(t.epochs - 1, 0)) * steps_per_epoch
         total = max(t.epochs * steps_per_epoch - warmup, 1)
         lr = keras.optimizers.schedules.CosineDecay(
@@ -50,8 +49,6 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
             warmup_target=base_lr if warmup else None,
             warmup_steps=warmup,
         )
-    else:
-        raise ValueError(f"trainer.lr_schedule={t.lr_schedule!r}: use cosine or constant.")
     return keras.optimizers.Adam(learning_rate=lr)
 
 

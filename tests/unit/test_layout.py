@@ -84,12 +84,20 @@ def test_no_import_circles_between_modules():
     assert not circles, f"modules importing each other in a circle: {circles}"
 
 
+#: Modules at the very bottom: standard library only, importable by anyone (config.py included).
+LEAVES = ("brats_seg.choices",)
+
+
 def test_config_and_data_import_nothing_above_them():
-    """config.py is schemas only (no brats_seg import); data/ takes only config, files and itself."""
-    below_data = ("brats_seg.data", "brats_seg.config", "brats_seg.files")
+    """config.py is schemas only (no brats_seg import but the leaves); data/ (phantoms included)
+    takes only config, files, the leaves and itself; a leaf imports nothing of the package."""
+    below_data = ("brats_seg.data", "brats_seg.config", "brats_seg.files", *LEAVES)
     offenders = [f"brats_seg/config.py imports {n}" for n in _imports(PACKAGE / "config.py")
-                 if n.startswith("brats_seg")]
-    for path in sorted((PACKAGE / "data").glob("*.py")):
+                 if n.startswith("brats_seg") and not n.startswith(LEAVES)]
+    for leaf in LEAVES:
+        path = PACKAGE / f"{leaf.split('.', 1)[1]}.py"
+        offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path) if n.startswith("brats_seg")]
+    for path in sorted((PACKAGE / "data").rglob("*.py")):
         offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path)
                       if n.startswith("brats_seg") and not n.startswith(below_data)]
     assert not offenders, "\n".join(offenders)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from brats_seg.choices import check_choice
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import CHANNELS, case_file_paths
 from brats_seg.data.phantoms.anatomy import (
@@ -116,8 +117,7 @@ def tissue_to_labels(tissue: np.ndarray, layout: str) -> np.ndarray:
     Returns:
         uint8 ``(x, y, z)`` label map.
     """
-    if layout not in LABELS:
-        raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.")
+    check_choice(layout, sorted(LABELS), "layout")
     conv = LABELS[layout]
     lut = np.array([0, conv.edema, conv.core, conv.enhancing, conv.cavity or 0], dtype=np.uint8)
     if conv.cavity is None and (tissue == 4).any():
@@ -289,8 +289,7 @@ def case_files(out_dir: str | os.PathLike, layout: str, i: int, with_labels: boo
     """Paths of case ``i``'s files (:func:`brats_seg.data.layouts.case_file_paths`): keys
     ``flair``, ``t1``, ``t1ce``, ``t2``, ``seg`` for the BraTS layouts, ``image`` (4D) and
     ``seg`` for msd; ``seg`` only if ``with_labels``."""
-    if layout not in LABELS:
-        raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.")
+    check_choice(layout, sorted(LABELS), "layout")
     return case_file_paths(out_dir, _case_id(layout, i), layout, with_labels)
 
 
@@ -319,8 +318,7 @@ def write_synthetic_dataset(
     Returns:
         The case ids, in order (``BraTS2021_00000``, ``BraTS-GLI-00000-000`` or ``BRATS_001``).
     """
-    if layout not in LABELS:
-        raise ValueError(f"Unknown layout {layout!r}; expected one of {sorted(LABELS)}.")
+    check_choice(layout, sorted(LABELS), "layout")
     check_generator_args(n_cases, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

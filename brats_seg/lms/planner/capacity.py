@@ -15,6 +15,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from brats_seg.choices import check_choice
 from brats_seg.lms.planner.memory_model import MemoryModel
 from brats_seg.lms.planner.search import fits_with, largest_batch, largest_fitting, plan_lms
 from brats_seg.lms.planner.workload import LMSOptions, Workload
@@ -96,8 +97,7 @@ def find_capacity(find: str, workload: Workload, mm: MemoryModel, options: LMSOp
     Raises:
         ValueError: an unknown ``find``, or no budget.
     """
-    if find not in FINDS:
-        raise ValueError(f"plan.find={find!r}: use one of {', '.join(FINDS)} (or leave it empty for a plan).")
+    check_choice(find, FINDS, "plan.find", hint="Leave it empty for a plan.")
     if options.limit_bytes is None:
         raise ValueError("plan.find needs a budget: set lms.limit (bytes, e.g. 8GB, or a share of memory, e.g. 0.9).")
     strategies = ("off", "recompute", "offload", "auto") if options.allow_offload else ("off", "recompute", "auto")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from brats_seg.choices import check_choice
 from brats_seg.config import LMSConfig, ModelConfig, TrainConfig
 from brats_seg.model.checks import check_batch_size, check_input_shape, check_model_config, check_policy
 from brats_seg.model.topology import UNetTopology, unet_topology
@@ -73,8 +74,7 @@ class Workload:
         check_model_config(self.model_cfg)
         object.__setattr__(self, "input_shape", check_input_shape(self.input_shape, self.model_cfg.depth))
         check_batch_size(self.batch_size)
-        if self.optimizer not in OPTIMIZER_SLOTS:
-            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_SLOTS)}, got {self.optimizer!r}.")
+        check_choice(self.optimizer, OPTIMIZER_SLOTS, "optimizer")
         if not isinstance(self.input_batches, int) or self.input_batches < 0:
             raise ValueError(f"input_batches must be an integer >= 0, got {self.input_batches!r}.")
 
@@ -131,8 +131,7 @@ class LMSOptions:
     allow_offload: bool = True
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"lms strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}.")
+        check_choice(self.strategy, STRATEGIES, "lms strategy")
         if self.strategy == "offload" and not self.allow_offload:
             raise ValueError(
                 "lms=offload needs a GPU (on CPU, host memory is the device); use lms=recompute or lms=auto."
