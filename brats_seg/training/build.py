@@ -102,15 +102,18 @@ def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend) -> MemoryDecision
 
     strategy, reason = choose_lms(cfg, backend)
     try:
-        plan = plan_run(cfg, backend.device, strategy)
+        try:
+            plan = plan_run(cfg, backend.device, strategy)
+        except PlanDoesNotFitError as e:
+            if not (backend.reason and backend.device == "GPU" and strategy == "off"):
+                raise
+            # backend=auto chose this GPU: add LMS rather than fail
+            strategy, reason = "auto", (f"backend=auto ({backend.reason}): the plan without LMS does not fit "
+                                        f"({e.smallest_peak_bytes / 1e9:.2f} GB predicted); using gpu_lms with lms=auto")
+            backend = dataclasses.replace(backend, name="gpu_lms", reason=reason)
+            plan = plan_run(cfg, backend.device, strategy)
     except PlanDoesNotFitError as e:
-        if not (backend.reason and backend.device == "GPU" and strategy == "off"):
-            raise ValueError(str(e)) from e
-        # backend=auto chose this GPU: add LMS rather than fail
-        strategy, reason = "auto", (f"backend=auto ({backend.reason}): the plan without LMS does not fit "
-                                    f"({e.smallest_peak_bytes / 1e9:.2f} GB predicted); using gpu_lms with lms=auto")
-        backend = dataclasses.replace(backend, name="gpu_lms", reason=reason)
-        plan = plan_run(cfg, backend.device, strategy)
+        raise ValueError(str(e)) from e
     if backend.reason and backend.reason not in reason:
         reason = f"backend=auto chose {backend.name} ({backend.reason}); {reason}"
     log.info("backend %s, lms=%s (%s). Memory plan: predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB "

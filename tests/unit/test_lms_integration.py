@@ -107,6 +107,40 @@ def test_offload_on_cpu_is_refused_with_the_reason(backend):
         preflight_plan(_cfg("offload"), backend)
 
 
+def test_the_backend_and_lms_are_decided_in_one_place_with_the_reason(backend, caplog):
+    """preflight_plan decides both: as configured on CPU; gpu_lms with lms=off plans (auto); a GPU
+    that backend=auto chose, on which the plan without LMS does not fit, becomes gpu_lms with auto."""
+    import dataclasses
+    import logging
+
+    from brats_seg.training.build import preflight_plan
+
+    with caplog.at_level(logging.INFO, logger="brats_seg.training.build"):
+        cpu = preflight_plan(_cfg("off"), backend)
+    assert (cpu.backend.name, cpu.lms, cpu.plan.strategy) == ("cpu_onednn", "off", "off")
+    assert "lms=off as configured" in cpu.reason and cpu.reason in caplog.text
+
+    gpu = dataclasses.replace(backend, name="gpu_lms", device="GPU")
+    cfg = _cfg("off")
+    cfg.backend.gpu_memory_limit_mb = 8000  # a GPU's size without asking one
+    lms = preflight_plan(cfg, gpu)
+    assert (lms.backend.name, lms.lms, lms.plan.strategy) == ("gpu_lms", "auto", "auto")
+    assert "backend=gpu_lms with lms=off" in lms.reason
+
+    full = _cfg("off")
+    full.resolution = ResolutionConfig(name="full", spacing_mm=1.0, shape=[192, 224, 160])
+    full.model = ModelConfig(depth=4, base_filters=16)
+    full.trainer.batch_size = 1
+    full.lms.limit = "7.5GB"  # off needs over 8 GB at full resolution; recomputing blocks fits
+    full.backend.gpu_memory_limit_mb = 16000
+    auto = dataclasses.replace(backend, name="gpu", device="GPU", reason="1 GPU(s) visible")
+    chosen = preflight_plan(full, auto)
+    assert (chosen.backend.name, chosen.lms) == ("gpu_lms", "auto")
+    assert "the plan without LMS does not fit" in chosen.reason and chosen.plan.predicted_peak_bytes < 7.5e9
+    with pytest.raises(ValueError, match="strategy off predicts.*lms=auto"):  # backend=gpu asked: no silent change
+        preflight_plan(full, dataclasses.replace(auto, reason=""))
+
+
 def test_gpu_lms_without_gpu_points_to_cpu_onednn():
     from brats_seg.backend import BackendError, configure
 
