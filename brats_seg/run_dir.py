@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brats_seg.choices import check_choice
 from brats_seg.config import TrainConfig, config_from_dict, config_to_dict
 from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.data.errors import DataError
@@ -123,7 +122,8 @@ class RunFolder:
 
     def checkpoint_file(self, name: str) -> Path:
         """Where checkpoint ``name`` (``best`` | ``last``) is written (it need not exist)."""
-        check_choice(name, CHECKPOINTS, "checkpoint", hint="(the checkpoints a run keeps)")
+        if name not in CHECKPOINTS:  # a name in code, not a value a user types (they pass checkpoint=best|last|path)
+            raise ValueError(f"checkpoint {name!r}: the run keeps {', '.join(CHECKPOINTS)}.")
         return self.checkpoints_dir / f"{name}.keras"
 
     def eval_dir(self, split: str) -> Path:
