@@ -40,11 +40,12 @@ def user_errors():
     """
     from brats_seg.backend import BackendError
     from brats_seg.distribute.cluster import ClusterError
+    from brats_seg.files import LockedError
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
 
     try:
         yield
-    except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError, ClusterError) as e:
+    except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError, ClusterError, LockedError) as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None
     except Exception as e:  # the two training outcomes that are not bugs (no TensorFlow import here)

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "file_lock", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["LockedError", "atomic_path", "file_lock", "hold_lock", "write_bytes_atomic", "write_text_atomic"]
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -80,3 +80,91 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+class LockedError(RuntimeError):
+    """Another live process holds the lock; the message names it and what to do."""
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), or None if there is no such process."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+def _holder_is_alive(holder: dict) -> bool:
+    """The recorded holder still runs: same PID, started at the recorded time (not a reused PID)."""
+    start = _process_start(int(holder.get("pid", -1)))
+    return start is not None and abs(start - float(holder.get("pid_start", start))) < 1.0
+
+
+@contextlib.contextmanager
+def hold_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
+    """Hold ``<folder>/.lock`` for the ``with`` block, or refuse if another live process holds it.
+
+    The lock file records the holder (PID, its start time, host, command, since when). A lock
+    left by a process that died (SIGKILL, a power cut) on this host is taken over with a
+    warning; one held on another host cannot be checked from here and is refused, saying
+    which file to delete if that job is gone.
+
+    Args:
+        folder: the folder to lock (created if missing).
+        what: what the folder is, for the message (``run folder``, ``cache entry``).
+
+    Raises:
+        LockedError: a live process (or one on another host) holds the lock.
+    """
+    import json
+    import logging
+    import socket
+    import sys
+    import time
+
+    log = logging.getLogger(__name__)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / ".lock"
+    host = socket.gethostname()
+    me = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "host": host,
+          "command": " ".join(sys.argv)[:300], "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(lock.read_text() or "{}")
+            except (OSError, ValueError):
+                holder = {}
+            if holder.get("pid") == os.getpid() and holder.get("host") == host:
+                raise LockedError(f"{what} {folder} is already locked by this process ({lock}).") from None
+            if holder.get("host") == host and not _holder_is_alive(holder):
+                log.warning("%s %s: taking over the lock of PID %s (started %s, no longer running): %s",
+                            what, folder, holder.get("pid", "?"), holder.get("since", "?"), lock)
+                lock.unlink(missing_ok=True)
+                continue
+            where = "this host" if holder.get("host") == host else f"host {holder.get('host', '?')}"
+            fix = ("wait for it to finish or stop it" if holder.get("host") == host else
+                   f"wait for it to finish or stop it; if that job is gone, delete {lock}")
+            raise LockedError(
+                f"{what} {folder} is in use by PID {holder.get('pid', '?')} on {where} since "
+                f"{holder.get('since', '?')} ({holder.get('command', '?')}): {fix}, or use another folder."
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me))
+            f.flush()
+            os.fsync(f.fileno())
+        break
+    else:
+        raise LockedError(f"{what} {folder}: could not take {lock} (another process keeps taking it).")
+    try:
+        yield lock
+    finally:
+        try:
+            if json.loads(lock.read_text()).get("pid") == os.getpid():
+                lock.unlink()
+        except (OSError, ValueError):
+            pass

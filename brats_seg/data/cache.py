@@ -33,6 +33,7 @@ from brats_seg.data.errors import CaseError
 from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import Case
 from brats_seg.data.preprocess import estimate_preparation_bytes, preprocess_case
+from brats_seg.files import hold_lock
 
 __all__ = [
     "IMAGE_FILE",
@@ -202,6 +203,42 @@ def _clean_stale(cache_root: Path, max_age_s: float = 3600.0) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def _stale(cases: list[Case], cache_root: Path, fingerprints: dict[str, str]) -> list[Case]:
+    """The cases whose entry is missing or was made from other inputs or settings."""
+    return [c for c in cases
+            if (meta := load_entry_meta(cache_root / c.case_id)) is None or meta.get("fingerprint") != fingerprints[c.case_id]]
+
+
+def _build(todo: list[Case], cache_root: Path, spacing_mm: float, shape, allow_crop: bool,
+           fingerprints: dict[str, str], num_workers: int, progress: bool) -> list[CaseError]:
+    """Build ``todo``'s entries (in ``num_workers`` spawned processes); the errors of the cases that failed."""
+    from tqdm.auto import tqdm
+
+    errors: list[CaseError] = []
+    if not todo:
+        return errors
+    num_workers = _workers_that_fit(todo[0], spacing_mm, shape, num_workers)
+    log.info("preprocessing %d cases into %s (%d worker(s))", len(todo), cache_root, num_workers)
+    bar = tqdm(total=len(todo), desc="preparing cases", unit="case", disable=not progress)
+    args = [(c, cache_root, spacing_mm, shape, allow_crop, fingerprints[c.case_id]) for c in todo]
+    if num_workers <= 1 or len(todo) == 1:
+        for _, err in (_build_or_error(*a) for a in args):
+            if err is not None:
+                errors.append(err)
+            bar.update()
+    else:
+        # spawn: safe even if the parent has already imported TensorFlow.
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(num_workers, len(todo)), mp_context=ctx) as pool:
+            for fut in as_completed([pool.submit(_build_or_error, *a) for a in args]):
+                _, err = fut.result()
+                if err is not None:
+                    errors.append(err)
+                bar.update()
+    bar.close()
+    return errors
+
+
 def prepare_cases(
     cases: list[Case],
     cache_root: str | Path,
@@ -223,42 +260,20 @@ def prepare_cases(
     Returns:
         ``(entries, errors, n_built)``: valid entries (sorted by case id), the
         :class:`CaseError` of each failed case, and how many entries were (re)built.
-    """
-    from tqdm.auto import tqdm
 
+    Raises:
+        LockedError: another live process is building entries in ``cache_root``.
+    """
     cache_root = Path(cache_root)
     cache_root.mkdir(parents=True, exist_ok=True)
     _clean_stale(cache_root)
-    todo, fingerprints = [], {}
-    for case in cases:
-        fp = compute_fingerprint(case, spacing_mm, shape, allow_crop)
-        fingerprints[case.case_id] = fp
-        meta = load_entry_meta(cache_root / case.case_id)
-        if meta is None or meta.get("fingerprint") != fp:
-            todo.append(case)
+    fingerprints = {c.case_id: compute_fingerprint(c, spacing_mm, shape, allow_crop) for c in cases}
     errors: list[CaseError] = []
+    todo = _stale(cases, cache_root, fingerprints)
     if todo:
-        num_workers = _workers_that_fit(todo[0], spacing_mm, shape, num_workers)
-        log.info("preprocessing %d of %d cases into %s (%d worker(s))", len(todo), len(cases), cache_root, num_workers)
-        bar = tqdm(total=len(todo), desc="preparing cases", unit="case", disable=not progress)
-        args = [(c, cache_root, spacing_mm, shape, allow_crop, fingerprints[c.case_id]) for c in todo]
-        if num_workers <= 1 or len(todo) == 1:
-            results = (_build_or_error(*a) for a in args)
-            for case_id, err in results:
-                if err is not None:
-                    errors.append(err)
-                bar.update()
-        else:
-            # spawn: safe even if the parent has already imported TensorFlow.
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=min(num_workers, len(todo)), mp_context=ctx) as pool:
-                futures = [pool.submit(_build_or_error, *a) for a in args]
-                for fut in as_completed(futures):
-                    case_id, err = fut.result()
-                    if err is not None:
-                        errors.append(err)
-                    bar.update()
-        bar.close()
+        with hold_lock(cache_root, "cache entry"):  # a second process building it is refused, naming this one
+            todo = _stale(cases, cache_root, fingerprints)  # what another process built meanwhile is done
+            errors = _build(todo, cache_root, spacing_mm, shape, allow_crop, fingerprints, num_workers, progress)
     failed = {e.case_id for e in errors}
     entries = [
         CacheEntry(c.case_id, cache_root / c.case_id, c.label is not None) for c in cases if c.case_id not in failed

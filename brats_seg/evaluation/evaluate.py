@@ -58,6 +58,7 @@ from brats_seg.evaluation.run import (
 )
 from brats_seg.evaluation.scoring import load_reference, score_case
 from brats_seg.evaluation.table import MetricsTable
+from brats_seg.files import hold_lock
 from brats_seg.run_dir import RunFolder
 
 __all__ = [
@@ -235,9 +236,8 @@ def evaluate_run(
     Raises:
         RunError: run folder, checkpoint or split name unusable.
         DataError: the split's cases cannot be found or prepared, or a label file is bad.
+        LockedError: another process is evaluating this split of this run.
     """
-    from tqdm.auto import tqdm
-
     eval_cfg = eval_cfg or EvaluateConfig()
     if model is None:
         config = check_run_dir(run_dir, checkpoint, split, eval_cfg)
@@ -248,6 +248,17 @@ def evaluate_run(
     case_ids = split_case_ids(run_dir, split)
     if not case_ids:
         raise RunError(f"the {split} split of {run_dir / 'split.json'} is empty: nothing to evaluate; try split=all.")
+    with hold_lock(eval_dir(run_dir, split), f"evaluation of the {split} split in"):  # one evaluation writes it
+        summary = _evaluate_cases(run_dir, split, checkpoint, eval_cfg, progress, model, config, case_ids)
+    _log_to_mlflow(run_dir, config, split, summary, eval_dir(run_dir, split))  # the lock file gone first
+    return summary
+
+
+def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: EvaluateConfig, progress: bool, model,
+                    config: TrainConfig, case_ids: list[str]) -> dict:
+    """:func:`evaluate_run` once its inputs are checked and its output folder locked."""
+    from tqdm.auto import tqdm
+
     entries = _prepare_entries(config, case_ids, progress)
     estimate = None
     if model is None:  # predicted to fit lms.limit, or refused before the model is loaded
@@ -273,5 +284,4 @@ def evaluate_run(
     table.save_summary_json(out / "summary.json")
     summary = table.summary()
     log.info("evaluated %d %s cases of %s: mean Dice WT %.3f", len(table), split, run_dir, summary["dice_wt"]["mean"])
-    _log_to_mlflow(run_dir, config, split, summary, out)
     return summary
