@@ -226,8 +226,13 @@ class ScoreScriptConfig:
 
 
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (entry-point glue only)."""
+    """Register the schemas with Hydra's ConfigStore, and the ``or_else`` resolver that lets
+    ``train.yaml`` put Hydra's run folder at ``run_dir`` when one is given (entry-point glue only)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("or_else"):
+        OmegaConf.register_new_resolver("or_else", lambda value, default: value or default)
 
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)

@@ -16,7 +16,7 @@ from pathlib import Path
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.run_dir import RunFolder
 
-__all__ = ["check_resumable", "load_resume", "prepare_run_dir", "restore", "resume_position", "save_plan"]
+__all__ = ["check_resumable", "has_progress", "load_resume", "prepare_run_dir", "restore", "resume_position", "save_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -30,40 +30,61 @@ def _mutable(key: str) -> bool:
     return any(key == m or (m.endswith(".") and key.startswith(m)) for m in _RESUME_MUTABLE)
 
 
-def check_resumable(run_dir: Path, cfg: TrainConfig) -> None:
+def has_progress(run_dir: Path) -> bool:
+    """Whether the run folder holds a completed step (a checkpoint or a recorded position)."""
+    folder = RunFolder(run_dir)
+    state = folder.read_state()
+    return bool(state and (state.get("epoch") or state.get("step"))) or folder.checkpoint_file("last").is_file()
+
+
+def check_resumable(run_dir: Path, cfg: TrainConfig) -> bool:
     """Refuse to continue a run folder written with a different (non-length) config.
 
     The stored config is read as evaluation reads it (:meth:`RunFolder.read_config`: an older
     run's config upgraded to this version's keys), so a run from an earlier version resumes.
+    A folder without a completed step has nothing a changed config could corrupt: its config
+    is replaced (said in the log), so the corrected command runs where the failed one did.
+
+    Returns:
+        True when a stored config differed and is to be replaced.
     """
     folder = RunFolder(run_dir)
     if not folder.has_config():
-        return
+        return False
     old = flatten_config(folder.read_config())
     new = flatten_config(cfg)
     diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
             if not _mutable(k) and old.get(k) != new.get(k)}
-    if diff:
-        lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:6])
-        raise ValueError(
-            f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
-            "command resumes it; for a new experiment pass a new run_dir=."
-        )
+    if not diff:
+        return False
+    lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:6])
+    if not has_progress(run_dir):
+        log.warning("run_dir %s had no completed step: its config is replaced (%s)", run_dir, lines)
+        return True
+    raise ValueError(
+        f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
+        "command resumes it; for a new experiment pass a new run_dir=."
+    )
 
 
 def prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
+    """Create or reopen the run folder and write ``config.json`` and ``split.json``.
+
+    Raises:
+        ValueError: the folder has progress and a different config, or its test split changed.
+    """
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_resumable(run_dir, cfg)
     folder = RunFolder(run_dir)
     folder.write_config(cfg)
-    if folder.has_split():
+    if folder.has_split() and has_progress(run_dir):
         if folder.read_split().get("test") != split["test"]:
             raise ValueError(
                 f"{folder.split_path}: the dataset's test split changed since this run started "
                 f"({split_path}). Resuming would train on former test cases; start a new run_dir=."
             )
-    else:  # the dataset's split file as it is (its seed and fractions with the ids)
+    else:  # the dataset's split file as it is (its seed and fractions with the ids); nothing trained on it yet
         folder.write_split(json.loads(Path(split_path).read_text()))
     return run_dir
 

@@ -4,14 +4,16 @@
 the models is :mod:`brats_seg.training.build`'s, the run folder's start and resume
 :mod:`brats_seg.training.checkpoint`'s. Order matters:
 
-1. the data layer prepares and validates every case first, so corrupt or inconsistent
-   data fails with its message before any model is built;
-2. the run folder gets ``config.json`` and ``split.json`` (evaluation reads these);
-   an existing run folder with a different config is refused rather than mixed;
-3. the ``distribute=`` strategy is made (:mod:`brats_seg.distribute.strategy`), the backend
-   and LMS strategy are decided and planned for the per-replica batch
-   (:func:`~brats_seg.training.build.preflight_plan`, logged with the reason and tagged),
-   and the model is built under the seed in the
+1. every config value is checked (:mod:`brats_seg.training.checks`), the ``distribute=``
+   strategy is made (:mod:`brats_seg.distribute.strategy`), and the backend and LMS
+   strategy are decided and planned for the per-replica batch
+   (:func:`~brats_seg.training.build.preflight_plan`, logged with the reason and tagged):
+   a bad value or a run that would not fit fails before anything is prepared or written;
+2. the data layer prepares and validates every case, so corrupt or inconsistent data
+   fails with its message before the run folder is written;
+3. the run folder gets ``config.json`` and ``split.json`` (evaluation reads these); a
+   folder with progress and a different config is refused rather than mixed, one without
+   a completed step takes the new config; the model is built under the seed in the
    strategy's scope, compiled, and, if ``checkpoints/last.keras`` and ``state.json``
    exist, restored with its optimizer state and continued from the last completed epoch,
    or from the saved step of a run stopped by a signal (data order and augmentation are
@@ -27,6 +29,7 @@ This module imports TensorFlow: entry points import it after :func:`brats_seg.ba
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -41,12 +44,14 @@ from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions, resolve_model_outputs
 from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
 from brats_seg.distribute.strategy import make_strategy
+from brats_seg.files import hold_lock
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name
 from brats_seg.training.build import MemoryDecision, compile_models, preflight_plan, training_metrics
 from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
 from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_plan
+from brats_seg.training.checks import check_train_config
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
 from brats_seg.training.epochs import LoopOutcome, run_epochs
 from brats_seg.training.preemption import Preempted, PreemptionFlag
@@ -77,15 +82,11 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
 
 
 def _prepared_data(cfg: TrainConfig):
-    """The run's dataset, prepared and split (paths and model outputs resolved first).
+    """The run's dataset, prepared and split.
 
     Raises:
-        ValueError: no ``run_dir``, or a split without training or validation cases.
+        ValueError: a split without training or validation cases.
     """
-    if not cfg.run_dir:
-        raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
-    resolve_paths(cfg)
-    resolve_model_outputs(cfg)  # one sigmoid output per region of the layout (or WT only)
     ds = prepare_dataset(cfg.data, cfg.resolution)
     if not ds.split["train"] or not ds.split["val"]:
         raise ValueError(
@@ -160,16 +161,29 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
         :class:`TrainResult` with the best validation mean Dice.
 
     Raises:
+        ValueError: a bad config value or a run predicted not to fit, before anything is written.
+        LockedError: another process trains in ``run_dir`` (its PID, host and command named).
         Preempted: SIGTERM/SIGINT stopped the run after saving; the same command resumes.
         ClusterFailure: a worker of a ``multi_worker`` cluster was lost, naming it.
     """
-    ds = _prepared_data(cfg)  # fails here, with the data layer's message, before anything is built
+    resolve_model_outputs(cfg)  # one sigmoid output per region of the layout (or WT only)
+    check_train_config(cfg)  # every value, in a second: nothing is prepared or written before
+    resolve_paths(cfg)
     strategy, cluster = make_strategy(cfg.distribute, backend.device)  # before any TensorFlow op runs
     is_chief = cluster is None or cluster.is_chief
-    replica_cfg = _per_replica(cfg, strategy.num_replicas_in_sync)
-    run_dir = prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
-    decision = preflight_plan(replica_cfg, backend)  # the backend and LMS the run trains under, and its plan
+    with hold_lock(cfg.run_dir, "run folder") if is_chief else contextlib.nullcontext():  # one training per folder
+        return _train_in_folder(cfg, backend, strategy, cluster, extra_callbacks, tags, name_suffix)
+
+
+def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, cluster, extra_callbacks,
+                     tags: dict[str, str] | None, name_suffix: str) -> TrainResult:
+    """:func:`train` from the plan on, with the run folder locked: plan -> data -> run folder ->
+    model -> resume -> tracking -> epochs."""
+    is_chief = cluster is None or cluster.is_chief
+    decision = preflight_plan(_per_replica(cfg, strategy.num_replicas_in_sync), backend)  # it fits, or says what would
     backend, plan = decision.backend, decision.plan
+    ds = _prepared_data(cfg)  # fails here, with the data layer's message, before the run folder is written
+    run_dir = prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
     plan_files = save_plan(plan, run_dir) if is_chief else []
 
     t = cfg.trainer

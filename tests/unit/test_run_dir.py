@@ -90,6 +90,7 @@ def test_training_reads_an_old_config_as_evaluation_does(tmp_path):
     stored = config_to_dict(resolve_model_outputs(TrainConfig()))
     del stored["model"]["regions"], stored["model"]["region_parents"]
     RunFolder.of(tmp_path).config_path.write_text(json.dumps(stored))
+    RunFolder.of(tmp_path).write_state({"epoch": 1, "step": 0})  # a run with progress
     same = resolve_model_outputs(TrainConfig(model=ModelConfig(regions="independent")))
     check_resumable(tmp_path, same)  # the run as it trained: resumes
     with pytest.raises(ValueError, match=r"model.regions: 'independent' -> 'nested'"):

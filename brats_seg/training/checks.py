@@ -1,0 +1,82 @@
+"""Every value of a training config checked before anything is prepared or written.
+
+:func:`check_train_config` runs first in :func:`brats_seg.training.loop.train`, in a
+fraction of a second: a typo (``trainer.lr_schedule=cosin``), a bad size
+(``trainer.batch_size=-1``), a shape the U-Net cannot take (``resolution.shape=[50,50,50]``)
+or an unreadable ``lms.limit=16gigs`` fails here, naming the key and what to use, before data
+preparation and before the run folder gets its ``config.json``, so the corrected command
+runs in the same ``run_dir``. The memory plan is the next check
+(:func:`brats_seg.training.build.preflight_plan`), also before anything is written.
+
+Pure Python (no TensorFlow import).
+"""
+
+from __future__ import annotations
+
+from brats_seg.choices import check_choice
+from brats_seg.config import TrainConfig, check_distribute_config
+from brats_seg.model.checks import check_input_shape, check_model_config
+
+__all__ = ["check_train_config"]
+
+LR_SCHEDULES = ("cosine", "constant")
+PRECISIONS = ("fp32", "bf16", "fp16")
+LMS_STRATEGIES = ("off", "auto", "recompute", "offload")
+
+
+def _positive_int(value, key: str, minimum: int = 1, what: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key}={value!r}: use an integer >= {minimum}{f' ({what})' if what else ''}.")
+
+
+def _fraction(value, key: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{key}={value!r}: use a share of the cases in [0, 1).")
+
+
+def check_train_config(cfg: TrainConfig) -> None:
+    """Check the values a training run uses; the first bad one raises, named as the user types it.
+
+    Raises:
+        ValueError: an unknown choice (with the allowed values), a size that is not positive,
+            a shape not divisible by ``2**model.depth`` (with the nearest that are), an
+            unreadable ``lms.limit``, ``data.root`` unset for a dataset that is not generated.
+    """
+    from brats_seg.data.dataset import GENERATED
+    from brats_seg.lms.planner.units import parse_limit
+
+    if not cfg.run_dir:
+        raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
+    d, t = cfg.data, cfg.trainer
+    if not str(d.root).strip() and d.name not in GENERATED:
+        raise ValueError(f"data.root is not set: pass data.root=/path/to/your/dataset (data={d.name}).")
+    check_choice(d.on_error, ("raise", "skip"), "data.on_error")
+    _positive_int(d.num_workers, "data.num_workers")
+    _positive_int(d.prefetch_batches, "data.prefetch_batches", minimum=0)
+    _fraction(d.val_fraction, "data.val_fraction")
+    _fraction(d.test_fraction, "data.test_fraction")
+    if d.val_fraction + d.test_fraction >= 1.0:
+        raise ValueError(f"data.val_fraction={d.val_fraction} + data.test_fraction={d.test_fraction} leaves no "
+                         "training cases: keep their sum below 1.")
+
+    _positive_int(t.epochs, "trainer.epochs")
+    _positive_int(t.batch_size, "trainer.batch_size", what="the global batch")
+    if t.steps_per_epoch is not None:
+        _positive_int(t.steps_per_epoch, "trainer.steps_per_epoch", what="or null for one pass over the cases")
+    _positive_int(t.val_every, "trainer.val_every")
+    _positive_int(t.warmup_epochs, "trainer.warmup_epochs", minimum=0)
+    _positive_int(t.early_stopping_patience, "trainer.early_stopping_patience", minimum=0, what="0 = off")
+    _positive_int(t.dead_region_epochs, "trainer.dead_region_epochs", minimum=0, what="0 = off")
+    if isinstance(t.learning_rate, bool) or not isinstance(t.learning_rate, (int, float)) or not t.learning_rate > 0:
+        raise ValueError(f"trainer.learning_rate={t.learning_rate!r}: use a positive number (e.g. 3e-3).")
+    if not t.bce_weight >= 0:
+        raise ValueError(f"trainer.bce_weight={t.bce_weight!r}: use a number >= 0 (0 = soft Dice only).")
+    check_choice(t.lr_schedule, LR_SCHEDULES, "trainer.lr_schedule")
+
+    check_model_config(cfg.model)
+    check_input_shape(cfg.resolution.shape, cfg.model.depth)
+    check_choice(cfg.backend.precision, PRECISIONS, "backend.precision")
+    check_choice(cfg.lms.name, LMS_STRATEGIES, "lms")
+    parse_limit(cfg.lms.limit, device_bytes=1 << 40)  # its form; a fraction's bytes are the device's (the plan)
+    check_choice(cfg.tracking.name, ("mlflow", "none"), "tracking")
+    check_distribute_config(cfg.distribute)

@@ -1,0 +1,143 @@
+"""Check first, write after: a bad value or a plan that does not fit fails before data
+preparation and before the run folder gets a file, and the corrected command trains in the
+same ``run_dir`` (the newcomer's mistakes of issue 21)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from brats_seg.config import BackendConfig, DataConfig, ModelConfig, TrackingConfig, TrainConfig, TrainerConfig
+from tests.conftest import TINY, data_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from brats_seg.backend import configure
+
+    return configure(BackendConfig(name="cpu_onednn"))
+
+
+def _cfg(root, tmp_path, run_dir) -> TrainConfig:
+    return TrainConfig(
+        data=data_config(root, "brats2021", tmp_path),
+        resolution=dataclasses.replace(TINY),
+        model=ModelConfig(depth=2, base_filters=4),
+        trainer=TrainerConfig(epochs=1, batch_size=1, steps_per_epoch=1, seed=3),
+        tracking=TrackingConfig(name="none"),
+        run_dir=str(run_dir),
+    )
+
+
+def _set(cfg: TrainConfig, key: str, value) -> TrainConfig:
+    group, name = key.split(".")
+    setattr(getattr(cfg, group), name, value)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("trainer.batch_size", -1, r"trainer\.batch_size=-1: use an integer >= 1"),
+        ("trainer.lr_schedule", "cosin", r"trainer\.lr_schedule='cosin': use cosine or constant\. Did you mean 'cosine'"),
+        ("lms.limit", "1MB", r"LMS plan does not fit.*To fix"),
+    ],
+)
+def test_the_corrected_command_trains_in_the_same_run_dir(synthetic_root, tmp_path, backend, key, value, message):
+    """The failed command wrote nothing (no config.json, no cache entry); the corrected one trains there."""
+    from brats_seg.training.loop import train
+
+    root = synthetic_root["brats2021"]
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match=message):
+        train(_set(_cfg(root, tmp_path, run_dir), key, value), backend)
+    assert not (run_dir / "config.json").exists() and not (run_dir / "split.json").exists()
+    assert not (tmp_path / "cache").exists()  # failed before preparation
+    assert train(_cfg(root, tmp_path, run_dir), backend).epochs_done == 1
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("model.norm", "layer", r"model\.norm='layer': use one of instance, group, batch"),
+        ("model.upsample", "nearest", r"model\.upsample='nearest'"),
+        ("backend.precision", "fp8", r"backend\.precision='fp8': use one of fp32, bf16, fp16"),
+        ("lms.name", "swap", r"lms='swap': use one of off, auto, recompute, offload"),
+        ("lms.limit", "16gigs", r"lms\.limit '16gigs'"),
+        ("resolution.shape", [50, 50, 50], r"\(50, 50, 50\).*model\.depth=2.*\(48, 48, 48\)"),
+        ("trainer.epochs", 0, r"trainer\.epochs=0: use an integer >= 1"),
+        ("trainer.learning_rate", -1e-3, r"trainer\.learning_rate=-0\.001"),
+        ("trainer.val_every", 0, r"trainer\.val_every=0"),
+        ("trainer.steps_per_epoch", 0, r"trainer\.steps_per_epoch=0"),
+        ("data.val_fraction", 1.5, r"data\.val_fraction=1\.5"),
+        ("data.on_error", "ignore", r"data\.on_error='ignore': use raise or skip"),
+        ("data.num_workers", 0, r"data\.num_workers=0"),
+        ("tracking.name", "wandb", r"tracking='wandb': use mlflow or none"),
+        ("distribute.name", "horovod", r"distribute='horovod'"),
+    ],
+)
+def test_a_bad_value_is_named_before_anything_is_written(tmp_path, key, value, message):
+    from brats_seg.training.checks import check_train_config
+
+    cfg = _set(TrainConfig(resolution=dataclasses.replace(TINY), model=ModelConfig(depth=2, base_filters=4, out_channels=3),
+                           run_dir=str(tmp_path / "run")), key, value)
+    with pytest.raises(ValueError, match=message) as err:
+        check_train_config(cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_data_root_unset_says_so_not_no_cases_under_the_cwd(tmp_path, backend):
+    from brats_seg.training.loop import train
+
+    cfg = TrainConfig(data=DataConfig(name="brats2021", layout="brats2021", root="", cache_dir=str(tmp_path / "c")),
+                      resolution=TINY, model=ModelConfig(depth=2, base_filters=4), run_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"data\.root is not set: pass data\.root=") as err:
+        train(cfg, backend)
+    assert "no cases" not in str(err.value) and not (tmp_path / "run").exists()
+
+
+def test_a_folder_without_a_completed_step_takes_a_changed_config(tmp_path, caplog):
+    """Written by a start that failed later (say, in the first step): no progress, so the
+    changed config replaces it, and the log says so; with progress it is refused."""
+    import json
+
+    from brats_seg.data.labels import resolve_model_outputs
+    from brats_seg.run_dir import RunFolder
+    from brats_seg.training.checkpoint import prepare_run_dir
+
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"train": ["a"], "val": ["b"], "test": ["c"]}))
+    first = resolve_model_outputs(TrainConfig(model=ModelConfig(base_filters=8), run_dir=str(tmp_path / "run")))
+    prepare_run_dir(first, json.loads(split.read_text()), split)
+    second = resolve_model_outputs(TrainConfig(model=ModelConfig(base_filters=4), run_dir=str(tmp_path / "run")))
+    with caplog.at_level(logging.WARNING, logger="brats_seg.training.checkpoint"):
+        prepare_run_dir(second, json.loads(split.read_text()), split)
+    assert "config is replaced (model.base_filters: 8 -> 4)" in caplog.text
+    assert RunFolder.of(tmp_path / "run").read_config().model.base_filters == 4
+
+    RunFolder.of(tmp_path / "run").write_state({"epoch": 1, "step": 0})
+    with pytest.raises(ValueError, match=r"model\.base_filters: 4 -> 8.*new run_dir"):
+        prepare_run_dir(first, json.loads(split.read_text()), split)
+
+
+def test_train_py_with_a_bad_value_exits_2_and_leaves_no_folder(tmp_path):
+    """One line on stderr naming the key; no run folder, no stray outputs/<date>/<time>/."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "resolution=tiny", f"data.root={tmp_path / 'synthetic'}",
+         f"data.cache_dir={tmp_path / 'cache'}", "backend=cpu_onednn", "tracking=none", "trainer.batch_size=-1",
+         f"run_dir={run_dir}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: trainer.batch_size=-1: use an integer >= 1 (the global batch)."], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
+    assert not (run_dir / "config.json").exists() and not (run_dir / ".hydra").exists()
