@@ -96,8 +96,13 @@ def estimate_preparation_bytes(native_shape, native_spacing_mm, target_spacing_m
     The native float32 image, one float32 array of all channels on the resampled grid (the
     native extent at ``target_spacing_mm``) with a channel's resampling input and output
     beside it, the brain masks, the float16 network-grid image and the label maps.
+
+    A spacing that is not finite and positive (a corrupt header, which the case's own load
+    reports by file) counts as ``target_spacing_mm``: the estimate must not fail first.
     """
     native = int(np.prod(native_shape[:3]))
+    native_spacing_mm = [float(s) if np.isfinite(s) and s > 0 else float(target_spacing_mm)
+                         for s in native_spacing_mm]
     resampled = int(np.prod(_resampled_shape(tuple(native_shape), native_spacing_mm, target_spacing_mm)))
     network = int(np.prod(shape))
     return (native * (4 * channels + 2)  # float32 image, brain mask, label
