@@ -9,6 +9,8 @@ Read in the order a case travels::
                 resolved into cases with layouts' rules
     labels      each layout's label values, the regions (WT, TC, ET[, RC]), the model's outputs
     nifti       NIfTI in and out with nibabel, in RAS, the original grid kept
+    nifti_header  a header checked before any voxel is read: malformed or hostile files refused
+                in one line naming them, never read as garbage or allocated at their declared size
     case_io     one case's images and label map, loaded and checked (the one reader)
     preprocess  resample, normalise, crop to the network grid, and the inverse for predictions
     cache       one folder per case (image.npy, regions.npy, meta.json), written atomically

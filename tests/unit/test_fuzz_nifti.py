@@ -270,11 +270,11 @@ def test_valid_variants_still_load(name, raw, tmp_path):
 
 def test_a_size_beyond_free_memory_is_refused_before_reading(tmp_path, monkeypatch):
     """A .nii.gz of zeros compresses ~1000:1, so fitting the file is not enough: free memory is checked too."""
-    import brats_seg.data.nifti as nifti
+    import brats_seg.data.nifti_header as nifti_header
 
     path = tmp_path / "zeros.nii.gz"
     path.write_bytes(_gz(_valid()))
-    monkeypatch.setattr(nifti, "_available_memory_bytes", lambda: 1000)
+    monkeypatch.setattr(nifti_header, "_available_memory_bytes", lambda: 1000)
     with pytest.raises(CaseError, match=r"zeros\.nii\.gz.*needs about .* GB of memory but .* GB is available") as err:
         load_volume(path, "c")
     assert "\n" not in str(err.value) and "data.num_workers" in str(err.value)
