@@ -103,7 +103,7 @@ def _holder_is_alive(holder: dict) -> bool:
 
 
 @contextlib.contextmanager
-def hold_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
+def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False) -> Iterator[Path]:
     """Hold ``<folder>/.lock`` for the ``with`` block, or refuse if another live process holds it.
 
     The lock file records the holder (PID, its start time, host, command, since when). A lock
@@ -114,9 +114,12 @@ def hold_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
     Args:
         folder: the folder to lock (created if missing).
         what: what the folder is, for the message (``run folder``, ``cache entry``).
+        wait: wait for the holder instead of refusing (saying so when it starts and every
+            minute): for work that the holder is doing for both, such as the jobs of a sweep
+            building one cache entry.
 
     Raises:
-        LockedError: a live process (or one on another host) holds the lock.
+        LockedError: a live process (or one on another host) holds the lock and ``wait`` is False.
     """
     import json
     import logging
@@ -131,7 +134,8 @@ def hold_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
     host = socket.gethostname()
     me = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "host": host,
           "command": " ".join(sys.argv)[:300], "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-    for _ in range(3):
+    takeovers, told = 0, None
+    while True:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -145,21 +149,29 @@ def hold_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
                 log.warning("%s %s: taking over the lock of PID %s (started %s, no longer running): %s",
                             what, folder, holder.get("pid", "?"), holder.get("since", "?"), lock)
                 lock.unlink(missing_ok=True)
+                takeovers += 1
+                if takeovers > 3:
+                    raise LockedError(f"{what} {folder}: could not take {lock} (another process keeps taking it).") \
+                        from None
                 continue
             where = "this host" if holder.get("host") == host else f"host {holder.get('host', '?')}"
             fix = ("wait for it to finish or stop it" if holder.get("host") == host else
                    f"wait for it to finish or stop it; if that job is gone, delete {lock}")
-            raise LockedError(
-                f"{what} {folder} is in use by PID {holder.get('pid', '?')} on {where} since "
-                f"{holder.get('since', '?')} ({holder.get('command', '?')}): {fix}, or use another folder."
-            ) from None
+            busy = (f"{what} {folder} is in use by PID {holder.get('pid', '?')} on {where} since "
+                    f"{holder.get('since', '?')} ({holder.get('command', '?')})")
+            if not wait:
+                raise LockedError(f"{busy}: {fix}, or use another folder.") from None
+            if told is None or time.monotonic() - told >= 60.0:
+                log.warning("%s: waiting for it%s", busy, "" if holder.get("host") == host else
+                            f" (if that job is gone, delete {lock})")
+                told = time.monotonic()
+            time.sleep(0.5)
+            continue
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(me))
             f.flush()
             os.fsync(f.fileno())
         break
-    else:
-        raise LockedError(f"{what} {folder}: could not take {lock} (another process keeps taking it).")
     try:
         yield lock
     finally:

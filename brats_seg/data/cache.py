@@ -261,8 +261,8 @@ def prepare_cases(
         ``(entries, errors, n_built)``: valid entries (sorted by case id), the
         :class:`CaseError` of each failed case, and how many entries were (re)built.
 
-    Raises:
-        LockedError: another live process is building entries in ``cache_root``.
+    Another process building entries in ``cache_root`` (a sweep's jobs start together) is
+    waited for, then only what it left stale is built.
     """
     cache_root = Path(cache_root)
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -271,7 +271,7 @@ def prepare_cases(
     errors: list[CaseError] = []
     todo = _stale(cases, cache_root, fingerprints)
     if todo:
-        with hold_lock(cache_root, "cache entry"):  # a second process building it is refused, naming this one
+        with hold_lock(cache_root, "cache entry", wait=True):  # another job building it: wait (a sweep's jobs share it)
             todo = _stale(cases, cache_root, fingerprints)  # what another process built meanwhile is done
             errors = _build(todo, cache_root, spacing_mm, shape, allow_crop, fingerprints, num_workers, progress)
     failed = {e.case_id for e in errors}

@@ -1,5 +1,6 @@
-"""Locks on a run folder, an evaluation and a cache entry being built: a second process is
-refused with the holder's PID, host and command; a lock left by a dead process is taken over."""
+"""Locks on a run folder, an evaluation and a cache entry being built: a second training or
+evaluation is refused with the holder's PID, host and command, a second builder of a cache entry
+waits for the first; a lock left by a dead process is taken over."""
 
 from __future__ import annotations
 
@@ -79,20 +80,22 @@ def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path, caplog):
     assert "taking over the lock" in caplog.text
 
 
-def test_building_a_cache_entry_is_locked(synthetic_root, tmp_path):
+def test_building_a_cache_entry_waits_for_the_job_building_it(synthetic_root, tmp_path, caplog):
+    """The jobs of a sweep start together and share a cache entry: the second waits for the
+    first (saying whom it waits for), then builds only what is still missing."""
     from brats_seg.data.cache import prepare_cases
     from brats_seg.data.layouts import discover_cases
 
     cases, _ = discover_cases(synthetic_root["brats2021"], "brats2021")
-    holder = _hold_in_another_process(tmp_path / "cache")
-    try:
-        with pytest.raises(LockedError, match=rf"cache entry {tmp_path / 'cache'} is in use by PID {holder.pid}"):
-            prepare_cases(cases[:1], tmp_path / "cache", 4.0, (48, 56, 40), num_workers=1, progress=False)
-    finally:
-        holder.terminate()
-        holder.wait(timeout=30)
-    entries, errors, built = prepare_cases(cases[:1], tmp_path / "cache", 4.0, (48, 56, 40), num_workers=1,
-                                           progress=False)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER.replace("120", "3"), str(tmp_path / "cache"), str(REPO)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="brats_seg.files"):
+        entries, errors, built = prepare_cases(cases[:1], tmp_path / "cache", 4.0, (48, 56, 40), num_workers=1,
+                                               progress=False)
+    assert holder.wait(timeout=30) == 0 and time.monotonic() - started > 1.0  # it waited for the holder
+    assert f"cache entry {tmp_path / 'cache'} is in use by PID {holder.pid}" in caplog.text and "waiting" in caplog.text
     assert built == 1 and not errors and not (tmp_path / "cache" / ".lock").exists()
     _, _, again = prepare_cases(cases[:1], tmp_path / "cache", 4.0, (48, 56, 40), num_workers=1, progress=False)
     assert again == 0  # built: nothing to lock or rebuild
