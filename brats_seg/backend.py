@@ -20,6 +20,7 @@ from brats_seg.choices import check_choice
 from brats_seg.config import BackendConfig
 
 __all__ = [
+    "PRECISION_POLICIES",
     "BackendError",
     "ResolvedBackend",
     "check_precision",
@@ -31,7 +32,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}
+PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}  # backend.precision -> Keras policy
 
 
 class BackendError(RuntimeError):
@@ -71,7 +72,7 @@ def physical_cores() -> int:
 
 def configure_environment(cfg: BackendConfig) -> None:
     """Set the environment switches that TensorFlow reads at import. Imports nothing heavy."""
-    check_choice(cfg.precision, _POLICIES, "backend.precision", error=BackendError)
+    check_choice(cfg.precision, PRECISION_POLICIES, "backend.precision", error=BackendError)
     check_choice(cfg.name, ("auto", "gpu", "gpu_lms", "cpu_onednn"), "backend", error=BackendError)
     if "tensorflow" in sys.modules:
         log.warning("TensorFlow was imported before backend.configure: oneDNN/thread/log switches may not apply")
@@ -173,7 +174,7 @@ def configure(cfg: BackendConfig) -> ResolvedBackend:
             except RuntimeError:
                 log.warning("GPUs already initialised; memory growth left as it is")
     check_precision(cfg.precision, "GPU" if name != "cpu_onednn" else "CPU")
-    policy = _POLICIES[cfg.precision]
+    policy = PRECISION_POLICIES[cfg.precision]
     keras.mixed_precision.set_global_policy(policy)
     resolved = ResolvedBackend(
         name=name,

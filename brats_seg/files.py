@@ -8,12 +8,19 @@ new one, never a half-written file that a later step reads as valid.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
+import socket
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["LockedError", "atomic_path", "file_lock", "hold_lock", "write_bytes_atomic", "write_text_atomic"]
+
+log = logging.getLogger(__name__)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -121,13 +128,6 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False) -> Itera
     Raises:
         LockedError: a live process (or one on another host) holds the lock and ``wait`` is False.
     """
-    import json
-    import logging
-    import socket
-    import sys
-    import time
-
-    log = logging.getLogger(__name__)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / ".lock"

@@ -39,9 +39,11 @@ from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
 from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri
 
-__all__ = ["NullTracker", "Tracker"]
+__all__ = ["TRACKERS", "NullTracker", "Tracker"]
 
 log = logging.getLogger(__name__)
+
+TRACKERS = ("mlflow", "none")  # tracking=
 
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow error codes meaning "this call was refused", not "the store is gone".
@@ -100,7 +102,7 @@ class Tracker:
         Raises:
             ValueError: ``cfg.name`` is neither ``mlflow`` nor ``none``.
         """
-        check_choice(cfg.name, ("mlflow", "none"), "tracking", hint="(tracking=mlflow or tracking=none)")
+        check_choice(cfg.name, TRACKERS, "tracking", hint="(tracking=mlflow or tracking=none)")
         tracker = cls(run_dir, run_name)
         if cfg.name == "none":
             log.info("tracking=none: nothing is sent to MLflow; the run folder %s keeps the run", tracker.run_dir)

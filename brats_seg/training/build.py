@@ -18,10 +18,12 @@ from brats_seg.backend import ResolvedBackend
 from brats_seg.choices import check_choice
 from brats_seg.config import TrainConfig
 
-__all__ = ["MemoryDecision", "build_models", "choose_lms", "compile_models", "make_optimizer", "preflight_plan",
+__all__ = ["LR_SCHEDULES", "MemoryDecision", "build_models", "choose_lms", "compile_models", "make_optimizer", "preflight_plan",
            "training_metrics"]
 
 log = logging.getLogger(__name__)
+
+LR_SCHEDULES = ("cosine", "constant")  # trainer.lr_schedule
 
 
 def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
@@ -37,7 +39,7 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
     t = cfg.trainer
     scaling = check_choice(getattr(cfg.distribute, "lr_scaling", "none"), ("none", "linear"), "distribute.lr_scaling")
     base_lr = t.learning_rate * (replicas if scaling == "linear" else 1)
-    if check_choice(t.lr_schedule, ("cosine", "constant"), "trainer.lr_schedule") == "constant":
+    if check_choice(t.lr_schedule, LR_SCHEDULES, "trainer.lr_schedule") == "constant":
         lr = base_lr
     else:
         warmup = min(t.warmup_epochs, max(t.epochs - 1, 0)) * steps_per_epoch

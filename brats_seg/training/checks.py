@@ -19,10 +19,6 @@ from brats_seg.model.checks import check_input_shape, check_model_config
 
 __all__ = ["check_train_config"]
 
-LR_SCHEDULES = ("cosine", "constant")
-PRECISIONS = ("fp32", "bf16", "fp16")
-LMS_STRATEGIES = ("off", "auto", "recompute", "offload")
-
 
 def _positive_int(value, key: str, minimum: int = 1, what: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -42,15 +38,19 @@ def check_train_config(cfg: TrainConfig) -> None:
             a shape not divisible by ``2**model.depth`` (with the nearest that are), an
             unreadable ``lms.limit``, ``data.root`` unset for a dataset that is not generated.
     """
-    from brats_seg.data.dataset import GENERATED
+    from brats_seg.backend import PRECISION_POLICIES
+    from brats_seg.data.dataset import GENERATED, ON_ERROR
     from brats_seg.lms.planner.units import parse_limit
+    from brats_seg.lms.planner.workload import STRATEGIES
+    from brats_seg.tracking.tracker import TRACKERS
+    from brats_seg.training.build import LR_SCHEDULES
 
     if not cfg.run_dir:
         raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
     d, t = cfg.data, cfg.trainer
     if not str(d.root).strip() and d.name not in GENERATED:
         raise ValueError(f"data.root is not set: pass data.root=/path/to/your/dataset (data={d.name}).")
-    check_choice(d.on_error, ("raise", "skip"), "data.on_error")
+    check_choice(d.on_error, ON_ERROR, "data.on_error")
     _positive_int(d.num_workers, "data.num_workers")
     _positive_int(d.prefetch_batches, "data.prefetch_batches", minimum=0)
     _fraction(d.val_fraction, "data.val_fraction")
@@ -75,8 +75,8 @@ def check_train_config(cfg: TrainConfig) -> None:
 
     check_model_config(cfg.model)
     check_input_shape(cfg.resolution.shape, cfg.model.depth)
-    check_choice(cfg.backend.precision, PRECISIONS, "backend.precision")
-    check_choice(cfg.lms.name, LMS_STRATEGIES, "lms")
+    check_choice(cfg.backend.precision, PRECISION_POLICIES, "backend.precision")
+    check_choice(cfg.lms.name, STRATEGIES, "lms")
     parse_limit(cfg.lms.limit, device_bytes=1 << 40)  # its form; a fraction's bytes are the device's (the plan)
-    check_choice(cfg.tracking.name, ("mlflow", "none"), "tracking")
+    check_choice(cfg.tracking.name, TRACKERS, "tracking")
     check_distribute_config(cfg.distribute)

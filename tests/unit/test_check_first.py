@@ -69,7 +69,7 @@ def test_the_corrected_command_trains_in_the_same_run_dir(synthetic_root, tmp_pa
         ("model.norm", "layer", r"model\.norm='layer': use one of instance, group, batch"),
         ("model.upsample", "nearest", r"model\.upsample='nearest'"),
         ("backend.precision", "fp8", r"backend\.precision='fp8': use one of fp32, bf16, fp16"),
-        ("lms.name", "swap", r"lms='swap': use one of off, auto, recompute, offload"),
+        ("lms.name", "swap", r"lms='swap': use one of off, recompute, offload, auto"),
         ("lms.limit", "16gigs", r"lms\.limit '16gigs'"),
         ("resolution.shape", [50, 50, 50], r"\(50, 50, 50\).*model\.depth=2.*\(48, 48, 48\)"),
         ("trainer.epochs", 0, r"trainer\.epochs=0: use an integer >= 1"),
