@@ -209,7 +209,7 @@ def _stale(cases: list[Case], cache_root: Path, fingerprints: dict[str, str]) ->
             if (meta := load_entry_meta(cache_root / c.case_id)) is None or meta.get("fingerprint") != fingerprints[c.case_id]]
 
 
-def _build(todo: list[Case], cache_root: Path, spacing_mm: float, shape, allow_crop: bool,
+def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, shape, allow_crop: bool,
            fingerprints: dict[str, str], num_workers: int, progress: bool) -> list[CaseError]:
     """Build ``todo``'s entries (in ``num_workers`` spawned processes); the errors of the cases that failed."""
     from tqdm.auto import tqdm
@@ -218,7 +218,7 @@ def _build(todo: list[Case], cache_root: Path, spacing_mm: float, shape, allow_c
     if not todo:
         return errors
     num_workers = _workers_that_fit(todo[0], spacing_mm, shape, num_workers)
-    log.info("preprocessing %d cases into %s (%d worker(s))", len(todo), cache_root, num_workers)
+    log.info("preprocessing %d of %d cases into %s (%d worker(s))", len(todo), n_cases, cache_root, num_workers)
     bar = tqdm(total=len(todo), desc="preparing cases", unit="case", disable=not progress)
     args = [(c, cache_root, spacing_mm, shape, allow_crop, fingerprints[c.case_id]) for c in todo]
     if num_workers <= 1 or len(todo) == 1:
@@ -268,12 +268,12 @@ def prepare_cases(
     cache_root.mkdir(parents=True, exist_ok=True)
     _clean_stale(cache_root)
     fingerprints = {c.case_id: compute_fingerprint(c, spacing_mm, shape, allow_crop) for c in cases}
-    errors: list[CaseError] = []
+    errors: list[CaseError] = []  # of the cases built here
     todo = _stale(cases, cache_root, fingerprints)
     if todo:
         with hold_lock(cache_root, "cache entry", wait=True):  # another job building it: wait (a sweep's jobs share it)
             todo = _stale(cases, cache_root, fingerprints)  # what another process built meanwhile is done
-            errors = _build(todo, cache_root, spacing_mm, shape, allow_crop, fingerprints, num_workers, progress)
+            errors = _build(todo, len(cases), cache_root, spacing_mm, shape, allow_crop, fingerprints, num_workers, progress)
     failed = {e.case_id for e in errors}
     entries = [
         CacheEntry(c.case_id, cache_root / c.case_id, c.label is not None) for c in cases if c.case_id not in failed

@@ -37,7 +37,7 @@ def has_progress(run_dir: Path) -> bool:
     return bool(state and (state.get("epoch") or state.get("step"))) or folder.checkpoint_file("last").is_file()
 
 
-def check_resumable(run_dir: Path, cfg: TrainConfig) -> bool:
+def check_resumable(run_dir: Path, cfg: TrainConfig, progress: bool | None = None) -> None:
     """Refuse to continue a run folder written with a different (non-length) config.
 
     The stored config is read as evaluation reads it (:meth:`RunFolder.read_config`: an older
@@ -45,22 +45,22 @@ def check_resumable(run_dir: Path, cfg: TrainConfig) -> bool:
     A folder without a completed step has nothing a changed config could corrupt: its config
     is replaced (said in the log), so the corrected command runs where the failed one did.
 
-    Returns:
-        True when a stored config differed and is to be replaced.
+    Args:
+        progress: :func:`has_progress` if the caller knows it (read from the folder otherwise).
     """
     folder = RunFolder(run_dir)
     if not folder.has_config():
-        return False
+        return
     old = flatten_config(folder.read_config())
     new = flatten_config(cfg)
     diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
             if not _mutable(k) and old.get(k) != new.get(k)}
     if not diff:
-        return False
+        return
     lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:6])
-    if not has_progress(run_dir):
+    if not (has_progress(run_dir) if progress is None else progress):
         log.warning("run_dir %s had no completed step: its config is replaced (%s)", run_dir, lines)
-        return True
+        return
     raise ValueError(
         f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
         "command resumes it; for a new experiment pass a new run_dir=."
@@ -75,10 +75,11 @@ def prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
     """
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    check_resumable(run_dir, cfg)
+    progress = has_progress(run_dir)
+    check_resumable(run_dir, cfg, progress)
     folder = RunFolder(run_dir)
     folder.write_config(cfg)
-    if folder.has_split() and has_progress(run_dir):
+    if folder.has_split() and progress:
         if folder.read_split().get("test") != split["test"]:
             raise ValueError(
                 f"{folder.split_path}: the dataset's test split changed since this run started "
