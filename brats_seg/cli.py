@@ -32,22 +32,33 @@ def to_config(cfg):
 
 
 @contextlib.contextmanager
-def user_errors():
+def user_errors(stage: str = "the command"):
     """Report bad data, config and environment as messages, not tracebacks; exit status 2.
 
     Messages of this package's ValueErrors are written for users (what, which value, what
-    to do), so they are shown as they are.
+    to do), so they are shown as they are. SIGTERM/SIGINT inside the block stop ``stage``
+    (:func:`brats_seg.signals.stop_on_signals`; training saves its step first) with exit
+    status 75: the same command continues.
     """
+    from brats_seg.signals import Interrupted, stop_on_signals
+
     from brats_seg.backend import BackendError
     from brats_seg.distribute.cluster import ClusterError
-    from brats_seg.files import LockedError
+    from brats_seg.files import DiskFullError, LockedError
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
 
     try:
-        yield
-    except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError, ClusterError, LockedError) as e:
+        with stop_on_signals(stage):
+            yield
+    except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError, ClusterError, LockedError,
+            DiskFullError) as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None
+    except Interrupted as e:  # what was finished is kept; the same command continues
+        from brats_seg.training.preemption import EXIT_PREEMPTED
+
+        sys.stderr.write(f"{e}\n")
+        raise SystemExit(EXIT_PREEMPTED) from None
     except Exception as e:  # the two training outcomes that are not bugs (no TensorFlow import here)
         from brats_seg.distribute.cluster import ClusterFailure
         from brats_seg.training.preemption import EXIT_PREEMPTED, Preempted

@@ -1,26 +1,140 @@
-"""Atomic file writes: the one helper every file a later step reads goes through.
+"""Atomic file writes, locks and disk-full errors: the helpers every file a later step reads goes through.
 
 A file is written to a temporary name in its own folder, flushed and fsynced, renamed
 over the target, and the folder is fsynced, so a crash leaves either the old file or the
-new one, never a half-written file that a later step reads as valid.
+new one, never a half-written file that a later step reads as valid (:func:`atomic_path`;
+a folder of files, such as a cache entry, likewise with :func:`atomic_dir`). A write that
+runs out of space raises :class:`DiskFullError` naming the file and the free space, and the
+previous file is left as it was.
+
+Crash points (for tests): with ``BRATS_SEG_CRASH_AT=<file name pattern>[:<n>[:after]]`` in the
+environment, the process kills itself with SIGKILL at the ``n``-th (default first) atomic write
+of a file whose name matches the pattern (``fnmatch``), once the temporary file is complete but
+before it replaces the target (``after``: just after). Every write goes through here, so one
+variable reaches every moment a file changes (``last.keras``, ``state.json``, a cache entry,
+a prediction); tests use it to show that a run killed there and run again ends as an
+uninterrupted one does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fnmatch
 import json
 import logging
 import os
+import shutil
+import signal
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-__all__ = ["LockedError", "atomic_path", "file_lock", "hold_lock", "write_bytes_atomic", "write_text_atomic"]
+__all__ = [
+    "DiskFullError",
+    "LockedError",
+    "atomic_dir",
+    "atomic_path",
+    "disk_full_error",
+    "file_lock",
+    "hold_lock",
+    "update_lock",
+    "write_bytes_atomic",
+    "write_text_atomic",
+]
 
 log = logging.getLogger(__name__)
+
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+_NO_SPACE_WORDS = ("no space left on device", "disk quota exceeded", "database or disk is full")
+
+
+class DiskFullError(OSError):
+    """A write ran out of space (ENOSPC, or a quota); the message names the file and the free space.
+
+    Attributes:
+        path: the file being written.
+        free_bytes: free bytes on its file system when the error was raised (None if unknown).
+    """
+
+    def __init__(self, path: str | os.PathLike, free_bytes: int | None, what: str = "") -> None:
+        self.path, self.free_bytes, self.what = Path(path), free_bytes, what
+        free = "unknown" if free_bytes is None else _format_bytes(free_bytes)
+        kept = f" {what}" if what else " The previous version of the file, if any, is intact."
+        super().__init__(errno.ENOSPC, f"no space left on the device writing {self.path} ({free} free there).{kept} "
+                                       "Free some space (or point the folder elsewhere) and run the same command again.")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self):  # picklable across worker processes
+        return (type(self), (self.path, self.free_bytes, self.what))
+
+
+def _format_bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _free_bytes(path: Path) -> int | None:
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFullError):
+            return True
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return True
+        if any(w in str(exc).lower() for w in _NO_SPACE_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def disk_full_error(exc: BaseException, path: str | os.PathLike, what: str = "") -> DiskFullError | None:
+    """A :class:`DiskFullError` for ``path`` if ``exc`` (or what caused it) is an out-of-space
+    error, else None. Libraries wrap ENOSPC in their own exceptions (h5py, zipfile, SQLite's
+    "database or disk is full"), so the chain and the message are both looked at."""
+    if isinstance(exc, DiskFullError):
+        return exc
+    if not _is_disk_full(exc):
+        return None
+    return DiskFullError(path, _free_bytes(Path(path)), what)
+
+
+_crash_counts: dict[str, int] = {}
+
+
+def _crash_point(path: Path, moment: str) -> None:
+    """SIGKILL this process if ``BRATS_SEG_CRASH_AT`` names this write (see the module doc)."""
+    spec = os.environ.get("BRATS_SEG_CRASH_AT")
+    if not spec:
+        return
+    pattern, _, rest = spec.partition(":")
+    nth, _, when = rest.partition(":")
+    if not fnmatch.fnmatch(path.name, pattern):
+        return
+    if moment == "before":  # each write counted once
+        _crash_counts[spec] = _crash_counts.get(spec, 0) + 1
+    if (when or "before") == moment and _crash_counts.get(spec, 0) == int(nth or 1):
+        log.warning("BRATS_SEG_CRASH_AT=%s: killing this process %s %s is replaced", spec, moment, path)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -49,18 +163,81 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     the temporary file is removed and ``path`` is untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.", suffix=suffix or "".join(path.suffixes))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.",
+                                   suffix=suffix or "".join(path.suffixes))
+    except OSError as e:
+        raise disk_full_error(e, path) or e
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
+        try:
+            yield tmp_path
+            with open(tmp_path, "rb+") as f:
+                os.fsync(f.fileno())
+        except Exception as e:
+            full = disk_full_error(e, path)
+            if full is None:
+                raise
+            tmp_path.unlink(missing_ok=True)  # give the space back before saying how much is free
+            raise DiskFullError(path, _free_bytes(path)) from e
+        _crash_point(path, "before")
         os.replace(tmp_path, path)
         _fsync_dir(path.parent)
+        _crash_point(path, "after")
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    for d in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(d)
+    _fsync_dir(folder)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder beside ``path``; on success it replaces ``path`` (a folder) atomically.
+
+    The writer fills the temporary folder; its files are fsynced, an existing ``path`` is moved
+    aside, the new folder renamed into place and the old one removed, so a crash leaves the old
+    folder, the new one, or a ``.tmp-``/``.old-`` folder that the owner cleans (never a half
+    folder under the final name). Out of space: :class:`DiskFullError`, the old folder intact.
+    """
+    path = Path(path)
+    tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise disk_full_error(e, path) or e
+    try:
+        try:
+            yield tmp
+            _fsync_tree(tmp)
+        except Exception as e:
+            if disk_full_error(e, path) is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # give the space back before saying how much is free
+            raise DiskFullError(path, _free_bytes(path)) from e
+        _crash_point(path, "before")
+        old = None
+        if path.exists():
+            old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        _crash_point(path, "after")
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
@@ -110,7 +287,8 @@ def _holder_is_alive(holder: dict) -> bool:
 
 
 @contextlib.contextmanager
-def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False) -> Iterator[Path]:
+def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False, record: Mapping | None = None,
+              on_takeover: Callable[[dict], None] | None = None) -> Iterator[Path]:
     """Hold ``<folder>/.lock`` for the ``with`` block, or refuse if another live process holds it.
 
     The lock file records the holder (PID, its start time, host, command, since when). A lock
@@ -124,6 +302,9 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False) -> Itera
         wait: wait for the holder instead of refusing (saying so when it starts and every
             minute): for work that the holder is doing for both, such as the jobs of a sweep
             building one cache entry.
+        record: more fields for the lock file (JSON-able), e.g. what the next start needs to
+            tell why a holder died (:func:`update_lock` changes them while held).
+        on_takeover: called with the dead holder's record when its lock is taken over.
 
     Raises:
         LockedError: a live process (or one on another host) holds the lock and ``wait`` is False.
@@ -133,7 +314,7 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False) -> Itera
     lock = folder / ".lock"
     host = socket.gethostname()
     me = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "host": host,
-          "command": " ".join(sys.argv)[:300], "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+          "command": " ".join(sys.argv)[:300], "since": time.strftime("%Y-%m-%d %H:%M:%S"), **(record or {})}
     takeovers, told = 0, None
     while True:
         try:
@@ -149,6 +330,8 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False) -> Itera
                 log.warning("%s %s: taking over the lock of PID %s (started %s, no longer running): %s",
                             what, folder, holder.get("pid", "?"), holder.get("since", "?"), lock)
                 lock.unlink(missing_ok=True)
+                if on_takeover is not None:
+                    on_takeover(holder)
                 takeovers += 1
                 if takeovers > 3:
                     raise LockedError(f"{what} {folder}: could not take {lock} (another process keeps taking it).") \
@@ -167,10 +350,14 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False) -> Itera
                 told = time.monotonic()
             time.sleep(0.5)
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(me))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            lock.unlink(missing_ok=True)
+            raise disk_full_error(e, lock) or e
         break
     try:
         yield lock
@@ -180,3 +367,24 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False) -> Itera
                 lock.unlink()
         except (OSError, ValueError):
             pass
+
+
+def update_lock(lock: str | os.PathLike, **fields) -> None:
+    """Add or change fields of a lock this process holds (atomically; the lock stays held).
+
+    Does nothing if the lock is not this process's (taken over, or gone)."""
+    lock = Path(lock)
+    try:
+        held = json.loads(lock.read_text())
+    except (OSError, ValueError):
+        return
+    if held.get("pid") != os.getpid():
+        return
+    held.update(fields)
+    tmp = lock.with_name(f".tmp-{lock.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(held))
+        os.replace(tmp, lock)
+    except OSError as e:  # the record is a diagnosis aid: a full disk must not stop the run here
+        tmp.unlink(missing_ok=True)
+        log.debug("lock %s not updated: %s", lock, e)

@@ -43,6 +43,10 @@ _PLAN = ("plan.txt", "plan.json")
 _TRACKING = "mlflow.json"
 _CHECKPOINT_DIR = "checkpoints"
 _EVAL = "eval"
+_LOCK = ".lock"
+_LOG = "train.log"
+# Everything a run folder may hold before its config.json is written (a failed or new run).
+_OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG}
 
 
 class RunError(DataError):
@@ -140,6 +144,37 @@ class RunFolder:
 
     def overlays_dir(self, split: str) -> Path:
         return self.eval_dir(split) / "overlays"
+
+    @property
+    def log_path(self) -> Path:
+        """``train.log``: the training's log, appended to by each start and resume."""
+        return self.root / _LOG
+
+    def check_can_hold_a_run(self) -> None:
+        """Refuse a folder that holds something other than a brats-seg run (before anything is written).
+
+        A missing or empty folder, or one a training run wrote (its ``config.json`` is read by
+        :meth:`read_config`, which refuses another program's), is fine. A folder without
+        ``config.json`` but with other files (a dataset, a home directory, another project's
+        outputs) would get our files mixed into its own: refused, naming a few of them.
+
+        Raises:
+            RunError: the folder is a file, holds another program's config.json, or holds
+                files that are not a run's.
+        """
+        if not self.root.exists():
+            return
+        if not self.root.is_dir():
+            raise RunError(f"run_dir {self.root} is a file, not a folder: pass run_dir= a new or empty folder.")
+        if self.has_config():
+            self.read_config()  # another program's config.json is refused here, naming it
+            return
+        foreign = sorted(p.name for p in self.root.iterdir()
+                         if p.name not in _OURS and not p.name.startswith((".tmp-", ".old-")))
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+            raise RunError(f"run_dir {self.root} already holds files that are not a brats-seg run ({shown}): "
+                           "pass run_dir= a new or empty folder, so that the run's files are not mixed with them.")
 
     # -- config ------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from brats_seg.choices import check_choice
 from brats_seg.config import TrainConfig, check_distribute_config
 from brats_seg.model.checks import check_input_shape, check_model_config
+from brats_seg.run_dir import RunFolder
 
 __all__ = ["check_train_config"]
 
@@ -36,7 +37,8 @@ def check_train_config(cfg: TrainConfig) -> None:
     Raises:
         ValueError: an unknown choice (with the allowed values), a size that is not positive,
             a shape not divisible by ``2**model.depth`` (with the nearest that are), an
-            unreadable ``lms.limit``, ``data.root`` unset for a dataset that is not generated.
+            unreadable ``lms.limit``, ``data.root`` unset for a dataset that is not generated, a
+            ``run_dir`` holding another program's files (:class:`~brats_seg.run_dir.RunError`).
     """
     from brats_seg.backend import PRECISION_POLICIES
     from brats_seg.data.dataset import GENERATED, ON_ERROR
@@ -47,6 +49,7 @@ def check_train_config(cfg: TrainConfig) -> None:
 
     if not cfg.run_dir:
         raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
+    RunFolder.of(cfg.run_dir).check_can_hold_a_run()  # not a dataset, a home folder, another project's outputs
     d, t = cfg.data, cfg.trainer
     if not str(d.root).strip() and d.name not in GENERATED:
         raise ValueError(f"data.root is not set: pass data.root=/path/to/your/dataset (data={d.name}).")
