@@ -17,11 +17,10 @@ import logging
 import re
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from brats_seg.cli import to_config, user_errors
+from brats_seg.cli import hydra_entry, to_config, user_errors
 from brats_seg.config import TrainConfig, register_configs
 
 register_configs()
@@ -64,7 +63,7 @@ def sweep_job() -> tuple[dict[str, str], str]:
     return {"sweep_dir": str(hc.sweep.dir), "sweep_job": str(hc.job.num), "sweep_overrides": label}, f"-{label}"
 
 
-@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+@hydra_entry("configs", "train")
 def main(cfg) -> float:
     conf = to_config(cfg)
     if not conf.run_dir:

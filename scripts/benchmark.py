@@ -31,7 +31,7 @@ from hydra.core.hydra_config import HydraConfig
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from brats_seg.choices import check_choice  # noqa: E402
-from brats_seg.cli import to_config, user_errors  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
 from brats_seg.config import register_configs  # noqa: E402
 
 register_configs()
@@ -290,7 +290,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@hydra.main(config_path="../configs", config_name="benchmark", version_base="1.3")
+@hydra_entry("../configs", "benchmark")
 def main(cfg) -> None:
     conf = to_config(cfg)
     overrides = list(HydraConfig.get().overrides.task)

@@ -14,13 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from brats_seg.cli import hydra_entry  # noqa: E402
 
 USAGE = "python scripts/make_synthetic.py out=DIR [layout=brats2021|brats2023|brats2024|msd] [n_cases=10] [seed=0] [labels=true]"
 
 
-@hydra.main(config_path="../configs", config_name="make_synthetic", version_base="1.3")
+@hydra_entry("../configs", "make_synthetic")
 def main(cfg: DictConfig) -> None:
     if OmegaConf.is_missing(cfg, "out") or not str(cfg.out).strip():
         sys.exit(f"make_synthetic: `out` is required: the folder to write the dataset to.\n  usage: {USAGE}")

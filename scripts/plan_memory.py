@@ -23,10 +23,9 @@ import json
 import sys
 from pathlib import Path
 
-import hydra
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import to_config, user_errors  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
 from brats_seg.config import register_configs  # noqa: E402
 
 register_configs()
@@ -66,7 +65,7 @@ def _print_capacity(conf, device: str, limit: int, budget: int, found: dict) -> 
         print("nothing fits in this budget: raise lms.limit, or plan a smaller model or batch")
 
 
-@hydra.main(config_path="../configs", config_name="plan_memory", version_base="1.3")
+@hydra_entry("../configs", "plan_memory")
 def main(cfg) -> None:
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
     from brats_seg.lms.planner.preflight import capacity_run, compare_run, plan_run, planning_device

@@ -20,13 +20,13 @@ from pathlib import Path
 import hydra
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import to_config, user_errors  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
 from brats_seg.config import register_configs  # noqa: E402
 
 register_configs()
 
 
-@hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
+@hydra_entry("../configs", "predict")
 def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.data.predict_inputs import find_input_cases

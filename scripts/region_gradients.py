@@ -18,10 +18,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import to_config, user_errors  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
 from brats_seg.config import register_configs  # noqa: E402
 from brats_seg.run_dir import RunFolder  # noqa: E402
 
@@ -82,7 +81,7 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
     } for c, name in enumerate(regions)]
 
 
-@hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
+@hydra_entry("../configs", "evaluate")
 def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.backend import configure

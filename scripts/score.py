@@ -19,16 +19,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import to_config, user_errors  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
 from brats_seg.config import register_configs  # noqa: E402
 
 register_configs()
 
 
-@hydra.main(config_path="../configs", config_name="score", version_base="1.3")
+@hydra_entry("../configs", "score")
 def main(cfg) -> None:
     from brats_seg.data.errors import DatasetError
     from brats_seg.evaluation.metrics import HD95_EMPTY_MM
