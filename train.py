@@ -28,8 +28,12 @@ log = logging.getLogger("train")
 
 
 def run(conf: TrainConfig, extra_callbacks=(), tags=None, name_suffix: str = "") -> float:
-    """Configure the backend (before TensorFlow is imported), then train."""
+    """Check every value (in a second, before TensorFlow is imported), configure the backend, then train."""
     from brats_seg.backend import configure
+    from brats_seg.data.labels import resolve_model_outputs
+    from brats_seg.training.checks import check_train_config
+
+    check_train_config(resolve_model_outputs(conf))  # train() checks again: it is also called from code
 
     backend = configure(conf.backend)
     from brats_seg.training.loop import train

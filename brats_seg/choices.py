@@ -7,6 +7,11 @@ for a near miss, the one probably meant::
 
     trainer.lr_schedule='cosin': use cosine or constant. Did you mean 'cosine'?
 
+The config schemas type their closed sets with :func:`choice_type` (a ``str`` Enum whose
+member names are its values), so Hydra refuses a bad value at composition, naming the
+allowed ones; the value still compares, hashes, prints and serialises as the plain string
+(``Precision.bf16 == "bf16"``, ``f"{p}"`` is ``bf16``, JSON ``"bf16"``).
+
 Standard library only: a leaf that any module may import, ``config.py`` included.
 """
 
@@ -14,16 +19,17 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from enum import Enum
 from typing import TypeVar
 
-__all__ = ["check_choice", "format_choices"]
+__all__ = ["StrChoice", "check_choice", "choice_type", "choice_values", "format_choices"]
 
 T = TypeVar("T")
 
 
 def format_choices(allowed: Iterable[object]) -> str:
     """``a or b`` for two values, ``one of a, b, c`` for more (as the project's messages say it)."""
-    names = [str(a) for a in allowed]
+    names = [str(a.value if isinstance(a, Enum) else a) for a in allowed]
     if len(names) == 2:
         return f"{names[0]} or {names[1]}"
     return f"one of {', '.join(names)}"
@@ -43,7 +49,7 @@ def check_choice(value: T, allowed: Iterable[T], key: str, *, error: type[Except
     Raises:
         error: ``key=value: use <choices>. [hint] [Did you mean 'x'?]``.
     """
-    choices = tuple(allowed)
+    choices = tuple(c.value if isinstance(c, Enum) else c for c in allowed)  # a choice_type lists its values
     if value in choices:
         return value
     message = f"{key}={value!r}: use {format_choices(choices)}."
@@ -54,3 +60,30 @@ def check_choice(value: T, allowed: Iterable[T], key: str, *, error: type[Except
         if near:
             message += f" Did you mean {near[0]!r}?"
     raise error(message)
+
+
+class StrChoice(str, Enum):
+    """Base of the closed sets of :func:`choice_type`: prints and formats as its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def choice_type(name: str, values: Iterable[str], module: str) -> type[StrChoice]:
+    """A closed set of strings as a ``str`` Enum whose member names are the values
+    (``raise`` and ``none`` included), for a config field that Hydra checks at composition.
+
+    Args:
+        name: the type's name (``Precision``).
+        values: the allowed values, in the order messages list them.
+        module: the defining module's ``__name__`` (so members pickle across processes).
+    """
+    return StrChoice(name, [(v, v) for v in values], module=module)
+
+
+def choice_values(choice: type[Enum]) -> tuple[str, ...]:
+    """The plain string values of a :func:`choice_type`, in order."""
+    return tuple(m.value for m in choice)

@@ -37,6 +37,12 @@ def hydra_entry(config_path: str, config_name: str):
     """
     import hydra
 
+    from brats_seg import config as schemas
+
+    _schema_root[:] = [{"train": schemas.TrainConfig, "evaluate": schemas.EvaluateScriptConfig,
+                        "predict": schemas.PredictScriptConfig, "score": schemas.ScoreScriptConfig,
+                        "prepare": schemas.PrepareConfig}.get(config_name, schemas.TrainConfig)]
+
     def decorate(task):
         hydra_task = hydra.main(config_path=config_path, config_name=config_name, version_base="1.3")(task)
 
@@ -47,11 +53,20 @@ def hydra_entry(config_path: str, config_name: str):
 
             previous = os.environ.get("HYDRA_FULL_ERROR")
             os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its report
+            given = _given_run_dir()
+            existed = given is not None and given.exists()
+            if existed and not given.is_dir():  # Hydra would fail making it, with a traceback
+                sys.stderr.write(f"error: run_dir {given} is a file, not a folder: pass run_dir= a new or empty folder.\n")
+                raise SystemExit(2)
             try:
                 return hydra_task()
             except (HydraException, OmegaConfBaseException) as e:
                 sys.stderr.write(f"error: {config_error_line(e)}\n")
                 raise SystemExit(2) from None
+            except SystemExit as e:
+                if e.code not in (0, None):
+                    _remove_empty_output_dir(given, existed)
+                raise
             finally:
                 if previous is None:
                     os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -63,23 +78,53 @@ def hydra_entry(config_path: str, config_name: str):
     return decorate
 
 
-def _schema_fields(full_key: str):
-    """The dataclass fields of the node that holds ``full_key`` in the train schema (or None)."""
-    from brats_seg.config import EvaluateScriptConfig, PredictScriptConfig, ScoreScriptConfig, TrainConfig
+def _given_run_dir():
+    """The folder of the last ``run_dir=`` on the command line (absolute), or None."""
+    from pathlib import Path
 
-    parts = full_key.split(".")[:-1]
-    for root in (TrainConfig, EvaluateScriptConfig, PredictScriptConfig, ScoreScriptConfig):
-        node = root
-        for part in parts:
-            field = {f.name: f for f in dataclasses.fields(node)}.get(part)
-            if field is None or not dataclasses.is_dataclass(field.default_factory()
-                                                             if callable(field.default_factory) else None):
-                node = None
-                break
-            node = type(field.default_factory())
-        if node is not None:
-            return [f.name for f in dataclasses.fields(node)]
-    return None
+    given = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("run_dir=")]
+    return Path(given[-1]).expanduser().resolve() if given and given[-1].strip() else None
+
+
+def _remove_empty_output_dir(given, existed: bool) -> None:
+    """After a failed single run: Hydra made its output folder (``run_dir``, or the dated
+    ``outputs/<date>/<time>``) before the task's checks refused the config; if it is still
+    empty and this command made it, remove it (and the empty dated parents), so a refused
+    command leaves nothing behind."""
+    from pathlib import Path
+
+    if not _job_output_dir:  # a multirun job, or the task never started
+        return
+    out = Path(_job_output_dir.pop()).resolve()
+    cwd = Path.cwd().resolve()
+    if out == cwd or (given is not None and (out != given or existed)):
+        return
+    with contextlib.suppress(OSError):
+        out.rmdir()  # only if empty
+        if given is None:  # outputs/<date>/<time>: the dated parents too, while empty
+            for parent in out.parents:
+                if parent == cwd or cwd not in parent.parents:
+                    break
+                parent.rmdir()
+
+
+_job_output_dir: list = []  # a single run's Hydra output folder, recorded by to_config for _remove_empty_output_dir
+_schema_root: list = []  # the dataclass of the entry point's config (set by hydra_entry), for messages
+
+
+def _schema_fields(full_key: str, root=None) -> list[str] | None:
+    """The field names of the schema node that holds ``full_key`` (``trainer.epoch`` -> the
+    TrainerConfig fields), from ``root`` or the entry point's schema; None if not a known node."""
+    from brats_seg.config import TrainConfig
+
+    node = root or (_schema_root[0] if _schema_root else TrainConfig)
+    for part in full_key.split(".")[:-1]:
+        field = {f.name: f for f in dataclasses.fields(node)}.get(part)
+        default = field.default_factory() if field is not None and callable(field.default_factory) else None
+        if not dataclasses.is_dataclass(default):
+            return None
+        node = type(default)
+    return [f.name for f in dataclasses.fields(node)]
 
 
 def _first_line(text: str) -> str:
@@ -116,7 +161,8 @@ def config_error_line(exc: BaseException) -> str:
             return f"{given}: an override needs a value: write {given}=<value>."
         return (f"{given}: cannot parse it ({detail}); write key=value, a list as key=[a,b] "
                 "(https://hydra.cc/docs/advanced/override_grammar/basic/).")
-    full_key = getattr(cause, "full_key", None) or (override.split("=", 1)[0].lstrip("+~") if override else None)
+    typed_key = override.split("=", 1)[0].lstrip("+~") if override else None
+    full_key = typed_key or getattr(cause, "full_key", None)
     if isinstance(cause, ConfigKeyError) or "not in '" in str(cause) or "Key '" in str(cause):
         if full_key:
             fields = _schema_fields(full_key) or []
@@ -128,7 +174,7 @@ def config_error_line(exc: BaseException) -> str:
             shown = ", ".join(fields[:12]) + (", ..." if len(fields) > 12 else "")
             return f"{full_key}: no such key ({where} {shown}).{hint}" if fields else f"{full_key}: no such key.{hint}"
     if isinstance(cause, ValidationError) and full_key:
-        msg = getattr(cause, "msg", None) or _first_line(str(cause))
+        msg = _first_line(getattr(cause, "msg", None) or str(cause))
         value = override.split("=", 1)[1] if override and "=" in override else None
         if "expected one of [" in msg:  # a closed set (Enum field)
             allowed = [a.strip() for a in msg.split("expected one of [", 1)[1].rstrip("]").split(",")]
@@ -143,11 +189,48 @@ def config_error_line(exc: BaseException) -> str:
     return f"{override}: {line}" if override else line
 
 
+def _unknown_keys(node, prefix: str = "") -> list[str]:
+    """Keys of a composed config that its dataclass schema does not have (``+trainer.foo=1``
+    adds them: Hydra opens the struct for ``+``, and ``OmegaConf.to_object`` drops them silently)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.get_type(node)
+    fields = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    out = []
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        name = f"{prefix}{key}"
+        if fields is not None and key not in fields:
+            out.append(name)
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            out.extend(_unknown_keys(child, name + "."))
+    return out
+
+
 def to_config(cfg):
-    """Convert a composed structured config to its dataclass (``OmegaConf.to_object``)."""
+    """Convert a composed structured config to its dataclass (``OmegaConf.to_object``).
+
+    A key the schema does not have (added with ``+key=value``) is refused in one line with the
+    keys that exist, rather than dropped without a word; exit status 2."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue
 
+    with contextlib.suppress(ValueError, AttributeError):  # not under hydra.main (tests compose directly)
+        hc = HydraConfig.get()
+        _job_output_dir[:] = [hc.runtime.output_dir] if hc.mode == RunMode.RUN else []
+    unknown = [k for k in _unknown_keys(cfg) if k != "hydra" and not k.startswith("hydra.")]
+    if unknown:
+        key = unknown[0]
+        fields = _schema_fields(key, OmegaConf.get_type(cfg)) or []
+        name, parent = key.rsplit(".", 1)[-1], key.rsplit(".", 1)[0] if "." in key else ""
+        near = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+        hint = f" Did you mean {(parent + '.') if parent else ''}{near[0]}?" if near else ""
+        shown = ", ".join(fields[:12]) + (", ..." if len(fields) > 12 else "")
+        sys.stderr.write(f"error: {key}: no such key ({parent or 'the config'} has {shown}).{hint}\n")
+        raise SystemExit(2)
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:

@@ -12,9 +12,38 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from brats_seg.choices import check_choice
+from brats_seg.choices import check_choice, choice_type
+
+# Closed sets of values: a value outside one fails at composition, naming the allowed ones
+# (cli.config_error_line). Each is the one source of its set; the modules that act on a
+# value take the set from here (tests/unit/test_config_types.py checks they agree).
+Layout = choice_type("Layout", ("msd", "brats2021", "brats2023", "brats2024"), __name__)
+OnError = choice_type("OnError", ("raise", "skip"), __name__)
+Norm = choice_type("Norm", ("instance", "group", "batch"), __name__)
+Upsample = choice_type("Upsample", ("transpose", "trilinear"), __name__)
+Regions = choice_type("Regions", ("nested", "independent"), __name__)
+LRSchedule = choice_type("LRSchedule", ("cosine", "constant"), __name__)
+BackendName = choice_type("BackendName", ("auto", "gpu", "gpu_lms", "cpu_onednn"), __name__)
+Precision = choice_type("Precision", ("fp32", "bf16", "fp16"), __name__)
+LMSStrategy = choice_type("LMSStrategy", ("off", "recompute", "offload", "auto"), __name__)
+Tracker = choice_type("Tracker", ("mlflow", "none"), __name__)
+DistributeName = choice_type("DistributeName", ("none", "mirrored", "multi_worker"), __name__)
+Collective = choice_type("Collective", ("auto", "ring", "nccl"), __name__)
+LRScaling = choice_type("LRScaling", ("none", "linear"), __name__)
+EvalMode = choice_type("EvalMode", ("whole", "sliding"), __name__)
+PlanFormat = choice_type("PlanFormat", ("table", "json"), __name__)
+BenchmarkInput = choice_type("BenchmarkInput", ("memory", "pipeline"), __name__)
+Split = choice_type("Split", ("val", "test", "all"), __name__)
+CHOICES = {  # config key -> its closed set
+    "data.layout": Layout, "data.on_error": OnError, "model.norm": Norm, "model.upsample": Upsample,
+    "model.regions": Regions, "trainer.lr_schedule": LRSchedule, "backend": BackendName,
+    "backend.precision": Precision, "lms": LMSStrategy, "tracking": Tracker, "distribute": DistributeName,
+    "distribute.collective": Collective, "distribute.lr_scaling": LRScaling, "evaluate.mode": EvalMode,
+    "plan.format": PlanFormat, "benchmark.input": BenchmarkInput, "split": Split,
+}
 
 __all__ = [
+    "CHOICES",
     "DataConfig",
     "ResolutionConfig",
     "ModelConfig",
@@ -41,10 +70,10 @@ __all__ = [
 @dataclass
 class DataConfig:
     name: str = "synthetic"  # config name; `synthetic` generates a brats2021-layout dataset
-    layout: str = "brats2021"  # msd | brats2021 | brats2023 | brats2024: how files and labels are laid out
+    layout: Layout = Layout.brats2021  # msd | brats2021 | brats2023 | brats2024: how files and labels are laid out
     root: str = "data/synthetic"  # dataset folder; relative paths are taken from the cwd
     cache_dir: str = "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>/<resolution>/
-    on_error: str = "raise"  # raise | skip: what a bad case does to preparation
+    on_error: OnError = OnError["raise"]  # raise | skip: what a bad case does to preparation
     num_workers: int = 2  # parallel case preparation (processes); 2 = the cores of a small box
     prefetch_batches: int = 1  # training batches made ahead of the step; each costs memory (planned); 1 hides loading when a step takes longer than making a batch
     val_fraction: float = 0.15  # share of cases used for model selection
@@ -68,13 +97,13 @@ class ModelConfig:
     name: str = "unet3d"
     depth: int = 3  # down-sampling steps; shape divisible by 2**depth (tiny allows 3; 4 at half/full, as in the experiments)
     base_filters: int = 16  # filters at level 0, doubled per level (Çiçek et al. use 32)
-    norm: str = "instance"  # instance | group | batch (batch is unsafe with recompute)
+    norm: Norm = Norm.instance  # instance | group | batch (batch is unsafe with recompute)
     groups: int = 8  # groups for group norm
-    upsample: str = "transpose"  # transpose | trilinear
+    upsample: Upsample = Upsample.transpose  # transpose | trilinear
     in_channels: int = 4  # 4 = FLAIR,T1,T1ce,T2; 1 = FLAIR only
     out_channels: int = 0  # 0 = one sigmoid output per region of data.layout (WT,TC,ET; +RC for brats2024); 1 = WT only
     foreground_prior: float = 0.01  # head bias = logit(prior): start near "background" everywhere
-    regions: str = "nested"  # nested: sub-regions predicted within the tumour (P(TC) = P(WT) * P(TC|WT), same for ET), so the bulk of the volume cannot push a small region to empty; independent: one free sigmoid each
+    regions: Regions = Regions.nested  # nested: sub-regions predicted within the tumour (P(TC) = P(WT) * P(TC|WT), same for ET), so the bulk of the volume cannot push a small region to empty; independent: one free sigmoid each
     region_parents: List[int] = field(default_factory=list)  # resolved from data.layout: the containing output of each output, -1 = none; empty = independent
 
 
@@ -85,7 +114,7 @@ class TrainerConfig:
     seed: int = 0
     steps_per_epoch: Optional[int] = None  # cap on steps; None = one pass over the train split
     learning_rate: float = 3e-3  # Adam peak LR (after warm-up, cosine decay)
-    lr_schedule: str = "cosine"  # cosine | constant
+    lr_schedule: LRSchedule = LRSchedule.cosine  # cosine | constant
     warmup_epochs: int = 1
     early_stopping_patience: int = 0  # epochs without val-Dice gain before stopping; 0 = off
     augment: bool = True  # random flips (L-R) and intensity scale/shift
@@ -97,8 +126,8 @@ class TrainerConfig:
 
 @dataclass
 class BackendConfig:
-    name: str = "auto"  # auto | gpu | gpu_lms | cpu_onednn
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 only on GPU)
+    name: BackendName = BackendName.auto  # auto | gpu | gpu_lms | cpu_onednn
+    precision: Precision = Precision.fp32  # fp32 | bf16 | fp16 (fp16 only on GPU)
     intra_op_threads: int = 0  # 0 = physical cores
     inter_op_threads: int = 2  # two ops at a time: as fast as one at full resolution (8.2-8.7 s a step either way) and a steadier memory peak (one thread: 1.16-1.92 GB over four runs of one configuration, two: 1.17-1.43 GB; docs/lms_calibration.md)
     onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS on CPU
@@ -110,7 +139,7 @@ class BackendConfig:
 
 @dataclass
 class LMSConfig:
-    name: str = "off"  # off | auto | recompute | offload
+    name: LMSStrategy = LMSStrategy.off  # off | auto | recompute | offload
     limit: str = "0.9"  # budget: bytes, "16GB", or a fraction of device memory (RAM on CPU)
     size: int = 1 << 20  # bytes; tensors smaller than this are never offloaded
     prefetch: int = 1  # blocks ahead in backward at which a copy back is issued
@@ -120,7 +149,7 @@ class LMSConfig:
 
 @dataclass
 class TrackingConfig:
-    name: str = "mlflow"  # mlflow | none
+    name: Tracker = Tracker.mlflow  # mlflow | none
     uri: str = "sqlite:///mlruns.db"  # relative sqlite paths are taken from the project root
     experiment: str = "brats-seg"
     system_metrics: bool = True
@@ -128,21 +157,21 @@ class TrackingConfig:
 
 @dataclass
 class DistributeConfig:
-    name: str = "none"  # none | mirrored | multi_worker
+    name: DistributeName = DistributeName.none  # none | mirrored | multi_worker
     workers: List[str] = field(default_factory=list)  # host:port per worker (multi_worker); empty = TF_CONFIG, else SLURM
     index: int = 0  # this worker's index in `workers`
     devices: List[str] = field(default_factory=list)  # mirrored: e.g. ["/GPU:0", "/GPU:1"]; empty = all GPUs, else all logical CPUs
     port: int = 12345  # SLURM: port of a node's first task; its k-th task listens on port + k
-    collective: str = "auto"  # multi_worker all-reduce: auto | ring (gRPC, CPU or GPU) | nccl (GPUs only)
+    collective: Collective = Collective.auto  # multi_worker all-reduce: auto | ring (gRPC, CPU or GPU) | nccl (GPUs only)
     timeout_s: int = 90  # s; bounds the wait for a worker that never joins; 0 = wait forever
     # none | linear: trainer.batch_size is the global batch (split over replicas); linear multiplies
     # trainer.learning_rate by the replica count (Goyal et al. 2017), none keeps it as written.
-    lr_scaling: str = "none"
+    lr_scaling: LRScaling = LRScaling.none
 
 
 @dataclass
 class EvaluateConfig:
-    mode: str = "whole"  # whole | sliding (windows, for volumes that do not fit at once)
+    mode: EvalMode = EvalMode.whole  # whole | sliding (windows, for volumes that do not fit at once)
     threshold: float = 0.5  # on the sigmoid probability, after resampling to the native grid
     overlays: bool = True  # a PNG per case: three slices with reference and prediction contours
     window: List[int] = field(default_factory=list)  # sliding window (x,y,z); empty = half the network grid
@@ -152,14 +181,14 @@ class EvaluateConfig:
 
 @dataclass
 class PlanConfig:
-    format: str = "table"  # table | json
+    format: PlanFormat = PlanFormat.table  # table | json
     find: str = ""  # "" (plan the run) | max_input | max_batch: the largest that fits lms.limit, per strategy
 
 
 @dataclass
 class BenchmarkConfig:
     steps: int = 5  # timed steps (the first is excluded from the median)
-    input: str = "memory"  # memory: one random batch in memory | pipeline: the training input pipeline over random cache entries
+    input: BenchmarkInput = BenchmarkInput.memory  # memory: one random batch in memory | pipeline: the training input pipeline over random cache entries
     pipeline_only: bool = False  # time the input pipeline alone (volumes/s), no model
     sgemm: bool = False  # also measure a 4096^2 float32 SGEMM with the same threads, after the step (FLOP/s against it)
     sweep: str = ""  # a grid of overrides: a name in configs/benchmark_sweeps/ or a YAML path; JSONL + plots
@@ -197,7 +226,7 @@ class EvaluateScriptConfig:
     """Config of ``scripts/evaluate.py``."""
 
     run_dir: str = ""  # required: the training run's output folder
-    split: str = "test"  # val | test | all
+    split: Split = Split.test  # val | test | all
     checkpoint: str = "best"  # best (by val Dice) | last
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
@@ -272,11 +301,7 @@ def flatten_config(cfg, prefix: str = "") -> dict[str, object]:
     return out
 
 
-_DISTRIBUTE_CHOICES = {
-    "name": ("none", "mirrored", "multi_worker"),
-    "collective": ("auto", "ring", "nccl"),
-    "lr_scaling": ("none", "linear"),
-}
+_DISTRIBUTE_CHOICES = {"name": DistributeName, "collective": Collective, "lr_scaling": LRScaling}
 
 
 def check_distribute_config(cfg: DistributeConfig) -> None:

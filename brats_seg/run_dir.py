@@ -194,7 +194,15 @@ class RunFolder:
             raise RunError(f"run folder {self.root} {what}, so it is not a training run; train first: "
                            f"python train.py run_dir={self.root}")
         try:
-            stored = upgrade_config_dict(json.loads(self.config_path.read_text()))
+            stored = json.loads(self.config_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RunError(f"{self.config_path} is not readable JSON ({e}); it is not a brats-seg run's config: "
+                           "pass run_dir= a new folder, or the folder a training run wrote.") from e
+        if not isinstance(stored, dict) or not {"data", "model", "trainer"} <= set(stored):
+            raise RunError(f"{self.config_path} is not a brats-seg run's config.json (another program's file?): "
+                           "pass run_dir= a new folder, or the folder a training run wrote.")
+        try:
+            stored = upgrade_config_dict(stored)
             return resolve_model_outputs(config_from_dict(TrainConfig, stored))
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError, AttributeError) as e:
             raise RunError(f"{self.config_path} cannot be read as a brats-seg run config ({e}). "

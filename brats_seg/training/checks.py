@@ -8,13 +8,25 @@ preparation and before the run folder gets its ``config.json``, so the corrected
 runs in the same ``run_dir``. The memory plan is the next check
 (:func:`brats_seg.training.build.preflight_plan`), also before anything is written.
 
-Pure Python (no TensorFlow import).
+Pure Python (no TensorFlow or MLflow import): ``train.py`` runs it before the backend is
+configured, so a bad value fails in about a second. The closed sets are the config's own
+(:data:`brats_seg.config.CHOICES`), which Hydra also enforces at composition; this check
+catches the same values in a ``TrainConfig`` built in code.
 """
 
 from __future__ import annotations
 
 from brats_seg.choices import check_choice
-from brats_seg.config import TrainConfig, check_distribute_config
+from brats_seg.config import (
+    BackendName,
+    LMSStrategy,
+    LRSchedule,
+    OnError,
+    Precision,
+    Tracker,
+    TrainConfig,
+    check_distribute_config,
+)
 from brats_seg.model.checks import check_input_shape, check_model_config
 from brats_seg.run_dir import RunFolder
 
@@ -40,12 +52,8 @@ def check_train_config(cfg: TrainConfig) -> None:
             unreadable ``lms.limit``, ``data.root`` unset for a dataset that is not generated, a
             ``run_dir`` holding another program's files (:class:`~brats_seg.run_dir.RunError`).
     """
-    from brats_seg.backend import PRECISION_POLICIES
-    from brats_seg.data.dataset import GENERATED, ON_ERROR
+    from brats_seg.data.dataset import GENERATED
     from brats_seg.lms.planner.units import parse_limit
-    from brats_seg.lms.planner.workload import STRATEGIES
-    from brats_seg.tracking.tracker import TRACKERS
-    from brats_seg.training.build import LR_SCHEDULES
 
     if not cfg.run_dir:
         raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
@@ -53,7 +61,7 @@ def check_train_config(cfg: TrainConfig) -> None:
     d, t = cfg.data, cfg.trainer
     if not str(d.root).strip() and d.name not in GENERATED:
         raise ValueError(f"data.root is not set: pass data.root=/path/to/your/dataset (data={d.name}).")
-    check_choice(d.on_error, ON_ERROR, "data.on_error")
+    check_choice(d.on_error, OnError, "data.on_error")
     _positive_int(d.num_workers, "data.num_workers")
     _positive_int(d.prefetch_batches, "data.prefetch_batches", minimum=0)
     _fraction(d.val_fraction, "data.val_fraction")
@@ -74,12 +82,13 @@ def check_train_config(cfg: TrainConfig) -> None:
         raise ValueError(f"trainer.learning_rate={t.learning_rate!r}: use a positive number (e.g. 3e-3).")
     if not t.bce_weight >= 0:
         raise ValueError(f"trainer.bce_weight={t.bce_weight!r}: use a number >= 0 (0 = soft Dice only).")
-    check_choice(t.lr_schedule, LR_SCHEDULES, "trainer.lr_schedule")
+    check_choice(t.lr_schedule, LRSchedule, "trainer.lr_schedule")
 
     check_model_config(cfg.model)
     check_input_shape(cfg.resolution.shape, cfg.model.depth)
-    check_choice(cfg.backend.precision, PRECISION_POLICIES, "backend.precision")
-    check_choice(cfg.lms.name, STRATEGIES, "lms")
+    check_choice(cfg.backend.name, BackendName, "backend")
+    check_choice(cfg.backend.precision, Precision, "backend.precision")
+    check_choice(cfg.lms.name, LMSStrategy, "lms")
     parse_limit(cfg.lms.limit, device_bytes=1 << 40)  # its form; a fraction's bytes are the device's (the plan)
-    check_choice(cfg.tracking.name, TRACKERS, "tracking")
+    check_choice(cfg.tracking.name, Tracker, "tracking")
     check_distribute_config(cfg.distribute)
