@@ -15,6 +15,8 @@ Read in the order a plan is made::
     capacity      the largest input or batch a budget holds (plan.find=max_input|max_batch)
     inference     evaluation's and prediction's memory (whole volume, mirroring, native grid)
     preflight     plan_run and friends: a run's config in, its plan (or the refusal) out
+    advice        after running out of memory: the settings predicted to fit (as overrides) and
+                  OutOfMemoryError, whose message gives the plan's and the measured peak
     units         lms.limit parsing, sizes and shapes for printing
 
 The public names are re-exported here, each imported on first use (so importing one module
@@ -22,6 +24,10 @@ of the planner does not import all of them); the modules import each other downw
 """
 
 _HOME = {  # public name -> its module; imported on first use, so importing one planner module stays cheap
+    "MemoryFacts": "advice",
+    "OutOfMemoryError": "advice",
+    "Setting": "advice",
+    "settings_that_fit": "advice",
     "Capacity": "capacity",
     "find_capacity": "capacity",
     "NetworkCost": "cost",
@@ -53,11 +59,11 @@ _HOME = {  # public name -> its module; imported on first use, so importing one 
 }
 
 __all__ = [
-    "POLICIES", "STRATEGIES", "BlockPlan", "Capacity", "InferenceEstimate", "LMSOptions", "MemoryModel",
-    "NetworkCost", "Plan", "PlanDoesNotFitError", "Timeline", "Workload", "capacity_run", "compare_run",
-    "compare_strategies", "compute_network_cost", "compute_step_flops", "estimate_inference", "estimate_peak",
-    "find_capacity", "format_bytes", "memory_model_for", "parse_limit", "plan_lms", "plan_lms_from_config",
-    "plan_run", "planning_device", "simulate",
+    "POLICIES", "STRATEGIES", "BlockPlan", "Capacity", "InferenceEstimate", "LMSOptions", "MemoryFacts", "MemoryModel",
+    "NetworkCost", "OutOfMemoryError", "Plan", "PlanDoesNotFitError", "Setting", "Timeline", "Workload",
+    "capacity_run", "compare_run", "compare_strategies", "compute_network_cost", "compute_step_flops",
+    "estimate_inference", "estimate_peak", "find_capacity", "format_bytes", "memory_model_for", "parse_limit",
+    "plan_lms", "plan_lms_from_config", "plan_run", "planning_device", "settings_that_fit", "simulate",
 ]
 
 

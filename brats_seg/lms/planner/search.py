@@ -296,15 +296,15 @@ def largest_batch(workload: Workload, mm: MemoryModel, strategies: Sequence[str]
         lambda batch: fits_with(workload.with_input(batch_size=batch), mm, strategies, options), cap)
 
 
-def largest_resolution(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions
-                       ) -> tuple[tuple[str, tuple[int, int, int]], int] | None:
+def largest_resolution(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions,
+                       batch_size: int = 1) -> tuple[tuple[str, tuple[int, int, int]], int] | None:
     """``((name, shape), peak)`` of the largest standard resolution (divisible by ``2**depth``)
-    at which one of the fixed ``strategies`` fits at batch 1, or None."""
+    at which one of the fixed ``strategies`` fits at ``batch_size``, or None."""
     found = None
     for name, shape in STANDARD_RESOLUTIONS:
         if any(s % 2**workload.model_cfg.depth for s in shape):
             continue
-        ok, peak = fits_with(workload.with_input(shape, 1), mm, strategies, options)
+        ok, peak = fits_with(workload.with_input(shape, batch_size), mm, strategies, options)
         if ok:
             found = (name, shape), peak
     return found
