@@ -17,6 +17,9 @@
     metrics       Dice per region and the region monitors
     callbacks     checkpoints with resume state, early stopping, tracking, dead regions
     preemption    SIGTERM/SIGINT: finish the step, save, exit resumably
+    oom           out of memory: ResourceExhaustedError/MemoryError -> OutOfMemoryError with the plan's
+                  and the measured peak and settings that fit; the lock record that lets the next
+                  start tell a kernel OOM kill, and its diagnosis
     cluster_sync  a multi-worker cluster's workers follow the chief's position
 
 Files go through :class:`brats_seg.run_dir.RunFolder`. Modules that need TensorFlow import it

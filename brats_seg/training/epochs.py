@@ -1,8 +1,9 @@
 """The epoch loop around the step functions of :mod:`brats_seg.training.steps`.
 
 Drives Keras callbacks as ``model.fit`` would (``on_train_begin``, ``on_epoch_begin``,
-``on_train_batch_begin/end``, ``on_epoch_end`` with the training means and, every
-``val_every`` epochs, the ``val_`` ones, ``model.stop_training``), shows a progress bar on
+``on_train_batch_begin/end``, ``on_test_begin/end`` around the validation pass, ``on_epoch_end``
+with the training means and, every ``val_every`` epochs, the ``val_`` ones,
+``model.stop_training``), shows a progress bar on
 the chief, and stops after the current step when a worker was signalled
 (:mod:`brats_seg.training.preemption`). Stopping decisions (early stopping, a callback's
 ``stop_training``) are the chief's, sent to every worker, so that all leave the loop at
@@ -107,7 +108,9 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
             logs["step_s"] = statistics.median(step_times)
         if (epoch + 1) % max(val_every, 1) == 0:  # as Keras' validation_freq
             started = time.perf_counter()
+            callbacks.on_test_begin()  # as Keras' fit around its validation pass
             logs.update(evaluate(eval_step, val_dataset).means("val_"))
+            callbacks.on_test_end()
             logs["val_s"] = time.perf_counter() - started  # the validation pass, seconds
         callbacks.on_epoch_end(epoch, logs)
         log.info("epoch %d/%d: %s", epoch + 1, epochs,

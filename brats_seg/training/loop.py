@@ -22,7 +22,9 @@ the models is :mod:`brats_seg.training.build`'s, the run folder's start and resu
 4. the step loop (:mod:`brats_seg.training.epochs`, one ``strategy.run`` step for every
    strategy) with checkpoint/early-stopping and tracking callbacks, and the run's end
    (``_Session``). Only the chief writes the run folder and tracks; SIGTERM/SIGINT end the
-   run resumably (:mod:`brats_seg.training.preemption`).
+   run resumably (:mod:`brats_seg.training.preemption`); running out of memory ends in the
+   plan's numbers and the settings that fit, and a run the kernel killed is diagnosed from its
+   lock record when the next start takes the lock over (:mod:`brats_seg.training.oom`).
 
 This module imports TensorFlow: entry points import it after :func:`brats_seg.backend.configure`.
 """
@@ -54,6 +56,7 @@ from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_pla
 from brats_seg.training.checks import check_train_config
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
 from brats_seg.training.epochs import LoopOutcome, run_epochs
+from brats_seg.training.oom import MemoryRecordCallback, MemoryWatch, out_of_memory_guard, warn_about_dead_run
 from brats_seg.training.preemption import Preempted, PreemptionFlag
 from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_train_step
 
@@ -165,23 +168,33 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
         LockedError: another process trains in ``run_dir`` (its PID, host and command named).
         Preempted: SIGTERM/SIGINT stopped the run after saving; the same command resumes.
         ClusterFailure: a worker of a ``multi_worker`` cluster was lost, naming it.
+        OutOfMemoryError: memory ran out (``ResourceExhaustedError``, ``MemoryError``), with the
+            plan's and the measured peak and the settings predicted to fit; the run folder keeps
+            its last completed epoch. A run killed by the kernel is diagnosed on the next start
+            (:mod:`brats_seg.training.oom`) and resumed.
     """
     resolve_model_outputs(cfg)  # one sigmoid output per region of the layout (or WT only)
     check_train_config(cfg)  # every value, in a second: nothing is prepared or written before
     resolve_paths(cfg)
     strategy, cluster = make_strategy(cfg.distribute, backend.device)  # before any TensorFlow op runs
     is_chief = cluster is None or cluster.is_chief
-    with hold_lock(cfg.run_dir, "run folder") if is_chief else contextlib.nullcontext():  # one training per folder
-        return _train_in_folder(cfg, backend, strategy, cluster, extra_callbacks, tags, name_suffix)
+    watch = MemoryWatch(cfg, backend.device)  # its record in the lock tells the next start why this one died
+    lock = (hold_lock(cfg.run_dir, "run folder", record=watch.lock_record(),  # one training per folder
+                      on_takeover=warn_about_dead_run(cfg, backend.device, cfg.run_dir,
+                                                      strategy.num_replicas_in_sync))
+            if is_chief else contextlib.nullcontext())
+    with lock as watch.lock, out_of_memory_guard(watch):
+        return _train_in_folder(cfg, backend, strategy, cluster, extra_callbacks, tags, name_suffix, watch)
 
 
 def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, cluster, extra_callbacks,
-                     tags: dict[str, str] | None, name_suffix: str) -> TrainResult:
+                     tags: dict[str, str] | None, name_suffix: str, watch: MemoryWatch) -> TrainResult:
     """:func:`train` from the plan on, with the run folder locked: plan -> data -> run folder ->
     model -> resume -> tracking -> epochs."""
     is_chief = cluster is None or cluster.is_chief
     decision = preflight_plan(_per_replica(cfg, strategy.num_replicas_in_sync), backend)  # it fits, or says what would
     backend, plan = decision.backend, decision.plan
+    watch.planned(plan, decision.lms, strategy.num_replicas_in_sync)
     ds = _prepared_data(cfg)  # fails here, with the data layer's message, before the run folder is written
     run_dir = prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
     plan_files = save_plan(plan, run_dir) if is_chief else []
@@ -194,6 +207,7 @@ def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, clust
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
     baseline = current_rss_bytes() if backend.device == "CPU" else None  # the runtime, before the model
+    watch.started(baseline, state)
     model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)
     start = load_resume(run_dir, state, model, export_model, steps)
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
@@ -209,7 +223,7 @@ def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, clust
     checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model,
                                write=is_chief)
     callbacks = [MemoryStatsCallback(backend.device, offload_stats, baseline), checkpoint, TrackingCallback(tracker),
-                 *extra_callbacks]
+                 MemoryRecordCallback(watch), *extra_callbacks]  # the record after the stats and the checkpoint
     if is_chief:
         regions = output_regions(cfg.data.layout, cfg.model.out_channels)
         callbacks.insert(1, DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())))
