@@ -39,10 +39,11 @@ def _series(records: Iterable[Mapping], y) -> dict[str, list[tuple[float, float]
 
 def _save(fig, path: Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:  # its folder is created; DiskFullError naming the PNG if full
+            fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)  # also on failure: pyplot keeps every open figure
     return path
 
 

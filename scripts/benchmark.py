@@ -64,15 +64,16 @@ def _random_cache(root: Path, conf, cases: int) -> list[Path]:
     import numpy as np
 
     from brats_seg.data.cache import IMAGE_FILE, REGIONS_FILE
+    from brats_seg.files import atomic_dir
 
     rng = np.random.default_rng(conf.trainer.seed)
     shape = tuple(conf.resolution.shape)
     dirs = []
     for k in range(cases):
         case = root / f"case_{k:03d}"
-        case.mkdir(parents=True)
-        np.save(case / IMAGE_FILE, rng.standard_normal((*shape, 4), dtype=np.float32).astype(np.float16))
-        np.save(case / REGIONS_FILE, (rng.random((*shape, conf.model.out_channels)) < 0.05).astype(np.uint8))
+        with atomic_dir(case) as entry:  # read back by the input pipeline, as a cache entry is
+            np.save(entry / IMAGE_FILE, rng.standard_normal((*shape, 4), dtype=np.float32).astype(np.float16))
+            np.save(entry / REGIONS_FILE, (rng.random((*shape, conf.model.out_channels)) < 0.05).astype(np.uint8))
         dirs.append(case)
     return dirs
 
@@ -256,6 +257,7 @@ def run_sweep(conf, overrides: list[str]) -> Path:
     """Every combination of the sweep's axes in a fresh benchmark process; JSON lines, then the plots."""
     import itertools
 
+    from brats_seg.files import write_text_atomic
     from brats_seg.plots import plot_benchmark_sweep
 
     path, spec = _sweep_spec(conf.benchmark.sweep)
@@ -263,7 +265,8 @@ def run_sweep(conf, overrides: list[str]) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     base = [*spec.get("base", []), *(o for o in overrides if not o.startswith(("benchmark.sweep=", "benchmark.out=")))]
     keys = list(spec["axes"])
-    done = {json.dumps(r["sweep"]) for r in _read_jsonl(out) if "sweep" in r}
+    records = _read_jsonl(out)
+    done = {json.dumps(r["sweep"]) for r in records if "sweep" in r}
     combos = [dict(zip(keys, values)) for values in itertools.product(*(spec["axes"][k] for k in keys))]
     for i, combo in enumerate(combos, 1):
         if json.dumps(combo) in done:
@@ -276,9 +279,8 @@ def run_sweep(conf, overrides: list[str]) -> Path:
             print(f"  failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
             continue
         result = json.loads(proc.stdout.strip().splitlines()[-1])
-        with open(out, "a") as f:
-            f.write(json.dumps({"sweep": combo, **result}) + "\n")
-    records = _read_jsonl(out)
+        records.append({"sweep": combo, **result})  # the whole file replaced: a kill never leaves half a line
+        write_text_atomic(out, "".join(json.dumps(r) + "\n" for r in records))
     for png in plot_benchmark_sweep(records, out.parent):
         print(f"wrote {png}")
     return out

@@ -10,7 +10,7 @@ The official code is run here, never imported by brats-seg: ``brats-evaluation``
 official BraTS 2025+ evaluation, built on panoptica; AGPL) and rachitsaluja/BraTS-2023-Metrics
 (the BraTS 2023/2024 lesion-wise code). Nothing is fetched unless ``download=true``: the
 official package is taken from ``official=`` (an unpacked wheel or a site-packages folder),
-else from this interpreter if it is installed, else from ``<work>/be`` (an earlier download);
+else from this interpreter if it is installed, else from ``<work>/be/unpacked`` (an earlier download);
 the 2023 code from ``metrics_2023=``, else ``<work>/ref2023``, else its comparison is skipped.
 ``download=true`` gets whichever is missing (``pip download --no-deps``, ``git clone``).
 
@@ -57,6 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from brats_seg.data.labels import LABELS, region_label_values  # noqa: E402
 from brats_seg.data.phantoms.synthetic import case_files, write_synthetic_dataset  # noqa: E402
+from brats_seg.files import atomic_dir, atomic_path, write_text_atomic  # noqa: E402
 
 LAYOUTS = ("brats2024", "brats2023", "brats2021", "msd")
 BRATS_EVALUATION = "brats-evaluation==0.0.10"
@@ -200,7 +201,6 @@ def small_case(index: int, layout: str):
 def save(path: Path, data_ras: np.ndarray, spacing, storage: str, dtype=np.uint8) -> None:
     """Write ``data_ras`` ``(x, y, z)`` (voxel size ``spacing``) stored as ``storage`` (e.g.
     ``LPS``: i runs to the left, j to the back, k up), qform and sform both set."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     affine = np.diag([*spacing, 1.0])
     affine[:3, 3] = -np.asarray(spacing) * (np.asarray(data_ras.shape[:3]) - 1) / 2  # centred
     img = nib.Nifti1Image(np.asarray(data_ras, dtype=dtype), affine)
@@ -210,7 +210,8 @@ def save(path: Path, data_ras: np.ndarray, spacing, storage: str, dtype=np.uint8
     img = nib.Nifti1Image(np.asarray(img.dataobj, dtype=dtype), stored)
     img.set_qform(stored, code=1)
     img.set_sform(stored, code=1)
-    nib.save(img, str(path))
+    with atomic_path(path) as tmp:  # read by score.py and the official code
+        nib.save(img, str(tmp))
 
 
 def write_small_cases(root: Path, preds: Path, layout: str) -> list[dict]:
@@ -266,14 +267,16 @@ def find_official(work: Path, args: dict, download: bool) -> Path:
     if installed.returncode == 0:
         return Path(installed.stdout.strip())
     be = work / "be"
-    if not (be / "brats_evaluation").is_dir():
+    unpacked = be / "unpacked"  # whole or absent: an interrupted unpacking is never taken for the package
+    if not (unpacked / "brats_evaluation").is_dir():
         if not download:
-            raise SystemExit(f"error: brats-evaluation is not installed here, and not in {be}: pass official=<folder "
-                             f"holding brats_evaluation/>, or download=true to fetch {BRATS_EVALUATION} with pip.")
+            raise SystemExit(f"error: brats-evaluation is not installed here, and not in {unpacked}: pass official="
+                             f"<folder holding brats_evaluation/>, or download=true to fetch {BRATS_EVALUATION} with pip.")
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(be), BRATS_EVALUATION],
                        check=True)
-        zipfile.ZipFile(next(be.glob("brats_evaluation-*.whl"))).extractall(be)
-    return be
+        with atomic_dir(unpacked) as tmp:
+            zipfile.ZipFile(next(be.glob("brats_evaluation-*.whl"))).extractall(tmp)
+    return unpacked
 
 
 def find_2023(work: Path, args: dict, download: bool) -> Path | None:
@@ -286,9 +289,10 @@ def find_2023(work: Path, args: dict, download: bool) -> Path | None:
     if not download:
         return None
     source = args.get("metrics_2023", METRICS_2023)
-    if subprocess.run(["git", "clone", "-q", source, str(clone)]).returncode != 0:
-        raise SystemExit(f"error: could not clone {source}; pass metrics_2023=<a local clone of "
-                         "rachitsaluja/BraTS-2023-Metrics>.")
+    with atomic_dir(clone) as tmp:  # an interrupted clone is never taken for a whole one
+        if subprocess.run(["git", "clone", "-q", source, str(tmp)]).returncode != 0:
+            raise SystemExit(f"error: could not clone {source}; pass metrics_2023=<a local clone of "
+                             "rachitsaluja/BraTS-2023-Metrics>.")
     return clone
 
 
@@ -303,7 +307,7 @@ def official_config(official: Path, work: Path, layout: str) -> Path:
         kind = "LabelGroup" if len(vals) == 1 else "LabelMergeGroup"
         groups += f"    {r}: !{kind}\n      single_instance: false\n      value_labels: {list(vals)}\n"
     out = work / layout / "config.yaml"
-    out.write_text(head + groups + "verbose: false\n")
+    write_text_atomic(out, head + groups + "verbose: false\n")
     return out
 
 
@@ -387,7 +391,7 @@ def run_official(official: Path, cfg: str, cases: str, out: str, layout: str) ->
         spacing = tuple(float(z) for z in g.header.get_zooms())
         r = ev.evaluate(np.asarray(p.dataobj), np.asarray(g.dataobj), voxelspacing=spacing)
         res["physical"][c["case_id"]] = flat({k: v.to_dict(True) for k, v in r.items()})
-    Path(out).write_text(json.dumps(res, default=float))
+    write_text_atomic(out, json.dumps(res, default=float))
 
 
 def run_2023(work: Path, cases: str, out: str, layout: str) -> None:
@@ -424,9 +428,10 @@ def run_2023(work: Path, cases: str, out: str, layout: str) -> None:
         o = np.zeros_like(a)
         for k, v in table.items():
             o[a == k] = v
-        p = str(Path(tmp) / name)
-        nib.save(nib.Nifti1Image(o, img.affine, img.header), p)
-        return p
+        p = Path(tmp) / name
+        with atomic_path(p) as part:
+            nib.save(nib.Nifti1Image(o, img.affine, img.header), str(part))
+        return str(p)
 
     keys = ("LesionWise_Score_Dice", "LesionWise_Score_HD95")
     res = {}
@@ -441,7 +446,7 @@ def run_2023(work: Path, cases: str, out: str, layout: str) -> None:
                                                 challenge)
             row = df[df["Labels"] == "ET"].iloc[0]
             res[cid]["rc"] = {k: float(row[k]) for k in keys}
-    Path(out).write_text(json.dumps(res))
+    write_text_atomic(out, json.dumps(res))
 
 
 # --- comparison ------------------------------------------------------------------------
@@ -506,7 +511,7 @@ def write_expected(path: Path, work: Path, official: Path, argv: list[str]) -> i
     for layout in ("brats2024", "brats2023"):
         wd = work / "small" / layout
         cases = write_small_cases(wd / "ref", wd / "pred", layout)
-        (wd / "cases.json").write_text(json.dumps(cases))
+        write_text_atomic(wd / "cases.json", json.dumps(cases))
         official_values = run_official_subprocess(official, official_config(official, work, layout),
                                                   wd / "cases.json", wd / "official.json", layout)
         doc["versions"] = official_values["versions"]
@@ -524,8 +529,7 @@ def write_expected(path: Path, work: Path, official: Path, argv: list[str]) -> i
                 region: {col: (None if math.isnan(v := num(values[region].get(k))) else v)
                          for col, k in PANOPTICA.items()}
                 for region in region_label_values(layout)}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path} (brats-evaluation {doc['versions']['brats_evaluation']}, "
           f"panoptica {doc['versions']['panoptica']})")
     return 1 if failed else 0
@@ -553,7 +557,7 @@ def main(argv: list[str]) -> int:
     for layout in LAYOUTS:
         root, preds, cases = build(work, layout, n)
         wd = work / layout
-        (wd / "cases.json").write_text(json.dumps(cases))
+        write_text_atomic(wd / "cases.json", json.dumps(cases))
         score(preds, root, layout)
         result = run_official_subprocess(official, official_config(official, work, layout),
                                          wd / "cases.json", wd / "official.json", layout)

@@ -42,6 +42,7 @@ def _args(argv: list[str]) -> tuple[dict, list[str]]:
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(REPO))
     from brats_seg.cpu import cpu_kind, cpu_model_name, has_native_bf16
+    from brats_seg.files import write_text_atomic
     from brats_seg.run_dir import RunFolder
 
     args, passed = _args(argv)
@@ -87,7 +88,7 @@ def main(argv: list[str]) -> int:
         result["bf16_minus_fp32"] = gap
         print("\nbf16 - fp32 (mean over seeds): " + ", ".join(f"{x.upper()} {gap[x]:+.3f}" for x in REGIONS))
     path = out / "precision_study.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
 

@@ -72,6 +72,7 @@ def run_logged(cmd: list[str], log: Path) -> float:
 
 def main(argv: list[str]) -> int:
     from brats_seg.cpu import cpu_kind, cpu_model_name, has_native_bf16
+    from brats_seg.files import write_text_atomic
     from brats_seg.plots import plot_resolution_study
     from brats_seg.run_dir import RunFolder
 
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> int:
             study["runs"].setdefault(res, {}).update(
                 label=res, spacing_mm=SPACING_MM[res], epochs=int(state["epoch"]), n_cases=summary["n_cases"],
                 **{k: v for k, v in summary.items() if k.startswith(("dice_", "hd95_"))})
-        study_path.write_text(json.dumps(study, indent=1) + "\n")
+        write_text_atomic(study_path, json.dumps(study, indent=1) + "\n")  # read back by plot_only=true and reruns
     rows = [r for r in study["runs"].values() if "dice_wt" in r]
     if not rows:
         raise SystemExit(f"error: no evaluated run under {out} yet")

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from brats_seg.distribute.cluster import free_local_ports  # noqa: E402
+from brats_seg.files import write_text_atomic  # noqa: E402
 from brats_seg.run_dir import RunFolder  # noqa: E402
 
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{f'{args.workers} workers x {args.threads} thread(s)':<28} {multi:>10.1f} {cases / multi:>9.3f}")
     print(f"scaling efficiency (workers / single): {single / multi:.2f}")
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return 0
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
+
+from brats_seg.files import write_text_atomic
 
 __all__ = ["make_split", "save_split", "load_split"]
 
@@ -57,14 +57,12 @@ def make_split(case_ids: list[str], val_fraction: float, test_fraction: float, s
 
 
 def save_split(split: dict, path: str | Path) -> Path:
-    """Write the split atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(split, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    """Write the split atomically (temporary file, fsync, rename; its folder is created).
+
+    Raises:
+        DiskFullError: no space left; an existing split file is left as it was.
+    """
+    return write_text_atomic(path, json.dumps(split, indent=1))
 
 
 def load_split(path: str | Path) -> dict:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+
+from brats_seg.files import atomic_path
 
 __all__ = ["save_overlay", "compute_overlay_centre", "REGION_COLOURS"]
 
@@ -215,14 +216,7 @@ def save_overlay(
 
 
 def _save_figure_atomic(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", facecolor=fig.get_facecolor())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:  # DiskFullError (naming the PNG) if the disk is full
+        fig.savefig(tmp, format="png", facecolor=fig.get_facecolor())
     logger.debug("Wrote overlay %s", path)
     return path
