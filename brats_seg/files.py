@@ -5,7 +5,9 @@ over the target, and the folder is fsynced, so a crash leaves either the old fil
 new one, never a half-written file that a later step reads as valid (:func:`atomic_path`;
 a folder of files, such as a cache entry, likewise with :func:`atomic_dir`). A write that
 runs out of space raises :class:`DiskFullError` naming the file and the free space, and the
-previous file is left as it was.
+previous file is left as it was. A writer killed by SIGKILL leaves at most a temporary name
+(``.tmp-*``, ``.old-*``; :func:`is_temporary`) that readers skip and the folder's owner deletes
+with :func:`remove_stale_temporaries` while holding the folder's lock.
 
 Crash points (for tests): with ``BRATS_SEG_CRASH_AT=<file name pattern>[:<n>[:after]]`` in the
 environment, the process kills itself with SIGKILL at the ``n``-th (default first) atomic write
@@ -41,7 +43,11 @@ __all__ = [
     "atomic_path",
     "disk_full_error",
     "file_lock",
+    "format_bytes",
     "hold_lock",
+    "is_disk_full",
+    "is_temporary",
+    "remove_stale_temporaries",
     "update_lock",
     "write_bytes_atomic",
     "write_text_atomic",
@@ -50,6 +56,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+_TEMPORARY_PREFIXES = (".tmp-", ".old-")  # names this module gives files and folders not (or no longer) in place
 _NO_SPACE_WORDS = ("no space left on device", "disk quota exceeded", "database or disk is full")
 
 
@@ -63,7 +70,7 @@ class DiskFullError(OSError):
 
     def __init__(self, path: str | os.PathLike, free_bytes: int | None, what: str = "") -> None:
         self.path, self.free_bytes, self.what = Path(path), free_bytes, what
-        free = "unknown" if free_bytes is None else _format_bytes(free_bytes)
+        free = "unknown" if free_bytes is None else format_bytes(free_bytes)
         kept = f" {what}" if what else " The previous version of the file, if any, is intact."
         super().__init__(errno.ENOSPC, f"no space left on the device writing {self.path} ({free} free there).{kept} "
                                        "Free some space (or point the folder elsewhere) and run the same command again.")
@@ -75,7 +82,8 @@ class DiskFullError(OSError):
         return (type(self), (self.path, self.free_bytes, self.what))
 
 
-def _format_bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a message: ``1.5 GB``, ``12.0 KB``, ``512 bytes`` (decimal units)."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
@@ -91,7 +99,9 @@ def _free_bytes(path: Path) -> int | None:
     return None
 
 
-def _is_disk_full(exc: BaseException) -> bool:
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception that caused it, says the disk (or a quota) is full: ENOSPC,
+    EDQUOT, or a library's own words for it (SQLite's "database or disk is full")."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -111,7 +121,7 @@ def disk_full_error(exc: BaseException, path: str | os.PathLike, what: str = "")
     "database or disk is full"), so the chain and the message are both looked at."""
     if isinstance(exc, DiskFullError):
         return exc
-    if not _is_disk_full(exc):
+    if not is_disk_full(exc):
         return None
     return DiskFullError(path, _free_bytes(Path(path)), what)
 
@@ -183,11 +193,19 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
             tmp_path.unlink(missing_ok=True)  # give the space back before saying how much is free
             raise DiskFullError(path, _free_bytes(path)) from e
         _crash_point(path, "before")
-        os.replace(tmp_path, path)
+        _replace(tmp_path, path)
         _fsync_dir(path.parent)
         _crash_point(path, "after")
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """``os.replace``; a file system that needs a block for the new name says so as :class:`DiskFullError`."""
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        raise disk_full_error(e, dst) or e
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -229,8 +247,13 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         old = None
         if path.exists():
             old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
-            os.replace(path, old)
-        os.replace(tmp, path)
+            _replace(path, old)
+        try:
+            _replace(tmp, path)
+        except BaseException:
+            if old is not None:  # the old folder back under its name: never no folder at all
+                os.replace(old, path)
+            raise
         _fsync_dir(path.parent)
         _crash_point(path, "after")
         if old is not None:
@@ -250,6 +273,64 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically; returns the path."""
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def is_temporary(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a temporary name of this module (``.tmp-*``, ``.old-*``): a write not (or
+    no longer) in place, which readers listing a folder must skip. Its suffix may be the final file's
+    (``.tmp-x.nii.gz.k3j2.nii.gz``), so a pattern such as ``*.nii.gz`` alone does not exclude it."""
+    return Path(path).name.startswith(_TEMPORARY_PREFIXES)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files and folders (``.tmp-*``, ``.old-*``) that writers killed by
+    SIGKILL (or a power cut) left under ``folder``, at any depth; returns what was deleted.
+
+    Call it while holding ``folder``'s lock (:func:`hold_lock`): a live writer's temporary file
+    looks the same as a dead one's. A sub-folder with its own lock held by a live process (an
+    evaluation of the same run, a cache entry being built) is that process's and is left alone.
+    Nothing a reader uses is touched: every final name is the writer's result, never a temporary.
+    """
+    folder = Path(folder)
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    stack = [folder]
+    while stack:
+        current = stack.pop()
+        if current != folder and _held_by_another_live_process(current / ".lock"):
+            log.debug("%s is locked by a live process; its temporaries are its own", current)
+            continue
+        try:
+            children = sorted(current.iterdir())
+        except OSError as e:
+            log.debug("cannot list %s: %s", current, e)
+            continue
+        for child in children:
+            if is_temporary(child):
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+                removed.append(child)
+            elif child.is_dir() and not child.is_symlink():
+                stack.append(child)
+    if removed:
+        log.info("removed %d temporary file(s) left by an interrupted writer under %s: %s", len(removed), folder,
+                 ", ".join(str(p.relative_to(folder)) for p in removed[:5]) + (" ..." if len(removed) > 5 else ""))
+    return removed
+
+
+def _held_by_another_live_process(lock: Path) -> bool:
+    try:
+        holder = json.loads(lock.read_text() or "{}")
+    except (OSError, ValueError):
+        return False
+    if not isinstance(holder, dict):
+        return False
+    if holder.get("host") != socket.gethostname():
+        return bool(holder)  # another host's lock cannot be checked from here: leave its folder alone
+    return holder.get("pid") != os.getpid() and _holder_is_alive(holder)
 
 
 @contextlib.contextmanager
@@ -283,7 +364,8 @@ def _process_start(pid: int) -> float | None:
 def _holder_is_alive(holder: dict) -> bool:
     """The recorded holder still runs: same PID, started at the recorded time (not a reused PID)."""
     start = _process_start(int(holder.get("pid", -1)))
-    return start is not None and abs(start - float(holder.get("pid_start", start))) < 1.0
+    recorded = holder.get("pid_start")  # None where the holder could not read its own start time
+    return start is not None and (recorded is None or abs(start - float(recorded)) < 1.0)
 
 
 @contextlib.contextmanager
@@ -381,10 +463,7 @@ def update_lock(lock: str | os.PathLike, **fields) -> None:
     if held.get("pid") != os.getpid():
         return
     held.update(fields)
-    tmp = lock.with_name(f".tmp-{lock.name}.{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(held))
-        os.replace(tmp, lock)
+        write_text_atomic(lock, json.dumps(held))
     except OSError as e:  # the record is a diagnosis aid: a full disk must not stop the run here
-        tmp.unlink(missing_ok=True)
         log.debug("lock %s not updated: %s", lock, e)
