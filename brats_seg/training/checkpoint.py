@@ -121,15 +121,27 @@ def resume_position(state, iterations: int | None, steps: int) -> tuple[int, int
     """``(epoch, step, partial sums)`` to resume at: ``state.json``'s, checked against the
     optimizer step restored from ``last.keras``.
 
-    ``last.keras`` is written before ``state.json``, which records the optimizer step it was
-    written with (``iterations``). A run killed between the two writes leaves weights newer
-    than the state: then the restored optimizer step says where the weights are (one per
-    training step; under fp16 loss scaling, skipped steps make this approximate) and
-    training resumes there, without the partial sums.
+    ``state.json`` is written before ``last.keras`` and carries the state it replaces
+    (``previous``). A run killed between the two writes leaves a state one save ahead of the
+    weights: the optimizer step inside ``last.keras`` equals ``previous``'s, and the state is
+    rolled back to it (in place: history, best and position), so the lost epoch is trained
+    again and recorded once. Runs written by earlier versions wrote the weights first; for
+    those, weights newer than the state are located by their optimizer step (one per training
+    step; under fp16 loss scaling, skipped steps make this approximate), without partial sums.
     """
+    recorded = state.get("iterations")
+    previous = state.get("previous")
+    if (iterations is not None and recorded is not None and int(iterations) != int(recorded)
+            and isinstance(previous, dict) and previous.get("iterations") is not None
+            and int(previous["iterations"]) == int(iterations)):
+        log.warning("state.json is one save ahead of last.keras (optimizer step %d, the weights %d): stopped between "
+                    "the two writes; resuming from the save before (epoch %d step %d)", recorded, iterations,
+                    int(previous["epoch"]), int(previous.get("step", 0)))
+        state.clear()
+        state.update(previous)
+        recorded = state.get("iterations")
     epoch, step = int(state["epoch"]), int(state.get("step", 0))
     partial = state.get("partial") if state.get("partial_epoch") == epoch + 1 and step else None
-    recorded = state.get("iterations")
     if iterations is not None and recorded is not None and int(iterations) != int(recorded):
         new_epoch, new_step = divmod(int(iterations), steps)
         log.warning("last.keras holds optimizer step %d but state.json was written at step %d (epoch %d step %d): "
@@ -151,6 +163,16 @@ def load_resume(run_dir: Path, state, model, export_model, steps: int) -> tuple[
     folder = RunFolder(run_dir)
     last = folder.checkpoint_file("last")
     if not last.is_file():
+        previous = state.get("previous")
+        if isinstance(previous, dict) and not previous.get("epoch") and not previous.get("step"):
+            # killed between the first state.json and the first last.keras: nothing was saved
+            log.warning("%s is one save ahead of a checkpoint that was never written: starting from the beginning",
+                        folder.state_path)
+            state.clear()
+            state.update(previous)
+            return 0, 0, None
         raise FileNotFoundError(f"{folder.state_path} says {state['epoch']} epochs are done but {last} is missing.")
     restore(model, export_model, last)
-    return resume_position(state, int(model.optimizer.iterations.numpy()), steps)
+    position = resume_position(state, int(model.optimizer.iterations.numpy()), steps)
+    folder.write_history_csv(state.get("history", []))  # a run killed while writing it leaves it behind state.json
+    return position

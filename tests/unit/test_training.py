@@ -119,6 +119,26 @@ def test_resume_position_trusts_the_state_unless_the_weights_are_newer():
     assert resume_position({"epoch": 1, "iterations": 10}, 10, steps=10) == (1, 0, None)
 
 
+def test_a_state_one_save_ahead_of_the_weights_is_rolled_back_in_place():
+    """state.json is written before last.keras and carries the state it replaces: killed between
+    the two, the weights' optimizer step is the previous save's, and the state goes back to it
+    (history, best, position), so the lost epoch is trained and recorded once."""
+    from brats_seg.training.checkpoint import resume_position
+
+    previous = {"epoch": 1, "best_value": 0.5, "best_epoch": 1, "history": [{"epoch": 1}], "iterations": 10}
+    state = {"epoch": 2, "best_value": 0.6, "best_epoch": 2, "history": [{"epoch": 1}, {"epoch": 2}],
+             "iterations": 20, "previous": dict(previous)}
+    assert resume_position(state, 10, steps=10) == (1, 0, None)
+    assert state == previous
+    # a partial save (a signal mid-epoch) one ahead of the epoch-end weights likewise
+    partial = {**previous, "epoch": 1, "step": 4, "partial": {"loss": 1.0}, "partial_epoch": 2, "iterations": 14,
+               "previous": dict(previous)}
+    assert resume_position(partial, 10, steps=10) == (1, 0, None) and partial == previous
+    # consistent: nothing changes
+    same = {**previous, "previous": {"epoch": 0, "iterations": 0}}
+    assert resume_position(same, 10, steps=10) == (1, 0, None) and same["epoch"] == 1
+
+
 #: Keys the first released config lacked (``git show 5ef0090:brats_seg/config.py``), and the ones it
 #: had that are gone: an old run folder's ``config.json`` is this, not today's.
 _KEYS_ADDED_SINCE_FIRST = ("backend.gpu_memory_limit_mb", "data.prefetch_batches", "distribute.collective",
