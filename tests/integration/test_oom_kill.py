@@ -105,7 +105,7 @@ def test_a_run_killed_by_the_oom_killer_is_named_on_the_next_start_which_trains_
         diagnosis = next((line for line in log.splitlines() if "the previous run (PID " in line), "")
         assert f"was killed by the kernel's out-of-memory killer (memory cgroup {cgroup}" in diagnosis, log[-3000:]
         assert "in training epoch 1" in diagnosis and "The plan predicted a peak of" in diagnosis
-        assert f"Memory available to the run: " in diagnosis and f"memory cgroup {cgroup}: limit " in diagnosis
+        assert "Memory available to the run: " in diagnosis and f"memory cgroup {cgroup}: limit " in diagnosis
         assert re.search(r"Settings predicted to fit [0-9.]+ GB \(.*\): `[^`]*lms\.limit=[0-9.]+[MG]B`", diagnosis), \
             diagnosis
         assert "best val Dice" in log and (tmp_path / "run" / "checkpoints" / "last.keras").is_file()
