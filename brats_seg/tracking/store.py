@@ -43,6 +43,7 @@ __all__ = [
     "artifact_location_for",
     "experiment_id_for",
     "find_project_root",
+    "local_store_path",
     "open_store",
     "probe_server",
     "resolve_tracking_uri",
@@ -104,6 +105,20 @@ def _sqlite_path(uri: str) -> Path | None:
         return None
     path = uri[len(_SQLITE):].partition("?")[0]
     return Path(path) if path.startswith("/") else None
+
+
+def local_store_path(uri: str) -> Path | None:
+    """The local file or folder a store at ``uri`` writes (a sqlite database, a ``file:`` store),
+    for messages about its disk; None for a server or a database elsewhere."""
+    db = _sqlite_path(uri)
+    if db is not None:
+        return db
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(urllib.parse.unquote(parsed.path))
+    if not parsed.scheme and uri:  # a plain folder is a file store to MLflow
+        return Path(uri).expanduser().resolve()
+    return None
 
 
 def artifact_location_for(uri: str, experiment: str) -> str | None:

@@ -15,9 +15,13 @@ How a :class:`Tracker` talks to MLflow:
   ``run_dir`` reopens it (:meth:`Tracker.start`), and evaluation logs into it (:meth:`Tracker.resume`).
 
 No method raises into training. The first failure that means the store is gone logs ONE
-warning naming the URI, and the tracker stops sending; a call the store refuses (a bad value)
-warns once and the tracker stays connected; a failed upload turns artifacts off. The run folder
-holds what a run needs whatever MLflow does (config, history, plan, checkpoints, evaluation).
+warning naming the URI, and the tracker stops sending; a store whose disk is full (SQLite's
+"database or disk is full", ENOSPC in the artifact folder) likewise, the warning naming the
+store's file and the free space there, whether the tracker's call or MLflow's system-metrics
+thread met it first (MLflow's own tracebacks and warnings of it are kept out of the log while
+the run is open, so the fact is said once); a call the store refuses (a bad value) warns once and the tracker stays connected; a failed
+upload turns artifacts off. The run folder holds what a run needs whatever MLflow does (config,
+history, plan, checkpoints, evaluation).
 
 MLflow's active run is per thread, so a thread has one tracker at a time; a run already active
 in the thread (a notebook's own) gets the tracker's run nested under it.
@@ -25,6 +29,7 @@ in the thread (a notebook's own) gets the tracker's run nested under it.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from pathlib import Path
@@ -35,9 +40,10 @@ from mlflow.entities import Metric, Param, RunTag
 
 from brats_seg.choices import check_choice
 from brats_seg.config import TrackingConfig
+from brats_seg.files import disk_full_error, format_bytes, is_disk_full
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
-from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri
+from brats_seg.tracking.store import experiment_id_for, local_store_path, open_store, resolve_tracking_uri
 
 __all__ = ["TRACKERS", "NullTracker", "Tracker"]
 
@@ -49,6 +55,54 @@ _STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow error codes meaning "this call was refused", not "the store is gone".
 _REJECTED = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
              "INVALID_STATE"}
+
+
+class _MlflowDiskFull(logging.Filter):
+    """Keeps MLflow's own records that say the disk is full out of the log, and notes that one came.
+
+    MLflow's SQL store logs a traceback of every database error before raising it, and its
+    system-metrics thread logs its own warning when it cannot write: on a full disk that is two
+    or three screens for one fact, which the tracker says in one line instead (also when only
+    MLflow's thread met it: :attr:`seen`). The filter sits on the handlers MLflow's records reach
+    (the ``mlflow`` logger's own, which MLflow sets up without propagation, and the root
+    logger's), while a tracker's run is open; no logger name inside MLflow is relied on.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+        self._handlers: set[logging.Handler] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("mlflow"):
+            return True
+        try:
+            full = is_disk_full(Exception(record.getMessage()))
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is MLflow's business
+            return True
+        self.seen |= full
+        return not full
+
+    def attach(self) -> None:
+        self._handlers = {*logging.getLogger("mlflow").handlers, *logging.getLogger().handlers}
+        for handler in self._handlers:
+            handler.addFilter(self)
+
+    def detach(self) -> None:
+        for handler in self._handlers:
+            handler.removeFilter(self)
+        self._handlers = set()
+
+
+def _failed_file(exc: BaseException) -> str | None:
+    """The file an OSError in ``exc``'s chain names (e.g. an artifact being copied), if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.filename:
+            return str(exc.filename)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
@@ -83,6 +137,7 @@ class Tracker:
         self._restore_status: str | None = None  # set by resume(): end() puts this status back
         self._run_active = False  # our run is on MLflow's active-run stack: end() takes it off
         self._ended = False
+        self._mlflow_disk_full = _MlflowDiskFull()  # attached while the store is in use
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -161,10 +216,11 @@ class Tracker:
     def _connect(self, uri: str) -> bool:
         """A client of the store at ``uri``; False (and one warning) if it cannot be used."""
         self.tracking_uri = uri
+        self._mlflow_disk_full.attach()  # until end()
         try:
             self._client = open_store(uri)
         except Exception as exc:  # noqa: BLE001 - tracking never stops training
-            self._go_offline(f"cannot connect ({_short(exc)})")
+            self._go_offline(f"cannot connect ({_short(exc)})", self._disk_full_warning(exc))
             return False
         return True
 
@@ -270,7 +326,11 @@ class Tracker:
         if self._restore_status is not None:  # resume(): evaluation's outcome is a tag, not the run's status
             self._call("set tags", lambda: self._send_tags({"evaluation.status": status}))
             final = self._restore_status
-        self._close_run(final)
+        try:
+            self._close_run(final)
+        finally:
+            self._say_mlflow_disk_full()  # e.g. the system-metrics thread's last write failed
+            self._mlflow_disk_full.detach()
 
     def __enter__(self) -> Tracker:
         return self
@@ -338,13 +398,17 @@ class Tracker:
         any other failure (or any failure before the run exists) means the store is unusable
         and the tracker stops contacting it.
         """
+        self._say_mlflow_disk_full()
         if self._client is None or (artifacts and not self._artifacts_ok):
             return
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - tracking never stops training
             code = getattr(exc, "error_code", None)
-            if code in _REJECTED and self.run_id is not None:
+            full = self._disk_full_warning(exc)
+            if full is not None:  # every later call would fail too, or eat the last bytes: stop
+                self._go_offline(f"could not {what} (no space left)", full)
+            elif code in _REJECTED and self.run_id is not None:
                 self._warn_once(f"rejected:{what}", f"MLflow refused to {what} ({_short(exc)}); training goes on.")
             elif artifacts:
                 self._artifacts_ok = False
@@ -353,13 +417,39 @@ class Tracker:
             else:
                 self._go_offline(f"could not {what} ({_short(exc)})")
 
-    def _go_offline(self, reason: str) -> None:
-        """Stop contacting the store. MLflow's system-metrics monitor stops by itself at its next
-        sample, when it cannot read the run; the run stays MLflow's active run until :meth:`end`."""
-        self._warn_once("offline", f"MLflow tracking at {self.tracking_uri} is not usable: {reason}. Training goes "
-                                   f"on without MLflow; the run folder {self.run_dir} keeps the config, history, "
-                                   "plan and checkpoints. Start the server or fix tracking.uri (or use "
-                                   "tracking=none) to silence this.")
+    def _say_mlflow_disk_full(self) -> None:
+        """Once MLflow's own thread (system metrics) met a full disk, the tracker says so and stops
+        sending, as if its own call had failed there (MLflow's records of it are filtered out)."""
+        if self._client is not None and self._mlflow_disk_full.seen:
+            self._go_offline("MLflow could not write (no space left)",
+                             self._disk_full_warning(OSError(errno.ENOSPC, "No space left on device")))
+
+    def _disk_full_warning(self, exc: BaseException) -> str | None:
+        """The warning for a store that ran out of space (naming its file and the free space
+        there), or None if ``exc`` is another failure."""
+        local = _failed_file(exc) or local_store_path(self.tracking_uri or "")
+        if local is None:  # a server: its disk is not ours to measure
+            if not is_disk_full(exc):
+                return None
+            where = f"the MLflow tracking server {self.tracking_uri} reports that its disk is full"
+        else:
+            full = disk_full_error(exc, local)
+            if full is None:
+                return None
+            free = "unknown" if full.free_bytes is None else format_bytes(full.free_bytes)
+            where = f"MLflow cannot write {full.path}: no space left on its disk ({free} free there)"
+        return (f"{where}: training goes on without MLflow; the run folder {self.run_dir} keeps the config, "
+                "history, plan and checkpoints. Free some space there (or point tracking.uri elsewhere) for the "
+                "next runs.")
+
+    def _go_offline(self, reason: str, message: str | None = None) -> None:
+        """Stop contacting the store, saying why once (``message``, else a warning built from
+        ``reason``). MLflow's system-metrics monitor stops by itself at its next sample, when it
+        cannot read the run or write to it; the run stays MLflow's active run until :meth:`end`."""
+        self._warn_once("offline", message or (
+            f"MLflow tracking at {self.tracking_uri} is not usable: {reason}. Training goes on without MLflow; the "
+            f"run folder {self.run_dir} keeps the config, history, plan and checkpoints. Start the server or fix "
+            "tracking.uri (or use tracking=none) to silence this."))
         self._client = None
 
     def _warn_once(self, key: str, message: str) -> None:

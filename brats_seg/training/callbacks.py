@@ -8,12 +8,15 @@ Run folder (``run_dir``)::
     history.csv              the same history as a table
 
 ``state.json`` is written after ``last.keras``, each through a temporary name and a
-rename, so a run killed at any moment resumes from the last completed epoch. The names and
+rename, so a run killed at any moment resumes from the last completed epoch. A disk that
+fills up while they are written ends the run with :class:`~brats_seg.files.DiskFullError`
+naming the file, the free space and the epoch the same command resumes from. The names and
 the writing of these files belong to :class:`brats_seg.run_dir.RunFolder`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import keras
 
-from brats_seg.files import atomic_path
+from brats_seg.files import DiskFullError, atomic_path
 from brats_seg.run_dir import RunFolder
 
 __all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "DeadRegionWarning", "load_state"]
@@ -82,21 +85,22 @@ class RunCheckpoint(keras.callbacks.Callback):
         improved = value is not None and math.isfinite(float(value)) and (
             self.state["best_value"] is None or float(value) > self.state["best_value"]
         )
-        if improved:
+        with self._saying_what_is_intact():
+            if improved:
+                if self.write:
+                    _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("best"))
+                    log.info("epoch %d: %s improved to %.4f, saved best.keras", epoch + 1, self.monitor, float(value))
+                self.state["best_value"], self.state["best_epoch"] = float(value), epoch + 1
+            self.state["epoch"] = epoch + 1
+            self.state.pop("step", None)
+            self.state.pop("partial", None)
+            self.state.pop("partial_epoch", None)
+            self.state["history"].append(row)
+            self.state["iterations"] = self._iterations()
             if self.write:
-                _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("best"))
-                log.info("epoch %d: %s improved to %.4f, saved best.keras", epoch + 1, self.monitor, float(value))
-            self.state["best_value"], self.state["best_epoch"] = float(value), epoch + 1
-        self.state["epoch"] = epoch + 1
-        self.state.pop("step", None)
-        self.state.pop("partial", None)
-        self.state.pop("partial_epoch", None)
-        self.state["history"].append(row)
-        self.state["iterations"] = self._iterations()
-        if self.write:
-            _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
-            self.folder.write_state(self.state)
-            self.folder.write_history_csv(self.state["history"])
+                _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
+                self.folder.write_state(self.state)
+                self.folder.write_history_csv(self.state["history"])
         best_epoch = self.state["best_epoch"] or 0
         if self.patience and epoch + 1 - best_epoch >= self.patience:
             log.info("early stopping: no %s gain for %d epochs (best %.4f at epoch %d)",
@@ -110,14 +114,37 @@ class RunCheckpoint(keras.callbacks.Callback):
         step inside ``last.keras`` tells the resuming run where the weights are if it was
         stopped between the two writes (:func:`brats_seg.training.checkpoint.resume_position`).
         """
-        self.state["epoch"] = int(epoch)  # completed epochs
-        self.state["step"] = int(step)
-        self.state["partial"] = dict(sums)
-        self.state["partial_epoch"] = epoch + 1
-        self.state["iterations"] = self._iterations()
-        if self.write:
-            _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
-            self.folder.write_state(self.state)
+        with self._saying_what_is_intact():
+            self.state["epoch"] = int(epoch)  # completed epochs
+            self.state["step"] = int(step)
+            self.state["partial"] = dict(sums)
+            self.state["partial_epoch"] = epoch + 1
+            self.state["iterations"] = self._iterations()
+            if self.write:
+                _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
+                self.folder.write_state(self.state)
+
+    @contextlib.contextmanager
+    def _saying_what_is_intact(self):
+        """A full disk while saving: :class:`DiskFullError` saying where the run resumes from.
+
+        Every file is replaced atomically and ``state.json`` after ``last.keras``, so the files
+        on disk describe the last position saved whole (a ``last.keras`` already replaced is
+        recognised by its optimizer step).
+        """
+        try:
+            yield
+        except DiskFullError as e:
+            saved = self.folder.read_state()  # state.json is written last: it says what the files hold
+            if saved is None:
+                what = "No epoch was saved yet: the same command starts the run again."
+            elif saved.get("step"):
+                what = (f"The run resumes from step {saved['step']} of epoch {int(saved['epoch']) + 1} "
+                        f"(the position saved last in {self.folder.state_path}).")
+            else:
+                what = (f"The run resumes from the last completed epoch, epoch {int(saved['epoch'])} "
+                        f"({self.folder.checkpoint_file('last')} and {self.folder.state_path} are intact).")
+            raise DiskFullError(e.path, e.free_bytes, what) from e
 
     def _iterations(self) -> int | None:
         """The optimizer step the saved weights are at (``resume_position`` checks it)."""
