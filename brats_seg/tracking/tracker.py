@@ -138,6 +138,7 @@ class Tracker:
         self._run_active = False  # our run is on MLflow's active-run stack: end() takes it off
         self._ended = False
         self._mlflow_disk_full = _MlflowDiskFull()  # attached while the store is in use
+        self._artifact_uri: str | None = None  # where the run's artifacts go (file:///..., s3://...)
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -248,6 +249,7 @@ class Tracker:
         self.run_id = active.info.run_id
         self.experiment_id = active.info.experiment_id
         self.run_name = active.info.run_name
+        self._artifact_uri = active.info.artifact_uri
         if run is None:
             self._folder.write_tracking({"run_id": self.run_id, "experiment_id": self.experiment_id,
                                          "tracking_uri": self.tracking_uri, "run_name": self.run_name})
@@ -298,12 +300,13 @@ class Tracker:
         if not path.exists():
             self._warn_once(f"missing:{path}", f"artifact {path} does not exist; not logged.")
             return
+        target = self._artifact_target(artifact_path, None if path.is_dir() else path.name)
         if path.is_dir():
             self._call("log artifacts", lambda: self._client.log_artifacts(self.run_id, str(path), artifact_path),
-                       artifacts=True)
+                       artifacts=True, target=target)
         else:
             self._call("log artifact", lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
-                       artifacts=True)
+                       artifacts=True, target=target)
 
     def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
         """Upload every file under ``folder`` under ``artifact_path``."""
@@ -311,7 +314,8 @@ class Tracker:
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Save ``text`` as the artifact ``artifact_file`` (e.g. ``plan/memory.txt``)."""
-        self._call("log text", lambda: self._client.log_text(self.run_id, text, artifact_file), artifacts=True)
+        self._call("log text", lambda: self._client.log_text(self.run_id, text, artifact_file), artifacts=True,
+                   target=self._artifact_target(artifact_file))
 
     def end(self, status: str = "FINISHED") -> None:
         """End the run: FINISHED, FAILED or KILLED. Later calls do nothing."""
@@ -391,12 +395,19 @@ class Tracker:
         if items:
             self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in items.items()])
 
-    def _call(self, what: str, fn: Callable[[], object], artifacts: bool = False) -> None:
+    def _artifact_target(self, *parts: str | None) -> str | None:
+        """The artifact's URI (``file:///.../artifacts/checkpoints/best.keras``), for messages."""
+        if not self._artifact_uri:
+            return None
+        return "/".join([self._artifact_uri.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+    def _call(self, what: str, fn: Callable[[], object], artifacts: bool = False, target: str | None = None) -> None:
         """Run an MLflow call unless MLflow is off; turn any failure into (at most one) warning.
 
-        A refused call (bad value) only warns; a failed artifact upload turns artifacts off;
-        any other failure (or any failure before the run exists) means the store is unusable
-        and the tracker stops contacting it.
+        A full disk (the store's, or ``target``'s: the artifact being written) stops the tracker
+        with one warning naming the file; a refused call (bad value) only warns; a failed
+        artifact upload turns artifacts off; any other failure (or any failure before the run
+        exists) means the store is unusable and the tracker stops contacting it.
         """
         self._say_mlflow_disk_full()
         if self._client is None or (artifacts and not self._artifacts_ok):
@@ -405,7 +416,7 @@ class Tracker:
             fn()
         except Exception as exc:  # noqa: BLE001 - tracking never stops training
             code = getattr(exc, "error_code", None)
-            full = self._disk_full_warning(exc)
+            full = self._disk_full_warning(exc, target)
             if full is not None:  # every later call would fail too, or eat the last bytes: stop
                 self._go_offline(f"could not {what} (no space left)", full)
             elif code in _REJECTED and self.run_id is not None:
@@ -424,10 +435,11 @@ class Tracker:
             self._go_offline("MLflow could not write (no space left)",
                              self._disk_full_warning(OSError(errno.ENOSPC, "No space left on device")))
 
-    def _disk_full_warning(self, exc: BaseException) -> str | None:
-        """The warning for a store that ran out of space (naming its file and the free space
-        there), or None if ``exc`` is another failure."""
-        local = _failed_file(exc) or local_store_path(self.tracking_uri or "")
+    def _disk_full_warning(self, exc: BaseException, target: str | None = None) -> str | None:
+        """The warning for a store that ran out of space (naming the file being written, else
+        ``target``'s or the store's, and the free space there), or None if ``exc`` is another failure."""
+        local = (_failed_file(exc) or (local_store_path(target) if target else None)
+                 or local_store_path(self.tracking_uri or ""))
         if local is None:  # a server: its disk is not ours to measure
             if not is_disk_full(exc):
                 return None

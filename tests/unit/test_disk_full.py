@@ -446,3 +446,36 @@ def test_a_full_store_only_mlflows_thread_met_is_said_at_the_trackers_next_call(
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and f"MLflow cannot write {db}: no space left" in said[0], said
     assert MlflowClient(tracking_uri=f"sqlite:///{db}").get_metric_history(tracker.run_id, "loss") == []
+
+
+def test_a_full_artifact_store_names_the_artifact_once_and_tracking_stops(disk, tmp_path, monkeypatch, caplog):
+    """The best checkpoint does not fit beside the store: one warning names the artifact's file there."""
+    from mlflow import MlflowClient
+
+    from brats_seg.tracking.tracker import Tracker
+
+    if disk.kind == "injected":
+        real = MlflowClient.log_artifact
+
+        def log_artifact(self, *args, **kwargs):  # as shutil.copy2 fails writing into a full folder
+            if disk.full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(MlflowClient, "log_artifact", log_artifact)
+    db = disk.folder / "mlruns.db"
+    best = tmp_path / "run" / "checkpoints" / "best.keras"
+    best.parent.mkdir(parents=True)
+    best.write_bytes(os.urandom(5_000_000))  # more than the 4 MB file system holds
+    with caplog.at_level(logging.WARNING):
+        tracker = Tracker.start(TrackingConfig(uri=f"sqlite:///{db}", experiment="disk-full", system_metrics=False),
+                                tmp_path / "run", "run", {}, {})
+        if disk.kind == "injected":
+            disk.fill()  # the tmpfs has room for small writes, not for the checkpoint
+        tracker.log_artifact(best, "checkpoints")
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        tracker.end()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1, said
+    artifact = f"{disk.folder}/mlartifacts/disk-full/{tracker.run_id}/artifacts/checkpoints/best.keras"
+    assert said[0].startswith(f"MLflow cannot write {artifact}: no space left on its disk ("), said
