@@ -12,7 +12,11 @@ of files under the folder, as NFS and delayed allocation report it), which runs 
   the next mask and the free space; the mask written stays a valid NIfTI, equal to a mask
   predicted with space to spare.
 - tracking store: MLflow's SQLite database fills up during training: training goes on, ONE
-  warning names the database and the free space, and the run folder is complete.
+  warning names the database and the free space, and the run folder is complete; also when
+  MLflow's system-metrics thread meets the full disk first (its own tracebacks stay out of the
+  log), and when an artifact (the best checkpoint) does not fit beside the store.
+- the checkpoint's message says what is on disk: no epoch yet, a completed epoch, or a signal's
+  mid-epoch position.
 """
 
 from __future__ import annotations
@@ -479,3 +483,36 @@ def test_a_full_artifact_store_names_the_artifact_once_and_tracking_stops(disk, 
     assert len(said) == 1, said
     artifact = f"{disk.folder}/mlartifacts/disk-full/{tracker.run_id}/artifacts/checkpoints/best.keras"
     assert said[0].startswith(f"MLflow cannot write {artifact}: no space left on its disk ("), said
+
+
+def test_the_checkpoint_error_says_where_the_run_resumes_from(tmp_path, monkeypatch):
+    """No epoch saved yet, a completed epoch, a signal's mid-epoch position: each is said as it is on disk."""
+    import keras
+
+    from brats_seg.training.callbacks import RunCheckpoint
+
+    disk = InjectedEnospc(tmp_path / "disk", monkeypatch)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    checkpoint = RunCheckpoint(disk.folder / "run")
+    checkpoint.set_model(model)
+
+    def failure(save) -> str:
+        disk.fill()
+        with pytest.raises(DiskFullError) as caught:
+            save()
+        disk.free()
+        return str(caught.value)
+
+    assert "No epoch was saved yet: the same command starts the run again." in failure(
+        lambda: checkpoint.on_epoch_end(0, {"val_dice_mean": 0.5}))
+    checkpoint = RunCheckpoint(disk.folder / "run")  # a new start: the failed one's state is gone with it
+    checkpoint.set_model(model)
+    checkpoint.on_epoch_end(0, {"val_dice_mean": 0.5})
+    said = failure(lambda: checkpoint.on_epoch_end(1, {"val_dice_mean": 0.6}))
+    assert "resumes from the last completed epoch, epoch 1" in said and "best.keras" in said
+    said = failure(lambda: checkpoint.save_partial(1, 3, {"loss": 1.0}))
+    assert "resumes from the last completed epoch, epoch 1" in said and "last.keras" in said
+    checkpoint.save_partial(1, 3, {"loss": 1.0})
+    said = failure(lambda: checkpoint.save_partial(1, 5, {"loss": 1.0}))
+    assert "resumes from step 3 of epoch 2" in said, said
