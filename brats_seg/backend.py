@@ -117,7 +117,8 @@ def check_precision(precision: str, device: str, cpuinfo: str | None = None) -> 
 
 
 def device_memory_bytes(device: str, gpu_memory_limit_mb: int = 0) -> int:
-    """Total memory of GPU 0 (via nvidia-smi, or the configured cap) or the RAM available now on CPU, in bytes."""
+    """Total memory of GPU 0 (via nvidia-smi, or the configured cap) or, on CPU, the memory available
+    now (RAM, or the memory cgroup's room if that is less), in bytes."""
     if device == "GPU" and gpu_memory_limit_mb > 0:
         return gpu_memory_limit_mb * 1024 * 1024
     if device == "GPU" and shutil.which("nvidia-smi"):
@@ -130,9 +131,9 @@ def device_memory_bytes(device: str, gpu_memory_limit_mb: int = 0) -> int:
         except (subprocess.SubprocessError, ValueError, IndexError):
             log.warning("nvidia-smi did not report GPU memory; assuming 16 GB")
             return 16 * 1024**3
-    import psutil
+    from brats_seg.memory import available_memory_bytes
 
-    return int(psutil.virtual_memory().available)
+    return available_memory_bytes()  # a job's or container's memory cgroup may allow less than the machine has
 
 
 def configure(cfg: BackendConfig) -> ResolvedBackend:

@@ -243,22 +243,23 @@ def user_errors(stage: str = "the command"):
     """Report bad data, config and environment as messages, not tracebacks; exit status 2.
 
     Messages of this package's ValueErrors are written for users (what, which value, what
-    to do), so they are shown as they are. SIGTERM/SIGINT inside the block stop ``stage``
-    (:func:`brats_seg.signals.stop_on_signals`; training saves its step first) with exit
-    status 75: the same command continues.
+    to do), so they are shown as they are; so are a full disk (the file and the free space)
+    and running out of memory (the plan's peak, the measured one, settings that fit).
+    SIGTERM/SIGINT inside the block stop ``stage`` (:func:`brats_seg.signals.stop_on_signals`;
+    training saves its step first) with exit status 75: the same command continues.
     """
-    from brats_seg.signals import Interrupted, stop_on_signals
-
     from brats_seg.backend import BackendError
     from brats_seg.distribute.cluster import ClusterError
     from brats_seg.files import DiskFullError, LockedError
+    from brats_seg.lms.planner.advice import OutOfMemoryError
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
+    from brats_seg.signals import Interrupted, stop_on_signals
 
     try:
         with stop_on_signals(stage):
             yield
     except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError, ClusterError, LockedError,
-            DiskFullError) as e:
+            DiskFullError, OutOfMemoryError) as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None
     except Interrupted as e:  # what was finished is kept; the same command continues
