@@ -196,7 +196,8 @@ def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: s
              "x".join(map(str, workload.input_shape)), workload.policy, format_gb(estimate.peak_bytes),
              estimate.peak_at, format_gb(budget), format_gb(limit))
     if estimate.peak_bytes > budget:
-        hints = _inference_hints(workload, mm, eval_cfg, resampled, native, scoring, bf16=workload.policy == "float32")
+        hints = _inference_hints(workload, mm, eval_cfg, resampled, native, scoring,
+                                 bf16=workload.policy == "float32" and (device == "GPU" or _has_native_bf16()))
         hints.append("a machine with more memory, or a larger lms.limit in the run's config.json")
         raise RunError(
             f"inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}) is predicted to "
