@@ -183,12 +183,35 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
                       on_takeover=warn_about_dead_run(cfg, backend.device, cfg.run_dir,
                                                       strategy.num_replicas_in_sync))
             if is_chief else contextlib.nullcontext())
-    with lock as watch.lock, out_of_memory_guard(watch):
-        return _train_in_folder(cfg, backend, strategy, cluster, extra_callbacks, tags, name_suffix, watch)
+    with lock as watch.lock, out_of_memory_guard(watch), contextlib.ExitStack() as logs:
+        return _train_in_folder(cfg, backend, strategy, cluster, extra_callbacks, tags, name_suffix, watch, logs)
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path):
+    """Everything logged while the run trains is appended to ``<run_dir>/train.log`` too (the
+    console gets it as before), each start with a line saying who started it: the record of a
+    run that outlives the terminal or the SLURM output file."""
+    import os
+    import socket
+    import sys
+
+    handler = logging.FileHandler(RunFolder(run_dir).log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    root = logging.getLogger()
+    root.addHandler(handler)  # what reaches it is what the console shows (Hydra's job logging: INFO)
+    log.info("started by PID %d on %s: %s", os.getpid(), socket.gethostname(), " ".join(sys.argv))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, cluster, extra_callbacks,
-                     tags: dict[str, str] | None, name_suffix: str, watch: MemoryWatch) -> TrainResult:
+                     tags: dict[str, str] | None, name_suffix: str, watch: MemoryWatch,
+                     logs: contextlib.ExitStack) -> TrainResult:
     """:func:`train` from the plan on, with the run folder locked: plan -> data -> run folder ->
     model -> resume -> tracking -> epochs."""
     is_chief = cluster is None or cluster.is_chief
@@ -197,6 +220,8 @@ def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, clust
     watch.planned(plan, decision.lms, strategy.num_replicas_in_sync)
     ds = _prepared_data(cfg)  # fails here, with the data layer's message, before the run folder is written
     run_dir = prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
+    if is_chief:  # training can start: the run folder is written from here on
+        logs.enter_context(run_log(run_dir))
     plan_files = save_plan(plan, run_dir) if is_chief else []
 
     t = cfg.trainer
