@@ -291,6 +291,7 @@ def spare_masks(synthetic_root, reference_run, shared) -> Path:
     return out
 
 
+@pytest.mark.slow  # runs the entry point scripts/predict.py
 def test_a_full_disk_while_predicting_names_the_mask_and_the_masks_written_stay_valid(
         disk, synthetic_root, reference_run, spare_masks):
     import nibabel as nib
