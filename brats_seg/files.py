@@ -120,7 +120,7 @@ def disk_full_error(exc: BaseException, path: str | os.PathLike, what: str = "")
     error, else None. Libraries wrap ENOSPC in their own exceptions (h5py, zipfile, SQLite's
     "database or disk is full"), so the chain and the message are both looked at."""
     if isinstance(exc, DiskFullError):
-        return exc
+        return exc if not what or exc.what else DiskFullError(exc.path, exc.free_bytes, what)
     if not is_disk_full(exc):
         return None
     return DiskFullError(path, _free_bytes(Path(path)), what)
@@ -361,6 +361,16 @@ def _process_start(pid: int) -> float | None:
         return None
 
 
+_RECORD_GRACE_S = 2.0  # s between a lock's O_EXCL create and its record, at most, for a live holder
+
+
+def _age_s(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0  # gone meanwhile: the next attempt creates it
+
+
 def _holder_is_alive(holder: dict) -> bool:
     """The recorded holder still runs: same PID, started at the recorded time (not a reused PID)."""
     start = _process_start(int(holder.get("pid", -1)))
@@ -406,6 +416,11 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False, record: 
                 holder = json.loads(lock.read_text() or "{}")
             except (OSError, ValueError):
                 holder = {}
+            if not isinstance(holder, dict):
+                holder = {}
+            if not holder and _age_s(lock) < _RECORD_GRACE_S:  # created this instant, its record not yet written
+                time.sleep(0.05)
+                continue
             if holder.get("pid") == os.getpid() and holder.get("host") == host:
                 raise LockedError(f"{what} {folder} is already locked by this process ({lock}).") from None
             if holder.get("host") == host and not _holder_is_alive(holder):

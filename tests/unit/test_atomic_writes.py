@@ -403,6 +403,9 @@ def test_disk_full_error_names_the_file_and_the_free_bytes_and_pickles(tmp_path)
     assert (type(back), back.path, back.free_bytes, back.what, str(back)) == (
         DiskFullError, err.path, 12_345, err.what, text)
     assert "unknown free" in str(DiskFullError("x", None)) and "intact" in str(DiskFullError("x", None))
+    told = disk_full_error(DiskFullError(err.path, 10), err.path, "The run resumes from epoch 2.")
+    assert told.what == "The run resumes from epoch 2." and told.free_bytes == 10  # what is intact, added
+    assert disk_full_error(err, err.path, "other words") is err  # already said: kept
 
 
 @pytest.mark.parametrize("exc", [
@@ -534,3 +537,38 @@ def test_write_text_atomic_replaces_and_returns_the_path(tmp_path):
     target = tmp_path / "a" / "b" / "summary.json"
     assert write_text_atomic(target, "é\n") == target  # the folder is created
     assert target.read_bytes() == "é\n".encode()
+
+
+def test_a_lock_whose_record_is_not_written_yet_is_waited_for_not_misnamed(tmp_path):
+    """Two starts at once: the second sees the first's lock file before its record is in it, and
+    names the holder (once written) instead of refusing with an unknown PID on an unknown host."""
+    import threading
+
+    from brats_seg.files import LockedError, hold_lock
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    lock = folder / ".lock"
+    fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # the first start, between create and record
+
+    def write_record():
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": "now",
+                                 "command": "train.py first"}).encode())
+        os.close(fd)
+
+    threading.Timer(0.3, write_record).start()
+    with pytest.raises(LockedError, match=r"already locked by this process"):
+        with hold_lock(folder, "run folder"):
+            pass
+
+
+def test_an_empty_lock_left_long_ago_is_refused_naming_the_file(tmp_path):
+    from brats_seg.files import LockedError, hold_lock
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".lock").write_text("")
+    os.utime(folder / ".lock", (0, 0))
+    with pytest.raises(LockedError, match=rf"delete {folder / '.lock'}"):
+        with hold_lock(folder, "run folder"):
+            pass
