@@ -160,13 +160,17 @@ def _cfg(root, shared: Path, run_dir: Path, tracking: TrackingConfig | None = No
     )
 
 
-def _weights(run_dir: Path) -> list[np.ndarray]:
+def _last_checkpoint(run_dir: Path):
     import keras
 
     import brats_seg.model.unet3d  # noqa: F401  registers the custom layers
     import brats_seg.training.losses  # noqa: F401
 
-    model = keras.models.load_model(Path(run_dir) / "checkpoints" / "last.keras", compile=True)
+    return keras.models.load_model(Path(run_dir) / "checkpoints" / "last.keras", compile=True)
+
+
+def _weights(run_dir: Path) -> list[np.ndarray]:
+    model = _last_checkpoint(run_dir)
     return model.get_weights() + [v.numpy() for v in model.optimizer.variables]
 
 
@@ -218,7 +222,7 @@ def test_a_full_disk_at_a_checkpoint_names_it_keeps_epoch_1_and_the_run_resumes_
 
     folder = RunFolder(run_dir)
     assert folder.read_state()["epoch"] == 1
-    assert _weights(run_dir)  # epoch 1's last.keras loads
+    assert int(_last_checkpoint(run_dir).optimizer.iterations.numpy()) == 1  # epoch 1's (one step) loads
     assert _temporaries(run_dir) == []  # the failed write gave its space back
     assert not (run_dir / ".lock").exists()
 
