@@ -6,7 +6,8 @@ right answer to a signal there is to stop now rather than finish the case: while
 :func:`stop_on_signals` is entered, SIGTERM or SIGINT raises :class:`Interrupted` in the
 main thread, the ``with`` blocks unwind (temporary files removed, locks released), and the
 entry point exits with :data:`~brats_seg.training.preemption.EXIT_PREEMPTED`. Running the
-same command again continues where it stopped.
+same command again continues where it stopped. The stage says how far it got with
+:func:`report_progress` (``3 of 8 cases``), and the message of :class:`Interrupted` repeats it.
 
 The training loop has its own, gentler handler (:mod:`brats_seg.training.preemption`: finish
 the step, save, exit), installed inside this one while it runs.
@@ -20,7 +21,7 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["Interrupted", "stop_on_signals"]
+__all__ = ["Interrupted", "report_progress", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
 
@@ -31,28 +32,63 @@ class Interrupted(Exception):
     Attributes:
         signal_name: ``SIGTERM`` or ``SIGINT``.
         stage: what was stopped (``evaluation``, ``preparation``, ...).
+        progress: how far it got (``3 of 8 cases``), or ``""`` if it did not say.
     """
 
-    def __init__(self, signal_name: str, stage: str) -> None:
-        self.signal_name, self.stage = signal_name, stage
-        super().__init__(f"{signal_name}: {stage} stopped; what it finished is kept and nothing half-written is. "
-                         "Re-run the same command to continue where it stopped.")
+    def __init__(self, signal_name: str, stage: str, progress: str = "") -> None:
+        self.signal_name, self.stage, self.progress = signal_name, stage, progress
+        after = f" after {progress}" if progress else ""
+        super().__init__(f"{signal_name}: {stage} stopped{after}; what it finished is kept and nothing half-written "
+                         "is. Re-run the same command to continue where it stopped.")
+
+    def __reduce__(self):
+        return (type(self), (self.signal_name, self.stage, self.progress))
+
+
+class _Progress:
+    text = ""
+    stopping = False  # Interrupted raised: the block is unwinding
+
+
+# How far each entered stop_on_signals block got (innermost last); report_progress sets the last.
+_progress: list[_Progress] = []
+
+
+def report_progress(text: str) -> None:
+    """Say how far the stage running under :func:`stop_on_signals` got, e.g. ``3 of 8 cases``;
+    a signal's :class:`Interrupted` message then reads ``evaluation stopped after 3 of 8 cases``.
+    Outside any block (a library call, a worker process) it does nothing."""
+    if _progress:
+        _progress[-1].text = text
 
 
 @contextlib.contextmanager
 def stop_on_signals(stage: str) -> Iterator[None]:
     """Turn SIGTERM and SIGINT into :class:`Interrupted` for the ``with`` block (main thread only;
-    elsewhere the signals keep their behaviour). Nested blocks name the innermost stage."""
+    elsewhere the signals keep their behaviour). Nested blocks name the innermost stage.
+
+    Only the first signal raises: a second one (Ctrl-C pressed twice, SIGTERM after SIGINT) while
+    the block unwinds would cut short the removal of a temporary file or the stopping of worker
+    processes, so it is logged and ignored; SIGKILL stops at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    progress = _Progress()
+
     def handle(signum, frame):
-        raise Interrupted(signal.Signals(signum).name, stage)
+        name = signal.Signals(signum).name
+        if progress.stopping:
+            log.warning("%s received: %s is already stopping (cleaning up)", name, stage)
+            return
+        progress.stopping = True
+        raise Interrupted(name, stage, progress.text)
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    _progress.append(progress)
     try:
         yield
     finally:
+        _progress.remove(progress)  # by identity
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,0 +1,255 @@
+"""Faults while building cache entries: a full disk, running out of memory, a dead builder's leftovers.
+
+A full disk is tried on a real size-limited tmpfs (mounted here when the process may mount,
+as root in CI; skipped with the reason otherwise) with two worker processes, and by an
+injected ENOSPC in this process (always): either way one DiskFullError names the entry and
+the free space, the entries built before stay valid, nothing temporary is left, and the next
+run builds only the missing entries.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+import brats_seg.data.cache as cache
+from brats_seg.data.cache import STANDARD_RESOLUTIONS, prepare_cases, preparation_memory_advice
+from brats_seg.data.layouts import discover_cases
+from brats_seg.data.preprocess import estimate_preparation_bytes
+from brats_seg.files import DiskFullError, format_bytes
+from tests.conftest import TINY
+
+REPO = Path(__file__).resolve().parents[2]
+SPACING, SHAPE = TINY.spacing_mm, tuple(TINY.shape)
+
+
+@pytest.fixture(scope="module")
+def cases(synthetic_root):
+    return discover_cases(synthetic_root["brats2021"], "brats2021")[0]  # 3 labelled cases
+
+
+def _prepare(cases, root: Path, num_workers: int = 1):
+    return prepare_cases(cases, root, SPACING, SHAPE, num_workers=num_workers, progress=False)
+
+
+def _temporaries(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith((".tmp-", ".old-")))
+
+
+def _assert_valid(root: Path, case_id: str) -> None:
+    meta = json.loads((root / case_id / "meta.json").read_text())
+    assert meta["case_id"] == case_id
+    assert np.load(root / case_id / "image.npy").shape == (*SHAPE, 4)
+    assert np.load(root / case_id / "regions.npy").shape == (*SHAPE, 3)
+
+
+# ---------------------------------------------------------------------------------------
+# A full disk
+# ---------------------------------------------------------------------------------------
+
+
+def _check_disk_full_then_resume(cases, root: Path, err: DiskFullError, num_workers: int) -> None:
+    message = str(err)
+    assert isinstance(err, DiskFullError) and "\n" not in message
+    assert str(err.path.parent) == str(root) and err.path.name in {c.case_id for c in cases}
+    assert f"writing {err.path} (" in message and " free there)" in message and err.free_bytes is not None
+    built = sorted(p.name for p in root.iterdir() if (p / "meta.json").is_file())
+    assert 1 <= len(built) < len(cases) and err.path.name not in built
+    assert f"The {len(built)} cache entr" in message and "complete and kept" in message and f"builds only the {len(cases) - len(built)} missing" in message
+    assert _temporaries(root) == []  # the failed entry's folder went, giving its space back
+    for case_id in built:
+        _assert_valid(root, case_id)
+    mtimes = {c: (root / c / "meta.json").stat().st_mtime_ns for c in built}
+
+    entries, errors, n_built = _prepare(cases, root, num_workers)
+    assert errors == [] and n_built == len(cases) - len(built)  # only the missing ones
+    assert [e.case_id for e in entries] == sorted(c.case_id for c in cases)
+    assert {c: (root / c / "meta.json").stat().st_mtime_ns for c in built} == mtimes  # untouched
+    for e in entries:
+        _assert_valid(root, e.case_id)
+
+
+def test_injected_enospc_names_the_entry_and_keeps_the_entries_built(cases, tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    real_save, saved = np.save, []
+
+    def save(file, arr, *args, **kwargs):  # the second entry's image finds the disk full
+        saved.append(file)
+        if len(saved) == 3:  # entry 1: image, regions; entry 2: image
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(file, arr, *args, **kwargs)
+
+    monkeypatch.setattr(np, "save", save)
+    with pytest.raises(DiskFullError) as err:
+        _prepare(cases, root)
+    monkeypatch.setattr(np, "save", real_save)
+    assert err.value.path == root / sorted(c.case_id for c in cases)[1]
+    _check_disk_full_then_resume(cases, root, err.value, num_workers=1)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MB tmpfs (one tiny cache entry is 1.2 MB), unmounted afterwards."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True,
+                             text=True) if shutil.which("mount") else None
+    if mounted is None or mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() if mounted else 'no mount command'}); "
+                    "the injected ENOSPC test covers the same path in one process")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_tmpfs_stops_the_workers_with_one_error_and_the_next_run_builds_the_rest(cases, small_tmpfs):
+    root = small_tmpfs / "cache"
+    with pytest.raises(DiskFullError) as err:
+        _prepare(cases, root, num_workers=2)
+    assert shutil.disk_usage(small_tmpfs).free < 1_300_000  # really full: no room for another entry
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_tmpfs)], check=True, capture_output=True)
+    _check_disk_full_then_resume(cases, root, err.value, num_workers=2)
+
+
+# ---------------------------------------------------------------------------------------
+# Out of memory
+# ---------------------------------------------------------------------------------------
+
+
+def test_standard_resolutions_are_the_resolution_configs():
+    configs = {}
+    for path in (REPO / "configs" / "resolution").glob("*.yaml"):
+        c = yaml.safe_load(path.read_text())
+        configs[c["name"]] = (float(c["spacing_mm"]), tuple(c["shape"]))
+    assert {name: (mm, shape) for name, mm, shape in STANDARD_RESOLUTIONS} == configs
+    assert [mm for _, mm, _ in STANDARD_RESOLUTIONS] == sorted(mm for _, mm, _ in STANDARD_RESOLUTIONS)  # finest first
+
+
+NATIVE, ZOOMS = (240, 240, 155), (1.0, 1.0, 1.0)
+NEED_FULL = estimate_preparation_bytes(NATIVE, ZOOMS, 1.0, (192, 224, 160))  # ~0.48 GB
+NEED_HALF = estimate_preparation_bytes(NATIVE, ZOOMS, 2.0, (96, 112, 80))
+
+
+@pytest.mark.parametrize("workers,available,expect,refuse", [
+    # failed while the other workers held their cases: as many workers as the memory they had between them holds
+    (4, NEED_FULL // 2, "data.num_workers=3 (about", "resolution="),
+    (3, 0, "data.num_workers=2 (about", "resolution="),
+    (2, NEED_FULL // 2, "data.num_workers=1 (about", "resolution="),
+    # alone, and one case at 1 mm does not fit: the finest resolution whose case does
+    (1, NEED_FULL // 2, f"resolution=half (about {format_bytes(NEED_HALF)} a case at 2 mm)", "data.num_workers="),
+    (1, 1000, "none: no standard resolution coarser than 1 mm fits", "resolution="),
+])
+def test_out_of_memory_advice_is_computed_from_the_estimate(workers, available, expect, refuse):
+    problem, fix = preparation_memory_advice(NATIVE, ZOOMS, 1.0, (192, 224, 160), workers, available)
+    assert f"a case needs about {format_bytes(NEED_FULL)}" in problem
+    assert f"{format_bytes(available)} was available" in problem and "240x240x155 voxels of 1x1x1 mm" in problem
+    assert (f"(data.num_workers={workers})" in problem) == (workers > 1)
+    assert expect in fix and refuse not in fix
+    assert "By the estimate one more case fits" not in fix
+
+
+def test_out_of_memory_with_room_by_the_estimate_points_at_a_process_limit():
+    _, fix = preparation_memory_advice(NATIVE, ZOOMS, 1.0, (192, 224, 160), 1, 2 * NEED_FULL)
+    assert "resolution=half" in fix and "ulimit -v" in fix
+
+
+def test_a_memory_error_while_preparing_names_the_case_the_estimate_the_memory_and_what_fits(cases, tmp_path,
+                                                                                             monkeypatch):
+    import nibabel as nib
+    import psutil
+
+    case = cases[0]
+    header = nib.load(str(case.images[0])).header
+    need = estimate_preparation_bytes(header.get_data_shape(), header.get_zooms(), SPACING, SHAPE)
+    available, real, failed = need // 3, psutil.virtual_memory, []
+
+    def out_of_memory(*args, **kwargs):
+        failed.append(True)
+        raise MemoryError("Unable to allocate 142. MiB for an array")
+
+    def memory():  # what is left when the allocation failed (the header checks before it see the real value)
+        return SimpleNamespace(available=available, total=8 * need) if failed else real()
+
+    monkeypatch.setattr(cache, "preprocess_case", out_of_memory)
+    monkeypatch.setattr(psutil, "virtual_memory", memory)
+    entries, errors, n_built = _prepare([case], tmp_path / "cache")
+    assert entries == [] and n_built == 0 and len(errors) == 1
+    message = str(errors[0])
+    assert message.startswith(f"case {case.case_id}: out of memory preparing it at 4 mm")
+    assert f"a case needs about {format_bytes(need)}" in message and f"{format_bytes(available)} was available" in message
+    # 4 mm is the coarsest standard resolution: nothing coarser to suggest, and it says so
+    assert "none: no standard resolution coarser than 4 mm fits" in message
+    assert _temporaries(tmp_path / "cache") == []
+
+
+# ---------------------------------------------------------------------------------------
+# Leftovers of a dead builder
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_entry(cases, tmp_path_factory):
+    """A cache holding the first case's entry (tests copy it)."""
+    root = tmp_path_factory.mktemp("one_entry") / "cache"
+    _prepare(cases[:1], root)
+    return root
+
+
+def _copy(one_entry: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(one_entry, tmp_path / "cache"))
+
+
+def _plant_leftovers(root: Path, case_id: str) -> list[Path]:
+    planted = [root / f".tmp-{case_id}-1a2b3c4d", root / f".old-{case_id}-5e6f7a8b"]
+    for p in planted:
+        p.mkdir(parents=True)
+        (p / "image.npy").write_bytes(b"half")  # fresh: a dead builder's folder is removed at once, not after an hour
+    return planted
+
+
+def test_a_dead_builders_folders_are_removed_at_once_while_building(cases, one_entry, tmp_path):
+    root = _copy(one_entry, tmp_path)
+    planted = _plant_leftovers(root, cases[1].case_id)
+    _, errors, n_built = _prepare(cases[:2], root)
+    assert errors == [] and n_built == 1
+    assert _temporaries(root) == [] and not any(p.exists() for p in planted)
+    _assert_valid(root, cases[1].case_id)
+
+
+def test_a_dead_builders_folders_are_removed_when_nothing_is_built(cases, one_entry, tmp_path):
+    root = _copy(one_entry, tmp_path)
+    _plant_leftovers(root, cases[0].case_id)
+    _, _, n_built = _prepare(cases[:1], root)
+    assert n_built == 0 and _temporaries(root) == [] and not (root / ".lock").exists()
+    _assert_valid(root, cases[0].case_id)
+
+
+def test_a_live_builders_folders_are_left_alone(cases, one_entry, tmp_path):
+    import psutil
+
+    root = _copy(one_entry, tmp_path)
+    planted = _plant_leftovers(root, cases[1].case_id)
+    builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (root / ".lock").write_text(json.dumps({"pid": builder.pid, "pid_start": psutil.Process(builder.pid).create_time(),
+                                                "host": socket.gethostname(), "command": "another builder",
+                                                "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        _, _, n_built = _prepare(cases[:1], root)  # nothing to build: it does not wait for the builder
+        assert n_built == 0 and all(p.exists() for p in planted)
+    finally:
+        builder.kill()
+        builder.wait()
+    os.remove(root / ".lock")
