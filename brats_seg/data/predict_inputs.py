@@ -22,6 +22,7 @@ from brats_seg.data.layouts import (
     is_msd_root,
 )
 from brats_seg.data.nifti import is_nifti, nifti_stem
+from brats_seg.files import is_temporary
 
 __all__ = ["find_input_cases"]
 
@@ -41,7 +42,7 @@ def _cases_at(path: Path, layout: str, allow_root: bool) -> list[Case]:
     naming = folder_naming(path, layout)
     if naming is not None:
         return [case_from_dir(path, naming)]
-    images = sorted(p for p in path.iterdir() if is_nifti(p))
+    images = sorted(p for p in path.iterdir() if is_nifti(p) and not is_temporary(p))  # not a killed writer's
     if images:  # e.g. MSD imagesTs/
         return [Case(nifti_stem(p), "msd", (p,), None, image_channels(p)) for p in images]
     if allow_root:

@@ -30,6 +30,7 @@ from brats_seg.evaluation.lesion_input import LesionwiseError
 from brats_seg.evaluation.lesionwise import compute_lesionwise_metrics
 from brats_seg.evaluation.metrics import HD95_EMPTY_MM, compute_case_metrics
 from brats_seg.evaluation.table import METRIC_NAMES, MetricsTable
+from brats_seg.files import is_temporary
 
 __all__ = ["ScoreResult", "load_reference", "score_case", "score_masks"]
 
@@ -176,7 +177,8 @@ def score_masks(
         else:
             pred = _load_prediction(case.case_id, path, ref_vol, layout)
         table.add(case.case_id, score_case(case.case_id, pred, ref, ref_vol.spacing_mm, layout, reference=ref_vol))
-    masks = {nifti_stem(p) for p in pred_dir.iterdir() if p.is_file() and p.name.endswith(NIFTI_SUFFIXES)}
+    masks = {nifti_stem(p) for p in pred_dir.iterdir()
+             if p.is_file() and p.name.endswith(NIFTI_SUFFIXES) and not is_temporary(p)}  # not a killed writer's
     unmatched = sorted(masks - {c.case_id for c in cases})
     if missing:
         log.warning("%d of %d reference cases have no prediction in %s and count as empty masks "

@@ -7,8 +7,9 @@ Run folder (``run_dir``)::
     state.json               completed epochs, best epoch and value, per-epoch history
     history.csv              the same history as a table
 
-``state.json`` is written after ``last.keras``, each through a temporary name and a
-rename, so a run killed at any moment resumes from the last completed epoch. A disk that
+``state.json`` is written just before ``last.keras`` and carries the state it replaces,
+each file through a temporary name and a rename, so a run killed at any moment resumes
+from the last position saved whole (:meth:`RunCheckpoint._save_state_then_weights`). A disk that
 fills up while they are written ends the run with :class:`~brats_seg.files.DiskFullError`
 naming the file, the free space and the epoch the same command resumes from. The names and
 the writing of these files belong to :class:`brats_seg.run_dir.RunFolder`.
@@ -17,6 +18,7 @@ the writing of these files belong to :class:`brats_seg.run_dir.RunFolder`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import time
@@ -85,9 +87,11 @@ class RunCheckpoint(keras.callbacks.Callback):
         improved = value is not None and math.isfinite(float(value)) and (
             self.state["best_value"] is None or float(value) > self.state["best_value"]
         )
+        previous = self._snapshot()
         with self._saying_what_is_intact():
             if improved:
                 if self.write:
+                    self._writing = "best"
                     _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("best"))
                     log.info("epoch %d: %s improved to %.4f, saved best.keras", epoch + 1, self.monitor, float(value))
                 self.state["best_value"], self.state["best_epoch"] = float(value), epoch + 1
@@ -98,8 +102,8 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.state["history"].append(row)
             self.state["iterations"] = self._iterations()
             if self.write:
-                _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
-                self.folder.write_state(self.state)
+                self._save_state_then_weights(previous)
+                self._writing = "history"
                 self.folder.write_history_csv(self.state["history"])
         best_epoch = self.state["best_epoch"] or 0
         if self.patience and epoch + 1 - best_epoch >= self.patience:
@@ -108,12 +112,9 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def save_partial(self, epoch: int, step: int, sums: dict[str, float]) -> None:
-        """A signal stopped epoch ``epoch`` (0-based) after ``step`` steps: save weights and position.
-
-        ``last.keras`` is written before ``state.json``, as at an epoch's end; the optimizer
-        step inside ``last.keras`` tells the resuming run where the weights are if it was
-        stopped between the two writes (:func:`brats_seg.training.checkpoint.resume_position`).
-        """
+        """A signal stopped epoch ``epoch`` (0-based) after ``step`` steps: save weights and position,
+        in the same order as at an epoch's end (:meth:`_save_state_then_weights`)."""
+        previous = self._snapshot()
         with self._saying_what_is_intact():
             self.state["epoch"] = int(epoch)  # completed epochs
             self.state["step"] = int(step)
@@ -121,21 +122,43 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.state["partial_epoch"] = epoch + 1
             self.state["iterations"] = self._iterations()
             if self.write:
-                _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
-                self.folder.write_state(self.state)
+                self._save_state_then_weights(previous)
+
+    def _snapshot(self) -> dict:
+        """The state as saved last (without its own ``previous``), for the next save to carry."""
+        return copy.deepcopy({k: v for k, v in self.state.items() if k != "previous"})
+
+    def _save_state_then_weights(self, previous: dict) -> None:
+        """``state.json`` (carrying ``previous``, the state it replaces), then ``last.keras``.
+
+        A run killed (or a disk that fills) between the two leaves a state one save ahead of
+        the weights; the optimizer step recorded in each tells them apart, and the resuming run
+        rolls the state back to ``previous`` (:func:`brats_seg.training.checkpoint.resume_position`),
+        so the epoch is trained again and recorded once, with its best. ``best.keras`` is written
+        before both: a best one save ahead is rewritten, identically, when that epoch is trained again.
+        """
+        self.state["previous"] = previous
+        self._writing = "state"
+        self.folder.write_state(self.state)
+        self._writing = "last"
+        _save_model_atomic(self.export_model or self.model, self.folder.checkpoint_file("last"))
 
     @contextlib.contextmanager
     def _saying_what_is_intact(self):
         """A full disk while saving: :class:`DiskFullError` saying where the run resumes from.
 
-        Every file is replaced atomically and ``state.json`` after ``last.keras``, so the files
-        on disk describe the last position saved whole (a ``last.keras`` already replaced is
-        recognised by its optimizer step).
+        Every file is replaced atomically, ``state.json`` just before ``last.keras``; if
+        ``last.keras`` is what did not fit, the state on disk is one save ahead and the run
+        resumes from the save it carries (``previous``).
         """
+        self._writing = None
         try:
             yield
         except DiskFullError as e:
-            saved = self.folder.read_state()  # state.json is written last: it says what the files hold
+            saved = self.folder.read_state()
+            if saved is not None and self._writing == "last":
+                saved = saved.get("previous") or None
+                saved = saved if saved and (saved.get("epoch") or saved.get("step")) else None
             if saved is None:
                 what = "No epoch was saved yet: the same command starts the run again."
             elif saved.get("step"):

@@ -46,7 +46,7 @@ from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions, resolve_model_outputs
 from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
 from brats_seg.distribute.strategy import make_strategy
-from brats_seg.files import hold_lock
+from brats_seg.files import hold_lock, remove_stale_temporaries
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name
@@ -184,7 +184,23 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
                                                       strategy.num_replicas_in_sync))
             if is_chief else contextlib.nullcontext())
     with lock as watch.lock, out_of_memory_guard(watch), contextlib.ExitStack() as logs:
+        if is_chief:  # what writers killed by SIGKILL left (never read: final names are whole files)
+            removed = remove_stale_temporaries(cfg.run_dir)
+            if removed:
+                log.info("removed %d temporary file(s) a killed run left in %s", len(removed), cfg.run_dir)
         return _train_in_folder(cfg, backend, strategy, cluster, extra_callbacks, tags, name_suffix, watch, logs)
+
+
+class _RunLogHandler(logging.FileHandler):
+    """``train.log``'s handler: a line that cannot be written (a full disk) detaches it, with one
+    warning, instead of logging's traceback for every line after."""
+
+    def handleError(self, record) -> None:  # noqa: N802 - logging's name
+        import sys
+
+        logging.getLogger().removeHandler(self)
+        log.warning("cannot append to %s (%s): the rest of the log goes to the console only", self.baseFilename,
+                    sys.exc_info()[1])
 
 
 @contextlib.contextmanager
@@ -196,7 +212,7 @@ def run_log(run_dir: Path):
     import socket
     import sys
 
-    handler = logging.FileHandler(RunFolder(run_dir).log_path, encoding="utf-8")
+    handler = _RunLogHandler(RunFolder(run_dir).log_path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)
     root = logging.getLogger()
