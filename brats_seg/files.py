@@ -126,6 +126,20 @@ def disk_full_error(exc: BaseException, path: str | os.PathLike, what: str = "")
     return DiskFullError(path, _free_bytes(Path(path)), what)
 
 
+def _file_mode() -> int:
+    """The mode ``open()`` gives a new file here: 0o666 less the process's umask."""
+    try:  # Linux reports it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_FILE_MODE = _file_mode()
 _crash_counts: dict[str, int] = {}
 
 
@@ -179,6 +193,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
                                    suffix=suffix or "".join(path.suffixes))
     except OSError as e:
         raise disk_full_error(e, path) or e
+    os.fchmod(fd, _FILE_MODE)  # mkstemp makes 0600: the file gets what open() would give it (shared run folders)
     os.close(fd)
     tmp_path = Path(tmp)
     try:

@@ -572,3 +572,14 @@ def test_an_empty_lock_left_long_ago_is_refused_naming_the_file(tmp_path):
     with pytest.raises(LockedError, match=rf"delete {folder / '.lock'}"):
         with hold_lock(folder, "run folder"):
             pass
+
+
+def test_an_atomic_write_gets_the_mode_open_would_give_not_mkstemps_0600(tmp_path):
+    """Run folders are shared (a lab's group folder): a config.json or a mask readable by its owner
+    only would lock colleagues out."""
+    from brats_seg.files import write_text_atomic
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    atomic = write_text_atomic(tmp_path / "atomic.txt", "x")
+    assert (atomic.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777) != 0o600
