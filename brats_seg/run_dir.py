@@ -8,6 +8,7 @@
               mlflow.json        the MLflow run this folder logs to
               checkpoints/last.keras best.keras
               eval/<split>/metrics.csv summary.json predictions/ overlays/
+              eval/<split>/cases/<case_id>.json  a case's metrics and what made them (resumes evaluation)
 
 Training, resume, evaluation, prediction and the scripts ask a :class:`RunFolder` for these
 paths and files instead of joining names. Every file a later step reads is written through
@@ -18,6 +19,7 @@ leaves a half-written one to be read back. Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -44,6 +46,7 @@ _TRACKING = "mlflow.json"
 _CHECKPOINT_DIR = "checkpoints"
 _EVAL = "eval"
 _LOCK = ".lock"
+_EVAL_CASES = "cases"  # eval/<split>/cases/<case_id>.json
 _LOG = "train.log"
 # Everything a run folder may hold before its config.json is written (a failed or new run).
 _OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG}
@@ -144,6 +147,22 @@ class RunFolder:
 
     def overlays_dir(self, split: str) -> Path:
         return self.eval_dir(split) / "overlays"
+
+    def prediction_file(self, split: str, case_id: str) -> Path:
+        """``eval/<split>/predictions/<case_id>.nii.gz``: a case's mask in the layout's labels."""
+        return self.predictions_dir(split) / f"{case_id}.nii.gz"
+
+    def overlay_file(self, split: str, case_id: str) -> Path:
+        """``eval/<split>/overlays/<case_id>.png``."""
+        return self.overlays_dir(split) / f"{case_id}.png"
+
+    def eval_cases_dir(self, split: str) -> Path:
+        """``eval/<split>/cases/``: one record per evaluated case, so an interrupted evaluation
+        continues where it stopped."""
+        return self.eval_dir(split) / _EVAL_CASES
+
+    def eval_case_file(self, split: str, case_id: str) -> Path:
+        return self.eval_cases_dir(split) / f"{case_id}.json"
 
     @property
     def log_path(self) -> Path:
@@ -284,6 +303,22 @@ class RunFolder:
     def write_tracking(self, record: Mapping[str, Any]) -> Path:
         return write_text_atomic(self.tracking_path, json.dumps(dict(record), indent=1))
 
+    # -- evaluation progress -----------------------------------------------------------
+
+    def read_eval_case(self, split: str, case_id: str) -> dict[str, Any] | None:
+        """A case's evaluation record (its metrics row and the fingerprint of what made it), or
+        None if there is none or it cannot be read (the case is then evaluated again)."""
+        try:
+            record = json.loads(self.eval_case_file(split, case_id).read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def write_eval_case(self, split: str, case_id: str, record: Mapping[str, Any]) -> Path:
+        """Write a case's evaluation record (JSON-able, no NaN) atomically, after its prediction."""
+        return write_text_atomic(self.eval_case_file(split, case_id),
+                                 json.dumps(dict(record), indent=1, allow_nan=False) + "\n")
+
     # -- checkpoints -------------------------------------------------------------------
 
     def checkpoint(self, which: str = "best") -> Path:
@@ -302,3 +337,18 @@ class RunFolder:
             raise RunError(f"checkpoint {path} not found: the run has not saved a model yet; train first: "
                            f"python train.py run_dir={self.root}")
         return path
+
+    def checkpoint_identity(self, which: str = "best") -> dict[str, Any]:
+        """What tells the weights of checkpoint ``which`` apart: its size and the SHA-256 of its
+        bytes. Outputs recorded with an identity are reused only while it holds: a new save
+        changes it, while moving or copying the run folder does not.
+
+        Raises:
+            RunError: as :meth:`checkpoint`.
+        """
+        path = self.checkpoint(which)
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return {"size": path.stat().st_size, "sha256": digest.hexdigest()}

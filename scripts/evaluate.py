@@ -9,7 +9,8 @@ Prints the means per region of the legacy Dice/HD95, the BraTS 2023-24 lesion-wi
 metrics and today's official lesion-wise Dice/NSD/HD95 (panoptica), and where the files are:
 ``<run_dir>/eval/<split>/{metrics.csv, summary.json, predictions/, overlays/}``; logs
 them to the run's MLflow run. Exits 2 with a message on a run folder without a
-config.json or checkpoint, a bad split, or bad data.
+config.json or checkpoint, a bad split, or bad data. SIGTERM/SIGINT stop it with exit status 75;
+the same command then continues with the cases not evaluated yet (``eval/<split>/cases/``).
 """
 
 from __future__ import annotations
@@ -34,21 +35,21 @@ def main(cfg) -> None:
 
     from brats_seg.evaluation.run import inference_precision
 
-    with user_errors():
+    with user_errors("evaluation"):
         run = check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
         # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
         conf.backend.precision = inference_precision(run, _requested_precision())
 
     from brats_seg.backend import configure
 
-    with user_errors():
+    with user_errors("evaluation"):
         configure(conf.backend)
     from brats_seg.data.labels import region_names
     from brats_seg.evaluation.evaluate import eval_dir, evaluate_run
     from brats_seg.evaluation.run import load_run_config
     from brats_seg.evaluation.table import format_summary_table
 
-    with user_errors():
+    with user_errors("evaluation"):
         summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate)
     layout = load_run_config(conf.run_dir).data.layout
     out = eval_dir(conf.run_dir, conf.split)

@@ -416,6 +416,7 @@ def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, 
         report_progress(f"{n_cases - len(todo) + done - len(errors)} of {n_cases} cases prepared")
         bar.update()
 
+    report_progress(f"{n_cases - len(todo)} of {n_cases} cases prepared")
     try:
         if num_workers <= 1:
             for a in args:

@@ -18,6 +18,16 @@ Files, under ``<run_dir>/eval/<split>/``::
     summary.json                n_cases, and mean/median/std/n/n_inf per metric column
     predictions/<case_id>.nii.gz
     overlays/<case_id>.png
+    cases/<case_id>.json        the case's metrics row and the fingerprint of what made it
+
+An evaluation continues where it stopped. After each case its record is written (last,
+atomically); the same command again takes a case's row from its record instead of
+recomputing it while the record's fingerprint -- the checkpoint's size and SHA-256, every
+``evaluate.*`` value, the regions and the cache entry's own fingerprint (case
+files and preprocessing) -- still matches and the prediction (and overlay) it recorded are the
+files in place. So a SIGTERM, SIGINT or SIGKILL costs at most the case in progress, and
+``metrics.csv`` and ``summary.json`` come out as an uninterrupted run's (floats are kept at
+full precision). An evaluation of a model passed in memory records nothing to reuse.
 
 WT-only models (``model.out_channels=1``): only WT is scored; the other regions' columns
 stay in metrics.csv (same columns for every run of a layout) as empty cells (``null``
@@ -29,7 +39,10 @@ Nothing here imports TensorFlow at module level.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 from pathlib import Path
@@ -51,6 +64,7 @@ from brats_seg.evaluation.run import (
     checkpoint_path,
     check_inference_memory,
     inference_device,
+    inference_memory_guard,
     inference_policy,
     load_run_config,
     load_run_model,
@@ -58,8 +72,9 @@ from brats_seg.evaluation.run import (
 )
 from brats_seg.evaluation.scoring import load_reference, score_case
 from brats_seg.evaluation.table import MetricsTable
-from brats_seg.files import hold_lock
+from brats_seg.files import hold_lock, remove_stale_temporaries
 from brats_seg.run_dir import RunFolder
+from brats_seg.signals import report_progress
 
 __all__ = [
     "SPLITS",
@@ -72,6 +87,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SPLITS = ("val", "test", "all")
+_RECORD_VERSION = 1  # bump when scoring changes: every case is evaluated again
 
 
 def eval_dir(run_dir: str | Path, split: str) -> Path:
@@ -164,7 +180,8 @@ def _flair_native(meta: dict) -> np.ndarray:
     return load_volume(first, meta["case_id"]).data
 
 
-def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: EvaluateConfig, out: Path) -> dict:
+def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: EvaluateConfig, folder: RunFolder,
+                   split: str) -> dict:
     """Infer, invert, threshold, write and score one case; returns its metrics row."""
     from brats_seg.evaluation.overlays import save_overlay
 
@@ -178,14 +195,74 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
     ref_vol, ref_labels = load_reference(case_id, meta["label"], layout)
     check_native_shape(case_id, meta["label"], probs, ref_labels.shape)
     labels, pred = predict_case_labels(probs, layout, names, eval_cfg.threshold)  # what is written, and its regions
-    save_mask(labels, ref_vol.original_affine, ref_vol.original_header, out / "predictions" / f"{case_id}.nii.gz")
+    save_mask(labels, ref_vol.original_affine, ref_vol.original_header, folder.prediction_file(split, case_id))
     metrics = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names, reference=ref_vol)
     if eval_cfg.overlays:
         dice = "  ".join(f"{r.upper()} {metrics[f'dice_{r}']:.3f}" for r in names)
         save_overlay(_flair_native(meta), labels_to_regions(ref_labels, layout, names), pred,
-                     out / "overlays" / f"{case_id}.png", title=f"{case_id}  Dice {dice}",
+                     folder.overlay_file(split, case_id), title=f"{case_id}  Dice {dice}",
                      spacing_mm=ref_vol.spacing_mm, region_names=names)
     return metrics
+
+
+# ---------------------------------------------------------------------------------------
+# Case records: an interrupted evaluation continues where it stopped
+# ---------------------------------------------------------------------------------------
+
+
+def _evaluation_key(checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, config: TrainConfig) -> dict | None:
+    """What every case's result depends on besides its own entry; None (nothing reused) for a model in memory."""
+    if checkpoint_identity is None:
+        return None
+    return {"version": _RECORD_VERSION, "checkpoint": checkpoint_identity, "evaluate": dataclasses.asdict(eval_cfg),
+            "layout": str(config.data.layout), "regions": list(run_regions(config))}
+
+
+def _case_fingerprint(key: dict, entry: CacheEntry) -> str:
+    entry_fingerprint = entry.meta.get("fingerprint")
+    return hashlib.sha256(json.dumps({**key, "entry": entry_fingerprint}, sort_keys=True).encode()).hexdigest()
+
+
+def _file_identity(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _case_outputs(folder: RunFolder, split: str, case_id: str, overlays: bool) -> dict:
+    """The identity of the files a case's evaluation wrote (None where a file is missing)."""
+    return {"prediction": _file_identity(folder.prediction_file(split, case_id)),
+            "overlay": _file_identity(folder.overlay_file(split, case_id)) if overlays else None}
+
+
+def _encode_row(row: dict) -> dict:
+    """A metrics row as JSON: NaN (undefined) as null, infinite distances as "inf"; floats at full precision."""
+    return {k: None if math.isnan(v) else (("inf" if v > 0 else "-inf") if math.isinf(v) else v)
+            for k, v in ((k, float(v)) for k, v in row.items() if k != "case_id")}
+
+
+def _decode_row(row: dict) -> dict:
+    return {k: math.nan if v is None else float(v) for k, v in row.items()}
+
+
+def _reusable_row(folder: RunFolder, split: str, case_id: str, fingerprint: str, overlays: bool) -> dict | None:
+    """The case's metrics row from its record, if the record was made by the same checkpoint,
+    settings and entry and the files it recorded are the ones in place; else None."""
+    record = folder.read_eval_case(split, case_id)
+    if record is None or record.get("fingerprint") != fingerprint:
+        return None
+    outputs = _case_outputs(folder, split, case_id, overlays)
+    recorded = record.get("outputs") or {}
+    if outputs["prediction"] is None or outputs["prediction"] != recorded.get("prediction"):
+        return None
+    if overlays and (outputs["overlay"] is None or outputs["overlay"] != recorded.get("overlay")):
+        return None
+    try:
+        return _decode_row(record["metrics"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def _log_to_mlflow(run_dir: Path, config: TrainConfig, split: str, summary: dict, out: Path) -> None:
@@ -259,29 +336,55 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
     """:func:`evaluate_run` once its inputs are checked and its output folder locked."""
     from tqdm.auto import tqdm
 
+    folder = RunFolder(run_dir)
+    out = folder.eval_dir(split)
+    remove_stale_temporaries(out)  # a killed evaluation's (the folder is locked)
     entries = _prepare_entries(config, case_ids, progress)
-    estimate = None
-    if model is None:  # predicted to fit lms.limit, or refused before the model is loaded
-        estimate = check_inference_memory(config, eval_cfg, inference_device(), inference_policy(),
-                                          [entry.meta["record"] for entry in entries])
+    # Read before the model is loaded: a checkpoint saved meanwhile shows as another identity.
+    key = _evaluation_key(folder.checkpoint_identity(checkpoint) if model is None else None, eval_cfg, config)
+    fingerprints = {e.case_id: _case_fingerprint(key, e) for e in entries} if key is not None else {}
+    rows = {e.case_id: row for e in entries if key is not None
+            and (row := _reusable_row(folder, split, e.case_id, fingerprints[e.case_id], eval_cfg.overlays)) is not None}
+    if rows:
+        log.info("%s split: %d of %d cases were evaluated before with this checkpoint and these settings; "
+                 "their rows are reused (%s)", split, len(rows), len(entries), folder.eval_cases_dir(split))
+    todo = [e for e in entries if e.case_id not in rows]
+    records = [entry.meta["record"] for entry in todo]
     from brats_seg.lms.runtime.stats import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
     baseline = current_rss_bytes()  # the runtime, before the model (what the estimate is above)
     reset_peak_rss()
-    model = model if model is not None else load_run_model(run_dir, checkpoint, config)
-    out = eval_dir(run_dir, split)
+    estimate, guard = None, contextlib.nullcontext()
+    if todo:
+        device, policy = inference_device(), inference_policy()
+        if model is None:  # predicted to fit lms.limit, or refused before the model is loaded
+            estimate = check_inference_memory(config, eval_cfg, device, policy, records)
+            model = load_run_model(run_dir, checkpoint, config)
+        # running out of memory anyway: the estimate, the measured peak and what lowers it
+        guard = inference_memory_guard(config, eval_cfg, device, policy, records, baseline_bytes=baseline)
     table = MetricsTable(region_names(config.data.layout))
     bar = tqdm(entries, desc=f"evaluating {split}", unit="case", disable=not progress)
-    for entry in bar:
-        row = _evaluate_case(model, entry, config, eval_cfg, out)
-        table.add(entry.case_id, row)
-        bar.set_postfix(dice_wt=f"{row['dice_wt']:.3f}")
-    measured = peak_rss_bytes() - baseline
+    report_progress(f"0 of {len(entries)} cases")
+    with guard:
+        for i, entry in enumerate(bar):
+            row = rows.get(entry.case_id)
+            if row is None:
+                row = _evaluate_case(model, entry, config, eval_cfg, folder, split)
+                if key is not None:  # last: the case is complete
+                    folder.write_eval_case(split, entry.case_id, {
+                        "case_id": entry.case_id, "fingerprint": fingerprints[entry.case_id],
+                        "outputs": _case_outputs(folder, split, entry.case_id, eval_cfg.overlays),
+                        "metrics": _encode_row(row)})
+            table.add(entry.case_id, row)
+            report_progress(f"{i + 1} of {len(entries)} cases")
+            bar.set_postfix(dice_wt=f"{row['dice_wt']:.3f}")
     if estimate is not None:
-        log.info("evaluation peak %.2f GB above the runtime (predicted %.2f GB, at its %s step)", measured / 1e9,
-                 estimate.peak_bytes / 1e9, estimate.peak_at)
+        log.info("evaluation peak %.2f GB above the runtime (predicted %.2f GB, at its %s step)",
+                 (peak_rss_bytes() - baseline) / 1e9, estimate.peak_bytes / 1e9, estimate.peak_at)
     table.save_csv(out / "metrics.csv")
     table.save_summary_json(out / "summary.json")
     summary = table.summary()
-    log.info("evaluated %d %s cases of %s: mean Dice WT %.3f", len(table), split, run_dir, summary["dice_wt"]["mean"])
+    log.info("evaluated %d %s cases of %s (%d computed now, %d reused): mean Dice WT %.3f", len(table), split,
+             run_dir, len(todo), len(rows), summary["dice_wt"]["mean"])
     return summary
+
