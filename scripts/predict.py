@@ -9,7 +9,9 @@
 of 4D images, a ``.txt`` list of either (one per line), or a dataset root. Writes
 ``<output>/<case_id>.nii.gz`` in the run's layout labels (WT-only models: the layout's
 edema label), on the grid and with the affine/header of each case's first image file,
-and ``<output>/overlays/<case_id>.png``. Exits 2 with a message on bad input.
+and ``<output>/overlays/<case_id>.png``. Exits 2 with a message on bad input. SIGTERM/SIGINT
+stop it with exit status 75; the same command then skips the cases already written by the same
+model with the same settings (``<output>/predict.json``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def main(cfg) -> None:
 
     from brats_seg.evaluation.run import inference_precision
 
-    with user_errors():  # TensorFlow-free checks first
+    with user_errors("prediction"):  # TensorFlow-free checks first
         if not str(conf.output).strip():
             raise RunError("output is not set: pass output=<folder for the masks>.")
         run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
@@ -45,15 +47,19 @@ def main(cfg) -> None:
 
     from brats_seg.backend import configure
 
-    with user_errors():
+    with user_errors("prediction"):
         backend = configure(conf.backend)
     from brats_seg.evaluation.predict import predict_new_cases
-    from brats_seg.evaluation.run import check_inference_memory, inference_policy, load_run_model
+    from brats_seg.evaluation.run import check_inference_memory, inference_memory_guard, inference_policy, load_run_model
+    from brats_seg.run_dir import RunFolder
 
-    with user_errors():  # predicted to fit lms.limit, or refused before the model is loaded
+    with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded
         check_inference_memory(run, conf.evaluate, backend.device, inference_policy(), scoring=False)
+        # read before loading: a checkpoint saved meanwhile shows as another model in predict.json
+        identity = {"checkpoint": RunFolder.of(conf.run_dir).checkpoint_identity(conf.checkpoint)}
         model = load_run_model(conf.run_dir, conf.checkpoint, run)
-        written = predict_new_cases(model, cases, run, conf.output, conf.evaluate)
+        with inference_memory_guard(run, conf.evaluate, backend.device, inference_policy(), scoring=False):
+            written = predict_new_cases(model, cases, run, conf.output, conf.evaluate, model_identity=identity)
     regions = run_regions(run)
     labels = "WT only (edema label)" if regions == ("wt",) else "/".join(r.upper() for r in regions)
     print(f"\nwrote {len(written)} mask(s) ({run.data.layout} labels, {labels}) to {Path(conf.output)}")

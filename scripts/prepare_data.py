@@ -6,7 +6,8 @@
 
 Prints how many cases were prepared (built now / already cached), which were skipped
 and why, the array shapes, and the time taken; exits 2 on bad data unless
-``data.on_error=skip``.
+``data.on_error=skip``. SIGTERM/SIGINT stop it (and its worker processes) with exit status 75;
+the same command then builds only the cases not prepared yet.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def main(cfg) -> None:
     from brats_seg.data.dataset import prepare_dataset
 
     conf = to_config(cfg)
-    with user_errors():
+    with user_errors("preparation"):
         ds = prepare_dataset(conf.data, conf.resolution)
     n = len(ds.entries)
     shape = tuple(conf.resolution.shape)

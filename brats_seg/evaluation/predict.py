@@ -10,17 +10,27 @@ order (ET > TC > WT, tumour over cavity); scores, overlays and the NIfTI file al
 that one label map. WT-only models (R = 1) are written with the layout's **edema** label
 for the whole tumour: the file stays in the layout's label set, and reading it back with
 ``labels_to_regions`` gives exactly the predicted WT (nothing else was predicted).
+
+Prediction continues where it stopped: ``<output>/predict.json`` (written atomically after each
+case) records the model (the run's config and the checkpoint's size and SHA-256), the
+``evaluate.*`` values, and per case its input files' identity and the mask (and overlay) it
+wrote. The same command again skips the cases whose record still holds and predicts the rest;
+another model or other settings predict every case again. The output folder is locked while
+a prediction writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from brats_seg.config import EvaluateConfig, TrainConfig
+from brats_seg.config import EvaluateConfig, TrainConfig, config_to_dict
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.case_io import load_case_image
 from brats_seg.data.errors import CaseError, DataError
@@ -30,8 +40,11 @@ from brats_seg.data.nifti import save_mask
 from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, preprocess_case
 from brats_seg.evaluation.run import run_regions
 from brats_seg.evaluation.sliding import predict_volume
+from brats_seg.files import hold_lock, is_temporary, write_text_atomic
+from brats_seg.signals import report_progress
 
 __all__ = [
+    "MANIFEST",
     "PredictionFailed",
     "check_native_shape",
     "predict_case_labels",
@@ -43,6 +56,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+MANIFEST = "predict.json"  # in the output folder: which model and settings wrote which masks
+_MANIFEST_VERSION = 1
 
 
 class PredictionFailed(DataError):
@@ -133,6 +149,14 @@ def check_native_shape(case_id: str, path, native: np.ndarray, shape: Sequence[i
         )
 
 
+def _mask_path(output: Path, case_id: str) -> Path:
+    return output / f"{case_id}.nii.gz"
+
+
+def _overlay_path(output: Path, case_id: str) -> Path:
+    return output / "overlays" / f"{case_id}.png"
+
+
 def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_cfg: EvaluateConfig) -> Path:
     """Predict one case and write ``<output>/<case_id>.nii.gz`` (and ``overlays/<case_id>.png``).
 
@@ -155,11 +179,77 @@ def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_
         mirror=eval_cfg.mirror
     )  # (x, y, z, R)
     labels, regions = predict_case_labels(probs, config.data.layout, names, eval_cfg.threshold)
-    path = save_mask(labels, ref.original_affine, ref.original_header, Path(output) / f"{case.case_id}.nii.gz")
+    path = save_mask(labels, ref.original_affine, ref.original_header, _mask_path(Path(output), case.case_id))
     if eval_cfg.overlays:
-        save_overlay(image[..., 0], None, regions, Path(output) / "overlays" / f"{case.case_id}.png",
+        save_overlay(image[..., 0], None, regions, _overlay_path(Path(output), case.case_id),
                      title=case.case_id, spacing_mm=ref.spacing_mm, region_names=names)
     return path
+
+
+# ---------------------------------------------------------------------------------------
+# The manifest: the same command continues where it stopped
+# ---------------------------------------------------------------------------------------
+
+
+def _file_identity(path: Path) -> list | None:
+    """``[size, mtime_ns]`` of a file (None if missing): a rewritten file has another."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _settings(config: TrainConfig, eval_cfg: EvaluateConfig, model_identity: dict) -> dict:
+    """What every mask depends on besides its case: the model and the settings."""
+    run = hashlib.sha256(json.dumps(config_to_dict(config), sort_keys=True, default=str).encode()).hexdigest()
+    return {"version": _MANIFEST_VERSION, "model": model_identity, "run_config_sha256": run,
+            "evaluate": dataclasses.asdict(eval_cfg)}
+
+
+def _read_manifest(output: Path, settings: dict) -> dict[str, dict]:
+    """The cases ``predict.json`` records for these settings (empty for none, other settings, or
+    an unreadable file)."""
+    path = output / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        log.warning("%s cannot be read (%s): predicting every case again", path, e)
+        return {}
+    if not isinstance(manifest, dict) or manifest.get("settings") != json.loads(json.dumps(settings)):
+        log.info("%s was written by another model or with other settings: predicting every case again", path)
+        return {}
+    cases = manifest.get("cases")
+    return cases if isinstance(cases, dict) else {}
+
+
+def _case_record(case: Case, output: Path, overlays: bool) -> dict:
+    return {"inputs": [[str(p.resolve()), *(_file_identity(p) or [])] for p in case.images],
+            "mask": _file_identity(_mask_path(output, case.case_id)),
+            "overlay": _file_identity(_overlay_path(output, case.case_id)) if overlays else None}
+
+
+def _already_predicted(case: Case, output: Path, overlays: bool, done: dict[str, dict]) -> bool:
+    """Whether ``case``'s mask (and overlay) in place were written from these inputs by this model
+    and these settings."""
+    record = done.get(case.case_id)
+    if not isinstance(record, dict):
+        return False
+    now = _case_record(case, output, overlays)
+    return now["mask"] is not None and (not overlays or now["overlay"] is not None) and now == {
+        k: record.get(k) for k in now}
+
+
+def _remove_leftovers(output: Path) -> None:
+    """Temporary files of a prediction killed in ``output`` (ours: the folder's lock is held)."""
+    found = [p for folder in (output, output / "overlays") if folder.is_dir()
+             for p in folder.iterdir() if is_temporary(p) and p.is_file()]
+    for p in found:
+        p.unlink(missing_ok=True)
+    if found:
+        log.info("removed %d temporary file(s) left by an interrupted prediction in %s", len(found), output)
 
 
 def predict_new_cases(
@@ -169,28 +259,69 @@ def predict_new_cases(
     output: str | Path,
     eval_cfg: EvaluateConfig | None = None,
     progress: bool = True,
+    model_identity: dict | None = None,
 ) -> list[Path]:
     """Predict every case (progress bar); a bad case is reported and the others go on.
 
+    Args:
+        model: the run's model (or a test double).
+        cases: the input cases.
+        config: the run's config.
+        output: folder for the masks (created).
+        eval_cfg: inference settings.
+        progress: show a tqdm bar.
+        model_identity: what identifies ``model`` (``{"checkpoint": RunFolder.checkpoint_identity(...)}``):
+            with it, ``<output>/predict.json`` records each
+            case done, and cases written before by the same model and settings are skipped. None:
+            every case is predicted and nothing is recorded.
+
     Returns:
-        The mask paths written, in case order.
+        The mask paths, in case order (skipped cases' included).
 
     Raises:
         PredictionFailed: some cases failed (listed with their file and problem); the
             masks of the others are written.
+        LockedError: another prediction is writing ``output``.
     """
-    from tqdm.auto import tqdm
-
     eval_cfg = eval_cfg or EvaluateConfig()
     output = Path(output).expanduser()
     output.mkdir(parents=True, exist_ok=True)
+    if model_identity is None:
+        return _predict_cases(model, cases, config, output, eval_cfg, progress, None, {})
+    with hold_lock(output, "prediction output folder"):
+        _remove_leftovers(output)
+        settings = _settings(config, eval_cfg, model_identity)
+        return _predict_cases(model, cases, config, output, eval_cfg, progress, settings,
+                              _read_manifest(output, settings))
+
+
+def _predict_cases(model, cases: Sequence[Case], config: TrainConfig, output: Path, eval_cfg: EvaluateConfig,
+                   progress: bool, settings: dict | None, done: dict[str, dict]) -> list[Path]:
+    """:func:`predict_new_cases` once the output folder is locked and ``predict.json`` read
+    (``done``: its cases; ``settings`` None: no manifest)."""
+    from tqdm.auto import tqdm
+
+    skip = {c.case_id for c in cases if _already_predicted(c, output, eval_cfg.overlays, done)}
+    if skip:
+        log.info("%d of %d cases were predicted before by this model with these settings (%s): skipping them",
+                 len(skip), len(cases), output / MANIFEST)
     written, failures = [], []
-    for case in tqdm(cases, desc="predicting", unit="case", disable=not progress):
-        try:
-            written.append(predict_new_case(model, case, config, output, eval_cfg))
-        except CaseError as e:
-            log.error("%s", e)
-            failures.append(str(e))
+    report_progress(f"0 of {len(cases)} cases")
+    for i, case in enumerate(tqdm(cases, desc="predicting", unit="case", disable=not progress)):
+        if case.case_id in skip:
+            written.append(_mask_path(output, case.case_id))
+        else:
+            try:
+                written.append(predict_new_case(model, case, config, output, eval_cfg))
+            except CaseError as e:
+                log.error("%s", e)
+                failures.append(str(e))
+                done.pop(case.case_id, None)
+            else:
+                if settings is not None:  # after the mask: the record says it is complete
+                    done[case.case_id] = _case_record(case, output, eval_cfg.overlays)
+                    write_text_atomic(output / MANIFEST, json.dumps({"settings": settings, "cases": done}, indent=1))
+        report_progress(f"{i + 1} of {len(cases)} cases")
     if failures:
         raise PredictionFailed(failures, len(written))
     return written
