@@ -341,21 +341,40 @@ def _build_or_error(case: Case, cache_root: Path, spacing_mm, shape, allow_crop,
     return case.case_id, _out_of_memory_error(case, spacing_mm, shape, num_workers)
 
 
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
+def _stop_workers(pool: ProcessPoolExecutor, workers: list) -> None:
     """Stop the pool now: SIGTERM each worker (it removes the entry it was building and exits),
     SIGKILL those still running after :data:`_STOP_TIMEOUT_S`."""
-    processes = list((getattr(pool, "_processes", None) or {}).values())  # no public handle before Python 3.14
-    for p in processes:
+    for p in workers:
         if p.is_alive():
             p.terminate()
     pool.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + _STOP_TIMEOUT_S
-    for p in processes:
+    for p in workers:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             log.warning("preparation worker %d did not stop within %.0f s: killing it", p.pid, _STOP_TIMEOUT_S)
             p.kill()
             p.join(5.0)
+
+
+def _pool_workers(pool: ProcessPoolExecutor) -> list:
+    """The pool's worker processes (no public handle before Python 3.14; the pool forgets them once broken)."""
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
+def _worker_died(workers: list, cache_root: Path) -> DataError:
+    """The error for a worker that died (the OOM killer, a stray ``kill -9``): which, and how."""
+    ends = []
+    for p in workers:
+        p.join(1.0)
+        if p.exitcode is not None and p.exitcode < 0:
+            ends.append(f"PID {p.pid} killed by {signal.Signals(-p.exitcode).name}")
+        elif p.exitcode and p.exitcode != 128 + signal.SIGTERM:  # not one the broken pool stopped
+            ends.append(f"PID {p.pid} exited with status {p.exitcode}")
+    how = "; ".join(ends) or "it ended abruptly"
+    return DataError(f"a process preparing cases into {cache_root} died ({how}): killed from outside, or by the "
+                     "system for want of memory. The entries finished are kept; run the same command again, with "
+                     "fewer data.num_workers if memory is short.")
 
 
 def _has_leftovers(cache_root: Path) -> bool:
@@ -436,22 +455,19 @@ def _build_in_workers(args: list[tuple], num_workers: int, cache_root: Path, fin
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx, initializer=_init_worker,
                                initargs=(os.getpid(),))
+    workers: list = []
     try:
         with _signals_blocked():  # the workers are started by these submits
             futures = [pool.submit(_build_or_error, *a) for a in args]
+        workers = _pool_workers(pool)
         for fut in as_completed(futures):
             try:
                 _, err = fut.result()
-            except BrokenProcessPool as e:
-                codes = sorted({p.exitcode for p in (getattr(pool, "_processes", None) or {}).values()
-                                if p.exitcode is not None}, key=str)
-                raise DataError(
-                    f"a process preparing cases into {cache_root} died ({e}; exit codes {codes or 'unknown'}): "
-                    "killed from outside, or by the system for want of memory. The entries finished are kept; "
-                    "run the same command again, with fewer data.num_workers if memory is short.") from None
+            except BrokenProcessPool:
+                raise _worker_died(workers, cache_root) from None
             finished(err)
     except BaseException:
-        _stop_workers(pool)  # an error, or Interrupted by SIGTERM/SIGINT: no worker goes on alone
+        _stop_workers(pool, workers or _pool_workers(pool))  # an error, or SIGTERM/SIGINT: no worker goes on alone
         remove_stale_temporaries(cache_root)  # a worker that had to be killed left its folder (the lock is held)
         raise
     pool.shutdown()

@@ -9,6 +9,7 @@ run builds only the missing entries.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -257,3 +258,36 @@ def test_a_live_builders_folders_are_left_alone(cases, one_entry, tmp_path):
         builder.kill()
         builder.wait()
     os.remove(root / ".lock")
+
+
+# ---------------------------------------------------------------------------------------
+# A worker killed from outside (the kernel's OOM killer, a stray kill -9)
+# ---------------------------------------------------------------------------------------
+
+
+def test_a_worker_killed_from_outside_ends_in_one_message_and_the_next_run_builds_the_rest(cases, tmp_path,
+                                                                                          monkeypatch):
+    import psutil
+
+    from brats_seg.data.errors import DataError
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("BRATS_SEG_CRASH_AT", f"{cases[0].case_id}:1")  # inherited by the workers; only they write entries
+    with pytest.raises(DataError) as err:
+        _prepare(cases, root, num_workers=2)
+    message = str(err.value)
+    assert f"a process preparing cases into {root} died (PID " in message and " killed by SIGKILL)" in message
+    assert "fewer data.num_workers" in message
+    workers = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # gone meanwhile
+            if "spawn_main" in " ".join(p.cmdline()):
+                workers.append(p)
+    assert psutil.wait_procs(workers, timeout=15)[1] == []  # the pool is gone (the resource tracker stays)
+    assert _temporaries(root) == [] and not (root / ".lock").exists()
+    built = [c.case_id for c in cases if (root / c.case_id / "meta.json").is_file()]
+    assert cases[0].case_id not in built
+
+    monkeypatch.delenv("BRATS_SEG_CRASH_AT")
+    entries, errors, n_built = _prepare(cases, root, num_workers=2)
+    assert errors == [] and n_built == len(cases) - len(built) and len(entries) == len(cases)
