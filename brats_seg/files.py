@@ -26,6 +26,7 @@ import fnmatch
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 _TEMPORARY_PREFIXES = (".tmp-", ".old-")  # names this module gives files and folders not (or no longer) in place
 _NO_SPACE_WORDS = ("no space left on device", "disk quota exceeded", "database or disk is full")
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
 
 
 class DiskFullError(OSError):
@@ -111,6 +113,8 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         if any(w in str(exc).lower() for w in _NO_SPACE_WORDS):
             return True
+        if isinstance(exc, OSError) and exc.errno is None and _SHORT_WRITE.search(str(exc)):
+            return True  # numpy's tofile/np.save to a path: a short write, no errno
         exc = exc.__cause__ or exc.__context__
     return False
 

@@ -414,6 +414,7 @@ def test_disk_full_error_names_the_file_and_the_free_bytes_and_pickles(tmp_path)
     sqlite3.OperationalError("database or disk is full"),
     RuntimeError("Unable to synchronously write data (file write failed: errno = 28, error message = "
                  "'No space left on device')"),  # h5py's words
+    OSError("1048576 requested and 131056 written"),  # numpy's np.save/tofile to a path: a short write, no errno
 ])
 def test_library_wrapped_out_of_space_errors_are_recognised(tmp_path, exc):
     full = disk_full_error(exc, tmp_path / "x.h5")

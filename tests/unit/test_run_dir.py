@@ -51,10 +51,13 @@ def test_an_old_config_without_the_newer_keys_is_upgraded(tmp_path):
 def test_unreadable_files_are_named(tmp_path):
     run = RunFolder.of(tmp_path)
     run.config_path.write_text("{not json")
-    with pytest.raises(RunError, match="config.json cannot be read"):
+    with pytest.raises(RunError, match="config.json is not readable JSON"):
         run.read_config()
-    run.config_path.write_text(json.dumps({"model": {"depth": 3}, "colour": "blue"}))
-    with pytest.raises(RunError, match="unknown TrainConfig keys"):
+    run.config_path.write_text(json.dumps({"model": {"depth": 3}, "colour": "blue"}))  # another program's
+    with pytest.raises(RunError, match=r"config.json is not a brats-seg run's config.json \(another program's file\?\)"):
+        run.read_config()
+    run.config_path.write_text(json.dumps({"data": {}, "model": {"depth": 3}, "trainer": {}, "colour": "blue"}))
+    with pytest.raises(RunError, match="unknown TrainConfig keys"):  # ours, from a newer version
         run.read_config()
     with pytest.raises(RunError, match="split.json not found"):
         run.read_split()
