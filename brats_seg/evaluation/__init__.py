@@ -6,7 +6,8 @@
                        precision, and the memory check before loading
     sliding            inference of one image on the network grid: whole volume or Gaussian
                        windows (MODES), with test-time mirroring
-    predict            a case's probabilities back on its native grid, thresholded, nested, saved
+    predict            a case's probabilities back on its native grid, thresholded, nested, saved;
+                       new cases predicted where a stopped prediction left off (predict.json)
     metrics            legacy BraTS metrics (Dice, HD95, sensitivity, specificity)
     lesionwise         the lesion-wise definitions BraTS ranks by since 2023, both at once:
                        compute_lesionwise_metrics
@@ -18,7 +19,8 @@
     scoring            every metric of a case from the label map that is written
     table              metrics.csv, summary.json and the printed summary
     overlays           contours on three orthogonal slices, for people to look at
-    evaluate           a run's held-out split end to end: evaluate_run
+    evaluate           a run's held-out split end to end: evaluate_run, continuing where a stopped
+                       evaluation left off (each case's record in eval/<split>/cases/)
 
 A case is scored by scoring.score_case, which calls metrics for the legacy columns and
 lesionwise for the lesion-wise ones; lesionwise runs panoptica_metrics and lesion23, which

@@ -3,8 +3,8 @@
 ::
 
     loop          train(): the conductor: checks -> strategy -> lock -> plan -> data -> run
-                  folder -> model -> resume -> the epoch loop -> tracking, and what ends it
-                  (finished, early stop, preempted, a lost worker)
+                  folder (and its train.log) -> model -> resume -> the epoch loop -> tracking,
+                  and what ends it (finished, early stop, preempted, a lost worker, out of memory)
     checks        every config value, checked before anything is prepared or written
     build         the optimizer and its schedule, the backend and LMS strategy the run trains
                   under with its memory plan (decided in one function, with the reason), the
