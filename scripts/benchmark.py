@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 
 REPO = Path(__file__).resolve().parents[1]

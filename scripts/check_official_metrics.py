@@ -553,7 +553,7 @@ def main(argv: list[str]) -> int:
     me = [sys.executable, str(Path(__file__).resolve())]
     failed = False
     if clone_2023 is None:
-        print(f"no clone of BraTS-2023-Metrics (pass metrics_2023=<clone> or download=true): lesion23_* not checked")
+        print("no clone of BraTS-2023-Metrics (pass metrics_2023=<clone> or download=true): lesion23_* not checked")
     for layout in LAYOUTS:
         root, preds, cases = build(work, layout, n)
         wd = work / layout

@@ -18,7 +18,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
             lms = ["lms=auto", f"lms.limit={args['limit_2x']}"] if res == "2x" else []
             train_s = run_logged([sys.executable, str(REPO / "train.py"), "experiment=resolution_study", f"data={args['data']}",
                             f"resolution={res}", *EXTRA.get(res, []), f"trainer.epochs={epochs}",
-                            f"backend=cpu_onednn", f"backend.precision={precision}", *lms, f"run_dir={run_dir}",
+                            "backend=cpu_onednn", f"backend.precision={precision}", *lms, f"run_dir={run_dir}",
                             *passed], out / f"{res}.log")
             eval_s = run_logged([sys.executable, str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=test",
                            "backend=cpu_onednn"], out / f"{res}.log")

@@ -44,3 +44,30 @@ def data_config(root, layout: str, tmp_path, **kw) -> DataConfig:
     """A DataConfig for ``root`` with the cache under ``tmp_path``, preparing in-process."""
     return DataConfig(name=layout, layout=layout, root=str(root), cache_dir=str(tmp_path / "cache"),
                       num_workers=1, **kw)
+
+
+def new_memory_cgroup(name: str) -> Path:
+    """A fresh memory cgroup for a test's child process: a child of this process's own (v1), or of
+    the root (v2). Skips the test, with the reason, where none can be made (not root, no memory
+    controller); the caller removes it (``rmdir``) when done."""
+    from brats_seg.memory import cgroup_memory
+
+    if os.geteuid() != 0:
+        pytest.skip("creating a memory cgroup needs root")
+    own = cgroup_memory()
+    if own is None:
+        pytest.skip("no memory cgroup controller is mounted here (/proc/self/cgroup, /proc/self/mountinfo)")
+    if own["version"] == 1:
+        folder = Path(own["path"]) / name
+    else:
+        root = Path(own["path"])
+        while (root.parent / "cgroup.controllers").exists():
+            root = root.parent
+        if "memory" not in (root / "cgroup.subtree_control").read_text().split():
+            pytest.skip(f"cgroup v2 without the memory controller enabled under {root}")
+        folder = root / name
+    try:
+        folder.mkdir()
+    except OSError as e:
+        pytest.skip(f"cannot create a memory cgroup at {folder}: {e}")
+    return folder

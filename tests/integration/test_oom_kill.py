@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import new_memory_cgroup
+
 REPO = Path(__file__).resolve().parents[2]
 LIMIT_SHARE = 0.7  # of the predicted peak, above the anonymous memory at the first step
 
@@ -32,31 +34,6 @@ def _command(tmp_path: Path) -> list[str]:
             f"data.root={tmp_path / 'synthetic'}", "data.synthetic_cases=4", f"data.cache_dir={tmp_path / 'cache'}",
             "data.num_workers=1", "model.depth=2", "model.base_filters=4", "trainer.epochs=1", "trainer.batch_size=2",
             "backend=cpu_onednn", "tracking=none", f"run_dir={tmp_path / 'run'}"]
-
-
-def _new_memory_cgroup(name: str) -> Path:
-    """A fresh memory cgroup: a child of this process's own (v1), or of the root (v2); skip if none can be made."""
-    if os.geteuid() != 0:
-        pytest.skip("creating a memory cgroup needs root")
-    from brats_seg.training.oom import cgroup_memory
-
-    own = cgroup_memory()
-    if own is None:
-        pytest.skip("no memory cgroup controller is mounted here (/proc/self/cgroup, /proc/self/mountinfo)")
-    if own["version"] == 1:
-        folder = Path(own["path"]) / name
-    else:
-        root = Path(own["path"])
-        while (root.parent / "cgroup.controllers").exists():
-            root = root.parent
-        if "memory" not in (root / "cgroup.subtree_control").read_text().split():
-            pytest.skip(f"cgroup v2 without the memory controller enabled under {root}")
-        folder = root / name
-    try:
-        folder.mkdir()
-    except OSError as e:
-        pytest.skip(f"cannot create a memory cgroup at {folder}: {e}")
-    return folder
 
 
 def _anon_bytes(cgroup: Path) -> int:
@@ -77,7 +54,7 @@ def _oom_kills(cgroup: Path) -> int:
 
 @pytest.mark.slow
 def test_a_run_killed_by_the_oom_killer_is_named_on_the_next_start_which_trains_to_the_end(tmp_path):
-    cgroup = _new_memory_cgroup(f"brats_seg_oom_test_{os.getpid()}")
+    cgroup = new_memory_cgroup(f"brats_seg_oom_test_{os.getpid()}")
     proc = None
     try:
         proc = subprocess.Popen(

@@ -9,40 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+
+from tests.conftest import new_memory_cgroup
 
 REPO = Path(__file__).resolve().parents[2]
 PRINT_AVAILABLE = ("import sys; sys.path.insert(0, sys.argv[1]); from brats_seg.backend import device_memory_bytes; "
                    "print(device_memory_bytes('CPU'))")
 
 
-def _child_cgroup(name: str) -> Path:
-    from brats_seg.memory import cgroup_memory
-
-    if os.geteuid() != 0:
-        pytest.skip("creating a memory cgroup needs root")
-    own = cgroup_memory()
-    if own is None:
-        pytest.skip("no memory cgroup controller is mounted here")
-    folder = Path(own["path"]) / name if own["version"] == 1 else None
-    if folder is None:
-        root = Path(own["path"])
-        while (root.parent / "cgroup.controllers").exists():
-            root = root.parent
-        if "memory" not in (root / "cgroup.subtree_control").read_text().split():
-            pytest.skip(f"cgroup v2 without the memory controller enabled under {root}")
-        folder = root / name
-    try:
-        folder.mkdir()
-    except OSError as e:
-        pytest.skip(f"cannot create a memory cgroup at {folder}: {e}")
-    return folder
-
-
 def test_the_cpu_budget_is_held_to_the_memory_cgroup(tmp_path):
     import psutil
 
-    cgroup = _child_cgroup(f"brats_seg_memory_test_{os.getpid()}")
+    cgroup = new_memory_cgroup(f"brats_seg_memory_test_{os.getpid()}")
     limit = 1 << 30
     try:
         (cgroup / ("memory.limit_in_bytes" if (cgroup / "memory.limit_in_bytes").exists() else "memory.max")
