@@ -97,7 +97,8 @@ def estimate_inference(workload: Workload, memory_model: MemoryModel, mirror: bo
                + net.persistent["bf16_scratch_bytes"])
     host_image = net.tensor_bytes["batch_image"]  # the float16 image on the host; TensorFlow holds a copy
     activations = forward_only_bytes(net, with_loss=False) - net.tensor_bytes["labels"]  # no labels, no loss
-    forward = runtime + host_image + mm.activation_factor * activations
+    forward = (runtime + host_image + mm.activation_factor * activations
+               + mm.inference_scratch_bytes_per_voxel * voxels)  # outside the allocator (AVX2)
     if mirror:  # the first pass's probabilities wait through the second; then the mean of both
         forward = max(forward + mm.activation_factor * probs, runtime + host_image + 3 * probs)
     back = runtime + probs + 2 * resampled * FLOAT32_BYTES + native * (regions + 1) * FLOAT32_BYTES

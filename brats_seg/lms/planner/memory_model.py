@@ -133,6 +133,16 @@ class MemoryModel:
             blocks. Left out, bf16 was under-predicted by 14% at 64x64x48 and 27% at full
             resolution (and by 6 GB at 2x). Fitted on its own grid of bfloat16 points
             (``calibrate_memory.py``, ``calibration_bf16``); 0 for float32.
+        inference_scratch_bytes_per_voxel: memory outside TensorFlow's allocator that a
+            float32 forward pass holds at its first call (tracing, oneDNN's primitives and
+            their scratch, glibc's per-thread arenas), beyond ``runtime_bytes_per_conv``, per
+            voxel of the network grid; used by the inference estimate only. 0 on AVX-512,
+            whose forward-only estimate measured 9-26% above the allocator's peak. On the
+            AVX2-only AMD EPYC (uncalibrated) the first call's RSS peak exceeded the estimate
+            without it by -42 to +295 MB over seven shapes and widths (depth 2-4, 4-16
+            filters, 0.2-2.3 M voxels; 1.44x at 128x160x112): 130 bytes a voxel is the
+            largest excess per voxel measured, an envelope of those points rather than a fit
+            judged on held-out ones, until the AVX2 preset is calibrated again.
         training_loop_bytes: what a training process holds beyond the benchmark's step
             and the pipeline batches the plan counts (``Workload.input_batches > 0``): the
             input pipeline's threads and buffers, the validation function's graph. Measured
@@ -186,6 +196,7 @@ class MemoryModel:
     conv_weight_grad_scratch: float = 0.0
     bf16_scratch_bytes: int = 0
     bf16_scratch_bytes_per_voxel: float = 0.0
+    inference_scratch_bytes_per_voxel: float = 0.0
     training_loop_bytes: int = 80_000_000
     backward_release_lag_layers: int = 2
     planning_margin: float = 0.1
@@ -211,11 +222,13 @@ class MemoryModel:
 #: calibration. With AVX-512 (Sapphire Rapids with AMX; Zen 4 without) the defaults of
 #: :class:`MemoryModel`. On an AVX2-only CPU (AMD EPYC) oneDNN computes the gradient by
 #: weights with its gemm implementation and scratch of its own (``conv_weight_grad_scratch``),
-#: and a convolution's JIT kernels grow with its width (``runtime_bytes_per_conv_filter``).
+#: a convolution's JIT kernels grow with its width (``runtime_bytes_per_conv_filter``), and a
+#: forward pass's first call holds more outside the allocator (``inference_scratch_bytes_per_voxel``).
 BASE_PRESETS: dict[str, dict[str, float]] = {
     "avx512_amx": {},
     "avx512": {},
-    "avx2": {"conv_weight_grad_scratch": 1.0, "runtime_bytes_per_conv_filter": 120_000, "rebuild_runtime_bytes": 0},
+    "avx2": {"conv_weight_grad_scratch": 1.0, "runtime_bytes_per_conv_filter": 120_000, "rebuild_runtime_bytes": 0,
+             "inference_scratch_bytes_per_voxel": 130.0},
 }
 
 #: Fields last fitted on a kind whose preset was withdrawn (measured on an earlier model),
