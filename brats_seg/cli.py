@@ -250,7 +250,8 @@ def user_errors(stage: str = "the command"):
     """
     from brats_seg.backend import BackendError
     from brats_seg.distribute.cluster import ClusterError
-    from brats_seg.files import DiskFullError, LockedError
+    from brats_seg.files import DiskFullError
+    from brats_seg.locks import LockedError
     from brats_seg.lms.planner.advice import OutOfMemoryError
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
     from brats_seg.signals import Interrupted, stop_on_signals

@@ -47,8 +47,8 @@ from brats_seg.data.errors import CaseError, DataError
 from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import Case
 from brats_seg.data.preprocess import estimate_preparation_bytes, preprocess_case
-from brats_seg.files import (DiskFullError, LockedError, atomic_dir, format_bytes, hold_lock, is_temporary,
-                             remove_stale_temporaries)
+from brats_seg.files import DiskFullError, atomic_dir, format_bytes, is_temporary
+from brats_seg.locks import LockedError, hold_lock, remove_stale_temporaries
 from brats_seg.signals import report_progress
 
 __all__ = [

@@ -40,7 +40,8 @@ from brats_seg.data.nifti import save_mask
 from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, preprocess_case
 from brats_seg.evaluation.run import run_regions
 from brats_seg.evaluation.sliding import predict_volume
-from brats_seg.files import hold_lock, is_temporary, write_text_atomic
+from brats_seg.files import is_temporary, write_text_atomic
+from brats_seg.locks import hold_lock
 from brats_seg.signals import report_progress
 
 __all__ = [

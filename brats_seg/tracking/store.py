@@ -32,7 +32,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from brats_seg.files import file_lock
+from brats_seg.locks import file_lock
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions, resolve_model_outputs
 from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
 from brats_seg.distribute.strategy import make_strategy
-from brats_seg.files import hold_lock, remove_stale_temporaries
+from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name

@@ -33,7 +33,7 @@ from pathlib import Path
 import keras
 
 from brats_seg.config import TrainConfig
-from brats_seg.files import update_lock
+from brats_seg.locks import update_lock
 from brats_seg.lms.planner.advice import (
     MemoryFacts,
     OutOfMemoryError,

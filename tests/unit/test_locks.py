@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from brats_seg.files import LockedError, hold_lock
+from brats_seg.locks import LockedError, hold_lock
 
 REPO = Path(__file__).resolve().parents[2]
-HOLDER = ("import sys, time; sys.path.insert(0, sys.argv[2]); from brats_seg.files import hold_lock\n"
+HOLDER = ("import sys, time; sys.path.insert(0, sys.argv[2]); from brats_seg.locks import hold_lock\n"
           "with hold_lock(sys.argv[1], 'run folder'):\n    print('held', flush=True); time.sleep(120)")
 
 
@@ -52,7 +52,7 @@ def test_the_lock_is_released_and_a_dead_holders_lock_taken_over(tmp_path, caplo
     holder.send_signal(signal.SIGKILL)  # no chance to release it
     holder.wait(timeout=30)
     assert lock.exists()
-    with caplog.at_level(logging.WARNING, logger="brats_seg.files"):
+    with caplog.at_level(logging.WARNING, logger="brats_seg.locks"):
         with hold_lock(tmp_path / "run", "run folder"):
             assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert f"taking over the lock of PID {holder.pid}" in caplog.text
@@ -74,7 +74,7 @@ def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path, caplog):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / ".lock").write_text(json.dumps({"pid": os.getppid(), "pid_start": 1.0,
                                                         "host": socket.gethostname(), "since": "long ago"}))
-    with caplog.at_level(logging.WARNING, logger="brats_seg.files"):
+    with caplog.at_level(logging.WARNING, logger="brats_seg.locks"):
         with hold_lock(tmp_path / "run", "run folder"):
             pass
     assert "taking over the lock" in caplog.text
@@ -91,7 +91,7 @@ def test_building_a_cache_entry_waits_for_the_job_building_it(synthetic_root, tm
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="brats_seg.files"):
+    with caplog.at_level(logging.WARNING, logger="brats_seg.locks"):
         entries, errors, built = prepare_cases(cases[:1], tmp_path / "cache", 4.0, (48, 56, 40), num_workers=1,
                                                progress=False)
     assert holder.wait(timeout=30) == 0 and time.monotonic() - started > 1.0  # it waited for the holder

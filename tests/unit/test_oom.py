@@ -265,7 +265,7 @@ def _half_cfg(tmp_path) -> TrainConfig:
 def test_the_next_start_tells_why_the_previous_run_died(tmp_path, caplog, case):
     """A fabricated lock of a dead process, its counters below (or at) today's: the takeover logs
     the diagnosis, the memory facts and, where memory may be why, the settings predicted to fit."""
-    from brats_seg.files import hold_lock
+    from brats_seg.locks import hold_lock
     from brats_seg.training.oom import warn_about_dead_run
 
     vmstat = _vmstat_oom_kills()
