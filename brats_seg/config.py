@@ -44,6 +44,7 @@ CHOICES = {  # config key -> its closed set
 
 __all__ = [
     "CHOICES",
+    "STANDARD_RESOLUTIONS",
     "DataConfig",
     "ResolutionConfig",
     "ModelConfig",
@@ -83,6 +84,17 @@ class DataConfig:
     # Only for data=synthetic: generated on first use when `root` holds no cases.
     synthetic_cases: int = 40
     synthetic_seed: int = 0
+
+
+#: configs/resolution as (name, spacing in mm, network shape x, y, z), finest first: what a
+#: message may suggest instead of a resolution that does not fit (tests/unit/test_cache_faults.py
+#: checks it against the config files).
+STANDARD_RESOLUTIONS = (
+    ("2x", 0.5, (384, 448, 320)),
+    ("full", 1.0, (192, 224, 160)),
+    ("half", 2.0, (96, 112, 80)),
+    ("tiny", 4.0, (48, 56, 40)),
+)
 
 
 @dataclass

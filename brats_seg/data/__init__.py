@@ -14,11 +14,14 @@ Read in the order a case travels::
     case_io     one case's images and label map, loaded and checked (the one reader)
     preprocess  resample, normalise, crop to the network grid, and the inverse for predictions
     cache       one folder per case (image.npy, regions.npy, meta.json), written atomically
+    workers     the processes that prepare cases in parallel, stopped by the parent alone
+    prep_memory how many cases fit in memory at once; what to change when one does not
     splits      the seeded train/val/test split
     dataset     discover -> validate -> preprocess -> cache -> split: prepare_dataset
     pipeline    tf.data over the cache (augmentation, batches, resumable order); imports TensorFlow
     errors      what was wrong, with which case and file, and what to do
     phantoms/   generated datasets: the synthetic and MNI glioma generators and their writer
 
-Arrows point down only: this package imports nothing of brats_seg but config.py and files.py.
+Arrows point down only: this package imports nothing of brats_seg but config.py, files.py,
+locks.py and the standard-library leaves (choices, signals, memory).
 """

@@ -13,14 +13,12 @@ a changed file or config rebuilds that entry and nothing else. Builders hold the
 so the temporary folders (``.tmp-*``, ``.old-*``) the next holder finds are a dead builder's
 and are removed at once.
 
-Cases are prepared in spawned worker processes (``data.num_workers``), and the parent alone
-decides when they stop: a worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process
-group), and SIGTERM -- sent by the parent when it is interrupted or fails, or on Linux when it
-dies -- makes it remove the entry it was building and exit. A full disk ends in one
+Cases are prepared in spawned worker processes (``data.num_workers``) that the parent alone
+stops (:mod:`brats_seg.data.workers`). A full disk ends in one
 :class:`~brats_seg.files.DiskFullError` naming the entry and the free space (the entries built
 stay valid; the next run builds only the missing ones); a case that runs out of memory gets a
 :class:`~brats_seg.data.errors.CaseError` with its estimated memory, what was available and
-the settings that would fit (:func:`preparation_memory_advice`).
+the settings that would fit (:mod:`brats_seg.data.prep_memory`).
 """
 
 from __future__ import annotations
@@ -29,26 +27,23 @@ import contextlib
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
-import sys
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from brats_seg.data.case_io import load_case_image, load_case_label
-from brats_seg.data.errors import CaseError, DataError
+from brats_seg.data.errors import CaseError
 from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import Case
-from brats_seg.data.preprocess import estimate_preparation_bytes, preprocess_case
-from brats_seg.files import DiskFullError, atomic_dir, format_bytes, is_temporary
+from brats_seg.data.prep_memory import out_of_memory_error, workers_that_fit
+from brats_seg.data.preprocess import preprocess_case
+from brats_seg.files import DiskFullError, atomic_dir, is_temporary
 from brats_seg.locks import LockedError, hold_lock, remove_stale_temporaries
+from brats_seg.data.workers import WorkerStopped, run_in_workers
 from brats_seg.signals import report_progress
 
 __all__ = [
@@ -59,9 +54,7 @@ __all__ = [
     "CacheEntry",
     "compute_fingerprint",
     "load_entry_meta",
-    "STANDARD_RESOLUTIONS",
     "build_entry",
-    "preparation_memory_advice",
     "prepare_cases",
 ]
 
@@ -74,15 +67,6 @@ META_FILE = "meta.json"  # written last: marks the entry complete
 
 PREPROCESS_VERSION = 2  # bump when preprocessing changes: every entry is rebuilt (2: z-score statistics summed in float64)
 
-# configs/resolution (name, spacing in mm, network shape), finest first: what an out-of-memory
-# message may suggest instead of the resolution that did not fit.
-STANDARD_RESOLUTIONS = (
-    ("2x", 0.5, (384, 448, 320)),
-    ("full", 1.0, (192, 224, 160)),
-    ("half", 2.0, (96, 112, 80)),
-    ("tiny", 4.0, (48, 56, 40)),
-)
-_STOP_TIMEOUT_S = 10.0  # how long stopped workers get to remove their temporary folder before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -180,150 +164,8 @@ class _Stream:
 
 
 # ---------------------------------------------------------------------------------------
-# Out of memory: what a case needs, what was there, what would fit
+# Building entries
 # ---------------------------------------------------------------------------------------
-
-
-def _case_native_grid(case: Case) -> tuple[tuple, tuple] | None:
-    """``(shape, zooms)`` of a case's first image, from its header (no voxels read), or None."""
-    import nibabel as nib
-
-    try:
-        header = nib.load(str(case.images[0])).header
-        return tuple(int(n) for n in header.get_data_shape()), tuple(float(z) for z in header.get_zooms())
-    except Exception:  # noqa: BLE001 - a bad file is reported by its preparation, with its name
-        return None
-
-
-def preparation_memory_advice(native_shape, native_spacing_mm, spacing_mm: float, shape, num_workers: int,
-                              available_bytes: int) -> tuple[str, str]:
-    """``(what happened, what to do)`` for a case whose preparation ran out of memory, computed
-    from its estimated memory (:func:`~brats_seg.data.preprocess.estimate_preparation_bytes`).
-
-    ``available_bytes`` is measured while the other ``num_workers - 1`` workers hold their cases,
-    so the workers had about ``available_bytes + (num_workers - 1) * need`` between them. The
-    advice: as many workers as that holds (fewer than now); for a case that failed alone, the
-    finest standard resolution whose case fits in what was available.
-
-    Args:
-        native_shape, native_spacing_mm: the case's grid (its first image's header).
-        spacing_mm, shape: the resolution it was prepared at.
-        num_workers: the cases prepared at once when it failed.
-        available_bytes: memory available then.
-    """
-    need = estimate_preparation_bytes(native_shape, native_spacing_mm, spacing_mm, shape)
-    num_workers = max(1, int(num_workers))
-    room = int(available_bytes) + (num_workers - 1) * need
-    grid = "x".join(str(int(n)) for n in native_shape[:3])
-    zooms = "x".join(f"{float(z):g}" for z in native_spacing_mm[:3])
-    at_once = (f"{num_workers} cases prepared at once (data.num_workers={num_workers})" if num_workers > 1
-               else "one case prepared at a time")
-    problem = (f"out of memory preparing it at {spacing_mm:g} mm: a case needs about {format_bytes(need)} "
-               f"(estimated from its header: {grid} voxels of {zooms} mm) and {format_bytes(int(available_bytes))} "
-               f"was available, with {at_once}")
-    hints = []
-    if num_workers > 1:  # the others' share alone holds a case, so fewer workers always fit
-        workers = min(int(room // max(need, 1)), num_workers - 1)
-        hints.append(f"data.num_workers={workers} (about {format_bytes(workers * need)} for {workers} "
-                     f"case{'s' if workers > 1 else ''} at once)")
-    else:
-        for name, mm, net_shape in STANDARD_RESOLUTIONS:  # finest first
-            nbytes = estimate_preparation_bytes(native_shape, native_spacing_mm, mm, net_shape)
-            if mm > spacing_mm and nbytes <= room:
-                hints.append(f"resolution={name} (about {format_bytes(nbytes)} a case at {mm:g} mm)")
-                break
-    if not hints:
-        hints.append(f"none: no standard resolution coarser than {spacing_mm:g} mm fits in {format_bytes(room)}")
-    note = ""
-    if need <= available_bytes:  # the estimate fits what is free now: something else set the bound
-        note = (f" By the estimate one more case fits in the {format_bytes(int(available_bytes))} available now, so a limit "
-                "on this process (ulimit -v, a container's or job's memory limit) may be below the machine's "
-                "free memory, or another program used it meanwhile.")
-    fix = (f"Settings that would fit: {'; or '.join(hints)}. Or free memory (other programs) or use a machine with "
-           f"more.{note} The cases already prepared are kept.")
-    return problem, fix
-
-
-def _out_of_memory_error(case: Case, spacing_mm: float, shape, num_workers: int) -> CaseError:
-    """The :class:`CaseError` of a case whose preparation raised MemoryError, with the advice."""
-    import psutil
-
-    available = psutil.virtual_memory().available
-    grid = _case_native_grid(case)
-    if grid is None:
-        return CaseError(case.case_id, case.images[0], f"out of memory preparing it ({format_bytes(available)} "
-                         "available)", "Use fewer data.num_workers or a coarser resolution.")
-    problem, fix = preparation_memory_advice(grid[0], grid[1], spacing_mm, shape, num_workers, available)
-    return CaseError(case.case_id, None, problem, fix)
-
-
-def _workers_that_fit(case: Case, spacing_mm: float, shape, num_workers: int) -> int:
-    """``num_workers``, lowered so that the workers' cases fit in half the RAM available now.
-
-    A case's memory is estimated from its first image's header (no voxels read): at 0.5 mm
-    about 2.6 GB, so a 24 GB machine prepares 2x resolution one or a few cases at a time.
-    """
-    if num_workers <= 1:
-        return max(num_workers, 1)
-    import psutil
-
-    grid = _case_native_grid(case)
-    if grid is None:
-        return num_workers
-    per_case = estimate_preparation_bytes(grid[0], grid[1], spacing_mm, shape)
-    fit = max(1, int(0.5 * psutil.virtual_memory().available // max(per_case, 1)))
-    if fit < num_workers:
-        log.info("preparing %d case(s) at a time instead of data.num_workers=%d: a case at %.2g mm needs "
-                 "about %.1f GB", fit, num_workers, spacing_mm, per_case / 1e9)
-    return min(num_workers, fit)
-
-
-# ---------------------------------------------------------------------------------------
-# Worker processes: the parent decides when they stop
-# ---------------------------------------------------------------------------------------
-
-
-class _WorkerStopped(SystemExit):
-    """Raised in a worker by SIGTERM: unwinds the entry being built (its temporary folder is removed)."""
-
-
-def _stop_worker(signum, frame):
-    raise _WorkerStopped(128 + signum)
-
-
-def _init_worker(parent_pid: int) -> None:
-    """A preparation worker's signals (it starts with SIGINT and SIGTERM blocked, see
-    :func:`_signals_blocked`; one that came meanwhile is handled once they are unblocked here).
-
-    SIGINT is ignored: a terminal's Ctrl-C reaches the whole process group, and the parent
-    stops the pool. SIGTERM -- the parent stopping the pool, or (Linux) the parent's death --
-    unwinds the entry being built and exits.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _stop_worker)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):  # best effort: a live parent stops its workers itself
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-        if os.getppid() != parent_pid:  # the parent died before the death signal was set up
-            raise _WorkerStopped(128 + signal.SIGTERM)
-    except _WorkerStopped:
-        os._exit(128 + signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _signals_blocked():
-    """SIGINT and SIGTERM blocked in this thread for the block: the worker processes started in
-    it inherit the mask, so a Ctrl-C while they start cannot print their tracebacks; a signal
-    to this process meanwhile is delivered when the block ends."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _build_or_error(case: Case, cache_root: Path, spacing_mm, shape, allow_crop, fingerprint, num_workers: int = 1):
@@ -336,45 +178,9 @@ def _build_or_error(case: Case, cache_root: Path, spacing_mm, shape, allow_crop,
         return case.case_id, e
     except MemoryError:
         pass  # the advice is computed below, once the case's arrays (held by the traceback) are freed
-    except _WorkerStopped:
+    except WorkerStopped:
         os._exit(128 + signal.SIGTERM)  # the parent is stopping the pool: out of it at once
-    return case.case_id, _out_of_memory_error(case, spacing_mm, shape, num_workers)
-
-
-def _stop_workers(pool: ProcessPoolExecutor, workers: list) -> None:
-    """Stop the pool now: SIGTERM each worker (it removes the entry it was building and exits),
-    SIGKILL those still running after :data:`_STOP_TIMEOUT_S`."""
-    for p in workers:
-        if p.is_alive():
-            p.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-    deadline = time.monotonic() + _STOP_TIMEOUT_S
-    for p in workers:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            log.warning("preparation worker %d did not stop within %.0f s: killing it", p.pid, _STOP_TIMEOUT_S)
-            p.kill()
-            p.join(5.0)
-
-
-def _pool_workers(pool: ProcessPoolExecutor) -> list:
-    """The pool's worker processes (no public handle before Python 3.14; the pool forgets them once broken)."""
-    return list((getattr(pool, "_processes", None) or {}).values())
-
-
-def _worker_died(workers: list, cache_root: Path) -> DataError:
-    """The error for a worker that died (the OOM killer, a stray ``kill -9``): which, and how."""
-    ends = []
-    for p in workers:
-        p.join(1.0)
-        if p.exitcode is not None and p.exitcode < 0:
-            ends.append(f"PID {p.pid} killed by {signal.Signals(-p.exitcode).name}")
-        elif p.exitcode and p.exitcode != 128 + signal.SIGTERM:  # not one the broken pool stopped
-            ends.append(f"PID {p.pid} exited with status {p.exitcode}")
-    how = "; ".join(ends) or "it ended abruptly"
-    return DataError(f"a process preparing cases into {cache_root} died ({how}): killed from outside, or by the "
-                     "system for want of memory. The entries finished are kept; run the same command again, with "
-                     "fewer data.num_workers if memory is short.")
+    return case.case_id, out_of_memory_error(case, spacing_mm, shape, num_workers)
 
 
 def _has_leftovers(cache_root: Path) -> bool:
@@ -382,6 +188,8 @@ def _has_leftovers(cache_root: Path) -> bool:
         return any(is_temporary(p) for p in cache_root.iterdir())
     except OSError:
         return False
+
+
 
 
 # ---------------------------------------------------------------------------------------
@@ -421,7 +229,7 @@ def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, 
     errors: list[CaseError] = []
     if not todo:
         return errors
-    num_workers = min(_workers_that_fit(todo[0], spacing_mm, shape, num_workers), len(todo))
+    num_workers = min(workers_that_fit(todo[0], spacing_mm, shape, num_workers), len(todo))
     log.info("preprocessing %d of %d cases into %s (%d worker(s))", len(todo), n_cases, cache_root, num_workers)
     bar = tqdm(total=len(todo), desc="preparing cases", unit="case", disable=not progress)
     args = [(c, cache_root, spacing_mm, shape, allow_crop, fingerprints[c.case_id], num_workers) for c in todo]
@@ -441,36 +249,12 @@ def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, 
             for a in args:
                 finished(_build_or_error(*a)[1])
         else:
-            _build_in_workers(args, num_workers, cache_root, finished)
+            run_in_workers(_build_or_error, args, num_workers, cache_root, finished)
     except DiskFullError as e:
         raise _disk_full(e, cache_root, done - len(errors), len(todo)) from None
     finally:
         bar.close()
     return errors
-
-
-def _build_in_workers(args: list[tuple], num_workers: int, cache_root: Path, finished) -> None:
-    """Run :func:`_build_or_error` over ``args`` in spawned processes (safe even if the parent has
-    imported TensorFlow), calling ``finished(error)`` as each ends; stopped on any exception."""
-    ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx, initializer=_init_worker,
-                               initargs=(os.getpid(),))
-    workers: list = []
-    try:
-        with _signals_blocked():  # the workers are started by these submits
-            futures = [pool.submit(_build_or_error, *a) for a in args]
-        workers = _pool_workers(pool)
-        for fut in as_completed(futures):
-            try:
-                _, err = fut.result()
-            except BrokenProcessPool:
-                raise _worker_died(workers, cache_root) from None
-            finished(err)
-    except BaseException:
-        _stop_workers(pool, workers or _pool_workers(pool))  # an error, or SIGTERM/SIGINT: no worker goes on alone
-        remove_stale_temporaries(cache_root)  # a worker that had to be killed left its folder (the lock is held)
-        raise
-    pool.shutdown()
 
 
 def prepare_cases(

@@ -26,7 +26,9 @@ import pytest
 import yaml
 
 import brats_seg.data.cache as cache
-from brats_seg.data.cache import STANDARD_RESOLUTIONS, prepare_cases, preparation_memory_advice
+from brats_seg.config import STANDARD_RESOLUTIONS
+from brats_seg.data.cache import prepare_cases
+from brats_seg.data.prep_memory import preparation_memory_advice
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.preprocess import estimate_preparation_bytes
 from brats_seg.files import DiskFullError, format_bytes

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 from typing import Any, Callable, Sequence
 
+from brats_seg.config import STANDARD_RESOLUTIONS as CONFIG_RESOLUTIONS
 from brats_seg.config import TrainConfig
 from brats_seg.lms.planner.accounting import block_row, plan_overhead
 from brats_seg.lms.planner.cost import NetworkCost, compute_network_cost
@@ -49,13 +50,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The resolutions of configs/resolution, smallest first (name, (x, y, z)).
-STANDARD_RESOLUTIONS = (
-    ("tiny", (48, 56, 40)),
-    ("half", (96, 112, 80)),
-    ("full", (192, 224, 160)),
-    ("2x", (384, 448, 320)),
-)
+# The resolutions of configs/resolution, smallest first (name, (x, y, z)): the config's table.
+STANDARD_RESOLUTIONS = tuple((name, shape) for name, _, shape in reversed(CONFIG_RESOLUTIONS))
 
 
 def planning_budget(limit_bytes: int, memory_model: MemoryModel) -> int:
