@@ -12,6 +12,8 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
   ``mlflow.start_run``/``end_run`` for MLflow's user, source and git tags and its system
   metrics, an ``MlflowClient`` with the run's id for params, tags, per-epoch metrics and
   artifacts. A store that fails is reported once and left alone; training goes on.
+* :mod:`~brats_seg.tracking.faults` words a store whose disk is full (the file, the free space,
+  once) and keeps MLflow's own tracebacks of it out of the log.
 * :mod:`~brats_seg.tracking.names` makes the run's name and git tag, and mends keys and cuts
   values so MLflow does not refuse a batch for one of them.
 

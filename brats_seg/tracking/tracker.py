@@ -40,10 +40,10 @@ from mlflow.entities import Metric, Param, RunTag
 
 from brats_seg.choices import check_choice
 from brats_seg.config import TrackingConfig
-from brats_seg.files import disk_full_error, format_bytes, is_disk_full
 from brats_seg.run_dir import RunFolder
+from brats_seg.tracking.faults import MlflowDiskFullFilter, disk_full_message
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
-from brats_seg.tracking.store import experiment_id_for, local_store_path, open_store, resolve_tracking_uri
+from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri
 
 __all__ = ["TRACKERS", "NullTracker", "Tracker"]
 
@@ -55,54 +55,6 @@ _STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow error codes meaning "this call was refused", not "the store is gone".
 _REJECTED = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
              "INVALID_STATE"}
-
-
-class _MlflowDiskFull(logging.Filter):
-    """Keeps MLflow's own records that say the disk is full out of the log, and notes that one came.
-
-    MLflow's SQL store logs a traceback of every database error before raising it, and its
-    system-metrics thread logs its own warning when it cannot write: on a full disk that is two
-    or three screens for one fact, which the tracker says in one line instead (also when only
-    MLflow's thread met it: :attr:`seen`). The filter sits on the handlers MLflow's records reach
-    (the ``mlflow`` logger's own, which MLflow sets up without propagation, and the root
-    logger's), while a tracker's run is open; no logger name inside MLflow is relied on.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen = False
-        self._handlers: set[logging.Handler] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith("mlflow"):
-            return True
-        try:
-            full = is_disk_full(Exception(record.getMessage()))
-        except Exception:  # noqa: BLE001 - a record that cannot be formatted is MLflow's business
-            return True
-        self.seen |= full
-        return not full
-
-    def attach(self) -> None:
-        self._handlers = {*logging.getLogger("mlflow").handlers, *logging.getLogger().handlers}
-        for handler in self._handlers:
-            handler.addFilter(self)
-
-    def detach(self) -> None:
-        for handler in self._handlers:
-            handler.removeFilter(self)
-        self._handlers = set()
-
-
-def _failed_file(exc: BaseException) -> str | None:
-    """The file an OSError in ``exc``'s chain names (e.g. an artifact being copied), if any."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.filename:
-            return str(exc.filename)
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
@@ -137,7 +89,7 @@ class Tracker:
         self._restore_status: str | None = None  # set by resume(): end() puts this status back
         self._run_active = False  # our run is on MLflow's active-run stack: end() takes it off
         self._ended = False
-        self._mlflow_disk_full = _MlflowDiskFull()  # attached while the store is in use
+        self._mlflow_disk_full = MlflowDiskFullFilter()  # attached while the store is in use
         self._artifact_uri: str | None = None  # where the run's artifacts go (file:///..., s3://...)
 
     # -- construction ---------------------------------------------------------------------------
@@ -436,23 +388,7 @@ class Tracker:
                              self._disk_full_warning(OSError(errno.ENOSPC, "No space left on device")))
 
     def _disk_full_warning(self, exc: BaseException, target: str | None = None) -> str | None:
-        """The warning for a store that ran out of space (naming the file being written, else
-        ``target``'s or the store's, and the free space there), or None if ``exc`` is another failure."""
-        local = (_failed_file(exc) or (local_store_path(target) if target else None)
-                 or local_store_path(self.tracking_uri or ""))
-        if local is None:  # a server: its disk is not ours to measure
-            if not is_disk_full(exc):
-                return None
-            where = f"the MLflow tracking server {self.tracking_uri} reports that its disk is full"
-        else:
-            full = disk_full_error(exc, local)
-            if full is None:
-                return None
-            free = "unknown" if full.free_bytes is None else format_bytes(full.free_bytes)
-            where = f"MLflow cannot write {full.path}: no space left on its disk ({free} free there)"
-        return (f"{where}: training goes on without MLflow; the run folder {self.run_dir} keeps the config, "
-                "history, plan and checkpoints. Free some space there (or point tracking.uri elsewhere) for the "
-                "next runs.")
+        return disk_full_message(exc, self.tracking_uri or "", self.run_dir, target)
 
     def _go_offline(self, reason: str, message: str | None = None) -> None:
         """Stop contacting the store, saying why once (``message``, else a warning built from
