@@ -141,8 +141,10 @@ class MemoryModel:
             AVX2-only AMD EPYC (uncalibrated) the first call's RSS peak exceeded the estimate
             without it by -42 to +295 MB over seven shapes and widths (depth 2-4, 4-16
             filters, 0.2-2.3 M voxels; 1.44x at 128x160x112): 130 bytes a voxel is the
-            largest excess per voxel measured, an envelope of those points rather than a fit
-            judged on held-out ones, until the AVX2 preset is calibrated again.
+            largest excess per voxel of that series. The same points measured again with it
+            read 0.71-1.12 of the estimate (one point moves ~20% between runs), the worst
+            inside the planning margin. An allowance, not a fit judged on held-out points,
+            until the AVX2 preset is calibrated again (docs/measurements/inference_first_call_avx2).
         training_loop_bytes: what a training process holds beyond the benchmark's step
             and the pipeline batches the plan counts (``Workload.input_batches > 0``): the
             input pipeline's threads and buffers, the validation function's graph. Measured
