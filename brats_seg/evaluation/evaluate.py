@@ -266,15 +266,17 @@ def _reusable_row(folder: RunFolder, split: str, case_id: str, fingerprint: str,
 
 
 def _log_to_mlflow(run_dir: Path, config: TrainConfig, split: str, summary: dict, out: Path) -> None:
-    """Log summary statistics (``<split>_<column>_<mean|median|std>``) and the eval folder
+    """Log summary statistics (the mean of each column in ``Eval <split>/<column>``, the median
+    and std after it: :func:`~brats_seg.tracking.names.evaluation_metric_key`) and the eval folder
     (artifacts ``eval/<split>``) to the run's MLflow run; never fails the evaluation."""
+    from brats_seg.tracking import Tracker, evaluation_metric_key
+
     metrics = {
-        f"{split}_{column}_{stat}": value
+        evaluation_metric_key(split, column, stat): value
         for column, stats in summary.items() if isinstance(stats, dict)
         for stat, value in stats.items() if stat in ("mean", "median", "std") and math.isfinite(value)
     }
     try:
-        from brats_seg.tracking import Tracker
 
         # The run's own tracking settings; no system metrics for a short evaluation.
         tracker = Tracker.resume(run_dir, dataclasses.replace(config.tracking, system_metrics=False))

@@ -7,21 +7,24 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
 * :mod:`~brats_seg.tracking.store` decides where runs go before any run exists: the tracking
   URI (a relative ``sqlite:///`` path is taken from the project root), the lock that lets the
   jobs of a sweep create a new SQLite store together, the plain-HTTP probe that finds an
-  unreachable server in seconds, and the experiment (its artifacts beside a sqlite database).
+  unreachable server in seconds, and the experiment (its artifacts beside a sqlite database,
+  marked a model-training experiment so that MLflow's UI opens it on runs and charts).
 * :mod:`~brats_seg.tracking.tracker` is the run itself, on MLflow's public API only:
   ``mlflow.start_run``/``end_run`` for MLflow's user, source and git tags and its system
   metrics, an ``MlflowClient`` with the run's id for params, tags, per-epoch metrics and
   artifacts. A store that fails is reported once and left alone; training goes on.
 * :mod:`~brats_seg.tracking.faults` words a store whose disk is full (the file, the free space,
   once) and keeps MLflow's own tracebacks of it out of the log.
-* :mod:`~brats_seg.tracking.names` makes the run's name and git tag, and mends keys and cuts
-  values so MLflow does not refuse a batch for one of them.
+* :mod:`~brats_seg.tracking.names` makes the run's name and git tag, chooses the metric keys
+  whose chart sections lead the run page with loss and Dice (``training_metric_key``,
+  ``evaluation_metric_key``), and mends keys and cuts values so MLflow does not refuse a batch
+  for one of them.
 
 Nothing is recorded beside MLflow: the run folder (:mod:`brats_seg.run_dir`) already holds the
 config, the per-epoch history, the plan, the checkpoints and the evaluation.
 """
 
-from brats_seg.tracking.names import git_commit, make_run_name
+from brats_seg.tracking.names import evaluation_metric_key, git_commit, make_run_name, training_metric_key
 from brats_seg.tracking.store import (
     DEFAULT_URI,
     StoreUnreachable,
@@ -31,6 +34,7 @@ from brats_seg.tracking.store import (
     open_store,
     probe_server,
     resolve_tracking_uri,
+    ui_url,
 )
 from brats_seg.tracking.tracker import NullTracker, Tracker
 
@@ -40,6 +44,7 @@ __all__ = [
     "StoreUnreachable",
     "Tracker",
     "artifact_location_for",
+    "evaluation_metric_key",
     "experiment_id_for",
     "find_project_root",
     "git_commit",
@@ -47,4 +52,6 @@ __all__ = [
     "open_store",
     "probe_server",
     "resolve_tracking_uri",
+    "training_metric_key",
+    "ui_url",
 ]

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_URI",
+    "EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TAG",
+    "LOCAL_UI",
     "PROBE_TIMEOUT_S",
     "StoreUnreachable",
     "artifact_location_for",
@@ -47,9 +50,17 @@ __all__ = [
     "open_store",
     "probe_server",
     "resolve_tracking_uri",
+    "ui_url",
 ]
 
 DEFAULT_URI = "sqlite:///mlruns.db"
+# The experiment tag MLflow's UI (3.x) reads to choose its view: "custom_model_development" is
+# the view of training runs (runs, metrics, charts, artifacts); without it the UI guesses, and
+# guessed the GenAI view (traces, token usage) for ours.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# Where `mlflow ui` serves a local store by default, for links to runs in a sqlite or file store.
+LOCAL_UI = "http://127.0.0.1:5000"
 PROBE_TIMEOUT_S = 5.0  # one probe of an http(s) server, no retries
 # Bounded retries for the calls after a successful probe. MLflow's defaults (7 retries, 120 s
 # timeout) mean minutes per call once a server goes away; a user's own settings win.
@@ -119,6 +130,25 @@ def local_store_path(uri: str) -> Path | None:
     if not parsed.scheme and uri:  # a plain folder is a file store to MLflow
         return Path(uri).expanduser().resolve()
     return None
+
+
+def ui_url(uri: str, experiment_id: str, run_id: str | None = None, server: str | None = None) -> str:
+    """The address of an experiment's runs (or one run's page) in MLflow's UI, in its model-training view.
+
+    MLflow 3.17's UI opens every experiment in the view its "GenAI | Model training" switch was
+    left in, GenAI until a browser chooses otherwise (it keeps the choice in its local storage,
+    and reads no experiment tag for it); the ``workflowType=machine_learning`` query chooses the
+    training view, where runs, metric charts and artifacts are.
+
+    Args:
+        uri: the resolved tracking URI; an http(s) server is its own UI.
+        experiment_id, run_id: what to open; without ``run_id`` the experiment's runs.
+        server: the UI's address when ``uri`` is not a server (default :data:`LOCAL_UI`, where
+            ``mlflow ui --backend-store-uri <uri>`` serves it).
+    """
+    base = uri if uri.startswith(("http://", "https://")) else (server or LOCAL_UI)
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{base.rstrip('/')}/{page}?workflowType=machine_learning"
 
 
 def artifact_location_for(uri: str, experiment: str) -> str | None:
@@ -196,15 +226,24 @@ def open_store(uri: str) -> MlflowClient:
 
 def experiment_id_for(client: MlflowClient, uri: str, name: str) -> str:
     """The id of experiment ``name``: restored if deleted, created (artifacts per
-    :func:`artifact_location_for`) if missing, also when another job creates it at the same time."""
+    :func:`artifact_location_for`) if missing, also when another job creates it at the same time.
+
+    The experiment is marked a model-training one (:data:`EXPERIMENT_KIND`), so MLflow's UI opens
+    it on its runs and charts rather than its GenAI view of traces; an experiment of ours made
+    before the mark, or one the user made by hand without a kind, gets it; a kind the user chose
+    is kept.
+    """
     exp = client.get_experiment_by_name(name)
     if exp is not None and exp.lifecycle_stage == "deleted":
         log.info("restoring the deleted MLflow experiment %r to log into it", name)
         client.restore_experiment(exp.experiment_id)
     if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location_for(uri, name))
+        return client.create_experiment(name, artifact_location=artifact_location_for(uri, name),
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except Exception as exc:  # noqa: BLE001 - another process may have created it meanwhile
         exp = client.get_experiment_by_name(name)
         if exp is None:

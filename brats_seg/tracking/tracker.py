@@ -43,7 +43,7 @@ from brats_seg.config import TrackingConfig
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.faults import MlflowDiskFullFilter, disk_full_message
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
-from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri
+from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri, ui_url
 
 __all__ = ["TRACKERS", "NullTracker", "Tracker"]
 
@@ -206,8 +206,11 @@ class Tracker:
             self._folder.write_tracking({"run_id": self.run_id, "experiment_id": self.experiment_id,
                                          "tracking_uri": self.tracking_uri, "run_name": self.run_name})
         self._send_params(params)
-        log.info("MLflow run %s %s (%s), experiment %s, store %s", "created" if run is None else "reopened",
-                 self.run_name, self.run_id, self.experiment_id, self.tracking_uri)
+        served = self.tracking_uri.startswith(("http://", "https://"))
+        log.info("MLflow run %s %s (%s), experiment %s, store %s: %s%s", "created" if run is None else "reopened",
+                 self.run_name, self.run_id, self.experiment_id, self.tracking_uri,
+                 ui_url(self.tracking_uri, self.experiment_id, self.run_id),
+                 "" if served else f" once `mlflow ui --backend-store-uri {self.tracking_uri}` runs")
 
     def _recorded_run(self, saved: dict):
         """The run ``mlflow.json`` names, or None (with a warning) if the store lost or deleted it."""

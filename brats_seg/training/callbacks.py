@@ -28,6 +28,7 @@ import keras
 
 from brats_seg.files import DiskFullError, atomic_path
 from brats_seg.run_dir import RunFolder
+from brats_seg.tracking.names import training_metric_key
 
 __all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "DeadRegionWarning", "load_state"]
 
@@ -176,7 +177,8 @@ class RunCheckpoint(keras.callbacks.Callback):
 
 
 class TrackingCallback(keras.callbacks.Callback):
-    """Per-epoch metrics (and the learning rate) to the run's tracker."""
+    """Per-epoch metrics (and the learning rate) to the run's tracker, under the keys whose chart
+    sections lead with loss and Dice (:func:`~brats_seg.tracking.names.training_metric_key`)."""
 
     def __init__(self, tracker, extra_metrics=None) -> None:
         super().__init__()
@@ -193,7 +195,7 @@ class TrackingCallback(keras.callbacks.Callback):
             pass
         if self.extra_metrics is not None:
             metrics.update(self.extra_metrics(epoch))
-        self.tracker.log_metrics(metrics, step=epoch + 1)
+        self.tracker.log_metrics({training_metric_key(k): v for k, v in metrics.items()}, step=epoch + 1)
 
 
 class DeadRegionWarning(keras.callbacks.Callback):

@@ -49,7 +49,7 @@ from brats_seg.distribute.strategy import make_strategy
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.run_dir import RunFolder
-from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name
+from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name, training_metric_key
 from brats_seg.training.build import MemoryDecision, compile_models, preflight_plan, training_metrics
 from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
 from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_plan
@@ -124,7 +124,7 @@ def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) ->
         tracker.log_artifact(folder.checkpoint_file("best"), "checkpoints")
     if is_chief and folder.history_path.is_file():
         tracker.log_artifact(folder.history_path)
-    tracker.log_metrics({"best_val_dice_mean": state["best_value"] or 0.0}, step=state["epoch"])
+    tracker.log_metrics({training_metric_key("best_val_dice_mean"): state["best_value"] or 0.0}, step=state["epoch"])
     tracker.end(status)
 
 

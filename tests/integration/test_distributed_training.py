@@ -332,7 +332,7 @@ def test_two_workers_preempted_killed_and_resumed_end_as_one_process(tmp_path):
                               filter_string=f"tags.run_dir = '{run_dir}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # one run for the job, the chief's
     assert runs[0].data.tags["distribute"] == "multi_worker" and runs[0].data.tags["replicas"] == "2"
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_dice_mean")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "Dice/val_mean")] == [1, 2, 3]
 
 
 @pytest.mark.slow

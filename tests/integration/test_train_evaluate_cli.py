@@ -48,9 +48,11 @@ def test_train_then_evaluate_is_tracked_in_mlflow(tmp_path):
     assert run.data.params["resolution.name"] == "tiny"
     assert run.data.tags["backend"] == "cpu_onednn" and run.data.tags["resolution"] == "tiny"
     assert "git_commit" in run.data.tags
-    history = client.get_metric_history(run_id, "val_dice_mean")
-    assert [m.step for m in history] == [1, 2]  # per-epoch metrics
-    assert any(k.startswith("test_dice_wt") for k in run.data.metrics)
+    history = client.get_metric_history(run_id, "Dice/val_mean")
+    assert [m.step for m in history] == [1, 2]  # per-epoch metrics, in the run page's leading sections
+    assert [m.step for m in client.get_metric_history(run_id, "Loss/train")] == [1, 2]
+    assert "Eval test/dice_wt" in run.data.metrics and "eval test median/dice_wt" in run.data.metrics
+    assert not [k for k in run.data.metrics if "/" not in k]  # nothing left in MLflow's catch-all section
     top = {a.path for a in client.list_artifacts(run_id)}
     assert "checkpoints" in top and "eval" in top
     evaluated = {a.path for a in client.list_artifacts(run_id, "eval/test")}

@@ -16,10 +16,12 @@ from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import (
     Tracker,
     artifact_location_for,
+    evaluation_metric_key,
     find_project_root,
     git_commit,
     make_run_name,
     resolve_tracking_uri,
+    training_metric_key,
 )
 
 LOGGER = "brats_seg.tracking.tracker"
@@ -92,6 +94,60 @@ def test_run_is_logged_and_reads_back(store_uri, tmp_path):
     assert saved == {"run_id": tracker.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": store_uri,
                      "run_name": "synthetic-tiny-test"}
     assert sorted(p.name for p in run_dir.iterdir()) == [RUN_FILE]  # no local copy of the calls
+
+
+def test_the_experiment_opens_in_mlflows_model_training_view(tmp_path):
+    """MLflow's UI reads the experiment tag mlflow.experimentKind; without it, it opened ours in
+    its GenAI view (traces, token usage). An older experiment gets the tag; a kind set by hand stays."""
+    from brats_seg.tracking.store import experiment_id_for
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    client = _client(uri)
+    new = experiment_id_for(client, uri, "fresh")
+    assert client.get_experiment(new).tags["mlflow.experimentKind"] == "custom_model_development"
+    older = client.create_experiment("made-before-the-tag")
+    assert experiment_id_for(client, uri, "made-before-the-tag") == older
+    assert client.get_experiment(older).tags["mlflow.experimentKind"] == "custom_model_development"
+    chosen = client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    experiment_id_for(client, uri, "chosen")
+    assert client.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development"
+
+
+@pytest.mark.parametrize("flat, key", [
+    ("loss", "Loss/train"),
+    ("val_loss", "Loss/val"),
+    ("dice_wt", "Dice/train_wt"),
+    ("val_dice_et", "Dice/val_et"),
+    ("dice_mean", "Dice/train_mean"),
+    ("val_dice_mean", "Dice/val_mean"),
+    ("best_val_dice_mean", "Dice/val_mean_best"),
+    ("val_dice_rc", "Dice/val_rc"),
+    ("prob_tc", "region monitors/prob_tc"),
+    ("val_vol_wt", "region monitors/val_vol_wt"),
+    ("val_ref_vol_et", "region monitors/val_ref_vol_et"),
+    ("learning_rate", "optimizer/learning_rate"),
+    ("peak_bytes", "memory and time/peak_bytes"),
+    ("step_s", "memory and time/step_s"),
+    ("val_s", "memory and time/val_s"),
+    ("lms_recomputed_flops", "memory and time/lms_recomputed_flops"),
+    ("something_new", "something_new"),
+])
+def test_training_metrics_go_to_the_chart_section_users_look_in(flat, key):
+    assert training_metric_key(flat) == key
+
+
+def test_chart_sections_lead_with_loss_dice_and_the_evaluation():
+    """MLflow orders a run's chart sections by name as plain strings (capitals first), before
+    'Model metrics' and 'System metrics': the leading sections are Dice, Eval <split> and Loss."""
+    flat = ["loss", "val_loss", "dice_wt", "val_dice_wt", "val_dice_mean", "prob_wt", "val_ref_vol_wt",
+            "learning_rate", "peak_bytes", "lms_offloaded_bytes"]
+    keys = [training_metric_key(k) for k in flat]
+    keys += [evaluation_metric_key("test", column, stat) for column in ("dice_wt", "hd95_wt", "lesion_dice_wt")
+             for stat in ("mean", "median", "std")]
+    sections = sorted({k.rsplit("/", 1)[0] for k in keys})  # JavaScript's default sort: code units
+    assert sections[:3] == ["Dice", "Eval test", "Loss"]
+    assert all(s[0].islower() for s in sections[3:])
+    assert evaluation_metric_key("val", "hd95_tc", "std") == "eval val std/hd95_tc"
 
 
 def test_resume_reopens_the_same_run(store_uri, tmp_path):
@@ -314,3 +370,15 @@ def test_only_mlflows_public_api_is_used():
                  for path in sorted((repo / folder).rglob("*.py"))
                  for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
     assert offenders == []
+
+
+def test_links_to_the_ui_choose_the_model_training_view():
+    """MLflow 3.17 opens an experiment in the view its GenAI/Model training switch was left in
+    (GenAI in a new browser) and reads no tag for it; the query in our links chooses training."""
+    from brats_seg.tracking import ui_url
+
+    assert ui_url("sqlite:////data/mlruns.db", "3", "abc") == \
+        "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    assert ui_url("https://mlflow.example:8443/", "3") == \
+        "https://mlflow.example:8443/#/experiments/3?workflowType=machine_learning"
+    assert ui_url("sqlite:////data/mlruns.db", "1", server="http://127.0.0.1:5077").startswith("http://127.0.0.1:5077/#/")
