@@ -5,9 +5,10 @@
               plan.txt plan.json the memory plan
               state.json         epoch, optimizer step, partial sums, history, best
               history.csv        per-epoch metrics
+              training_curves.png  loss and Dice per region per epoch (redrawn as epochs end)
               mlflow.json        the MLflow run this folder logs to
               checkpoints/last.keras best.keras
-              eval/<split>/metrics.csv summary.json predictions/ overlays/
+              eval/<split>/metrics.csv summary.json per_case.png predictions/ overlays/
               eval/<split>/cases/<case_id>.json  a case's metrics and what made them (resumes evaluation)
 
 Training, resume, evaluation, prediction and the scripts ask a :class:`RunFolder` for these
@@ -41,6 +42,7 @@ _CONFIG = "config.json"
 _SPLIT = "split.json"
 _STATE = "state.json"
 _HISTORY = "history.csv"
+_CURVES = "training_curves.png"
 _PLAN = ("plan.txt", "plan.json")
 _TRACKING = "mlflow.json"
 _CHECKPOINT_DIR = "checkpoints"
@@ -49,7 +51,7 @@ _LOCK = ".lock"
 _EVAL_CASES = "cases"  # eval/<split>/cases/<case_id>.json
 _LOG = "train.log"
 # Everything a run folder may hold before its config.json is written (a failed or new run).
-_OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG}
+_OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, _CURVES, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG}
 
 
 class RunError(DataError):
@@ -115,6 +117,11 @@ class RunFolder:
         return self.root / _HISTORY
 
     @property
+    def training_curves_path(self) -> Path:
+        """``training_curves.png``: the figure of :func:`brats_seg.plots.plot_training_curves`."""
+        return self.root / _CURVES
+
+    @property
     def plan_paths(self) -> tuple[Path, Path]:
         """``(plan.txt, plan.json)``."""
         return self.root / _PLAN[0], self.root / _PLAN[1]
@@ -141,6 +148,10 @@ class RunFolder:
 
     def summary_json(self, split: str) -> Path:
         return self.eval_dir(split) / "summary.json"
+
+    def case_scores_figure(self, split: str) -> Path:
+        """``eval/<split>/per_case.png``: every case's Dice and HD95 per region."""
+        return self.eval_dir(split) / "per_case.png"
 
     def predictions_dir(self, split: str) -> Path:
         return self.eval_dir(split) / "predictions"

@@ -16,6 +16,7 @@ Files, under ``<run_dir>/eval/<split>/``::
 
     metrics.csv                 case_id, dice_wt, ..., lesion23_hd95_<r> (brats_seg.evaluation.table)
     summary.json                n_cases, and mean/median/std/n/n_inf per metric column
+    per_case.png                every case's Dice and HD95 per region (brats_seg.plots)
     predictions/<case_id>.nii.gz
     overlays/<case_id>.png
     cases/<case_id>.json        the case's metrics row and the fingerprint of what made it
@@ -71,7 +72,7 @@ from brats_seg.evaluation.run import (
     run_regions,
 )
 from brats_seg.evaluation.scoring import load_reference, score_case
-from brats_seg.evaluation.table import MetricsTable
+from brats_seg.evaluation.table import INF_DISTANCE_MM, MetricsTable
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.run_dir import RunFolder
 from brats_seg.signals import report_progress
@@ -265,6 +266,15 @@ def _reusable_row(folder: RunFolder, split: str, case_id: str, fingerprint: str,
         return None
 
 
+def _plot_cases(table: MetricsTable, path: Path, title: str) -> None:
+    """Each case's Dice and HD95 per region, beside ``summary.json`` (for people to look at)."""
+    from brats_seg.plots import plot_case_scores
+
+    dice = {r: table.values(f"dice_{r}") for r in table.regions}
+    hd95 = {r: table.values(f"hd95_{r}") for r in table.regions}
+    plot_case_scores(table.case_ids, dice, hd95, path, title=title, penalty_mm=INF_DISTANCE_MM)
+
+
 def _log_to_mlflow(run_dir: Path, config: TrainConfig, split: str, summary: dict, out: Path) -> None:
     """Log summary statistics (the mean of each column in ``Eval <split>/<column>``, the median
     and std after it: :func:`~brats_seg.tracking.names.evaluation_metric_key`) and the eval folder
@@ -385,6 +395,7 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
                  (peak_rss_bytes() - baseline) / 1e9, estimate.peak_bytes / 1e9, estimate.peak_at)
     table.save_csv(out / "metrics.csv")
     table.save_summary_json(out / "summary.json")
+    _plot_cases(table, folder.case_scores_figure(split), f"{run_dir.name}, {split} split")
     summary = table.summary()
     log.info("evaluated %d %s cases of %s (%d computed now, %d reused): mean Dice WT %.3f", len(table), split,
              run_dir, len(todo), len(rows), summary["dice_wt"]["mean"])

@@ -30,7 +30,7 @@ from brats_seg.files import DiskFullError, atomic_path
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.names import training_metric_key
 
-__all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "DeadRegionWarning", "load_state"]
+__all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "TrainingCurves", "DeadRegionWarning", "load_state"]
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,64 @@ class TrackingCallback(keras.callbacks.Callback):
         if self.extra_metrics is not None:
             metrics.update(self.extra_metrics(epoch))
         self.tracker.log_metrics({training_metric_key(k): v for k, v in metrics.items()}, step=epoch + 1)
+
+
+class TrainingCurves(keras.callbacks.Callback):
+    """``training_curves.png`` in the run folder and in MLflow, redrawn as epochs end.
+
+    Drawn from the checkpoint callback's history (a resumed run's earlier epochs included), so
+    it must come after that callback. A drawing takes about a second on 2 cores; where epochs
+    are shorter than that many times over (the tiny demo), the figure is redrawn only once
+    ``1 / budget`` times its last drawing's cost has passed, so it never takes more than
+    ``budget`` of the training time, and always once more when training ends. A figure that
+    cannot be written (a full disk) is reported once and training goes on: the checkpoint,
+    which needs the disk, says what it means for the run.
+
+    Args:
+        checkpoint: the run's :class:`RunCheckpoint` (its ``state["history"]``).
+        regions: the model's regions, in output order.
+        tracker: the run's tracker (the figure is logged as an artifact).
+        title: the figure's title (the run's name).
+        budget: the largest share of training time the drawing may take.
+    """
+
+    def __init__(self, checkpoint: RunCheckpoint, regions, tracker, title: str = "", budget: float = 0.05) -> None:
+        super().__init__()
+        self.checkpoint, self.regions, self.tracker, self.title = checkpoint, tuple(regions), tracker, title
+        self.budget = float(budget)
+        self.path = checkpoint.folder.training_curves_path
+        self._drawn_at: float | None = None  # perf_counter when the last drawing ended
+        self._cost_s = 0.0
+        self._drawn_epochs = -1  # the history length the figure shows
+        self._failed = False
+
+    def on_epoch_end(self, epoch, logs=None):
+        due = self._drawn_at is None or time.perf_counter() - self._drawn_at >= self._cost_s / self.budget
+        if due:
+            self.draw()
+
+    def on_train_end(self, logs=None):
+        self.draw()
+
+    def draw(self) -> None:
+        """Redraw the figure if the history has grown since the last drawing, and log it."""
+        from brats_seg.plots import plot_training_curves
+
+        history = self.checkpoint.state["history"]
+        if self._failed or not history or len(history) == self._drawn_epochs:
+            return
+        start = time.perf_counter()
+        try:
+            plot_training_curves(history, self.regions, self.path, self.title)
+        except OSError as e:  # DiskFullError among them
+            self._failed = True
+            log.warning("cannot write %s (%s); the training curves are in %s and MLflow. Training goes on.",
+                        self.path, e, self.checkpoint.folder.history_path)
+            return
+        self._drawn_at = time.perf_counter()
+        self._cost_s = self._drawn_at - start
+        self._drawn_epochs = len(history)
+        self.tracker.log_artifact(self.path)
 
 
 class DeadRegionWarning(keras.callbacks.Callback):

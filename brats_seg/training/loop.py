@@ -51,7 +51,8 @@ from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name, training_metric_key
 from brats_seg.training.build import MemoryDecision, compile_models, preflight_plan, training_metrics
-from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, load_state
+from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves,
+                                          load_state)
 from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_plan
 from brats_seg.training.checks import check_train_config
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
@@ -268,6 +269,7 @@ def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, clust
     if is_chief:
         regions = output_regions(cfg.data.layout, cfg.model.out_channels)
         callbacks.insert(1, DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())))
+        callbacks.insert(callbacks.index(checkpoint) + 1, TrainingCurves(checkpoint, regions, tracker, run_name))
     log.info("training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
              run_name, len(train_dirs), len(val_dirs), steps, t.batch_size, strategy.num_replicas_in_sync,
              start[0] + 1, t.epochs, run_dir)

@@ -54,6 +54,11 @@ def test_train_then_evaluate_is_tracked_in_mlflow(tmp_path):
     assert "Eval test/dice_wt" in run.data.metrics and "eval test median/dice_wt" in run.data.metrics
     assert not [k for k in run.data.metrics if "/" not in k]  # nothing left in MLflow's catch-all section
     top = {a.path for a in client.list_artifacts(run_id)}
-    assert "checkpoints" in top and "eval" in top
+    assert {"checkpoints", "eval", "training_curves.png"} <= top
     evaluated = {a.path for a in client.list_artifacts(run_id, "eval/test")}
-    assert "eval/test/metrics.csv" in evaluated and "eval/test/summary.json" in evaluated
+    assert {"eval/test/metrics.csv", "eval/test/summary.json", "eval/test/per_case.png"} <= evaluated
+    # the figures in the run folder: both epochs drawn (the last drawing at the end of training)
+    import matplotlib.image as mpimg
+
+    assert mpimg.imread(run_dir / "training_curves.png").shape[1] > 800
+    assert mpimg.imread(run_dir / "eval" / "test" / "per_case.png").shape[1] > 800

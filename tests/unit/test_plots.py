@@ -57,3 +57,47 @@ def test_sweep_files_name_their_axes(tmp_path):
         _sweep_spec(str(bad))
     with pytest.raises(ValueError, match="use one of .*readme"):
         _sweep_spec("no_such_sweep")
+
+
+def _history(epochs: int, val_every: int = 1) -> list[dict]:
+    rows = []
+    for e in range(1, epochs + 1):
+        row = {"epoch": e, "loss": 1 / e, "dice_mean": 0.5}
+        row.update({f"dice_{r}": 1 - k / (e + 2) for k, r in enumerate(("wt", "tc", "et"), 1)})
+        if e % val_every == 0:
+            row.update({"val_loss": 1.2 / e, **{f"val_dice_{r}": 0.9 - k / (e + 1) for k, r in
+                                                  enumerate(("wt", "tc", "et"), 1)}})
+            row["val_dice_mean"] = float(np.mean([row[f"val_dice_{r}"] for r in ("wt", "tc", "et")]))
+        rows.append(row)
+    return rows
+
+
+def test_training_curves_show_what_the_history_holds(tmp_path):
+    from brats_seg.plots import plot_training_curves
+
+    full = plot_training_curves(_history(12), ("wt", "tc", "et"), tmp_path / "full.png", title="run")
+    sparse = plot_training_curves(_history(12, val_every=3), ("wt", "tc", "et"), tmp_path / "sparse.png")
+    no_val = plot_training_curves([{k: v for k, v in row.items() if not k.startswith("val_")}
+                                   for row in _history(12)], ("wt", "tc", "et"), tmp_path / "no_val.png")
+    images = [mpimg.imread(p) for p in (full, sparse, no_val)]
+    assert all(img.ndim == 3 and img.shape[1] > 800 for img in images)
+    assert not np.array_equal(images[0], images[1]) and not np.array_equal(images[1], images[2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.png", "no_val.png", "sparse.png"]  # no temporaries
+    with pytest.raises(ValueError, match="train at least one epoch"):
+        plot_training_curves([], ("wt",), tmp_path / "none.png")
+
+
+def test_case_scores_figure_takes_penalties_and_undefined_regions(tmp_path):
+    from brats_seg.plots import plot_case_scores
+
+    ids = [f"case{i}" for i in range(6)]
+    dice = {"wt": np.linspace(0.5, 0.95, 6), "tc": np.array([0.8, 0.0, 0.7, 0.9, 0.6, 0.75]),
+            "et": np.full(6, np.nan)}  # a WT-only model's ET column is undefined
+    hd95 = {"wt": np.array([0.0, 2.0, 3.5, 8.0, 12.0, 4.0]), "tc": np.array([3.0, np.inf, 5.0, 2.0, 9.0, 373.0]),
+            "et": np.full(6, np.nan)}
+    path = plot_case_scores(ids, dice, hd95, tmp_path / "eval" / "per_case.png", title="run, test split")
+    assert mpimg.imread(path).shape[1] > 800
+    with pytest.raises(ValueError, match="one value per case"):
+        plot_case_scores(ids, {"wt": np.ones(5)}, {"wt": np.ones(6)}, tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="no case"):
+        plot_case_scores([], {"wt": np.ones(0)}, {"wt": np.ones(0)}, tmp_path / "empty.png")

@@ -1,8 +1,7 @@
-"""The project's figures: benchmark sweeps and the resolution study (matplotlib, no display).
+"""The benchmark sweep's and the resolution study's figures.
 
-Every function takes plain records (the JSON lines ``scripts/benchmark.py`` writes, the
-resolution study's summaries), writes one PNG through the atomic-write helper and returns its
-path; nothing here imports TensorFlow.
+Each function takes plain records (the JSON lines ``scripts/benchmark.py`` writes, the
+resolution study's summaries) and writes PNGs through :func:`brats_seg.plots.common.save_figure`.
 """
 
 from __future__ import annotations
@@ -12,12 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, also on a machine without a display
-import matplotlib.pyplot as plt  # noqa: E402
-
-from brats_seg.files import atomic_path  # noqa: E402
+from brats_seg.plots.common import plt, save_figure
 
 __all__ = ["plot_benchmark_sweep", "plot_resolution_study"]
 
@@ -35,16 +29,6 @@ def _series(records: Iterable[Mapping], y) -> dict[str, list[tuple[float, float]
         if value is not None:
             lines[f"{r['precision']}, lms={r['strategy']}"].append((voxels, value))
     return {k: sorted(v) for k, v in sorted(lines.items())}
-
-
-def _save(fig, path: Path) -> Path:
-    path = Path(path)
-    try:
-        with atomic_path(path) as tmp:  # its folder is created; DiskFullError naming the PNG if full
-            fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    finally:
-        plt.close(fig)  # also on failure: pyplot keeps every open figure
-    return path
 
 
 def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title: str = "") -> list[Path]:
@@ -81,7 +65,7 @@ def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title:
            title=f"{title}: training speed")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    paths.append(_save(fig, out_dir / "throughput.png"))
+    paths.append(save_figure(fig, out_dir / "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     measured = _series(records, lambda r: r["measured_bytes"] / _GB)
@@ -96,7 +80,7 @@ def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title:
            title=f"{title}: peak memory, measured and planned")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    paths.append(_save(fig, out_dir / "memory.png"))
+    paths.append(save_figure(fig, out_dir / "memory.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sgemm = [r["sgemm_flops_per_s"] for r in records if r.get("sgemm_flops_per_s")]
@@ -109,7 +93,7 @@ def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title:
            title=f"{title}: step FLOP/s against SGEMM")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    paths.append(_save(fig, out_dir / "flops.png"))
+    paths.append(save_figure(fig, out_dir / "flops.png"))
     return paths
 
 
@@ -140,4 +124,4 @@ def plot_resolution_study(rows: Sequence[Mapping], path: str | Path, regions: Se
            title=title or "Dice per region against training resolution")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
