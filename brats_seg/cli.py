@@ -41,6 +41,7 @@ def hydra_entry(config_path: str, config_name: str):
 
     _schema_root[:] = [{"train": schemas.TrainConfig, "evaluate": schemas.EvaluateScriptConfig,
                         "predict": schemas.PredictScriptConfig, "score": schemas.ScoreScriptConfig,
+                        "export": schemas.ExportScriptConfig,
                         "prepare": schemas.PrepareConfig}.get(config_name, schemas.TrainConfig)]
 
     def decorate(task):

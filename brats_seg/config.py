@@ -34,12 +34,13 @@ EvalMode = choice_type("EvalMode", ("whole", "sliding"), __name__)
 PlanFormat = choice_type("PlanFormat", ("table", "json"), __name__)
 BenchmarkInput = choice_type("BenchmarkInput", ("memory", "pipeline"), __name__)
 Split = choice_type("Split", ("val", "test", "all"), __name__)
+ExportFormat = choice_type("ExportFormat", ("saved_model",), __name__)
 CHOICES = {  # config key -> its closed set
     "data.layout": Layout, "data.on_error": OnError, "model.norm": Norm, "model.upsample": Upsample,
     "model.regions": Regions, "trainer.lr_schedule": LRSchedule, "backend": BackendName,
     "backend.precision": Precision, "lms": LMSStrategy, "tracking": Tracker, "distribute": DistributeName,
     "distribute.collective": Collective, "distribute.lr_scaling": LRScaling, "evaluate.mode": EvalMode,
-    "plan.format": PlanFormat, "benchmark.input": BenchmarkInput, "split": Split,
+    "plan.format": PlanFormat, "benchmark.input": BenchmarkInput, "split": Split, "format": ExportFormat,
 }
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "TrainConfig",
     "EvaluateScriptConfig",
     "PredictScriptConfig",
+    "ExportScriptConfig",
     "ScoreScriptConfig",
     "register_configs",
     "config_to_dict",
@@ -248,12 +250,24 @@ class EvaluateScriptConfig:
 class PredictScriptConfig:
     """Config of ``scripts/predict.py``."""
 
-    run_dir: str = ""  # required: the training run whose best model predicts
+    run_dir: str = ""  # the training run whose best model predicts (or export=)
+    export: str = ""  # an exported model's folder (scripts/export.py) instead of run_dir: predicts as the run would
     input: str = ""  # required: a case folder, an MSD 4D file, a .txt list of either, or a dataset root
     output: str = ""  # required: folder for <case_id>.nii.gz masks
     checkpoint: str = "best"
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
+
+
+@dataclass
+class ExportScriptConfig:
+    """Config of ``scripts/export.py``: a run's model as a SavedModel that serves without brats_seg."""
+
+    run_dir: str = ""  # required: the training run whose model is exported
+    checkpoint: str = "best"  # best (by val Dice) | last | a .keras file's path
+    format: ExportFormat = ExportFormat.saved_model  # saved_model: TensorFlow SavedModel (TF Serving, tf.saved_model.load)
+    output: str = ""  # the export's folder; empty = <run_dir>/export
+    backend: BackendConfig = field(default_factory=BackendConfig)  # precision fp32 unless backend.precision= is given: portable
 
 
 @dataclass
@@ -280,6 +294,7 @@ def register_configs() -> None:
     cs.store(name="prepare_schema", node=PrepareConfig)
     cs.store(name="evaluate_schema", node=EvaluateScriptConfig)
     cs.store(name="predict_schema", node=PredictScriptConfig)
+    cs.store(name="export_schema", node=ExportScriptConfig)
     cs.store(name="score_schema", node=ScoreScriptConfig)
 
 

@@ -10,6 +10,7 @@
               checkpoints/last.keras best.keras
               eval/<split>/metrics.csv summary.json per_case.png predictions/ overlays/
               eval/<split>/cases/<case_id>.json  a case's metrics and what made them (resumes evaluation)
+              export/            the model as a SavedModel with preprocessing.json (scripts/export.py)
 
 Training, resume, evaluation, prediction and the scripts ask a :class:`RunFolder` for these
 paths and files instead of joining names. Every file a later step reads is written through
@@ -50,8 +51,9 @@ _EVAL = "eval"
 _LOCK = ".lock"
 _EVAL_CASES = "cases"  # eval/<split>/cases/<case_id>.json
 _LOG = "train.log"
+_EXPORT = "export"  # scripts/export.py's default output: the model as a SavedModel
 # Everything a run folder may hold before its config.json is written (a failed or new run).
-_OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, _CURVES, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG}
+_OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, _CURVES, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG, _EXPORT}
 
 
 class RunError(DataError):
@@ -139,6 +141,11 @@ class RunFolder:
         if name not in CHECKPOINTS:  # a name in code, not a value a user types (they pass checkpoint=best|last|path)
             raise ValueError(f"checkpoint {name!r}: the run keeps {', '.join(CHECKPOINTS)}.")
         return self.checkpoints_dir / f"{name}.keras"
+
+    @property
+    def export_dir(self) -> Path:
+        """``export/``: where ``scripts/export.py`` writes the model when no ``output=`` is given."""
+        return self.root / _EXPORT
 
     def eval_dir(self, split: str) -> Path:
         return self.root / _EVAL / split

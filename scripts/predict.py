@@ -4,6 +4,13 @@
     python scripts/predict.py run_dir=outputs/<run> input=/data/new/CASE output=/out
     python scripts/predict.py run_dir=outputs/<run> input=/data/Task01_BrainTumour/imagesTs output=/out
     python scripts/predict.py run_dir=outputs/<run> input=cases.txt output=/out evaluate.mode=sliding
+    python scripts/predict.py export=outputs/<run>/export input=/data/new/CASE output=/out   # an export
+
+``export=`` (or ``run_dir=``) takes a folder ``scripts/export.py`` wrote: the same
+preprocessing, inversion to the native grid, threshold and labels (the run's config is kept in the
+export's ``preprocessing.json``), so the masks are those the run's checkpoint writes; whole-volume
+inference only, in the precision the export was made in. (``model=`` would name the model config
+group, hence ``export=``.)
 
 ``input`` is a BraTS case folder, an MSD-style 4D image (FLAIR, T1, T1ce, T2), a folder
 of 4D images, a ``.txt`` list of either (one per line), or a dataset root. Writes
@@ -32,17 +39,20 @@ def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.run import RunError, run_regions
-
-    from brats_seg.evaluation.run import inference_precision
+    from brats_seg.evaluation.exported import export_precision, predict_source
+    from brats_seg.evaluation.run import RunError, inference_precision, run_regions
 
     with user_errors("prediction"):  # TensorFlow-free checks first
         if not str(conf.output).strip():
             raise RunError("output is not set: pass output=<folder for the masks>.")
-        run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
+        export = predict_source(conf.run_dir, conf.export, conf.evaluate)  # None: a training run
+        if export is None:
+            run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
+            # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
+            conf.backend.precision = inference_precision(run, _requested_precision())
+        else:  # the precision the export's graph was traced in
+            run, conf.backend.precision = export.config, export_precision(export, _requested_precision())
         cases = find_input_cases(conf.input, run.data.layout)
-        # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
-        conf.backend.precision = inference_precision(run, _requested_precision())
 
     from brats_seg.backend import configure
 
@@ -54,9 +64,14 @@ def main(cfg) -> None:
 
     with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded
         check_inference_memory(run, conf.evaluate, backend.device, inference_policy(), scoring=False)
-        # read before loading: a checkpoint saved meanwhile shows as another model in predict.json
-        identity = {"checkpoint": RunFolder.of(conf.run_dir).checkpoint_identity(conf.checkpoint)}
-        model = load_run_model(conf.run_dir, conf.checkpoint, run)
+        if export is None:
+            # read before loading: a checkpoint saved meanwhile shows as another model in predict.json
+            identity = {"checkpoint": RunFolder.of(conf.run_dir).checkpoint_identity(conf.checkpoint)}
+            model = load_run_model(conf.run_dir, conf.checkpoint, run)
+        else:
+            from brats_seg.evaluation.exported import load_exported_model
+
+            identity, model = export.identity, load_exported_model(export.folder)
         with inference_memory_guard(run, conf.evaluate, backend.device, inference_policy(), scoring=False):
             written = predict_new_cases(model, cases, run, conf.output, conf.evaluate, model_identity=identity)
     regions = run_regions(run)

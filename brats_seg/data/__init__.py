@@ -12,7 +12,8 @@ Read in the order a case travels::
     nifti_header  a header checked before any voxel is read: malformed or hostile files refused
                 in one line naming them, never read as garbage or allocated at their declared size
     case_io     one case's images and label map, loaded and checked (the one reader)
-    preprocess  resample, normalise, crop to the network grid, and the inverse for predictions
+    preprocess  resample, normalise, crop to the network grid, and the inverse for predictions;
+                describe_preprocessing says so as data (an export's preprocessing.json)
     cache       one folder per case (image.npy, regions.npy, meta.json), written atomically
     workers     the processes that prepare cases in parallel, stopped by the parent alone
     prep_memory how many cases fit in memory at once; what to change when one does not

@@ -32,6 +32,7 @@ from brats_seg.files import atomic_path
 
 __all__ = [
     "NIFTI_SUFFIXES",
+    "ORIENTATION",
     "Volume",
     "find_nifti",
     "is_nifti",
@@ -45,6 +46,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")  # the file names the project reads and writes
+ORIENTATION = "RAS"  # voxel axis order of every array inside the project (x to the right, y anterior, z superior)
 
 
 def is_nifti(path: Path) -> bool:
@@ -138,7 +140,7 @@ def load_volume(path: str | Path, case_id: str, expect_ndim: int = 3, dtype=np.f
         )
     affine = img.affine
     try:
-        transform = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt(("R", "A", "S")))
+        transform = ornt.ornt_transform(ornt.io_orientation(affine), ornt.axcodes2ornt(tuple(ORIENTATION)))
     except (ValueError, np.linalg.LinAlgError) as e:  # check_header rejects singular affines; a safety net
         raise bad_header(case_id, path, f"its affine has no axis orientation ({one_line(e)})", REEXPORT) from e
     data_ras = ornt.apply_orientation(data, transform)
@@ -156,7 +158,7 @@ def load_volume(path: str | Path, case_id: str, expect_ndim: int = 3, dtype=np.f
 
 def to_original_orientation(data_ras: np.ndarray, original_affine: np.ndarray) -> np.ndarray:
     """Undo the RAS reorientation of :func:`load_volume` for an array on the RAS grid."""
-    back = ornt.ornt_transform(ornt.axcodes2ornt(("R", "A", "S")), ornt.io_orientation(original_affine))
+    back = ornt.ornt_transform(ornt.axcodes2ornt(tuple(ORIENTATION)), ornt.io_orientation(original_affine))
     return np.ascontiguousarray(ornt.apply_orientation(data_ras, back))
 
 

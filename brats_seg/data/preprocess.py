@@ -30,9 +30,15 @@ __all__ = [
     "zscore_brain",
     "preprocess_case",
     "invert_to_native",
+    "describe_preprocessing",
+    "NETWORK_DTYPE",
+    "ZSCORE_MIN_STD",
 ]
 
 log = logging.getLogger(__name__)
+
+ZSCORE_MIN_STD = 1e-6  # a channel whose brain voxels vary less than this is centred only (divided by 1)
+NETWORK_DTYPE = np.float16  # the network-grid image as cached and fed to the model: half the bytes of float32
 
 
 @dataclass
@@ -176,7 +182,7 @@ def zscore_brain(image: np.ndarray, brain: np.ndarray, out: np.ndarray | None = 
         std = float(values.std(dtype=np.float64)) if values.size else 0.0  # float64 sums of float32 values
         mean = float(values.mean(dtype=np.float64)) if values.size else 0.0
         channel = out[..., c]
-        channel[brain] = (values - np.float32(mean)) / np.float32(std if std > 1e-6 else 1.0)
+        channel[brain] = (values - np.float32(mean)) / np.float32(std if std > ZSCORE_MIN_STD else 1.0)
         channel[background] = 0.0
     return out
 
@@ -263,7 +269,7 @@ def preprocess_case(
         brain_box=box,
         cropped_voxels=[max(t, 0) for t in too_big],
     )
-    out_image = _crop_pad(normed, start, shape, dtype=np.float16)  # the cache's dtype, no float32 copy
+    out_image = _crop_pad(normed, start, shape, dtype=NETWORK_DTYPE)  # the cache's dtype, no float32 copy
     out_label = None
     if label is not None:
         lab = resample(label.astype(np.uint8), spacing_mm, target_spacing_mm, out_shape, "nearest")
@@ -293,3 +299,46 @@ def invert_to_native(output: np.ndarray, record: PreprocessRecord | dict) -> np.
         on_resampled = _crop_pad(output[..., c], back_start, rec.resampled_shape)
         native[..., c] = resample(on_resampled, [rec.spacing_mm] * 3, rec.native_spacing_mm, rec.native_shape)
     return native
+
+
+def describe_preprocessing(spacing_mm: float, shape, allow_crop: bool = False) -> dict:
+    """What :func:`preprocess_case` does to a case and :func:`invert_to_native` to a network
+    output, as JSON-able data for programs that prepare inputs without brats_seg (an export's
+    ``preprocessing.json``). Written here, beside the code it describes, from its constants.
+
+    Args:
+        spacing_mm: ``resolution.spacing_mm``.
+        shape: ``resolution.shape`` (x, y, z), the network grid.
+        allow_crop: ``data.allow_crop``: a brain box larger than ``shape`` is cut, not refused.
+    """
+    from brats_seg.data.nifti import ORIENTATION
+
+    shape = [int(s) for s in shape]
+    return {
+        "orientation": ORIENTATION,
+        "spacing_mm": float(spacing_mm),
+        "shape": shape,
+        "steps": [
+            f"reorient each file to {ORIENTATION} voxel order by axis flips/permutations only (no resampling); "
+            "the four contrasts must share one grid (co-registered)",
+            "brain mask: voxels non-zero in any channel on the native grid",
+            f"resample each channel to isotropic {float(spacing_mm)} mm, linear (SimpleITK); the grid covers the "
+            "native extent: voxel i spans [i*s, (i+1)*s) mm from the volume's corner, resampled size "
+            "round(n * native_spacing / spacing) per axis; the brain mask likewise with nearest neighbour",
+            f"z-score each channel over the resampled brain voxels (mean and standard deviation in float64; a "
+            f"standard deviation under {ZSCORE_MIN_STD} counts as 1); background voxels set to 0",
+            f"crop/pad to {shape}: brain box = bounding box of the resampled brain mask [start, stop) per axis; "
+            "window start = box_start + (box_stop - box_start) // 2 - shape // 2 (may be negative or past the "
+            "end: zero padding); " + ("a box larger than the shape is cut, with a warning"
+                                       if allow_crop else "a box larger than the shape is refused"),
+            f"the image is rounded to {np.dtype(NETWORK_DTYPE).name} (brats_seg's cache dtype) before the "
+            "network; feeding float32 differs by that rounding only",
+        ],
+        "zscore_min_std": ZSCORE_MIN_STD,
+        "network_dtype": np.dtype(NETWORK_DTYPE).name,
+        "inverse": [
+            "place the network output (x, y, z, R) back in the resampled grid at -window_start (zero outside)",
+            f"resample each channel linearly to the native {ORIENTATION} grid; then back to the file's own "
+            "orientation",
+        ],
+    }

@@ -21,9 +21,15 @@
     overlays           contours on three orthogonal slices, for people to look at
     evaluate           a run's held-out split end to end: evaluate_run, continuing where a stopped
                        evaluation left off (each case's record in eval/<split>/cases/)
+    export             a run's model as a TensorFlow SavedModel that serves without brats_seg
+                       (signature serving_default: image -> probabilities) and its
+                       preprocessing.json: export_run, describe_export
+    exported           an export read back for prediction: read_export (no TensorFlow) and
+                       ExportedModel, which stands where the Keras model stands in predict
 
 A case is scored by scoring.score_case, which calls metrics for the legacy columns and
 lesionwise for the lesion-wise ones; lesionwise runs panoptica_metrics and lesion23, which
 share only lesion_input, so neither definition imports the other. Files go to the run
-folder's eval/<split>/ (:class:`brats_seg.run_dir.RunFolder`).
+folder's eval/<split>/ (:class:`brats_seg.run_dir.RunFolder`). An export carries the run's config in
+its preprocessing.json, so predicting with it (exported) goes through predict as the run does.
 """

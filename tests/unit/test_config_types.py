@@ -24,6 +24,7 @@ def _acting_sets() -> dict[str, tuple]:
     from brats_seg.data.dataset import ON_ERROR
     from brats_seg.data.layouts import LAYOUTS
     from brats_seg.evaluation.evaluate import SPLITS
+    from brats_seg.evaluation.export import EXPORT_FORMATS
     from brats_seg.evaluation.sliding import MODES
     from brats_seg.lms.planner.workload import STRATEGIES
     from brats_seg.model.checks import NORMS, UPSAMPLES
@@ -32,7 +33,8 @@ def _acting_sets() -> dict[str, tuple]:
 
     return {"backend.precision": tuple(PRECISION_POLICIES), "data.on_error": ON_ERROR, "data.layout": LAYOUTS,
             "split": SPLITS, "evaluate.mode": MODES, "lms": STRATEGIES, "model.norm": NORMS,
-            "model.upsample": UPSAMPLES, "tracking": TRACKERS, "trainer.lr_schedule": LR_SCHEDULES}
+            "model.upsample": UPSAMPLES, "tracking": TRACKERS, "trainer.lr_schedule": LR_SCHEDULES,
+            "format": EXPORT_FORMATS}
 
 
 @pytest.mark.parametrize("key", sorted(_acting_sets()))

@@ -1,0 +1,239 @@
+"""A run's model as a TensorFlow SavedModel that serves without brats_seg, with a
+``preprocessing.json`` saying what its input must be and what to do with its output.
+
+::
+
+    <export>/saved_model.pb variables/ assets/ fingerprint.pb   the SavedModel (Keras 3 ExportArchive)
+             preprocessing.json                                 regions and labels, channels, grid,
+                                                                preprocessing steps, threshold and
+                                                                paint order, precision, run, version
+
+The signature ``serving_default`` takes ``image``: float32 ``(batch, x, y, z, 4)``, channels-last
+RAS (FLAIR, T1, T1ce, T2), preprocessed onto the run's network grid; and returns ``probabilities``:
+float32 ``(batch, x, y, z, R)``, the sigmoid output of each region of the layout in output order.
+The spatial dims are fixed to ``resolution.shape``: the U-Net's instance and group norms normalise
+over the grid they are given (another grid changes what the model computes, see
+:func:`brats_seg.evaluation.run.check_evaluate_config`), its trilinear up-sampling needs static
+dims, and the preprocessing always produces that grid. The batch is free: the cases of a batch
+run one at a time (``tf.map_fn``) through the same kernels as brats_seg's own whole-volume
+inference, so with the same thread settings the outputs equal the run's ``.keras`` model's bit for
+bit. A FLAIR-only model (``model.in_channels=1``) takes the four channels too and uses the first.
+
+The facts in ``preprocessing.json`` are read from their owners: channels from
+:mod:`brats_seg.data.layouts`, regions, labels and paint order from :mod:`brats_seg.data.labels`,
+the steps from :func:`brats_seg.data.preprocess.describe_preprocessing`, the threshold and
+mirroring from :class:`brats_seg.config.EvaluateConfig`. The folder is written with
+:func:`brats_seg.files.atomic_dir`: a killed export leaves the previous export, or a ``.tmp-``
+folder, never a folder that looks complete. TensorFlow and Keras are imported inside functions,
+after ``brats_seg.backend.configure``. Reading an export back: :mod:`brats_seg.evaluation.exported`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+
+from brats_seg.backend import PRECISION_POLICIES
+from brats_seg.choices import check_choice
+from brats_seg.config import EvaluateConfig, TrainConfig, config_to_dict
+from brats_seg.data.labels import REGION_TITLES, label_table
+from brats_seg.data.layouts import CHANNELS
+from brats_seg.data.preprocess import describe_preprocessing
+from brats_seg.evaluation.run import RunError, load_run_config, load_run_model, run_regions
+from brats_seg.files import atomic_dir, write_text_atomic
+from brats_seg.run_dir import RunFolder
+
+__all__ = [
+    "DESCRIPTION_FILE",
+    "EXPORT_FORMATS",
+    "EXPORT_KIND",
+    "INPUT_NAME",
+    "OUTPUT_NAME",
+    "SIGNATURE",
+    "check_export_output",
+    "default_export_dir",
+    "describe_export",
+    "export_run",
+    "is_export_dir",
+]
+
+log = logging.getLogger(__name__)
+
+EXPORT_FORMATS = ("saved_model",)  # format=: TensorFlow SavedModel (TF Serving, tf.saved_model.load)
+DESCRIPTION_FILE = "preprocessing.json"  # beside the SavedModel: what the input must be
+EXPORT_KIND = "brats-seg export"  # preprocessing.json's "kind": tells an export from another folder
+EXPORT_VERSION = 1  # preprocessing.json's layout; a reader refuses a newer one
+SIGNATURE = "serving_default"  # the signature TF Serving calls
+INPUT_NAME = "image"  # (batch, x, y, z, 4) float32
+OUTPUT_NAME = "probabilities"  # (batch, x, y, z, R) float32
+_SAVED_MODEL_FILE = "saved_model.pb"  # what tf.saved_model writes; its presence makes a SavedModel folder
+
+
+def default_export_dir(run_dir: str | Path) -> Path:
+    """``<run_dir>/export``: where ``scripts/export.py`` writes when ``output=`` is not given."""
+    return RunFolder.of(run_dir).export_dir
+
+
+def is_export_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a folder holding a SavedModel and its ``preprocessing.json``."""
+    path = Path(path).expanduser()
+    return (path / _SAVED_MODEL_FILE).is_file() and (path / DESCRIPTION_FILE).is_file()
+
+
+def check_export_output(output: str | Path) -> Path:
+    """The export folder, checked before anything is loaded: a new folder, an empty one, or a
+    previous export (replaced whole). Anything else would be moved aside and deleted by the
+    atomic replacement, so it is refused.
+
+    Raises:
+        RunError: ``output`` is a file, or a folder holding other files than an export.
+    """
+    output = Path(output).expanduser()
+    if output.exists() and not output.is_dir():
+        raise RunError(f"output={output} is a file: pass output= a new folder for the export.")
+    if output.is_dir() and any(output.iterdir()) and not is_export_dir(output):
+        raise RunError(f"output={output} already holds files that are not a brats-seg export; an export replaces "
+                       "its folder whole, so pass output= a new or empty folder.")
+    return output
+
+
+def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, checkpoint_identity: dict,
+                    policy: str) -> dict:
+    """The content of ``preprocessing.json`` for a run's model (TensorFlow-free).
+
+    Args:
+        config: the run's config.
+        run_dir: the run's folder.
+        checkpoint: which checkpoint was exported (``best``, ``last`` or a path).
+        checkpoint_identity: its ``{"size", "sha256"}`` (:meth:`RunFolder.checkpoint_identity`).
+        policy: the Keras dtype policy the graph was traced under (``float32``, ``mixed_bfloat16``).
+    """
+    table = label_table(config.data.layout)
+    names = run_regions(config)
+    labels = {r.name: list(r.labels) for r in table.regions}
+    shape = [int(s) for s in config.resolution.shape]
+    defaults = EvaluateConfig()
+    precision = next((p for p, name in PRECISION_POLICIES.items() if name == policy), policy)
+    preprocessing = describe_preprocessing(config.resolution.spacing_mm, shape, config.data.allow_crop)
+    return {
+        "kind": EXPORT_KIND,
+        "version": EXPORT_VERSION,
+        "signature": {
+            "name": SIGNATURE,
+            "input": {"name": INPUT_NAME, "shape": [None, *shape, len(CHANNELS)], "dtype": "float32",
+                      "channels": list(CHANNELS), "channels_used": config.model.in_channels},
+            "output": {"name": OUTPUT_NAME, "shape": [None, *shape, len(names)], "dtype": "float32",
+                       "meaning": "sigmoid probability of each region, in the order of 'regions'"},
+            "axes": f"channels-last (batch, x, y, z, channel), voxel order {preprocessing['orientation']}",
+        },
+        "regions": [{"name": n, "title": REGION_TITLES[n], "labels": labels[n]} for n in names],
+        "labels": {"layout": config.data.layout, "names": {str(v): n for v, n in sorted(table.names.items())},
+                   "background": 0},
+        "preprocessing": preprocessing,
+        "postprocessing": {
+            "threshold": defaults.threshold,
+            "rule": "a region is where its probability, on the native grid, is > threshold",
+            "paint_order": [[region, label] for region, label in table.paint_order if region in names],
+            "paint_rule": "write each region's voxels with its label in paint_order, later entries winning; "
+                          "voxels in no region are 0",
+            "test_time_mirroring": defaults.mirror,
+            "mirroring_rule": "brats_seg's predict.py averages the probabilities with those of the input "
+                              "flipped along x (axis 1), flipped back (evaluate.mirror)",
+        },
+        "precision": {"backend": str(precision), "dtype_policy": policy,
+                      "trained": str(config.backend.precision)},
+        "run": {"run_dir": str(Path(run_dir).expanduser().resolve()), "checkpoint": str(checkpoint),
+                "checkpoint_size": checkpoint_identity.get("size"),
+                "checkpoint_sha256": checkpoint_identity.get("sha256"),
+                "summary": _config_summary(config), "config": config_to_dict(config)},
+        "brats_seg": _provenance(),
+        "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _config_summary(config: TrainConfig) -> dict:
+    """The handful of values a reader looks for first."""
+    m = config.model
+    return {"data": config.data.name, "layout": config.data.layout, "resolution": config.resolution.name,
+            "model": f"{m.name} depth={m.depth} base_filters={m.base_filters} norm={m.norm} upsample={m.upsample} "
+                     f"regions={m.regions}", "epochs": config.trainer.epochs, "seed": config.trainer.seed}
+
+
+def _provenance() -> dict:
+    """brats_seg's version and the git commit of the code that exported (``+dirty``: uncommitted changes)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from brats_seg.tracking import git_commit
+
+    try:
+        package = version("brats-seg")
+    except PackageNotFoundError:
+        package = "unknown"
+    return {"version": package, "git_commit": git_commit()}
+
+
+def export_run(run_dir: str | Path, output: str | Path | None = None, checkpoint: str = "best",
+               fmt: str = "saved_model", config: TrainConfig | None = None) -> Path:
+    """Export a run's model: a SavedModel plus ``preprocessing.json``, in one atomic folder.
+
+    Call after ``brats_seg.backend.configure``: the model is traced under the dtype policy
+    it set (``backend.precision``).
+
+    Args:
+        run_dir: the training run.
+        output: the export folder (replaced whole if it holds an export); None = ``<run_dir>/export``.
+        checkpoint: ``best`` | ``last`` | a ``.keras`` file.
+        fmt: ``saved_model``.
+        config: the run's config (read from ``config.json`` if None).
+
+    Returns:
+        The export folder.
+
+    Raises:
+        RunError: a bad format, output folder, run folder or checkpoint.
+        DiskFullError: the disk filled; the previous export, if any, is intact.
+    """
+    import keras
+
+    check_choice(fmt, EXPORT_FORMATS, "format", error=RunError)
+    output = check_export_output(output if output is not None and str(output).strip() else default_export_dir(run_dir))
+    config = config or load_run_config(run_dir)
+    identity = RunFolder.of(run_dir).checkpoint_identity(checkpoint)  # before loading: the weights exported
+    model = load_run_model(run_dir, checkpoint, config)
+    policy = keras.mixed_precision.global_policy().name
+    description = describe_export(config, run_dir, checkpoint, identity, policy)
+    with atomic_dir(output) as folder:
+        _write_saved_model(model, config, folder)
+        write_text_atomic(folder / DESCRIPTION_FILE, json.dumps(description, indent=1) + "\n")
+    log.info("exported %s (checkpoint %s, %s) to %s", run_dir, checkpoint, policy, output)
+    return output
+
+
+def _write_saved_model(model, config: TrainConfig, folder: Path) -> None:
+    """The SavedModel of ``model`` with the ``serving_default`` signature (see the module doc)."""
+    import keras
+    import tensorflow as tf
+
+    shape = tuple(int(s) for s in config.resolution.shape)
+    n_out, n_in = len(run_regions(config)), config.model.in_channels
+
+    def one_case(x):  # (x, y, z, 4) -> (x, y, z, R): a static batch of 1, as brats_seg's inference runs it
+        return tf.cast(model(x[None, ..., :n_in], training=False), tf.float32)[0]
+
+    def serve(image):  # (B, x, y, z, 4) float32 -> {"probabilities": (B, x, y, z, R) float32}
+        probs = tf.map_fn(one_case, image, fn_output_signature=tf.TensorSpec((*shape, n_out), tf.float32))
+        return {OUTPUT_NAME: probs}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(SIGNATURE, serve,
+                         input_signature=[tf.TensorSpec((None, *shape, len(CHANNELS)), tf.float32, name=INPUT_NAME)])
+    tf_log = logging.getLogger("tensorflow")
+    level = tf_log.level
+    tf_log.setLevel(max(level, logging.WARNING))  # not "Assets written to <the temporary folder>"
+    try:
+        archive.write_out(str(folder), verbose=False)
+    finally:
+        tf_log.setLevel(level)

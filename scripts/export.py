@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""Export a trained run's model as a TensorFlow SavedModel that serves without brats_seg.
+
+    python scripts/export.py run_dir=outputs/<run>                        # best checkpoint -> outputs/<run>/export
+    python scripts/export.py run_dir=outputs/<run> checkpoint=last output=/models/brats/1
+    python scripts/export.py run_dir=outputs/<run> backend.precision=bf16  # a bf16 graph (default fp32)
+
+Writes ``<output>/`` (default ``<run_dir>/export``): the SavedModel, whose ``serving_default``
+signature takes ``image`` float32 ``(batch, x, y, z, 4)`` (FLAIR, T1, T1ce, T2, channels-last RAS,
+preprocessed onto the run's network grid) and returns ``probabilities`` float32
+``(batch, x, y, z, R)``, one sigmoid channel per region; and ``preprocessing.json``, what the input
+must be (spacing, orientation, grid, crop, normalisation) and how the output becomes a label map
+(threshold, paint order), with the run's config and the brats_seg version it came from. Load it
+with ``tf.saved_model.load(output)`` or serve it with TF Serving; ``scripts/predict.py
+export=<output>`` predicts with it as with the run. The folder appears complete or not at all; a
+previous export there is replaced. Exits 2 with a message on a bad run folder, checkpoint or output.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
+from brats_seg.config import register_configs  # noqa: E402
+
+register_configs()
+
+
+@hydra_entry("../configs", "export")
+def main(cfg) -> None:
+    conf = to_config(cfg)
+    from brats_seg.evaluation.evaluate import check_run_dir
+    from brats_seg.evaluation.export import check_export_output, default_export_dir
+
+    with user_errors("export"):  # TensorFlow-free checks first
+        run = check_run_dir(conf.run_dir, conf.checkpoint)
+        output = check_export_output(conf.output if str(conf.output).strip() else default_export_dir(conf.run_dir))
+
+    from brats_seg.backend import configure
+
+    with user_errors("export"):
+        configure(conf.backend)
+    from brats_seg.evaluation.export import DESCRIPTION_FILE, export_run
+
+    with user_errors("export"):
+        folder = export_run(conf.run_dir, output, conf.checkpoint, conf.format, run)
+    print(f"\nexported {conf.run_dir} (checkpoint {conf.checkpoint}, {conf.backend.precision}) to {folder}")
+    print(f"  SavedModel          {folder}  (signature serving_default: image -> probabilities)")
+    print(f"  {DESCRIPTION_FILE:<18}  {folder / DESCRIPTION_FILE}")
+    print(f"  predict with it:    python scripts/predict.py export={folder} input=<case> output=<folder>")
+
+
+if __name__ == "__main__":
+    main()

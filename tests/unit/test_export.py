@@ -1,0 +1,306 @@
+"""scripts/export.py: a run's model as a SavedModel that serves without brats_seg, its
+preprocessing.json, and scripts/predict.py export= predicting as the run does.
+
+The run is a folder as train.py writes it over one synthetic brats2021 case at 2 mm (a generated
+case, every second voxel: :func:`write_small_dataset`), whose best.keras is a tiny U-Net (depth 2,
+4 filters) with a random head: its regions vary over the brain, so the masks hold every label of
+the layout, and a wrong weight, channel, grid or region order shows in them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig, flatten_config
+from brats_seg.data.labels import LABELS, output_regions, resolve_model_outputs
+from brats_seg.data.layouts import CHANNELS, discover_cases
+from brats_seg.evaluation.export import check_export_output, describe_export, is_export_dir
+from brats_seg.evaluation.exported import check_export_settings, export_precision, predict_source, read_export
+from brats_seg.evaluation.run import RunError
+from brats_seg.run_dir import RunFolder
+from tests.conftest import TINY
+from tests.unit.test_evaluate import (
+    CLI_BACKEND,
+    CLI_ENV,
+    ROOT,
+    TINY_MODEL,
+    fixed_head_unet,
+    make_run_dir,
+    run_script,
+)
+from tests.unit.test_resume_eval_predict import write_small_dataset
+
+# Probabilities (in [0, 1]) of the SavedModel in another process against the Keras model's here, on
+# the same float32 input with the same thread counts: the same kernels run, and they came out equal
+# bit for bit. The tolerance is float32 rounding of reordered sums (oneDNN splits a convolution's
+# sums by thread count: with other thread counts a steep head differed by up to 1.5e-4), far below
+# what a wrong weight, channel or region gives (0.98 with the channels reversed).
+ATOL = 1e-5
+
+
+def _random_head_unet():
+    """The tiny U-Net with a random head (seeded): features decide, and the regions vary over the brain."""
+    model = fixed_head_unet(TINY_MODEL, bias=(2.0, 0.0, -0.5))
+    head = model.get_layer("head_conv")
+    kernel, bias = head.get_weights()
+    head.set_weights([np.random.default_rng(0).normal(0.0, 1.0, kernel.shape).astype(np.float32), bias])
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A run folder, its export (made in this process) and its one case."""
+    from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
+    from brats_seg.evaluation.export import export_run
+
+    base = tmp_path_factory.mktemp("export")
+    write_synthetic_dataset(base / "source", "brats2021", n_cases=1, seed=0)  # as the session's first case
+    root = base / "data"
+    write_small_dataset(base / "source", root, 1)
+    run_dir = base / "run"
+    config = make_run_dir(run_dir, root, "brats2021", base, {"train": [], "val": [], "test": []},
+                          model=_random_head_unet())
+    folder = export_run(run_dir, base / "saved")
+    (case,) = discover_cases(root, "brats2021")[0]
+    return SimpleNamespace(base=base, root=root, run_dir=run_dir, config=config, folder=folder, case=case)
+
+
+def _network_image(ex) -> np.ndarray:
+    """The case preprocessed as brats_seg does: float16 ``(X, Y, Z, 4)`` on the network grid."""
+    from brats_seg.data.case_io import load_case_image
+    from brats_seg.data.preprocess import preprocess_case
+
+    image, ref = load_case_image(ex.case)
+    net, _, _ = preprocess_case(ex.case.case_id, image, ref.spacing_mm, TINY.spacing_mm, TINY.shape)
+    return net
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+
+    folder, inputs, out, intra, inter = sys.argv[1:6]
+    tf.config.threading.set_intra_op_parallelism_threads(int(intra))
+    tf.config.threading.set_inter_op_parallelism_threads(int(inter))
+    serve = tf.saved_model.load(folder).signatures["serving_default"]
+    spec = serve.structured_input_signature[1]["image"]
+    batch = np.load(inputs)  # (2, X, Y, Z, 4) float32: the case and its left-right mirror
+    probs = serve(image=tf.constant(batch))["probabilities"].numpy()
+    try:
+        serve(image=tf.constant(batch[:, :, :, :-8]))  # another grid
+        other_grid = "accepted"
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+        other_grid = type(e).__name__
+    np.save(out, probs)
+    print(json.dumps({"input_shape": spec.shape.as_list(), "input_dtype": spec.dtype.name,
+                      "other_grid": other_grid, "brats_seg_imported": "brats_seg" in sys.modules}))
+    assert "brats_seg" not in sys.modules
+""")
+
+
+def test_the_savedmodel_serves_in_a_process_without_brats_seg_as_the_keras_model_predicts(exported, tmp_path):
+    import tensorflow as tf
+
+    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.sliding import predict_volume
+
+    net = _network_image(exported)
+    batch = np.stack([net, net[::-1]]).astype(np.float32)  # a batch of 2: the batch axis is free
+    np.save(tmp_path / "inputs.npy", batch)
+    model = load_run_model(exported.run_dir, "best")
+    expected = np.stack([predict_volume(model, x) for x in batch])  # brats_seg's own whole-volume inference
+    threads = [tf.config.threading.get_intra_op_parallelism_threads(),
+               tf.config.threading.get_inter_op_parallelism_threads()]
+    child = subprocess.run([sys.executable, "-c", _CHILD, str(exported.folder), str(tmp_path / "inputs.npy"),
+                            str(tmp_path / "out.npy"), *map(str, threads)],
+                           cwd=tmp_path, env={k: v for k, v in CLI_ENV.items() if k != "PYTHONPATH"},
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert report["brats_seg_imported"] is False
+    assert report["input_shape"] == [None, *TINY.shape, 4] and report["input_dtype"] == "float32"
+    assert report["other_grid"] != "accepted"
+    probs = np.load(tmp_path / "out.npy")
+    assert probs.shape == (2, *TINY.shape, 3) and probs.dtype == np.float32
+    assert (probs.std(axis=(0, 1, 2, 3)) > 0.05).all()  # no region constant: the comparison tells models apart
+    np.testing.assert_allclose(probs, expected, rtol=0, atol=ATOL)
+    assert not np.allclose(probs[0], probs[1], atol=1e-3)  # the two cases of the batch were not mixed up
+
+
+def test_preprocessing_json_describes_the_run(exported):
+    description = json.loads((exported.folder / "preprocessing.json").read_text())
+    config = RunFolder.of(exported.run_dir).read_config()
+    table = LABELS["brats2021"]
+    pre = description["preprocessing"]
+    assert pre["spacing_mm"] == TINY.spacing_mm == config.resolution.spacing_mm
+    assert pre["shape"] == list(TINY.shape) and pre["orientation"] == "RAS"
+    assert description["signature"]["input"]["shape"] == [None, *TINY.shape, 4]
+    assert description["signature"]["input"]["channels"] == list(CHANNELS) == ["flair", "t1", "t1ce", "t2"]
+    assert description["signature"]["output"]["shape"] == [None, *TINY.shape, 3]
+    assert [r["name"] for r in description["regions"]] == ["wt", "tc", "et"]
+    assert [r["labels"] for r in description["regions"]] == [list(r.labels) for r in table.regions]
+    assert description["labels"]["names"] == {"1": "NCR/NET", "2": "ED", "4": "ET"}
+    assert description["postprocessing"]["threshold"] == EvaluateConfig().threshold == 0.5
+    assert description["postprocessing"]["paint_order"] == [["wt", 2], ["tc", 1], ["et", 4]]
+    assert description["precision"] == {"backend": "fp32", "dtype_policy": "float32", "trained": "fp32"}
+    identity = RunFolder.of(exported.run_dir).checkpoint_identity("best")
+    assert description["run"]["checkpoint_sha256"] == identity["sha256"]
+    assert description["run"]["run_dir"] == str(exported.run_dir.resolve())
+    assert description["brats_seg"]["version"] and description["brats_seg"]["git_commit"]
+    # the run's config, whole: what predict.py export= rebuilds the run's preprocessing from
+    assert flatten_config(read_export(exported.folder).config) == flatten_config(config)
+
+
+@pytest.mark.parametrize("layout,out_channels,regions,paint", [
+    ("brats2024", 0, ["wt", "tc", "et", "rc"], [["rc", 4], ["wt", 2], ["tc", 1], ["et", 3]]),
+    ("msd", 1, ["wt"], [["wt", 1]]),  # WT only: written with the edema label
+])
+def test_regions_and_paint_order_follow_the_layout_and_the_outputs(layout, out_channels, regions, paint):
+    cfg = TrainConfig(resolution=TINY, model=ModelConfig(depth=2, base_filters=4, out_channels=out_channels))
+    cfg.data.layout = layout
+    description = describe_export(resolve_model_outputs(cfg), "run", "best", {"size": 1, "sha256": "x"}, "float32")
+    assert [r["name"] for r in description["regions"]] == regions == list(output_regions(layout, out_channels))
+    assert description["postprocessing"]["paint_order"] == paint
+    assert description["signature"]["output"]["shape"][-1] == len(regions)
+
+
+def test_predicting_with_the_export_writes_the_runs_masks(exported, tmp_path):
+    from brats_seg.data.predict_inputs import find_input_cases
+    from brats_seg.evaluation.exported import load_exported_model
+    from brats_seg.evaluation.predict import predict_new_cases
+    from brats_seg.evaluation.run import load_run_model
+
+    cases = find_input_cases(exported.case.images[0].parent, "brats2021")
+    export = read_export(exported.folder)
+    settings = EvaluateConfig(overlays=False)  # test-time mirroring on, as by default
+    check_export_settings(export, settings)
+    (by_run,) = predict_new_cases(load_run_model(exported.run_dir, "best"), cases, exported.config, tmp_path / "run",
+                                  settings, progress=False)
+    (by_export,) = predict_new_cases(load_exported_model(exported.folder), cases, export.config,
+                                     tmp_path / "export", settings, progress=False, model_identity=export.identity)
+    run_mask, export_mask = nib.load(by_run), nib.load(by_export)
+    assert set(np.unique(np.asarray(run_mask.dataobj))) == {0, 1, 2, 4}  # every label: a mask worth comparing
+    np.testing.assert_array_equal(np.asarray(export_mask.dataobj), np.asarray(run_mask.dataobj))
+    np.testing.assert_array_equal(export_mask.affine, run_mask.affine)
+    manifest = json.loads((tmp_path / "export" / "predict.json").read_text())
+    assert manifest["settings"]["model"] == export.identity
+
+
+def test_sliding_windows_are_refused_for_an_export(exported):
+    """Even for a model whose run allows windows (batch norm): the signature takes the whole grid."""
+    import dataclasses
+
+    export = read_export(exported.folder)
+    batch_norm = dataclasses.replace(export.config, model=dataclasses.replace(export.config.model, norm="batch"))
+    with pytest.raises(RunError, match="evaluate.mode=sliding with export=.*whole network grid \\(48x56x40\\); "
+                                       "use evaluate.mode=whole"):
+        check_export_settings(dataclasses.replace(export, config=batch_norm), EvaluateConfig(mode="sliding"))
+    check_export_settings(dataclasses.replace(export, config=batch_norm), EvaluateConfig())  # whole: fine
+
+
+def test_prediction_takes_an_export_by_either_key_and_a_run_by_run_dir(exported):
+    assert predict_source(str(exported.run_dir), "", EvaluateConfig()) is None  # a training run
+    for run_dir, export in ((str(exported.folder), ""), ("", str(exported.folder))):
+        assert predict_source(run_dir, export, EvaluateConfig()).folder == exported.folder
+    with pytest.raises(RunError, match="are both given: pass one"):
+        predict_source(str(exported.run_dir), str(exported.folder), EvaluateConfig())
+    with pytest.raises(RunError, match="run_dir is not set"):
+        predict_source("", " ", EvaluateConfig())
+    info = read_export(exported.folder)
+    assert export_precision(info, None) == export_precision(info, info.precision) == "fp32"
+    with pytest.raises(RunError, match="computes in fp32"):
+        export_precision(info, "bf16")
+
+
+def test_a_folder_that_is_not_an_export_is_refused_naming_it(exported, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match=f"export={tmp_path / 'empty'} is not a brats-seg export"):
+        read_export(tmp_path / "empty")
+    with pytest.raises(RunError, match=f"export={exported.run_dir} is a training run, not an export: pass "
+                                       f"run_dir={exported.run_dir}"):
+        read_export(exported.run_dir)
+    with pytest.raises(RunError, match="does not exist"):
+        read_export(tmp_path / "nowhere")
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "saved_model.pb").write_bytes(b"")
+    (fake / "preprocessing.json").write_text('{"kind": "something else"}')
+    with pytest.raises(RunError, match="is not a brats-seg export's description"):
+        read_export(fake)
+
+
+def test_an_export_never_replaces_a_folder_of_other_files(exported, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(RunError, match="already holds files that are not a brats-seg export"):
+        check_export_output(tmp_path / "mine")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RunError, match="is a file"):
+        check_export_output(tmp_path / "file")
+    assert check_export_output(exported.folder) == exported.folder  # a previous export is replaced whole
+    assert is_export_dir(exported.folder) and not is_export_dir(exported.run_dir)
+
+
+def test_predict_script_exits_2_with_one_line_on_a_folder_that_is_not_an_export(exported, tmp_path):
+    result = run_script("predict.py", f"export={exported.run_dir}", f"input={exported.root}",
+                        f"output={tmp_path / 'out'}", *CLI_BACKEND, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (f"error: export={exported.run_dir} is a training run, not an export: pass "
+                    f"run_dir={exported.run_dir}, or export it first: python scripts/export.py "
+                    f"run_dir={exported.run_dir}")
+    both = run_script("predict.py", f"run_dir={exported.run_dir}", f"export={exported.folder}",
+                      f"input={exported.root}", f"output={tmp_path / 'out'}", *CLI_BACKEND, timeout=120)
+    assert both.returncode == 2 and "are both given: pass one" in both.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# The entry points, end to end
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # runs scripts/export.py and scripts/predict.py twice
+def test_export_script_then_predict_script_write_the_runs_masks(exported, tmp_path):
+    folder = tmp_path / "model"
+    done = run_script("export.py", f"run_dir={exported.run_dir}", f"output={folder}", *CLI_BACKEND)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"exported {exported.run_dir} (checkpoint best, fp32) to {folder}" in done.stdout
+    assert is_export_dir(folder) and not list(tmp_path.glob(".tmp-*"))
+    masks = {}
+    for source in (f"run_dir={exported.run_dir}", f"export={folder}", f"run_dir={folder}"):
+        out = tmp_path / f"out{len(masks)}"
+        result = run_script("predict.py", source, f"input={exported.case.images[0].parent}", f"output={out}",
+                            "evaluate.overlays=false", *CLI_BACKEND)
+        assert result.returncode == 0, result.stderr[-3000:]
+        masks[source] = nib.load(out / f"{exported.case.case_id}.nii.gz")
+    by_run, *by_exports = masks.values()
+    assert set(np.unique(np.asarray(by_run.dataobj))) == {0, 1, 2, 4}
+    for by_export in by_exports:  # export= and run_dir= an export alike
+        np.testing.assert_array_equal(np.asarray(by_export.dataobj), np.asarray(by_run.dataobj))
+        np.testing.assert_array_equal(by_export.affine, by_run.affine)
+
+
+@pytest.mark.slow  # runs scripts/export.py, killed
+def test_an_export_killed_before_it_is_in_place_leaves_the_previous_one(exported, tmp_path):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(exported.folder, folder)  # a previous export
+    before = (folder / "preprocessing.json").read_bytes()
+    # SIGKILL once the new folder is complete, before it replaces the previous one (brats_seg.files)
+    killed = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"), f"run_dir={exported.run_dir}",
+                             f"output={folder}", *CLI_BACKEND], cwd=ROOT, capture_output=True, text=True,
+                            env={**CLI_ENV, "BRATS_SEG_CRASH_AT": "model"}, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert (folder / "preprocessing.json").read_bytes() == before and is_export_dir(folder)
+    assert [p.name.startswith(".tmp-model-") for p in tmp_path.iterdir() if p != folder] == [True]
