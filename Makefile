@@ -1,17 +1,30 @@
 # One command each for a fresh Linux machine with Python 3.10-3.13:
 #   make test   creates .venv, installs the project with its dev extra, runs the test suite
 #   make demo   trains on the embedded synthetic dataset, evaluates the held-out split
+# Both install with pip from requirements.lock, the pinned versions every install uses
+# (.venv here, the Docker image); `make lock` refreshes it after pyproject.toml changes.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+LOCK   := requirements.lock
 
-.PHONY: install test test-fast demo clean
+# The lock is made by uv (only `make lock` needs it; installing needs pip alone): one universal
+# resolution valid on Linux for Python 3.10-3.13 (pins differ by Python where a package dropped
+# 3.10), covering the dev extra (`make test`) and the gpu extra (`pip install -c requirements.lock
+# ".[gpu]"` on a host without a CUDA image). An existing lock's pins are kept where still valid;
+# `make lock LOCK_ARGS=--upgrade` moves everything to the newest allowed versions.
+UV_VERSION := 0.13.9
+UV_VENV    := $(VENV)/.uv
+UV         := $(UV_VENV)/bin/uv
+LOCK_ARGS  ?=
 
-$(STAMP): pyproject.toml
+.PHONY: install test test-fast demo lock clean
+
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --constraint $(LOCK) -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,6 +43,14 @@ demo: $(STAMP)
 	@echo ""
 	@echo "results:   outputs/demo/eval/test/ (metrics.csv, summary.json, predictions/, overlays/)"
 	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns.db   then open http://127.0.0.1:5000"
+
+$(UV):
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/python -m pip install --quiet "uv==$(UV_VERSION)"
+
+lock: $(UV)
+	$(UV) pip compile pyproject.toml --universal --python-version 3.10 --extra dev --extra gpu \
+		--custom-compile-command "make lock" --output-file $(LOCK) --quiet $(LOCK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache outputs multirun
