@@ -41,8 +41,9 @@ demo: $(STAMP)
 	$(BIN)/python train.py experiment=demo
 	$(BIN)/python scripts/evaluate.py run_dir=outputs/demo
 	@echo ""
-	@echo "results:   outputs/demo/eval/test/ (metrics.csv, summary.json, predictions/, overlays/)"
-	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns.db   then open http://127.0.0.1:5000"
+	@echo "results:   outputs/demo/training_curves.png, outputs/demo/eval/test/ (metrics.csv, summary.json, per_case.png, predictions/, overlays/)"
+	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns.db   then open the link in outputs/demo/train.log"
+	@grep -o "http://127.0.0.1:5000/#/[^ ]*" outputs/demo/train.log | tail -n 1
 
 $(UV):
 	$(PYTHON) -m venv $(UV_VENV)

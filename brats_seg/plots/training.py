@@ -32,7 +32,8 @@ def plot_training_curves(history: Sequence[Mapping], regions: Sequence[str], pat
                          title: str = "") -> Path:
     """Loss (left) and Dice per region (right) against the epoch, training dashed, validation solid.
 
-    The best validation mean Dice (the epoch ``best.keras`` holds) is marked on both panels.
+    The best validation mean Dice (the epoch ``best.keras`` holds) is marked on both panels and
+    given in the legend.
 
     Args:
         history: per-epoch rows, each with ``epoch`` and the values logged that epoch.
@@ -64,12 +65,11 @@ def plot_training_curves(history: Sequence[Mapping], regions: Sequence[str], pat
             ax_dice.plot(xs, ys, "-o", color=color, markersize=3, label=f"{region.upper()} validation")
     xs, ys = _points(history, "val_dice_mean")
     if xs:
-        ax_dice.plot(xs, ys, "-", color="black", linewidth=2, label="mean validation")
         best = max(range(len(ys)), key=ys.__getitem__)  # the first of equal bests, as the checkpoint keeps
+        ax_dice.plot(xs, ys, "-", color="black", linewidth=2,
+                     label=f"mean validation (best {ys[best]:.3f}, epoch {xs[best]:g})")
         for ax in (ax_loss, ax_dice):
             ax.axvline(xs[best], color="grey", linestyle=":", linewidth=1)
-        ax_dice.annotate(f"best {ys[best]:.3f}\nepoch {xs[best]:g}", (xs[best], ys[best]), xytext=(4, -24),
-                         textcoords="offset points", fontsize=8)
     ax_dice.set(xlabel="epoch", ylabel="Dice (network grid)", ylim=(0, 1.02), title="Dice per region")
     for ax in (ax_loss, ax_dice):
         ax.grid(alpha=0.3)
