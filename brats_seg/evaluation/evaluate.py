@@ -279,15 +279,14 @@ def _log_to_mlflow(run_dir: Path, config: TrainConfig, split: str, summary: dict
     """Log summary statistics (the mean of each column in ``Eval <split>/<column>``, the median
     and std after it: :func:`~brats_seg.tracking.names.evaluation_metric_key`) and the eval folder
     (artifacts ``eval/<split>``) to the run's MLflow run; never fails the evaluation."""
-    from brats_seg.tracking import Tracker, evaluation_metric_key
-
-    metrics = {
-        evaluation_metric_key(split, column, stat): value
-        for column, stats in summary.items() if isinstance(stats, dict)
-        for stat, value in stats.items() if stat in ("mean", "median", "std") and math.isfinite(value)
-    }
     try:
+        from brats_seg.tracking import Tracker, evaluation_metric_key
 
+        metrics = {
+            evaluation_metric_key(split, column, stat): value
+            for column, stats in summary.items() if isinstance(stats, dict)
+            for stat, value in stats.items() if stat in ("mean", "median", "std") and math.isfinite(value)
+        }
         # The run's own tracking settings; no system metrics for a short evaluation.
         tracker = Tracker.resume(run_dir, dataclasses.replace(config.tracking, system_metrics=False))
         with tracker:

@@ -413,7 +413,10 @@ class _FakeTracker:
 
 
 def test_wt_only_model_scores_wt_and_logs_to_mlflow(evaluated, monkeypatch):
-    monkeypatch.setitem(sys.modules, "brats_seg.tracking", types.SimpleNamespace(Tracker=_FakeTracker))
+    from brats_seg.tracking.names import evaluation_metric_key
+
+    monkeypatch.setitem(sys.modules, "brats_seg.tracking", types.SimpleNamespace(
+        Tracker=_FakeTracker, evaluation_metric_key=evaluation_metric_key))
     _FakeTracker.calls = []
     run_dir = evaluated.base / "run_wt"
     make_run_dir(run_dir, evaluated.root, evaluated.layout, evaluated.base, evaluated.split,
@@ -437,8 +440,8 @@ def test_wt_only_model_scores_wt_and_logs_to_mlflow(evaluated, monkeypatch):
     kinds = [c[0] for c in _FakeTracker.calls]
     assert kinds == ["resume", "metrics", "artifacts", "end"]
     metrics = _FakeTracker.calls[1][1]
-    assert metrics["test_dice_wt_mean"] == pytest.approx(summary["dice_wt"]["mean"])
-    assert "test_hd95_wt_median" in metrics and "test_dice_tc_mean" not in metrics  # NaN not logged
+    assert metrics["Eval test/dice_wt"] == pytest.approx(summary["dice_wt"]["mean"])
+    assert "eval test median/hd95_wt" in metrics and "Eval test/dice_tc" not in metrics  # NaN not logged
     assert _FakeTracker.calls[2][1:] == (run_dir / "eval" / "test", "eval/test")
 
 
