@@ -1,5 +1,7 @@
 # One command each for a fresh Linux machine with Python 3.10-3.13:
-#   make test   creates .venv, installs the project with its dev extra, runs the test suite
+#   make test   creates .venv, installs the project with its dev extra, runs the default test suite
+#               (about 20 min on 2 cores); make test-slow runs the rest (end-to-end runs of the entry
+#               points, fault drills, the planner's accuracy, the MLflow UI in a browser); CI runs both
 #   make demo   trains on the embedded synthetic dataset, evaluates the held-out split
 # Both install with pip from requirements.lock, the pinned versions every install uses
 # (.venv here, the Docker image); `make lock` refreshes it after pyproject.toml changes.
@@ -19,7 +21,7 @@ UV_VENV    := $(VENV)/.uv
 UV         := $(UV_VENV)/bin/uv
 LOCK_ARGS  ?=
 
-.PHONY: install test test-fast demo lock clean
+.PHONY: install test test-slow test-all demo lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -29,13 +31,18 @@ $(STAMP): pyproject.toml $(LOCK)
 
 install: $(STAMP)
 
-# The whole suite; `gpu` tests skip themselves without a GPU.
+# The default suite: everything but the `slow` end-to-end runs and the `browser` test; `gpu` tests
+# skip themselves without a GPU.
 test: $(STAMP)
-	$(BIN)/python -m pytest
-
-# Everything except the end-to-end `slow` runs and the browser test.
-test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not browser"
+
+# The rest, minutes each: the entry points end to end (kills, signals, preemption, clusters,
+# sweeps, 2x, the planner measured), and the MLflow UI in headless Chromium.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m "slow or browser"
+
+# Both, as CI runs them.
+test-all: test test-slow
 
 demo: $(STAMP)
 	$(BIN)/python train.py experiment=demo

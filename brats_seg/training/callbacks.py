@@ -202,7 +202,7 @@ class TrainingCurves(keras.callbacks.Callback):
     """``training_curves.png`` in the run folder and in MLflow, redrawn as epochs end.
 
     Drawn from the checkpoint callback's history (a resumed run's earlier epochs included), so
-    it must come after that callback. A drawing takes about a second on 2 cores; where epochs
+    it must come after that callback. A drawing takes about half a second on 2 cores; where epochs
     are shorter than that many times over (the tiny demo), the figure is redrawn only once
     ``1 / budget`` times its last drawing's cost has passed, so it never takes more than
     ``budget`` of the training time, and always once more when training ends. A figure that
