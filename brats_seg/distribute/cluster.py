@@ -14,10 +14,9 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from brats_seg.choices import check_choice
-from brats_seg.config import DistributeConfig
 
 __all__ = [
     "SOURCES",

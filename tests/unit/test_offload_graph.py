@@ -17,7 +17,6 @@ import re
 import numpy as np
 import pytest
 
-import keras
 import tensorflow as tf
 
 from tests.unit.test_offload import (  # noqa: E402
