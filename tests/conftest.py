@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,31 @@ def data_config(root, layout: str, tmp_path, **kw) -> DataConfig:
     """A DataConfig for ``root`` with the cache under ``tmp_path``, preparing in-process."""
     return DataConfig(name=layout, layout=layout, root=str(root), cache_dir=str(tmp_path / "cache"),
                       num_workers=1, **kw)
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, size: str):
+    """A tmpfs of ``size`` (``"4m"``) mounted at ``folder`` for the block, unmounted after it.
+
+    Yields None where none can be mounted (not root, no mount command, refused), with the reason
+    in the caller's hands: ``with mounted_tmpfs(...) as why_not`` is a str then, else None."""
+    if os.geteuid() != 0:
+        yield "mounting a size-limited tmpfs needs root"
+        return
+    if not shutil.which("mount"):
+        yield "no mount command"
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        yield f"mount -t tmpfs failed: {done.stderr.strip()}"
+        return
+    try:
+        yield None
+    finally:
+        if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)  # a file still open: detach it
 
 
 def new_memory_cgroup(name: str) -> Path:

@@ -32,7 +32,7 @@ from brats_seg.data.prep_memory import preparation_memory_advice
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.preprocess import estimate_preparation_bytes
 from brats_seg.files import DiskFullError, format_bytes
-from tests.conftest import TINY
+from tests.conftest import TINY, mounted_tmpfs
 from tests.unit.test_resume_eval_predict import write_small_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,16 +110,11 @@ def test_injected_enospc_names_the_entry_and_keeps_the_entries_built(cases, tmp_
 def small_tmpfs(tmp_path):
     """A 2 MB tmpfs (one tiny cache entry is 1.2 MB), unmounted afterwards."""
     mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True,
-                             text=True) if shutil.which("mount") else None
-    if mounted is None or mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() if mounted else 'no mount command'}); "
-                    "the injected ENOSPC test covers the same path in one process")
-    try:
+    with mounted_tmpfs(mnt, "2m") as why_not:
+        if why_not:
+            pytest.skip(f"cannot mount a tmpfs here ({why_not}); the injected ENOSPC test covers the same path "
+                        "in one process")
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_full_tmpfs_stops_the_workers_with_one_error_and_the_next_run_builds_the_rest(cases, small_tmpfs):

@@ -22,16 +22,13 @@ tests that need the injected fault itself use it everywhere.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
-import functools
 import json
 import logging
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,31 +36,13 @@ import pytest
 
 from brats_seg.config import BackendConfig, ModelConfig, TrackingConfig, TrainConfig, TrainerConfig
 from brats_seg.files import DiskFullError, is_temporary
-from tests.conftest import TINY, data_config
+from tests.conftest import TINY, data_config, mounted_tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
-NEEDS_ROOT = "needs root to mount a size-limited tmpfs"
 SMALL_FS = "4m"
 
 
 # --- a disk that fills up on demand ---------------------------------------------------------
-
-@contextlib.contextmanager
-def _mounted_tmpfs(folder: Path, size: str):
-    """A tmpfs of ``size`` at ``folder`` for the block (skips the test where it cannot be mounted)."""
-    if os.geteuid() != 0:
-        pytest.skip(NEEDS_ROOT)
-    folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"{NEEDS_ROOT} ({done.stderr.strip()})")
-    try:
-        yield folder
-    finally:
-        if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(folder)], capture_output=True)  # a file still open: detach it
-
 
 def fill(folder: Path) -> Path:
     """Write ``folder/filler`` until the file system refuses a single byte; returns the filler."""
@@ -129,27 +108,13 @@ class InjectedEnospc(Disk):
         self.full = False
 
 
-@functools.lru_cache(maxsize=1)
-def _can_mount_tmpfs() -> bool:
-    """Whether this process can mount a size-limited tmpfs (root, as CI runs)."""
-    if os.geteuid() != 0:
-        return False
-    with tempfile.TemporaryDirectory() as folder:
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder], capture_output=True).returncode:
-            return False
-        subprocess.run(["umount", folder], capture_output=True)
-    return True
-
-
 @pytest.fixture
 def disk(tmp_path, monkeypatch):
     """A real 4 MB file system that fills up where one can be mounted (root: CI); elsewhere ENOSPC
     injected at fsync (as a full NFS share reports it), so the test runs everywhere, once."""
-    if not _can_mount_tmpfs():
-        yield InjectedEnospc(tmp_path / "disk", monkeypatch)
-        return
-    with _mounted_tmpfs(tmp_path / "disk", SMALL_FS) as folder:
-        yield SmallFileSystem(folder)
+    folder = tmp_path / "disk"
+    with mounted_tmpfs(folder, SMALL_FS) as why_not:
+        yield InjectedEnospc(folder, monkeypatch) if why_not else SmallFileSystem(folder)
 
 
 # --- tiny training runs -------------------------------------------------------------------------
