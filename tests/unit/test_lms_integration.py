@@ -70,7 +70,6 @@ def test_real_unet_gradients_agree_with_keep(strategy, backend):
 
 def test_lms_checkpoint_loads_into_plain_model(backend, tmp_path):
     """The export twin shares the LMS model's weights and saves as .keras; evaluation loads it."""
-
     from brats_seg.lms.planner.preflight import plan_run
     from brats_seg.model.unet3d import build_unet3d
     from brats_seg.training.build import build_models
