@@ -29,6 +29,8 @@ __all__ = ["STOP_TIMEOUT_S", "WorkerStopped", "run_in_workers"]
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0  # how long stopped workers get to remove their temporary folder before SIGKILL
+EXIT_WAIT_S = 5.0  # how long a dead pool's workers get to end and have their exit codes recorded, for the message
+EXIT_POLL_S = 0.01  # how often a worker's exit code is asked for meanwhile
 
 
 class WorkerStopped(SystemExit):
@@ -95,15 +97,44 @@ def _pool_workers(pool: ProcessPoolExecutor) -> list:
     return list((getattr(pool, "_processes", None) or {}).values())
 
 
+def _recorded_exit_code(process, deadline: float) -> int | None:
+    """``process``'s exit code once it has ended and been reaped, waiting until ``deadline`` (monotonic).
+
+    A broken pool's own thread terminates and joins its workers while this thread asks: of two
+    ``waitpid`` calls on one child only one gets its status, and the other's ``Process.exitcode``
+    stays None until the winner has recorded it. So ask again until it is there, rather than once.
+    None: still running at the deadline, or reaped by something that records nothing (a
+    ``SIGCHLD`` ignored by the process).
+    """
+    while True:
+        code = process.exitcode  # reaps it if no one has (WNOHANG), or reads the winner's record
+        if code is not None or time.monotonic() >= deadline:
+            return code
+        time.sleep(EXIT_POLL_S)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {signum}"
+
+
+def _known_workers(snapshot: list, pool: ProcessPoolExecutor) -> list:
+    """The workers taken after the submits and any the pool records now (one it started later), once each."""
+    return list({p.pid: p for p in [*snapshot, *_pool_workers(pool)]}.values())
+
+
 def _worker_died(workers: list, cache_root: Path) -> DataError:
     """The error for a worker that died (the OOM killer, a stray ``kill -9``): which, and how."""
+    deadline = time.monotonic() + EXIT_WAIT_S
     ends = []
     for p in workers:
-        p.join(1.0)
-        if p.exitcode is not None and p.exitcode < 0:
-            ends.append(f"PID {p.pid} killed by {signal.Signals(-p.exitcode).name}")
-        elif p.exitcode and p.exitcode != 128 + signal.SIGTERM:  # not one the broken pool stopped
-            ends.append(f"PID {p.pid} exited with status {p.exitcode}")
+        code = _recorded_exit_code(p, deadline)
+        if code is not None and code < 0:
+            ends.append(f"PID {p.pid} killed by {_signal_name(-code)}")
+        elif code and code != 128 + signal.SIGTERM:  # not one the broken pool stopped
+            ends.append(f"PID {p.pid} exited with status {code}")
     how = "; ".join(ends) or "it ended abruptly"
     return DataError(f"a process preparing cases into {cache_root} died ({how}): killed from outside, or by the "
                      "system for want of memory. The entries finished are kept; run the same command again, with "
@@ -127,10 +158,10 @@ def run_in_workers(fn, args: list[tuple], num_workers: int, cache_root: Path, fi
             try:
                 _, err = fut.result()
             except BrokenProcessPool:
-                raise _worker_died(workers, cache_root) from None
+                raise _worker_died(_known_workers(workers, pool), cache_root) from None
             finished(err)
     except BaseException:
-        _stop_workers(pool, workers or _pool_workers(pool))  # an error, or SIGTERM/SIGINT: no worker goes on alone
+        _stop_workers(pool, _known_workers(workers, pool))  # an error, or SIGTERM/SIGINT: no worker goes on alone
         remove_stale_temporaries(cache_root)  # a worker that had to be killed left its folder (the lock is held)
         raise
     pool.shutdown()

@@ -14,9 +14,11 @@ import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +28,7 @@ import pytest
 import yaml
 
 import brats_seg.data.cache as cache
+import brats_seg.data.workers as workers
 from brats_seg.config import STANDARD_RESOLUTIONS
 from brats_seg.data.cache import prepare_cases
 from brats_seg.data.prep_memory import preparation_memory_advice
@@ -288,3 +291,59 @@ def test_a_worker_killed_from_outside_ends_in_one_message_and_the_next_run_build
     monkeypatch.delenv("BRATS_SEG_CRASH_AT")
     entries, errors, n_built = _prepare(cases, root, num_workers=2)
     assert errors == [] and n_built == len(cases) - len(built) and len(entries) == len(cases)
+
+
+# The race behind that message: a broken pool's own thread terminates and joins its workers while
+# the parent asks how they ended. Of two waitpid calls on one dead child only one gets its status;
+# the other's Process.exitcode is None until the winner has recorded it. The parent used to ask
+# once and, losing, said "it ended abruptly" (every full run on an AMD EPYC Zen 4). Here the other
+# thread wins and records late on purpose, so the ordering that lost is the one tried every time.
+
+
+def _a_dead_child():
+    """A spawned child that SIGKILLed itself: dead (its sentinel says so) but not yet reaped."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    child = multiprocessing.get_context("spawn").Process(target=signal.raise_signal, args=(signal.SIGKILL,))
+    child.start()
+    assert wait([child.sentinel], timeout=60), "the child did not die"
+    return child
+
+
+def _reaped_by_another_thread(monkeypatch, reap) -> threading.Event:
+    """Start a thread that reaps the child with ``reap()`` and holds on for a moment before returning,
+    as the pool's thread does between its waitpid and its record; returns once it has reaped."""
+    real_waitpid, reaped = os.waitpid, threading.Event()
+
+    def waitpid(pid, options):
+        result = real_waitpid(pid, options)
+        if threading.current_thread() is reaper and result[0] == pid:
+            reaped.set()
+            time.sleep(0.5)
+        return result
+
+    monkeypatch.setattr(os, "waitpid", waitpid)
+    reaper = threading.Thread(target=reap, daemon=True)
+    reaper.start()
+    assert reaped.wait(30), "the other thread did not reap the child"
+    return reaper
+
+
+def test_a_killed_worker_is_named_when_another_thread_reaps_it_first(tmp_path, monkeypatch):
+    child = _a_dead_child()
+    reaper = _reaped_by_another_thread(monkeypatch, child.join)  # what the broken pool's thread does
+    message = str(workers._worker_died([child], tmp_path))
+    reaper.join(10)
+    assert f"died (PID {child.pid} killed by SIGKILL)" in message
+
+
+def test_a_worker_whose_end_nobody_recorded_keeps_the_plain_message(tmp_path, monkeypatch):
+    child = _a_dead_child()
+    reaper = _reaped_by_another_thread(monkeypatch, lambda: os.waitpid(child.pid, 0))  # a reaper that keeps nothing
+    monkeypatch.setattr(workers, "EXIT_WAIT_S", 1.0)
+    started = time.monotonic()
+    message = str(workers._worker_died([child], tmp_path))
+    reaper.join(10)
+    assert f"a process preparing cases into {tmp_path} died (it ended abruptly): killed from outside" in message
+    assert "PID" not in message and time.monotonic() - started < 10  # bounded by EXIT_WAIT_S, not a hang
