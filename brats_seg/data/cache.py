@@ -203,17 +203,16 @@ def _stale(cases: list[Case], cache_root: Path, fingerprints: dict[str, str]) ->
             if (meta := load_entry_meta(cache_root / c.case_id)) is None or meta.get("fingerprint") != fingerprints[c.case_id]]
 
 
-
-def _disk_full(exc: DiskFullError, cache_root: Path, n_done: int, n_todo: int) -> DiskFullError:
-    """One error for a full disk: the entry and the free space (measured now that the workers'
-    temporary folders are gone), and what is kept."""
+def _disk_full(exc: DiskFullError, cache_root: Path, n_valid: int, n_cases: int) -> DiskFullError:
+    """One error for a full disk: the entry, the free space and the entries kept, both measured now
+    that the workers are stopped and their temporary folders gone (counted from the disk: with
+    several workers, which finished first and which result the parent saw first are races)."""
     try:
         free = shutil.disk_usage(cache_root).free
     except OSError:
         free = exc.free_bytes
-    built = "1 cache entry built before it is" if n_done == 1 else f"{n_done} cache entries built before it are"
-    return DiskFullError(exc.path, free, f"The {built} complete and kept; the next run builds only the "
-                         f"{n_todo - n_done} missing.")
+    return DiskFullError(exc.path, free, f"{n_valid} of the {n_cases} cache entries are complete and kept; the next "
+                         f"run builds only the {n_cases - n_valid} missing.")
 
 
 def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, shape, allow_crop: bool,
@@ -251,7 +250,7 @@ def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, 
         else:
             run_in_workers(_build_or_error, args, num_workers, cache_root, finished)
     except DiskFullError as e:
-        raise _disk_full(e, cache_root, done - len(errors), len(todo)) from None
+        raise _disk_full(e, cache_root, n_cases - len(_stale(todo, cache_root, fingerprints)), n_cases) from None
     finally:
         bar.close()
     return errors

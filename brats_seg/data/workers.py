@@ -6,6 +6,9 @@ it was building (its temporary folder is removed) and exits. The parent starts t
 signals blocked (so a Ctrl-C while they start prints no tracebacks), stops them all on any
 exception, SIGKILLs those that do not stop within :data:`STOP_TIMEOUT_S`, removes what they left,
 and names a worker that died from outside (the OOM killer) instead of a ``BrokenProcessPool``.
+
+Whether a worker has ended is read from its sentinel, never from one ``waitpid``: the pool's own
+thread reaps the same processes, and it does not always watch them all (see :func:`_results`).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import os
 import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import wait
 from pathlib import Path
 
 from brats_seg.data.errors import DataError
@@ -29,8 +34,9 @@ __all__ = ["STOP_TIMEOUT_S", "WorkerStopped", "run_in_workers"]
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0  # how long stopped workers get to remove their temporary folder before SIGKILL
-EXIT_WAIT_S = 5.0  # how long a dead pool's workers get to end and have their exit codes recorded, for the message
-EXIT_POLL_S = 0.01  # how often a worker's exit code is asked for meanwhile
+RECORD_WAIT_S = 1.0  # how long a worker seen dead gets for its exit code to be recorded (microseconds, normally)
+EXIT_POLL_S = 0.01  # how often its exit code is asked for meanwhile
+WATCH_S = 0.5  # how often the workers are checked while their results are awaited
 
 
 class WorkerStopped(SystemExit):
@@ -76,20 +82,33 @@ def _signals_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _ended(process, timeout: float = 0.0) -> bool:
+    """Whether ``process`` has ended, from its sentinel (which no ``waitpid`` race can hide: a
+    process reaped by the pool's own thread reads as running in ``is_alive`` until that thread has
+    recorded its exit code)."""
+    try:
+        return bool(wait([process.sentinel], timeout))
+    except (ValueError, OSError):  # closed: nothing left to stop
+        return True
+
+
 def _stop_workers(pool: ProcessPoolExecutor, workers: list) -> None:
     """Stop the pool now: SIGTERM each worker (it removes the entry it was building and exits),
-    SIGKILL those still running after :data:`STOP_TIMEOUT_S`."""
+    SIGKILL those still running after :data:`STOP_TIMEOUT_S`, then shut the pool down.
+
+    The pool goes last: a broken pool's own thread (Python 3.12+) holds the lock ``shutdown``
+    needs while it joins its workers without a timeout, so shutting it down first would wait for a
+    worker that ignores SIGTERM instead of killing it."""
     for p in workers:
-        if p.is_alive():
+        if not _ended(p):
             p.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for p in workers:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
+        if not _ended(p, max(0.0, deadline - time.monotonic())):
             log.warning("preparation worker %d did not stop within %.0f s: killing it", p.pid, STOP_TIMEOUT_S)
             p.kill()
-            p.join(5.0)
+            _ended(p, 5.0)
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _pool_workers(pool: ProcessPoolExecutor) -> list:
@@ -97,20 +116,21 @@ def _pool_workers(pool: ProcessPoolExecutor) -> list:
     return list((getattr(pool, "_processes", None) or {}).values())
 
 
-def _recorded_exit_code(process, deadline: float) -> int | None:
-    """``process``'s exit code once it has ended and been reaped, waiting until ``deadline`` (monotonic).
+def _recorded_exit_code(process) -> int | None:
+    """The exit code of a worker that has ended; None if it is running, or if its end was recorded
+    by nobody within :data:`RECORD_WAIT_S`.
 
     A broken pool's own thread terminates and joins its workers while this thread asks: of two
     ``waitpid`` calls on one child only one gets its status, and the other's ``Process.exitcode``
     stays None until the winner has recorded it. So ask again until it is there, rather than once.
-    None: still running at the deadline, or reaped by something that records nothing (a
-    ``SIGCHLD`` ignored by the process).
+    Nothing is recorded if something else reaped it (``SIGCHLD`` ignored by the process).
     """
-    while True:
-        code = process.exitcode  # reaps it if no one has (WNOHANG), or reads the winner's record
-        if code is not None or time.monotonic() >= deadline:
-            return code
-        time.sleep(EXIT_POLL_S)
+    if not _ended(process):
+        return None
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while (code := process.exitcode) is None and time.monotonic() < deadline:  # reaps it (WNOHANG), or
+        time.sleep(EXIT_POLL_S)  # reads the winner's record once it is written
+    return code
 
 
 def _signal_name(signum: int) -> str:
@@ -127,10 +147,9 @@ def _known_workers(snapshot: list, pool: ProcessPoolExecutor) -> list:
 
 def _worker_died(workers: list, cache_root: Path) -> DataError:
     """The error for a worker that died (the OOM killer, a stray ``kill -9``): which, and how."""
-    deadline = time.monotonic() + EXIT_WAIT_S
     ends = []
     for p in workers:
-        code = _recorded_exit_code(p, deadline)
+        code = _recorded_exit_code(p)
         if code is not None and code < 0:
             ends.append(f"PID {p.pid} killed by {_signal_name(-code)}")
         elif code and code != 128 + signal.SIGTERM:  # not one the broken pool stopped
@@ -139,6 +158,28 @@ def _worker_died(workers: list, cache_root: Path) -> DataError:
     return DataError(f"a process preparing cases into {cache_root} died ({how}): killed from outside, or by the "
                      "system for want of memory. The entries finished are kept; run the same command again, with "
                      "fewer data.num_workers if memory is short.")
+
+
+def _results(futures: list, pool: ProcessPoolExecutor, snapshot: list, cache_root: Path):
+    """Each future's error (None if it succeeded) as it completes; :func:`_worker_died`'s error as
+    soon as a worker has ended while work is pending.
+
+    The pool's own thread may not be watching every worker: it builds its list of workers to
+    watch when it starts to wait, and a worker the submits start just after (each submit wakes it,
+    then starts a worker) is missing from it until the next result comes; a worker that dies
+    meanwhile broke nothing the pool could see. So the workers are watched here too, every
+    :data:`WATCH_S`.
+    """
+    pending = set(futures)
+    while pending:
+        done, pending = wait_futures(pending, timeout=WATCH_S, return_when=FIRST_COMPLETED)
+        for fut in done:
+            try:
+                yield fut.result()[1]
+            except BrokenProcessPool:
+                raise _worker_died(_known_workers(snapshot, pool), cache_root) from None
+        if pending and any(_ended(p) for p in _known_workers(snapshot, pool)):
+            raise _worker_died(_known_workers(snapshot, pool), cache_root)
 
 
 def run_in_workers(fn, args: list[tuple], num_workers: int, cache_root: Path, finished) -> None:
@@ -152,13 +193,12 @@ def run_in_workers(fn, args: list[tuple], num_workers: int, cache_root: Path, fi
     workers: list = []
     try:
         with _signals_blocked():  # the workers are started by these submits
-            futures = [pool.submit(fn, *a) for a in args]
-        workers = _pool_workers(pool)
-        for fut in as_completed(futures):
             try:
-                _, err = fut.result()
-            except BrokenProcessPool:
-                raise _worker_died(_known_workers(workers, pool), cache_root) from None
+                futures = [pool.submit(fn, *a) for a in args]
+            except BrokenProcessPool:  # one died already
+                raise _worker_died(_pool_workers(pool), cache_root) from None
+        workers = _pool_workers(pool)
+        for err in _results(futures, pool, workers, cache_root):
             finished(err)
     except BaseException:
         _stop_workers(pool, _known_workers(workers, pool))  # an error, or SIGTERM/SIGINT: no worker goes on alone
