@@ -127,6 +127,38 @@ def _holder_is_alive(holder: dict) -> bool:
 
 
 @contextlib.contextmanager
+def _folder_flock(folder: Path) -> Iterator[None]:
+    """``flock`` on the folder itself for the ``with`` block (no file of its own is left behind)."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _remove_dead_lock(lock: Path, dead: dict) -> bool:
+    """Remove ``lock`` if it still holds the record ``dead`` (read and judged dead before); False if
+    it changed meanwhile.
+
+    Two processes can judge the same dead holder at once: without this, the second one's unlink
+    removed the lock the first had just made, and both went on as holders (two sweep jobs removing
+    each other's temporary folders in one cache). Takers therefore remove a dead lock one at a time,
+    each after reading it again."""
+    with _folder_flock(lock.parent):
+        try:
+            now = json.loads(lock.read_text() or "{}")
+        except (OSError, ValueError):  # removed by the taker before us, or being written: look again
+            return False
+        if now != dead:
+            return False
+        lock.unlink(missing_ok=True)
+        return True
+
+
+@contextlib.contextmanager
 def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False, record: Mapping | None = None,
               on_takeover: Callable[[dict], None] | None = None) -> Iterator[Path]:
     """Hold ``<folder>/.lock`` for the ``with`` block, or refuse if another live process holds it.
@@ -172,9 +204,10 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False, record: 
             if holder.get("pid") == os.getpid() and holder.get("host") == host:
                 raise LockedError(f"{what} {folder} is already locked by this process ({lock}).") from None
             if holder.get("host") == host and not _holder_is_alive(holder):
+                if not _remove_dead_lock(lock, holder):
+                    continue  # another process took it over first: look again at who holds it now
                 log.warning("%s %s: taking over the lock of PID %s (started %s, no longer running): %s",
                             what, folder, holder.get("pid", "?"), holder.get("since", "?"), lock)
-                lock.unlink(missing_ok=True)
                 if on_takeover is not None:
                     on_takeover(holder)
                 takeovers += 1

@@ -130,3 +130,32 @@ def test_train_py_in_a_folder_another_training_holds_is_refused_then_a_killed_on
     assert again.returncode == 0, again.stderr[-3000:]
     assert "taking over the lock" in again.stdout + again.stderr
     assert json.loads((run_dir / "state.json").read_text())["epoch"] >= 1 and not (run_dir / ".lock").exists()
+
+
+def test_two_processes_taking_over_one_dead_lock_do_not_both_hold_it(tmp_path, monkeypatch):
+    """Both read the dead holder's record; the other takes the lock over first and holds it; this
+    one, judging the record it read, must not remove the live lock the other just made."""
+    import brats_seg.locks as locks
+
+    folder = tmp_path / "run"
+    dead = _hold_in_another_process(folder)
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(timeout=30)
+    real_is_alive, other = locks._holder_is_alive, []
+
+    def judged_while_the_other_takes_over(holder):  # between this process's read and its takeover
+        if not other:
+            other.append(_hold_in_another_process(folder))  # takes the dead lock over and holds it
+        return real_is_alive(holder)
+
+    monkeypatch.setattr(locks, "_holder_is_alive", judged_while_the_other_takes_over)
+    try:
+        with pytest.raises(LockedError) as err:
+            with hold_lock(folder, "run folder"):
+                pass
+        assert f"in use by PID {other[0].pid} on this host" in str(err.value)
+        assert json.loads((folder / ".lock").read_text())["pid"] == other[0].pid  # its lock stands
+    finally:
+        for proc in other:
+            proc.terminate()
+            proc.wait(timeout=30)
