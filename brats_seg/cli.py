@@ -237,6 +237,9 @@ def to_config(cfg):
     except MissingMandatoryValue as e:
         sys.stderr.write(f"error: {e.full_key} is required: pass {e.full_key}=...\n")
         raise SystemExit(2) from None
+    except ValueError as e:  # a schema's own check of a value (trainer.augment, trainer.augmentation.*)
+        sys.stderr.write(f"error: {_first_line(str(e))}\n")
+        raise SystemExit(2) from None
 
 
 @contextlib.contextmanager

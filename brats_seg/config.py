@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from brats_seg.choices import check_choice, choice_type
 
@@ -43,7 +43,13 @@ CHOICES = {  # config key -> its closed set
     "plan.format": PlanFormat, "benchmark.input": BenchmarkInput, "split": Split, "format": ExportFormat,
 }
 
+# trainer.augment is not an Enum: it also takes true/false (the switch it used to be: light/none),
+# which an Enum node refuses at composition; TrainerConfig checks it instead.
+AUGMENT_PRESETS = ("none", "light", "nnunet")
+
 __all__ = [
+    "AUGMENT_PRESETS",
+    "AugmentationConfig",
     "CHOICES",
     "STANDARD_RESOLUTIONS",
     "DataConfig",
@@ -122,6 +128,52 @@ class ModelConfig:
 
 
 @dataclass
+class AugmentationConfig:
+    """Ranges and probabilities of ``trainer.augment=nnunet``: nnU-Net's defaults for 3D (nnUNetTrainerV2,
+    moreDA) unless said; a probability is per case unless its name says per channel."""
+
+    p_rotation: float = 0.2  # rotate about x, y and z, each by an angle in +-rotation_deg
+    rotation_deg: float = 30.0
+    p_scale: float = 0.2  # zoom in or out, the same factor on every axis
+    scale_range: List[float] = field(default_factory=lambda: [0.7, 1.4])
+    order_data: int = 1  # image interpolation (spatial, low resolution); nnU-Net: 3, ~3x the time a case (README)
+    p_noise: float = 0.1  # additive Gaussian noise, variance drawn from noise_variance (z-scored units)
+    noise_variance: List[float] = field(default_factory=lambda: [0.0, 0.1])
+    p_blur: float = 0.2  # Gaussian blur, sigma from blur_sigma (voxels), each channel with p_blur_per_channel
+    p_blur_per_channel: float = 0.5
+    blur_sigma: List[float] = field(default_factory=lambda: [0.5, 1.0])
+    p_brightness: float = 0.15  # multiply by a factor from brightness_range
+    brightness_range: List[float] = field(default_factory=lambda: [0.75, 1.25])
+    p_contrast: float = 0.15  # stretch about the mean by a factor from contrast_range
+    contrast_range: List[float] = field(default_factory=lambda: [0.75, 1.25])
+    p_low_res: float = 0.25  # down by a zoom from low_res_zoom and back up (thick slices, another scanner)
+    p_low_res_per_channel: float = 0.5
+    low_res_zoom: List[float] = field(default_factory=lambda: [0.5, 1.0])
+    p_gamma: float = 0.3  # gamma from gamma_range on the image rescaled to [0, 1], its mean and std kept
+    p_gamma_inverted: float = 0.1  # the same on the inverted image
+    gamma_range: List[float] = field(default_factory=lambda: [0.7, 1.5])
+    mirror_axes: List[int] = field(default_factory=lambda: [0, 1, 2])  # each mirrored with p 0.5
+
+    def __post_init__(self) -> None:
+        for name in [f.name for f in dataclasses.fields(self) if f.name.startswith("p_")]:
+            value = getattr(self, name)
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"trainer.augmentation.{name}={value!r}: a probability, in [0, 1].")
+        for name in ("scale_range", "noise_variance", "blur_sigma", "brightness_range", "contrast_range",
+                     "low_res_zoom", "gamma_range"):
+            pair = list(getattr(self, name))
+            if len(pair) != 2 or not 0.0 <= float(pair[0]) <= float(pair[1]):
+                raise ValueError(f"trainer.augmentation.{name}={pair!r}: use [low, high] with 0 <= low <= high.")
+        if self.order_data not in (0, 1, 2, 3, 4, 5):
+            raise ValueError(f"trainer.augmentation.order_data={self.order_data!r}: a spline order, 0 to 5 (1 linear, "
+                             "3 cubic).")
+        bad_axes = [a for a in self.mirror_axes if a not in (0, 1, 2)]
+        if bad_axes:
+            raise ValueError(f"trainer.augmentation.mirror_axes={list(self.mirror_axes)!r}: spatial axes 0 (x), 1 (y), "
+                             "2 (z).")
+
+
+@dataclass
 class TrainerConfig:
     epochs: int = 60  # with the rest of the defaults: the demo, held-out WT Dice >= 0.80 on 2 CPU cores (README)
     batch_size: int = 2
@@ -131,11 +183,21 @@ class TrainerConfig:
     lr_schedule: LRSchedule = LRSchedule.cosine  # cosine | constant
     warmup_epochs: int = 1
     early_stopping_patience: int = 0  # epochs without val-Dice gain before stopping; 0 = off
-    augment: bool = True  # random flips (L-R) and intensity scale/shift
+    augment: Any = "light"  # none | light (L-R flip, intensity scale/shift) | nnunet (brats_seg.data.augment); true/false = light/none
+    augmentation: AugmentationConfig = field(default_factory=lambda: AugmentationConfig())  # the nnunet preset's ranges
     bce_weight: float = 1.0  # loss = soft Dice + bce_weight * BCE
     val_every: int = 1  # epochs between validations
     deterministic: bool = True  # TF op determinism: bit-identical resume; may slow some GPU kernels
     dead_region_epochs: int = 3  # epochs of an empty prediction (reference not empty) before warning that a region is dead; 0 = off
+
+    def __post_init__(self) -> None:
+        # The preset's name (true/false, the switch this key used to be, mean light/none): a stored
+        # config and a new one compare equal on resume, and code reads one of three strings.
+        if isinstance(self.augment, bool):
+            self.augment = "light" if self.augment else "none"
+        value = getattr(self.augment, "value", self.augment)
+        self.augment = check_choice(value.lower() if isinstance(value, str) else value, AUGMENT_PRESETS,
+                                    "trainer.augment", hint="true and false mean light and none.")
 
 
 @dataclass

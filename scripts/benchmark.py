@@ -93,8 +93,9 @@ def make_input(conf, replicas, tmp: Path):
         dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
     else:
         dirs = _random_cache(tmp, conf, max(2 * b, 2))
-        dataset = make_train_dataset(dirs, b, conf.trainer.seed, True, conf.model.in_channels,
-                                     conf.model.out_channels, prefetch_batches=conf.data.prefetch_batches)
+        dataset = make_train_dataset(dirs, b, conf.trainer.seed, conf.trainer.augment, conf.model.in_channels,
+                                     conf.model.out_channels, prefetch_batches=conf.data.prefetch_batches,
+                                     augmentation=conf.trainer.augmentation)
     return iter(replicas.experimental_distribute_dataset(dataset))
 
 
@@ -161,8 +162,9 @@ def measure_pipeline(conf) -> dict:
     b = conf.trainer.batch_size
     with tempfile.TemporaryDirectory() as tmp:
         dirs = _random_cache(Path(tmp), conf, max(4 * b, 4))
-        it = iter(make_train_dataset(dirs, b, conf.trainer.seed, True, conf.model.in_channels,
-                                     conf.model.out_channels, prefetch_batches=conf.data.prefetch_batches))
+        it = iter(make_train_dataset(dirs, b, conf.trainer.seed, conf.trainer.augment, conf.model.in_channels,
+                                     conf.model.out_channels, prefetch_batches=conf.data.prefetch_batches,
+                                     augmentation=conf.trainer.augmentation))
         next(it)  # start-up
         n = max(conf.benchmark.steps, 1) * 4
         t0 = time.perf_counter()
@@ -170,7 +172,7 @@ def measure_pipeline(conf) -> dict:
             x, _ = next(it)
             tf.debugging.assert_all_finite(tf.cast(x[:1, :1, :1, :1], tf.float32), "")
         seconds = time.perf_counter() - t0
-    return {"mode": "pipeline_only", "shape": list(conf.resolution.shape), "batch_size": b,
+    return {"mode": "pipeline_only", "augment": conf.trainer.augment, "shape": list(conf.resolution.shape), "batch_size": b,
             "batches": n, "seconds": round(seconds, 3), "volumes_per_s": round(n * b / seconds, 2)}
 
 

@@ -40,6 +40,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
+from brats_seg.config import AUGMENT_PRESETS, AugmentationConfig
 from brats_seg.data.cache import IMAGE_FILE, REGIONS_FILE  # the cache owns an entry's file names
 
 __all__ = [
@@ -216,6 +217,38 @@ def _augment_map(seed: int):
     return augment
 
 
+def nnunet_case_seed(seed: int, epoch: int, position: int) -> int:
+    """The numpy seed of the ``nnunet`` preset for the case at ``position`` of ``epoch``."""
+    return int(np.random.SeedSequence([int(seed), int(epoch), int(position)]).generate_state(1)[0])
+
+
+def _nnunet_map(seed: int, spatial, params: AugmentationConfig | None):
+    """The ``nnunet`` preset (:mod:`brats_seg.data.augment`) as a ``Dataset.map`` function."""
+    from brats_seg.data.augment import augment_nnunet_case, nnunet_transforms
+
+    transforms = nnunet_transforms(tuple(spatial), params or AugmentationConfig())
+
+    def augment_numpy(epoch, position, image, regions):
+        return augment_nnunet_case(image, regions, nnunet_case_seed(seed, epoch, position), transforms)
+
+    def augment(epoch, position, image, regions):
+        out_image, out_regions = tf.numpy_function(augment_numpy, [epoch, position, image, regions],
+                                                   [image.dtype, regions.dtype], stateful=False)
+        return tf.ensure_shape(out_image, image.shape), tf.ensure_shape(out_regions, regions.shape)
+
+    return augment
+
+
+def _preset(augment) -> str:
+    """``augment`` as a preset name (a bool: the switch it used to be, True = light)."""
+    if isinstance(augment, bool):
+        return "light" if augment else "none"
+    preset = str(getattr(augment, "value", augment))
+    if preset not in AUGMENT_PRESETS:
+        raise ValueError(f"augment={augment!r}: use one of {', '.join(AUGMENT_PRESETS)} (or true/false).")
+    return preset
+
+
 # ---------------------------------------------------------------------------------------
 # Datasets
 # ---------------------------------------------------------------------------------------
@@ -255,7 +288,7 @@ def make_train_dataset(
     case_dirs: Sequence[str | os.PathLike],
     batch_size: int,
     seed: int,
-    augment: bool,
+    augment: str | bool,
     in_channels: int = 4,
     out_channels: int = 3,
     initial_epoch: int = 0,
@@ -264,6 +297,7 @@ def make_train_dataset(
     shard: tuple[int, int] = (0, 1),
     replica_batch: int | None = None,
     prefetch_batches: int = PREFETCH_BATCHES,
+    augmentation: AugmentationConfig | None = None,
 ) -> tf.data.Dataset:
     """Endless, shuffled, augmented training batches, deterministic in ``(seed, epoch)``.
 
@@ -271,7 +305,9 @@ def make_train_dataset(
         case_dirs: cache folders of the training cases.
         batch_size: cases per batch.
         seed: run seed (``trainer.seed``, >= 0): case order and augmentation derive from it.
-        augment: random L-R flip along x and per-channel intensity scale +-10%, shift +-0.1.
+        augment: the preset (``trainer.augment``): ``none``, ``light`` (random L-R flip along x,
+            per-channel intensity scale +-10% and shift +-0.1) or ``nnunet``
+            (:mod:`brats_seg.data.augment`); True and False mean light and none.
         in_channels: 4 (FLAIR, T1, T1ce, T2) or 1 (FLAIR only).
         out_channels: regions trained, the first ``out_channels`` of the cache (1 = WT only).
         initial_epoch: first epoch yielded (the resume point; Keras' ``initial_epoch``).
@@ -283,6 +319,7 @@ def make_train_dataset(
         replica_batch: cases per yielded batch, the per-replica batch (default
             ``batch_size / count``); a worker with R replicas yields R of them per step.
         prefetch_batches: finished batches waiting for the step (``data.prefetch_batches``).
+        augmentation: the ``nnunet`` preset's ranges and probabilities (default: nnU-Net's).
 
     Returns:
         Dataset of ``(image float16 (B, x, y, z, in_channels), regions uint8
@@ -322,7 +359,9 @@ def make_train_dataset(
     )
     load_case = _load_map(paths, spatial, in_channels, out_channels)
 
-    augment_fn = _augment_map(seed) if augment else None
+    preset = _preset(augment)
+    augment_fn = {"none": lambda: None, "light": lambda: _augment_map(seed),
+                  "nnunet": lambda: _nnunet_map(seed, spatial, augmentation)}[preset]()
 
     def load_and_augment(epoch, position, case):
         image, regions = load_case(case)
@@ -334,7 +373,7 @@ def make_train_dataset(
         "train dataset: %d cases, %d steps/epoch of %d (worker %d/%d, batches of %d), shape %s, seed %d, "
         "from epoch %d step %d, augment=%s",
         len(paths), steps, batch_size, index, count, replica_batch, spatial, seed, initial_epoch, initial_step,
-        augment,
+        preset,
     )
     return ds.with_options(_options())
 

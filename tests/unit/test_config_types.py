@@ -102,3 +102,45 @@ def test_every_config_option_composes_and_passes_the_checks(tmp_path, group, opt
         cfg = to_config(compose("train", overrides=overrides))
     assert dataclasses.is_dataclass(cfg)
     check_train_config(resolve_model_outputs(cfg))
+
+
+@pytest.mark.parametrize("given,preset", [("true", "light"), ("false", "none"), ("light", "light"),
+                                          ("nnunet", "nnunet"), ("none", "none")])
+def test_trainer_augment_is_a_preset_and_the_old_switch_still_means_light_or_none(given, preset, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from brats_seg.cli import to_config
+    from brats_seg.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = to_config(compose("train", overrides=[f"trainer.augment={given}", "trainer.augmentation.p_gamma=0.5",
+                                                    "trainer.augmentation.gamma_range=[0.8,1.2]"]))
+    assert cfg.trainer.augment == preset and cfg.trainer.augmentation.p_gamma == 0.5
+    stored = config_to_dict(cfg)
+    assert config_to_dict(config_from_dict(TrainConfig, json.loads(json.dumps(stored)))) == stored
+    old = json.loads(json.dumps(stored))
+    old["trainer"]["augment"] = given == "true" or (given != "false" and given != "none")  # a run from before presets
+    if given in ("true", "false"):
+        assert config_from_dict(TrainConfig, old).trainer.augment == preset  # resumes as the same recipe
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.augment=heavy", "trainer.augment='heavy': use one of none, light, nnunet"),
+    ("trainer.augmentation.p_noise=1.5", "trainer.augmentation.p_noise=1.5: a probability, in [0, 1]"),
+    ("trainer.augmentation.scale_range=[1.4,0.7]", "trainer.augmentation.scale_range=[1.4, 0.7]: use [low, high]"),
+    ("trainer.augmentation.mirror_axes=[3]", "trainer.augmentation.mirror_axes=[3]: spatial axes 0 (x)"),
+])
+def test_a_bad_augmentation_value_is_one_line_naming_it(override, message, capsys):
+    from hydra import compose, initialize_config_dir
+
+    from brats_seg.cli import to_config
+    from brats_seg.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        with pytest.raises(SystemExit) as exit_:
+            to_config(compose("train", overrides=[override]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1

@@ -56,7 +56,10 @@ ROWS = [
     ("train.py", ["resolution.shape=[a,b,c]"], r"resolution\.shape.*Value 'a' of type 'str' could not be converted to Integer", None),
     ("train.py", ["model.depth=null"], r"model\.depth=null: field 'model\.depth' is not Optional", None),
     ("train.py", ["run_dir=[1,2]"], r"run_dir=\[1,2\]: Cannot convert 'list' to string", None),
-    ("train.py", ["trainer.augment=maybe"], r"trainer\.augment=maybe: Value .maybe. is not a valid bool", None),
+    ("train.py", ["trainer.augment=maybe"], r"trainer\.augment='maybe': use one of none, light, nnunet\. true and false "
+                                            r"mean light and none\.$", None),
+    ("train.py", ["trainer.augmentation.p_gamma=2"], r"trainer\.augmentation\.p_gamma=2\.0: a probability, in \[0, 1\]\.$",
+     None),
     # closed sets (Enum fields: refused at composition)
     ("train.py", ["model.norm=layer"], r"model\.norm='layer': use one of instance, group, batch\.$", None),
     ("train.py", ["backend.precision=fp8"], r"backend\.precision='fp8': use one of fp32, bf16, fp16\.$", None),

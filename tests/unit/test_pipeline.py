@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -98,15 +100,18 @@ def test_each_epoch_is_a_seeded_permutation_without_repeats(cases):
     np.testing.assert_array_equal(batches[0][1][0], regions)
 
 
-def test_deterministic_across_constructions(cases):
-    a = _take(make_train_dataset(cases, batch_size=2, seed=3, augment=True), 6)
-    b = _take(make_train_dataset(cases, batch_size=2, seed=3, augment=True), 6)
+@pytest.mark.parametrize("augment", [True, "nnunet"])
+def test_deterministic_across_constructions(cases, augment):
+    a = _take(make_train_dataset(cases, batch_size=2, seed=3, augment=augment), 6)
+    np.random.seed(123)  # the global generators batchgenerators draws from are not the source
+    random.seed(123)
+    b = _take(make_train_dataset(cases, batch_size=2, seed=3, augment=augment), 6)
     _assert_equal_batches(a, b)
-    c = _take(make_train_dataset(cases, batch_size=2, seed=4, augment=True), 6)
+    c = _take(make_train_dataset(cases, batch_size=2, seed=4, augment=augment), 6)
     assert any(not np.array_equal(xa, xc) for (xa, _), (xc, _) in zip(a, c))
 
 
-@pytest.mark.parametrize("augment", [True, False])
+@pytest.mark.parametrize("augment", [True, False, "nnunet"])
 def test_resume_sees_the_same_batches(cases, augment):
     steps, k = steps_per_epoch(N_CASES, 2), 2
     uninterrupted = make_train_dataset(cases, batch_size=2, seed=11, augment=augment, initial_epoch=0)
@@ -283,3 +288,75 @@ def test_a_batch_that_does_not_split_names_the_batch_size(cases):
         make_train_dataset(cases, 3, seed=0, augment=False, shard=(0, 2))
     with pytest.raises(ValueError, match="initial_step"):
         make_train_dataset(cases, 2, seed=0, augment=False, initial_step=2)
+
+
+# ---------------------------------------------------------------------------------------
+# The nnunet preset (batchgenerators)
+# ---------------------------------------------------------------------------------------
+
+BLOB_SHAPE = (24, 20, 16)
+
+
+def _blob_case(rng):
+    """A case whose FLAIR is 10 inside an off-centre ellipsoid (the WT region) and noise-free 0
+    outside; the other channels are smooth ramps; TC and ET are parts of the blob."""
+    x, y, z = np.meshgrid(*(np.arange(n, dtype=np.float32) for n in BLOB_SHAPE), indexing="ij")
+    wt = ((x - 9) / 6) ** 2 + ((y - 12) / 4) ** 2 + ((z - 7) / 3) ** 2 <= 1
+    image = np.stack([10.0 * wt, x / 10, y / 10, z / 10], axis=-1).astype(np.float16)
+    regions = np.stack([wt, wt & (x < 9), wt & (x < 7)], axis=-1).astype(np.uint8)
+    return image, regions
+
+
+def _nnunet(**overrides):
+    from brats_seg.config import AugmentationConfig
+    from brats_seg.data.augment import nnunet_transforms
+
+    none = dict(p_rotation=0.0, p_scale=0.0, p_noise=0.0, p_blur=0.0, p_brightness=0.0, p_contrast=0.0, p_low_res=0.0,
+                p_gamma=0.0, p_gamma_inverted=0.0, mirror_axes=[])
+    return nnunet_transforms(BLOB_SHAPE, AugmentationConfig(**{**none, **overrides}))
+
+
+def test_nnunet_spatial_transforms_move_the_regions_with_the_image():
+    from brats_seg.data.augment import augment_nnunet_case
+
+    image, regions = _blob_case(np.random.default_rng(0))
+    transforms = _nnunet(p_rotation=1.0, p_scale=1.0, mirror_axes=[0, 1, 2])
+    moved = 0
+    for seed in range(8):
+        x, y = augment_nnunet_case(image, regions, seed, transforms)
+        assert x.shape == image.shape and x.dtype == np.float16 and y.shape == regions.shape and y.dtype == np.uint8
+        assert set(np.unique(y)) <= {0, 1}
+        assert np.all(y[..., 2] <= y[..., 1]) and np.all(y[..., 1] <= y[..., 0])  # ET in TC in WT, still
+        flair_wt = x[..., 0].astype(np.float32) > 5  # the blob, resampled linearly
+        dice = 2 * np.sum(flair_wt & (y[..., 0] > 0)) / (flair_wt.sum() + y[..., 0].sum())
+        assert dice > 0.85, f"seed {seed}: the regions moved apart from the image (Dice {dice:.2f})"
+        moved += not np.array_equal(y, regions)
+    assert moved >= 6  # rotated, scaled or mirrored nearly every time (p 1, mirrors 7 in 8)
+
+
+def test_nnunet_intensity_transforms_leave_the_regions_alone():
+    from brats_seg.data.augment import augment_nnunet_case
+
+    image, regions = _blob_case(np.random.default_rng(0))
+    transforms = _nnunet(p_noise=1.0, p_blur=1.0, p_brightness=1.0, p_contrast=1.0, p_gamma=1.0)
+    x, y = augment_nnunet_case(image, regions, 3, transforms)
+    np.testing.assert_array_equal(y, regions)
+    assert not np.array_equal(x, image) and np.all(np.isfinite(x.astype(np.float32)))
+
+
+def test_nnunet_keeps_the_global_generators_where_they_were():
+    from brats_seg.data.augment import augment_nnunet_case
+
+    image, regions = _blob_case(np.random.default_rng(0))
+    np.random.seed(7)
+    random.seed(7)
+    expected = np.random.random(), random.random()
+    np.random.seed(7)
+    random.seed(7)
+    augment_nnunet_case(image, regions, 1, _nnunet(p_noise=1.0, mirror_axes=[0]))
+    assert (np.random.random(), random.random()) == expected
+
+
+def test_a_bad_preset_is_refused_naming_the_presets(cases):
+    with pytest.raises(ValueError, match="augment='heavy': use one of none, light, nnunet"):
+        make_train_dataset(cases, batch_size=2, seed=0, augment="heavy")
