@@ -65,22 +65,23 @@ def dataset_cache_dir(data: DataConfig) -> Path:
 
 
 ON_ERROR = ("raise", "skip")  # data.on_error: what a bad case does to preparation
-GENERATED = ("synthetic", "mni_gliomas")  # data.name values whose root is generated on first use
+GENERATED = ("synthetic", "mni_gliomas", "mni_gliomas_shifted")  # data.name values whose root is generated on first use
 
 
 def ensure_synthetic(data: DataConfig) -> None:
-    """For ``data=synthetic`` and ``data=mni_gliomas``: generate the cases of ``data.root``
-    that are not there yet.
+    """For ``data=synthetic``, ``data=mni_gliomas`` and ``data=mni_gliomas_shifted`` (the same cases
+    acquired as another scanner would): generate the cases of ``data.root`` that are not there yet.
 
     Writing skips complete cases in milliseconds, and completes a case an interrupted
     run left half-written (each file is written atomically; the label file last).
     """
-    if data.name == "mni_gliomas":
+    if data.name in ("mni_gliomas", "mni_gliomas_shifted"):
         from brats_seg.data.phantoms.mni_gliomas import write_mni_glioma_dataset
 
         if data.layout != "brats2021":
-            raise ValueError(f"data=mni_gliomas is written in the brats2021 layout, got data.layout={data.layout!r}.")
-        write_mni_glioma_dataset(Path(data.root), data.synthetic_cases, data.synthetic_seed)
+            raise ValueError(f"data={data.name} is written in the brats2021 layout, got data.layout={data.layout!r}.")
+        write_mni_glioma_dataset(Path(data.root), data.synthetic_cases, data.synthetic_seed,
+                                 shift=data.name == "mni_gliomas_shifted")
         return
     from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
 

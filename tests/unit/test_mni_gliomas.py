@@ -79,3 +79,24 @@ def test_bad_arguments_are_named():
         write_mni_glioma_dataset("/nonexistent", n_cases=0)
     with pytest.raises(ValueError, match="seed"):
         write_mni_glioma_dataset("/nonexistent", n_cases=1, seed=-1)
+
+
+def test_the_shifted_case_is_the_same_tumour_acquired_as_another_scanner_would():
+    from brats_seg.data.phantoms.mni_gliomas import SHIFT
+
+    matched = generate_mni_case(np.random.default_rng([3, 0]))
+    shifted = generate_mni_case(np.random.default_rng([3, 0]), SHIFT, np.random.default_rng([3, 0, 1]))
+    for label in (1, 2, 4):  # the same tumour: each compartment's volume kept by the rotation (nearest)
+        a, b = np.count_nonzero(matched.labels == label), np.count_nonzero(shifted.labels == label)
+        assert abs(a - b) <= 0.1 * max(a, 50), f"label {label}: {a} voxels matched, {b} shifted"
+    overlap = np.count_nonzero((matched.labels > 0) & (shifted.labels > 0)) / np.count_nonzero(matched.labels > 0)
+    assert overlap < 0.9  # but the head is turned: the tumour is elsewhere on the grid
+    brain = (matched.images["flair"] > 0) & (shifted.images["flair"] > 0)
+
+    def roughness(img, axis):  # mean step between neighbouring slices inside the brain
+        return float(np.mean(np.abs(np.diff(img, axis=axis))[np.take(brain, range(brain.shape[axis] - 1), axis)]))
+
+    ratios = [roughness(shifted.images["t1"], a) / roughness(matched.images["t1"], a) for a in range(3)]
+    assert min(ratios) < 0.75, f"no axis of thick slices: {ratios}"  # 4 mm slices, resampled back: smoother
+    again = generate_mni_case(np.random.default_rng([3, 0]), SHIFT, np.random.default_rng([3, 0, 1]))
+    np.testing.assert_array_equal(again.images["t2"], shifted.images["t2"])  # seeded like the matched set

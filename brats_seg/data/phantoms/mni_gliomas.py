@@ -42,7 +42,8 @@ from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import CHANNELS, case_file_paths
 from brats_seg.data.phantoms.writer import check_generator_args, write_case
 
-__all__ = ["GRID_SHAPE", "MNICase", "generate_mni_case", "mni_case_id", "write_mni_glioma_dataset"]
+__all__ = ["GRID_SHAPE", "SHIFT", "AcquisitionShift", "MNICase", "generate_mni_case", "mni_case_id",
+           "write_mni_glioma_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,31 @@ class MNICase:
     labels: np.ndarray
     affine: np.ndarray
     lps: bool
+
+
+@dataclass(frozen=True)
+class AcquisitionShift:
+    """How a case is acquired "as another scanner would" (the shifted test set): the same anatomy
+    and tumour as the matched case, seen through a head tilted further in the scanner, thick
+    slices resampled back to 1 mm, and other contrast and bias.
+
+    Attributes:
+        tilt_deg: extra head rotation about each axis, uniform in +-tilt_deg (the matched
+            cases' own is +-6 degrees).
+        slice_mm: slice thickness along one axis, drawn per case, averaged over and resampled
+            back to 1 mm linearly (images only: the reference stays at 1 mm, as BraTS
+            annotates the resampled volumes).
+        gamma: per-contrast gamma on the intensities rescaled to [0, 1], uniform in this range.
+        bias: amplitude of an extra multiplicative bias field (the matched cases' is 0.15).
+    """
+
+    tilt_deg: float = 15.0
+    slice_mm: int = 4
+    gamma: tuple[float, float] = (0.7, 1.4)
+    bias: float = 0.3
+
+
+SHIFT = AcquisitionShift()
 
 
 @functools.lru_cache(maxsize=1)
@@ -192,17 +218,24 @@ def _compartments(rng, u: np.ndarray, e: np.ndarray, brain: np.ndarray) -> dict[
     return {"ed": wt & ~core, "core": core & ~et & ~nec, "et": et, "nec": nec}
 
 
-def _sampling_coords(rng, template_affine: np.ndarray, seed_world: np.ndarray, push_mm: float):
+def _rotation(angles: np.ndarray) -> np.ndarray:
+    cx, cy, cz = np.cos(angles)
+    sx, sy, sz = np.sin(angles)
+    return (np.array([[1, 0, 0], [0, cx, -sx], [0, sx, cx]]) @ np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
+            @ np.array([[cz, -sz, 0], [sz, cz, 0], [0, 0, 1]]))
+
+
+def _sampling_coords(rng, template_affine: np.ndarray, seed_world: np.ndarray, push_mm: float,
+                     tilt: np.ndarray | None = None):
     """Template voxel coordinates for every output voxel: random affine, smooth warp and a
-    radial mass effect around the tumour (backward mapping)."""
+    radial mass effect around the tumour (backward mapping); ``tilt``, a rotation matrix, turns
+    the head further in the scanner (the shifted set)."""
     shape = GRID_SHAPE
     out_affine = np.eye(4)
     out_affine[:3, 3] = -(np.array(shape) - 1) / 2.0 + np.array([0.0, -18.0, 10.0])  # brain centred like BraTS
-    angles = np.deg2rad(rng.uniform(-6, 6, 3))
-    cx, cy, cz = np.cos(angles)
-    sx, sy, sz = np.sin(angles)
-    rot = (np.array([[1, 0, 0], [0, cx, -sx], [0, sx, cx]]) @ np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
-           @ np.array([[cz, -sz, 0], [sz, cz, 0], [0, 0, 1]]))
+    rot = _rotation(np.deg2rad(rng.uniform(-6, 6, 3)))
+    if tilt is not None:
+        rot = tilt @ rot
     scale = np.diag(rng.uniform(0.92, 1.08, 3))
     shift = rng.uniform(-5, 5, 3)
     grid = np.indices(shape, dtype=np.float32).reshape(3, -1)
@@ -223,21 +256,53 @@ def _sampling_coords(rng, template_affine: np.ndarray, seed_world: np.ndarray, p
     return vox.reshape(3, *shape).astype(np.float32), out_affine
 
 
-def _bias_field(c: np.ndarray) -> np.ndarray:
-    """A smooth multiplicative bias field (+-15 %): exp of a random quadratic in x, y, z."""
+def _bias_field(c: np.ndarray, amplitude: float = 0.15) -> np.ndarray:
+    """A smooth multiplicative bias field (+-``amplitude``): exp of a random quadratic in x, y, z."""
     x, y, z = (np.linspace(-1, 1, n, dtype=np.float32) for n in GRID_SHAPE)
     x, y, z = x[:, None, None], y[None, :, None], z[None, None, :]
     p = (c[0] * x + c[1] * y + c[2] * z + c[3] * x * x + c[4] * y * y + c[5] * z * z
          + c[6] * x * y + c[7] * y * z + c[8] * x * z)
-    return np.exp(0.15 * p / 3).astype(np.float32)
+    return np.exp(amplitude * p / 3).astype(np.float32)
 
 
 def mni_case_id(i: int) -> str:
     return f"MNIG_{i:05d}"
 
 
-def generate_mni_case(rng: np.random.Generator) -> MNICase:
-    """One case (see the module doc)."""
+def _thick_slices(img: np.ndarray, axis: int, mm: int) -> np.ndarray:
+    """``img`` acquired in ``mm``-thick slices along ``axis`` (1 mm voxels), resampled back to 1 mm
+    linearly."""
+    n = img.shape[axis]
+    thick = ndi.uniform_filter1d(img, size=mm, axis=axis, mode="nearest")
+    centres = np.arange(mm // 2, n, mm)
+    slices = np.take(thick, centres, axis=axis)
+    coords = np.clip((np.arange(n) - mm // 2) / mm, 0, len(centres) - 1)  # 1 mm positions in slice units
+    lo = np.floor(coords).astype(int)
+    hi = np.minimum(lo + 1, len(centres) - 1)
+    w = (coords - lo).astype(np.float32)
+    shape = [1] * img.ndim
+    shape[axis] = n
+    w = w.reshape(shape)
+    return (np.take(slices, lo, axis=axis) * (1 - w) + np.take(slices, hi, axis=axis) * w).astype(np.float32)
+
+
+def _acquire_shifted(images: dict[str, np.ndarray], rng: np.random.Generator, shift: AcquisitionShift):
+    """Thick slices along one axis, a gamma per contrast and an extra bias field (in place)."""
+    axis = int(rng.integers(3))
+    bias = _bias_field(rng.uniform(-1, 1, 9), shift.bias)
+    for m, img in images.items():
+        inside = img > 0
+        img = _thick_slices(img, axis, shift.slice_mm)
+        top = float(img.max()) or 1.0
+        img = (np.clip(img / top, 0, 1) ** rng.uniform(*shift.gamma)) * top * bias
+        images[m] = (img * inside).astype(np.float32)
+
+
+def generate_mni_case(rng: np.random.Generator, shift: AcquisitionShift | None = None,
+                      shift_rng: np.random.Generator | None = None) -> MNICase:
+    """One case (see the module doc); with ``shift``, the same case acquired as another scanner
+    would (:class:`AcquisitionShift`), its differences drawn from ``shift_rng`` so that ``rng``
+    draws exactly what the matched case draws."""
     maps, t_affine = _templates()
     wm, gm, t1 = maps["wm"], maps["gm"], maps["t1"]
     brain, csf, seeds = _anatomy()
@@ -265,7 +330,11 @@ def generate_mni_case(rng: np.random.Generator) -> MNICase:
         images[m] = img * brain
     seed_world = (t_affine @ np.r_[seed_vox, 1.0])[:3]
     push = float(rng.uniform(1.0, 6.0)) * (target / 15e3) ** (1 / 3)
-    coords, out_affine = _sampling_coords(rng, t_affine, seed_world, push)
+    tilt = None
+    if shift is not None:
+        shift_rng = shift_rng if shift_rng is not None else np.random.default_rng()
+        tilt = _rotation(np.deg2rad(shift_rng.uniform(-shift.tilt_deg, shift.tilt_deg, 3)))
+    coords, out_affine = _sampling_coords(rng, t_affine, seed_world, push, tilt)
     labels_t = np.zeros(u.shape, np.uint8)
     labels_t[comp["ed"]] = ED
     labels_t[comp["core"] | comp["nec"]] = NCR
@@ -280,16 +349,23 @@ def generate_mni_case(rng: np.random.Generator) -> MNICase:
         img += rng.normal(0, 0.025, img.shape).astype(np.float32) * inside
         gain = rng.uniform(350, 900)
         out[m] = np.clip(img * gain, 0, None).astype(np.float32) * inside
-    return MNICase(out, labels, out_affine, lps=bool(rng.random() < 0.5))
+    lps = bool(rng.random() < 0.5)
+    if shift is not None:
+        _acquire_shifted(out, shift_rng, shift)
+    return MNICase(out, labels, out_affine, lps=lps)
 
 
-def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed: int = 0) -> list[str]:
+def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed: int = 0,
+                             shift: bool = False) -> list[str]:
     """Write ``n_cases`` cases in the ``brats2021`` layout; existing complete cases are kept.
 
     Args:
         out_dir: dataset root (created).
         n_cases: number of cases, >= 1.
         seed: dataset seed, >= 0; case ``i`` uses ``default_rng([seed, i])``.
+        shift: write each case as another scanner would acquire it (:data:`SHIFT`), its
+            differences drawn from ``default_rng([seed, i, 1])``: the same case ids, anatomy,
+            tumours and reference labels as the matched dataset of this seed.
 
     Returns:
         The case ids ``MNIG_00000`` ...
@@ -300,13 +376,14 @@ def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ids = []
-    for i in tqdm(range(int(n_cases)), desc="MNI gliomas", unit="case"):
+    for i in tqdm(range(int(n_cases)), desc="MNI gliomas" + (" (shifted)" if shift else ""), unit="case"):
         cid = mni_case_id(i)
         ids.append(cid)
         files = case_file_paths(out, cid, "brats2021")
         if all(p.exists() for p in files.values()):
             continue
-        case = generate_mni_case(np.random.default_rng([int(seed), i]))
+        case = generate_mni_case(np.random.default_rng([int(seed), i]), SHIFT if shift else None,
+                                 np.random.default_rng([int(seed), i, 1]))
         affine, axes = case.affine, ()
         if case.lps:  # store LPS: flip x and y in the array, and in the affine
             f = np.diag([-1.0, -1.0, 1.0, 1.0])
