@@ -304,6 +304,7 @@ class EvaluateScriptConfig:
     run_dir: str = ""  # required: the training run's output folder
     split: Split = Split.test  # val | test | all
     checkpoint: str = "best"  # best (by val Dice) | last
+    on: str = ""  # another dataset with the split's case ids (a configs/data name, e.g. mni_gliomas_shifted): eval/<split>@<on>/
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
 

@@ -4,11 +4,13 @@
     python scripts/evaluate.py run_dir=outputs/<run>                       # test split, best checkpoint
     python scripts/evaluate.py run_dir=outputs/<run> split=val checkpoint=last
     python scripts/evaluate.py run_dir=outputs/<run> evaluate.mode=sliding evaluate.window=[96,96,96]
+    python scripts/evaluate.py run_dir=outputs/<run> on=mni_gliomas_shifted   # the same cases, another scanner
 
 Prints the means per region of the legacy Dice/HD95, the BraTS 2023-24 lesion-wise ranking
 metrics and today's official lesion-wise Dice/NSD/HD95 (panoptica), and where the files are:
 ``<run_dir>/eval/<split>/{metrics.csv, summary.json, predictions/, overlays/}``; logs
-them to the run's MLflow run. Exits 2 with a message on a run folder without a
+them to the run's MLflow run. ``on=<data config>`` scores the split's cases as another dataset
+holds them (same ids and layout) into ``eval/<split>@<on>/``. Exits 2 with a message on a run folder without a
 config.json or checkpoint, a bad split, or bad data. SIGTERM/SIGINT stop it with exit status 75;
 the same command then continues with the cases not evaluated yet (``eval/<split>/cases/``).
 """
@@ -49,9 +51,10 @@ def main(cfg) -> None:
     from brats_seg.evaluation.table import format_summary_table
 
     with user_errors("evaluation"):
-        summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate)
+        other = _data_config(conf.on) if conf.on else None
+        summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate, data=other)
     layout = load_run_config(conf.run_dir).data.layout
-    out = eval_dir(conf.run_dir, conf.split)
+    out = eval_dir(conf.run_dir, f"{conf.split}@{conf.on}" if conf.on else conf.split)
     mode = "sliding-window" if conf.evaluate.mode == "sliding" else "whole-volume"
     print(f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
           f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n")
@@ -61,6 +64,20 @@ def main(cfg) -> None:
     print(f"  predictions  {out / 'predictions'}/<case_id>.nii.gz")
     if conf.evaluate.overlays:
         print(f"  overlays     {out / 'overlays'}/<case_id>.png")
+
+
+def _data_config(name: str):
+    """``configs/data/<name>.yaml`` as a DataConfig (``on=``)."""
+    from omegaconf import OmegaConf
+
+    from brats_seg.config import DataConfig
+
+    folder = Path(__file__).resolve().parents[1] / "configs" / "data"
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        raise ValueError(f"on={name}: no such data config; use one of {names}.")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path)))
 
 
 def _requested_precision() -> str | None:

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from brats_seg.choices import check_choice
-from brats_seg.config import EvaluateConfig, TrainConfig
+from brats_seg.config import DataConfig, EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry, prepare_cases
 from brats_seg.data.errors import DataError, DatasetError
 from brats_seg.data.labels import labels_to_regions, region_names
@@ -303,6 +303,7 @@ def evaluate_run(
     eval_cfg: EvaluateConfig | None = None,
     progress: bool = True,
     model=None,
+    data: DataConfig | None = None,
 ) -> dict:
     """Evaluate a run's model on its ``val`` | ``test`` | ``all`` cases on the native grid.
 
@@ -316,6 +317,9 @@ def evaluate_run(
         progress: show a tqdm bar.
         model: an already loaded model (e.g. from train.py at the end of training);
             None loads ``checkpoint``.
+        data: another dataset holding the split's case ids, in the run's layout (e.g. the
+            same cases acquired as another scanner would: ``data=mni_gliomas_shifted``); its
+            files go to ``eval/<split>@<data.name>/``. None: the run's own dataset.
 
     Returns:
         The summary written to summary.json: ``{"n_cases": n, "<column>": {"mean",
@@ -336,9 +340,15 @@ def evaluate_run(
     case_ids = split_case_ids(run_dir, split)
     if not case_ids:
         raise RunError(f"the {split} split of {run_dir / 'split.json'} is empty: nothing to evaluate; try split=all.")
-    with hold_lock(eval_dir(run_dir, split), f"evaluation of the {split} split in"):  # one evaluation writes it
-        summary = _evaluate_cases(run_dir, split, checkpoint, eval_cfg, progress, model, config, case_ids)
-    _log_to_mlflow(run_dir, config, split, summary, eval_dir(run_dir, split))  # the lock file gone first
+    name = split
+    if data is not None and data.name != config.data.name:
+        if data.layout != config.data.layout:
+            raise RunError(f"data={data.name} is in the {data.layout} layout, the run {run_dir} was trained on "
+                           f"{config.data.layout}: its labels and regions would not match.")
+        config, name = dataclasses.replace(config, data=data), f"{split}@{data.name}"
+    with hold_lock(eval_dir(run_dir, name), f"evaluation of the {name} split in"):  # one evaluation writes it
+        summary = _evaluate_cases(run_dir, name, checkpoint, eval_cfg, progress, model, config, case_ids)
+    _log_to_mlflow(run_dir, config, name, summary, eval_dir(run_dir, name))  # the lock file gone first
     return summary
 
 

@@ -552,3 +552,23 @@ def test_mirror_averages_the_left_right_mirrored_prediction():
     flipped = predict_volume(model, np.ascontiguousarray(image[::-1]))[::-1]
     np.testing.assert_allclose(predict_volume(model, image, mirror=True), 0.5 * (plain + flipped), rtol=1e-6)
     assert not np.allclose(plain, flipped)  # the model is not symmetric, so mirroring changes something
+
+
+def test_a_split_scored_on_another_dataset_of_its_cases_goes_to_its_own_folder(brats_eval, tmp_path):
+    """``on=``: the run's test cases read from another dataset (here a copy, so the scores must be
+    the run's own), written beside the run's evaluation, not over it."""
+    import dataclasses
+    import shutil
+
+    copy = Path(shutil.copytree(brats_eval.root, tmp_path / "copy"))
+    other = dataclasses.replace(brats_eval.cfg.data, name="copy", root=str(copy))
+    own = (brats_eval.run_dir / "eval" / "test" / "metrics.csv").read_bytes()
+    summary = evaluate_run(brats_eval.run_dir, "test", model=OracleModel(brats_eval.entries), progress=False,
+                           data=other)
+    out = brats_eval.run_dir / "eval" / "test@copy"
+    assert read_csv(out / "metrics.csv") == read_csv(brats_eval.run_dir / "eval" / "test" / "metrics.csv")
+    assert (brats_eval.run_dir / "eval" / "test" / "metrics.csv").read_bytes() == own  # untouched
+    assert summary["n_cases"] == len(brats_eval.test_ids) and (out / "predictions").is_dir()
+    with pytest.raises(RunError, match="data=copy is in the msd layout, the run .* was trained on brats2021"):
+        evaluate_run(brats_eval.run_dir, "test", model=OracleModel(brats_eval.entries), progress=False,
+                     data=dataclasses.replace(other, layout="msd"))
