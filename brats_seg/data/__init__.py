@@ -20,8 +20,10 @@ Read in the order a case travels::
     splits      the seeded train/val/test split
     dataset     discover -> validate -> preprocess -> cache -> split: prepare_dataset
     pipeline    tf.data over the cache (augmentation, batches, resumable order); imports TensorFlow
+    augment     the nnunet augmentation preset (batchgenerators, numpy), seeded per case
     errors      what was wrong, with which case and file, and what to do
-    phantoms/   generated datasets: the synthetic and MNI glioma generators and their writer
+    phantoms/   generated datasets: the synthetic and MNI glioma generators (and the MNI cases acquired
+                as another scanner would: the shifted test set) and their writer
 
 Arrows point down only: this package imports nothing of brats_seg but config.py, files.py,
 locks.py and the standard-library leaves (choices, signals, memory).

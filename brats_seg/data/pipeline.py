@@ -224,9 +224,11 @@ def nnunet_case_seed(seed: int, epoch: int, position: int) -> int:
 
 def _nnunet_map(seed: int, spatial, params: AugmentationConfig | None):
     """The ``nnunet`` preset (:mod:`brats_seg.data.augment`) as a ``Dataset.map`` function."""
-    from brats_seg.data.augment import augment_nnunet_case, nnunet_transforms
+    from brats_seg.data.augment import augment_nnunet_case, describe, nnunet_transforms
 
-    transforms = nnunet_transforms(tuple(spatial), params or AugmentationConfig())
+    params = params or AugmentationConfig()
+    transforms = nnunet_transforms(tuple(spatial), params)
+    logger.info("nnunet augmentation (batchgenerators): %s", describe(params))
 
     def augment_numpy(epoch, position, image, regions):
         return augment_nnunet_case(image, regions, nnunet_case_seed(seed, epoch, position), transforms)

@@ -173,3 +173,25 @@ def test_cost_rows_are_the_layers_of_the_topology(policy, overrides):
         if spec.tail_start is not None:
             assert blk.layers[blk.tail_start].name == spec.layers[spec.tail_start].name
     assert [b.name for b in net.blocks] == [b.name for b in topology.blocks]
+
+
+def test_the_nnunet_preset_plans_its_temporaries_in_a_pipeline_fed_run_only():
+    """Its float32 channels in and out of batchgenerators and the coordinate grid with its
+    rotated copy: (4 + 3) channels x 4 bytes x 2 + 3 x 8 bytes x 2 = 104 bytes a voxel."""
+    from brats_seg.lms.planner.cost import compute_network_cost
+
+    cfg = ModelConfig(depth=2, base_filters=4)
+    fed = Workload(cfg, (16, 16, 16), 1, input_batches=3, augment="nnunet")
+    light = dataclasses.replace(fed, augment="light")
+    assert compute_network_cost(fed).persistent["augment_bytes"] == 16**3 * 104
+    assert compute_network_cost(fed).persistent_bytes - compute_network_cost(light).persistent_bytes == 16**3 * 104
+    assert compute_network_cost(dataclasses.replace(fed, input_batches=0)).persistent["augment_bytes"] == 0
+    with pytest.raises(ValueError, match="trainer.augment='heavy': use one of none, light, nnunet"):
+        dataclasses.replace(fed, augment="heavy")
+
+
+def test_a_train_config_plans_the_preset_it_trains_with():
+    from brats_seg.config import TrainConfig, TrainerConfig
+
+    assert Workload.from_config(TrainConfig(trainer=TrainerConfig(augment="nnunet"))).augment == "nnunet"
+    assert Workload.from_config(TrainConfig(trainer=TrainerConfig(augment=False))).augment == "none"

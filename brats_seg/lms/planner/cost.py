@@ -230,6 +230,20 @@ def _bf16_scratch_bytes(topology, voxels: int, mm: MemoryModel) -> int:
     return int(mm.bf16_scratch_bytes + mm.bf16_scratch_bytes_per_voxel * voxels)
 
 
+def augment_bytes(workload) -> int:
+    """The ``nnunet`` augmentation preset's temporaries while the pipeline's map call augments one
+    case (``brats_seg.data.augment``): its image and region channels in float32 going into
+    batchgenerators and coming out (two copies, 4 bytes a value), and the spatial transform's
+    coordinate grid with its rotated copy (3 float64 values a voxel, twice). From the arrays'
+    sizes, not fitted: at full resolution 0.72 GB, where the benchmark measured 0.45 GB above the
+    plan without this term (``docs/measurements/augment_zen5/``). The ``light`` preset's float32
+    temporary is one of :func:`~brats_seg.lms.planner.workload.pipeline_batches`."""
+    if str(getattr(workload.augment, "value", workload.augment)) != "nnunet":
+        return 0
+    channels = workload.model_cfg.in_channels + workload.model_cfg.out_channels
+    return math.prod(workload.input_shape) * (channels * 4 * 2 + 3 * 8 * 2)
+
+
 def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = None) -> NetworkCost:
     """The cost tables of one workload, by walking its topology layer by layer.
 
@@ -289,6 +303,7 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         "bf16_scratch_bytes": _bf16_scratch_bytes(topology, voxels, mm),
         # a training process (fed by its pipeline) beyond the benchmark's step
         "training_loop_bytes": mm.training_loop_bytes if workload.input_batches else 0,
+        "augment_bytes": augment_bytes(workload) if workload.input_batches else 0,
     }
     net = NetworkCost(
         blocks=tuple(blocks),

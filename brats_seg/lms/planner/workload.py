@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from brats_seg.choices import check_choice
-from brats_seg.config import LMSConfig, ModelConfig, TrainConfig
+from brats_seg.config import AUGMENT_PRESETS, LMSConfig, ModelConfig, TrainConfig
 from brats_seg.model.checks import check_batch_size, check_input_shape, check_model_config, check_policy
 from brats_seg.model.topology import UNetTopology, unet_topology
 
@@ -56,6 +56,8 @@ class Workload:
         validates: the process also runs the validation pass (forward only, one case at a
             time, with the training pipeline's buffers still held): ``train.py`` does, the
             benchmark does not. Planned as a step of its own after the training step.
+        augment: the training augmentation preset (``trainer.augment``): ``nnunet`` adds its
+            temporaries for the case in the pipeline's map call (``cost.augment_bytes``).
 
     Raises:
         ValueError: a bad value, named, with what to use instead.
@@ -68,6 +70,7 @@ class Workload:
     optimizer: str = "adam"
     input_batches: int = 0
     validates: bool = False
+    augment: str = "light"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", check_policy(self.policy))
@@ -77,6 +80,7 @@ class Workload:
         check_choice(self.optimizer, OPTIMIZER_SLOTS, "optimizer")
         if not isinstance(self.input_batches, int) or self.input_batches < 0:
             raise ValueError(f"input_batches must be an integer >= 0, got {self.input_batches!r}.")
+        check_choice(str(getattr(self.augment, "value", self.augment)), AUGMENT_PRESETS, "trainer.augment")
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, optimizer: str = "adam") -> Workload:
@@ -90,7 +94,8 @@ class Workload:
         model_cfg = dataclasses.replace(
             cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels)))
         return cls(model_cfg, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, optimizer,
-                   input_batches=pipeline_batches(cfg.data.prefetch_batches), validates=True)
+                   input_batches=pipeline_batches(cfg.data.prefetch_batches), validates=True,
+                   augment=str(cfg.trainer.augment))
 
     def topology(self) -> UNetTopology:
         """The U-Net under this workload's dtype policy."""
