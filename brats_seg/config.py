@@ -47,9 +47,23 @@ CHOICES = {  # config key -> its closed set
 # which an Enum node refuses at composition; TrainerConfig checks it instead.
 AUGMENT_PRESETS = ("none", "light", "nnunet")
 
+
+def augment_preset(value) -> str:
+    """``trainer.augment`` as a preset name; ``true``/``false`` (the switch it used to be) mean light/none.
+
+    Raises:
+        ValueError: not a preset, naming the allowed ones.
+    """
+    if isinstance(value, bool):
+        return "light" if value else "none"
+    value = getattr(value, "value", value)
+    return check_choice(value.lower() if isinstance(value, str) else value, AUGMENT_PRESETS, "trainer.augment",
+                        hint="true and false mean light and none.")
+
 __all__ = [
     "AUGMENT_PRESETS",
     "AugmentationConfig",
+    "augment_preset",
     "CHOICES",
     "STANDARD_RESOLUTIONS",
     "DataConfig",
@@ -193,11 +207,7 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         # The preset's name (true/false, the switch this key used to be, mean light/none): a stored
         # config and a new one compare equal on resume, and code reads one of three strings.
-        if isinstance(self.augment, bool):
-            self.augment = "light" if self.augment else "none"
-        value = getattr(self.augment, "value", self.augment)
-        self.augment = check_choice(value.lower() if isinstance(value, str) else value, AUGMENT_PRESETS,
-                                    "trainer.augment", hint="true and false mean light and none.")
+        self.augment = augment_preset(self.augment)
 
 
 @dataclass

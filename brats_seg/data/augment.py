@@ -8,10 +8,10 @@
   and isotropic scaling (the spatial transform, one resampling), Gaussian noise, Gaussian blur,
   multiplicative brightness, contrast, simulated low resolution, gamma (also on the inverted
   image) and mirroring on all three axes, with nnU-Net's ranges and probabilities
-  (:class:`~brats_seg.config.AugmentationConfig`, ``trainer.augmentation.*``). Two choices
-  differ from nnU-Net, both for time on a CPU that also runs the training step: the image is
-  resampled linearly (nnU-Net: cubic) in the spatial transform and in simulated low
-  resolution; the README gives what a case costs either way.
+  (:class:`~brats_seg.config.AugmentationConfig`, ``trainer.augmentation.*``). One choice
+  differs from nnU-Net, for time on a CPU that also runs the training step: the image is
+  resampled linearly (``order_data=1``; nnU-Net: cubic) in the spatial transform and in
+  simulated low resolution; the README gives what a case costs either way.
 
 Channels-last in and out: ``image (x, y, z, C)`` float16 and ``regions (x, y, z, R)`` uint8
 (binary region channels, WT first, which every transform moves with the image and resamples by
@@ -30,9 +30,9 @@ from dataclasses import asdict
 
 import numpy as np
 
-from brats_seg.config import AUGMENT_PRESETS, AugmentationConfig
+from brats_seg.config import AugmentationConfig
 
-__all__ = ["AUGMENT_PRESETS", "augment_nnunet_case", "describe", "nnunet_transforms"]
+__all__ = ["augment_nnunet_case", "describe", "nnunet_transforms"]
 
 _RNG_LOCK = threading.Lock()  # numpy's and Python's global generators, which batchgenerators draws from
 

@@ -40,7 +40,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from brats_seg.config import AUGMENT_PRESETS, AugmentationConfig
+from brats_seg.config import AugmentationConfig, augment_preset
 from brats_seg.data.cache import IMAGE_FILE, REGIONS_FILE  # the cache owns an entry's file names
 
 __all__ = [
@@ -241,16 +241,6 @@ def _nnunet_map(seed: int, spatial, params: AugmentationConfig | None):
     return augment
 
 
-def _preset(augment) -> str:
-    """``augment`` as a preset name (a bool: the switch it used to be, True = light)."""
-    if isinstance(augment, bool):
-        return "light" if augment else "none"
-    preset = str(getattr(augment, "value", augment))
-    if preset not in AUGMENT_PRESETS:
-        raise ValueError(f"augment={augment!r}: use one of {', '.join(AUGMENT_PRESETS)} (or true/false).")
-    return preset
-
-
 # ---------------------------------------------------------------------------------------
 # Datasets
 # ---------------------------------------------------------------------------------------
@@ -361,7 +351,7 @@ def make_train_dataset(
     )
     load_case = _load_map(paths, spatial, in_channels, out_channels)
 
-    preset = _preset(augment)
+    preset = augment_preset(augment)
     augment_fn = {"none": lambda: None, "light": lambda: _augment_map(seed),
                   "nnunet": lambda: _nnunet_map(seed, spatial, augmentation)}[preset]()
 

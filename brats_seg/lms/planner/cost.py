@@ -238,7 +238,7 @@ def augment_bytes(workload) -> int:
     sizes, not fitted: at full resolution 0.72 GB, where the benchmark measured 0.45 GB above the
     plan without this term (``docs/measurements/augment_zen5/``). The ``light`` preset's float32
     temporary is one of :func:`~brats_seg.lms.planner.workload.pipeline_batches`."""
-    if str(getattr(workload.augment, "value", workload.augment)) != "nnunet":
+    if workload.augment != "nnunet":
         return 0
     channels = workload.model_cfg.in_channels + workload.model_cfg.out_channels
     return math.prod(workload.input_shape) * (channels * 4 * 2 + 3 * 8 * 2)

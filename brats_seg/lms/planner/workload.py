@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from brats_seg.choices import check_choice
-from brats_seg.config import AUGMENT_PRESETS, LMSConfig, ModelConfig, TrainConfig
+from brats_seg.config import LMSConfig, ModelConfig, TrainConfig, augment_preset
 from brats_seg.model.checks import check_batch_size, check_input_shape, check_model_config, check_policy
 from brats_seg.model.topology import UNetTopology, unet_topology
 
@@ -80,7 +80,7 @@ class Workload:
         check_choice(self.optimizer, OPTIMIZER_SLOTS, "optimizer")
         if not isinstance(self.input_batches, int) or self.input_batches < 0:
             raise ValueError(f"input_batches must be an integer >= 0, got {self.input_batches!r}.")
-        check_choice(str(getattr(self.augment, "value", self.augment)), AUGMENT_PRESETS, "trainer.augment")
+        object.__setattr__(self, "augment", augment_preset(self.augment))
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, optimizer: str = "adam") -> Workload:
@@ -95,7 +95,7 @@ class Workload:
             cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels)))
         return cls(model_cfg, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, optimizer,
                    input_batches=pipeline_batches(cfg.data.prefetch_batches), validates=True,
-                   augment=str(cfg.trainer.augment))
+                   augment=cfg.trainer.augment)
 
     def topology(self) -> UNetTopology:
         """The U-Net under this workload's dtype policy."""
