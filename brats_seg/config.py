@@ -31,6 +31,7 @@ DistributeName = choice_type("DistributeName", ("none", "mirrored", "multi_worke
 Collective = choice_type("Collective", ("auto", "ring", "nccl"), __name__)
 LRScaling = choice_type("LRScaling", ("none", "linear"), __name__)
 EvalMode = choice_type("EvalMode", ("whole", "sliding"), __name__)
+PostprocessMode = choice_type("PostprocessMode", ("auto", "none"), __name__)
 PlanFormat = choice_type("PlanFormat", ("table", "json"), __name__)
 BenchmarkInput = choice_type("BenchmarkInput", ("memory", "pipeline"), __name__)
 Split = choice_type("Split", ("val", "test", "all"), __name__)
@@ -40,6 +41,7 @@ CHOICES = {  # config key -> its closed set
     "model.regions": Regions, "trainer.lr_schedule": LRSchedule, "backend": BackendName,
     "backend.precision": Precision, "lms": LMSStrategy, "tracking": Tracker, "distribute": DistributeName,
     "distribute.collective": Collective, "distribute.lr_scaling": LRScaling, "evaluate.mode": EvalMode,
+    "evaluate.postprocess": PostprocessMode,
     "plan.format": PlanFormat, "benchmark.input": BenchmarkInput, "split": Split, "format": ExportFormat,
 }
 
@@ -263,6 +265,7 @@ class EvaluateConfig:
     window: List[int] = field(default_factory=list)  # sliding window (x,y,z); empty = half the network grid
     window_overlap: float = 0.5  # sliding mode: fraction of the window shared by neighbours
     mirror: bool = True  # average with the L-R mirrored prediction (test-time mirroring, as nnU-Net)
+    postprocess: PostprocessMode = PostprocessMode.auto  # auto: the run's postprocess.json (chosen on the val split by evaluate.py when missing or stale) | none
 
 
 @dataclass

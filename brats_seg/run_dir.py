@@ -11,6 +11,8 @@
               eval/<split>/metrics.csv summary.json per_case.png predictions/ overlays/
               eval/<split>/cases/<case_id>.json  a case's metrics and what made them (resumes evaluation)
               export/            the model as a SavedModel with preprocessing.json (scripts/export.py)
+              postprocess.json   the post-processing chosen on the val split, and for which checkpoint
+                                 and inference settings (brats_seg.evaluation.postprocess)
 
 Training, resume, evaluation, prediction and the scripts ask a :class:`RunFolder` for these
 paths and files instead of joining names. Every file a later step reads is written through
@@ -52,8 +54,10 @@ _LOCK = ".lock"
 _EVAL_CASES = "cases"  # eval/<split>/cases/<case_id>.json
 _LOG = "train.log"
 _EXPORT = "export"  # scripts/export.py's default output: the model as a SavedModel
+_POSTPROCESS = "postprocess.json"
 # Everything a run folder may hold before its config.json is written (a failed or new run).
-_OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, _CURVES, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG, _EXPORT}
+_OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, _CURVES, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG, _EXPORT,
+        _POSTPROCESS}
 
 
 class RunError(DataError):
@@ -320,6 +324,35 @@ class RunFolder:
 
     def write_tracking(self, record: Mapping[str, Any]) -> Path:
         return write_text_atomic(self.tracking_path, json.dumps(dict(record), indent=1))
+
+    # -- post-processing ---------------------------------------------------------------
+
+    @property
+    def postprocess_path(self) -> Path:
+        """``postprocess.json``: the post-processing chosen on the val split (when chosen)."""
+        return self.root / _POSTPROCESS
+
+    def read_postprocess(self) -> dict[str, Any] | None:
+        """``postprocess.json`` as written, or None if there is none.
+
+        Raises:
+            RunError: the file exists but is not readable JSON (naming it).
+        """
+        try:
+            record = json.loads(self.postprocess_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RunError(f"{self.postprocess_path} cannot be read ({e}): delete it and run scripts/evaluate.py "
+                           f"run_dir={self.root} to choose the post-processing again, or pass "
+                           "evaluate.postprocess=none.") from e
+        if not isinstance(record, dict):
+            raise RunError(f"{self.postprocess_path} is not a post-processing record: delete it and run "
+                           f"scripts/evaluate.py run_dir={self.root} to choose it again.")
+        return record
+
+    def write_postprocess(self, record: Mapping[str, Any]) -> Path:
+        return write_text_atomic(self.postprocess_path, json.dumps(dict(record), indent=1, allow_nan=False) + "\n")
 
     # -- evaluation progress -----------------------------------------------------------
 

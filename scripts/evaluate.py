@@ -5,11 +5,15 @@
     python scripts/evaluate.py run_dir=outputs/<run> split=val checkpoint=last
     python scripts/evaluate.py run_dir=outputs/<run> evaluate.mode=sliding evaluate.window=[96,96,96]
     python scripts/evaluate.py run_dir=outputs/<run> on=mni_gliomas_shifted   # the same cases, another scanner
+    python scripts/evaluate.py run_dir=outputs/<run> evaluate.postprocess=none   # masks as thresholded
 
 Prints the means per region of the legacy Dice/HD95, the BraTS 2023-24 lesion-wise ranking
 metrics and today's official lesion-wise Dice/NSD/HD95 (panoptica), and where the files are:
 ``<run_dir>/eval/<split>/{metrics.csv, summary.json, predictions/, overlays/}``; logs
-them to the run's MLflow run. ``on=<data config>`` scores the split's cases as another dataset
+them to the run's MLflow run. The masks are post-processed first (``evaluate.postprocess=auto``):
+small components removed and a small ET relabelled as necrosis, with thresholds chosen on the run's
+val split and kept in ``<run_dir>/postprocess.json`` (chosen again for a new checkpoint or other
+inference settings). ``on=<data config>`` scores the split's cases as another dataset
 holds them (same ids and layout) into ``eval/<split>@<on>/``. Exits 2 with a message on a run folder without a
 config.json or checkpoint, a bad split, or bad data. SIGTERM/SIGINT stop it with exit status 75;
 the same command then continues with the cases not evaluated yet (``eval/<split>/cases/``).
@@ -59,6 +63,9 @@ def main(cfg) -> None:
     print(f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
           f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n")
     print(format_summary_table(summary, region_names(layout)))
+    applied = summary.get("postprocess")
+    print(f"\n  post-processing  {applied['described'] if applied else 'none'}"
+          + (f" (chosen on the val split: {Path(conf.run_dir) / 'postprocess.json'})" if applied else ""))
     print(f"\n  metrics      {out / 'metrics.csv'}")
     print(f"  summary      {out / 'summary.json'}")
     print(f"  predictions  {out / 'predictions'}/<case_id>.nii.gz")

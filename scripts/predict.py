@@ -12,6 +12,10 @@ export's ``preprocessing.json``), so the masks are those the run's checkpoint wr
 inference only, in the precision the export was made in. (``model=`` would name the model config
 group, hence ``export=``.)
 
+The masks are post-processed as the run's ``postprocess.json`` says (chosen on its val split by
+``scripts/evaluate.py``; an export carries it): small components removed, a small ET relabelled as
+necrosis. ``evaluate.postprocess=none`` writes them as thresholded.
+
 ``input`` is a BraTS case folder, an MSD-style 4D image (FLAIR, T1, T1ce, T2), a folder
 of 4D images, a ``.txt`` list of either (one per line), or a dataset root. Writes
 ``<output>/<case_id>.nii.gz`` in the run's layout labels (WT-only models: the layout's
@@ -39,7 +43,7 @@ def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.exported import export_precision, predict_source
+    from brats_seg.evaluation.exported import export_precision, predict_source, prediction_postprocessing
     from brats_seg.evaluation.run import RunError, inference_precision, run_regions
 
     with user_errors("prediction"):  # TensorFlow-free checks first
@@ -53,6 +57,8 @@ def main(cfg) -> None:
         else:  # the precision the export's graph was traced in
             run, conf.backend.precision = export.config, export_precision(export, _requested_precision())
         cases = find_input_cases(conf.input, run.data.layout)
+        # the rules chosen on the run's val split (scripts/evaluate.py), as the run or the export holds them
+        postprocess = prediction_postprocessing(conf.run_dir, export, run, conf.evaluate, conf.checkpoint)
 
     from brats_seg.backend import configure
 
@@ -73,10 +79,12 @@ def main(cfg) -> None:
 
             identity, model = export.identity, load_exported_model(export.folder)
         with inference_memory_guard(run, conf.evaluate, backend.device, inference_policy(), scoring=False):
-            written = predict_new_cases(model, cases, run, conf.output, conf.evaluate, model_identity=identity)
+            written = predict_new_cases(model, cases, run, conf.output, conf.evaluate, model_identity=identity,
+                                        postprocess=postprocess)
     regions = run_regions(run)
     labels = "WT only (edema label)" if regions == ("wt",) else "/".join(r.upper() for r in regions)
     print(f"\nwrote {len(written)} mask(s) ({run.data.layout} labels, {labels}) to {Path(conf.output)}")
+    print(f"post-processing: {postprocess.describe() if postprocess is not None else 'none'}")
     for path in written[:10]:
         print(f"  {path}")
     if len(written) > 10:

@@ -5,7 +5,11 @@
 1. inference on the cached network-grid image (whole volume, or sliding windows);
 2. undo the crop and the resampling: probabilities on the native RAS grid;
 3. threshold (``evaluate.threshold``) -> the regions the model predicts -> one label map
-   in the layout's own values (the nesting rule resolves non-nested regions);
+   in the layout's own values (the nesting rule resolves non-nested regions), then the
+   run's post-processing (``evaluate.postprocess=auto``: small components removed, a small
+   ET relabelled as necrosis, as ``<run_dir>/postprocess.json`` says; it is chosen on the
+   run's val split first when the file is missing or was chosen for another checkpoint or
+   other inference settings: :func:`postprocessing_for_run`);
 4. that label map is written as NIfTI with the label file's affine and header, and every
    metric is computed from it against the ORIGINAL label file (loaded again, RAS, with its
    voxel spacing) by :func:`brats_seg.evaluation.scoring.score_case`, the function
@@ -58,6 +62,14 @@ from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.nifti import load_volume, save_mask
 from brats_seg.data.splits import load_split
+from brats_seg.evaluation.postprocess import (
+    POSTPROCESS_KIND,
+    POSTPROCESS_VERSION,
+    PostProcessing,
+    PostprocessError,
+    ValidationCase,
+    choose_postprocessing,
+)
 from brats_seg.evaluation.predict import check_native_shape, predict_case_labels, predict_case_native
 from brats_seg.evaluation.run import (
     RunError,
@@ -83,12 +95,13 @@ __all__ = [
     "check_run_dir",
     "split_case_ids",
     "evaluate_run",
+    "postprocessing_for_run",
 ]
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("val", "test", "all")
-_RECORD_VERSION = 1  # bump when scoring changes: every case is evaluated again
+_RECORD_VERSION = 2  # bump when scoring changes: every case is evaluated again (2: post-processing)
 
 
 def eval_dir(run_dir: str | Path, split: str) -> Path:
@@ -182,8 +195,8 @@ def _flair_native(meta: dict) -> np.ndarray:
 
 
 def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: EvaluateConfig, folder: RunFolder,
-                   split: str) -> dict:
-    """Infer, invert, threshold, write and score one case; returns its metrics row."""
+                   split: str, postprocess: PostProcessing | None = None) -> dict:
+    """Infer, invert, threshold, post-process, write and score one case; returns its metrics row."""
     from brats_seg.evaluation.overlays import save_overlay
 
     meta = entry.meta
@@ -196,6 +209,9 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
     ref_vol, ref_labels = load_reference(case_id, meta["label"], layout)
     check_native_shape(case_id, meta["label"], probs, ref_labels.shape)
     labels, pred = predict_case_labels(probs, layout, names, eval_cfg.threshold)  # what is written, and its regions
+    if postprocess is not None and not postprocess.is_identity:
+        labels = postprocess.apply(labels, layout, ref_vol.spacing_mm)
+        pred = labels_to_regions(labels, layout, names).astype(bool)
     save_mask(labels, ref_vol.original_affine, ref_vol.original_header, folder.prediction_file(split, case_id))
     metrics = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names, reference=ref_vol)
     if eval_cfg.overlays:
@@ -211,12 +227,124 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
 # ---------------------------------------------------------------------------------------
 
 
-def _evaluation_key(checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, config: TrainConfig) -> dict | None:
+def _evaluation_key(checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, config: TrainConfig,
+                    postprocess: PostProcessing | None = None) -> dict | None:
     """What every case's result depends on besides its own entry; None (nothing reused) for a model in memory."""
     if checkpoint_identity is None:
         return None
     return {"version": _RECORD_VERSION, "checkpoint": checkpoint_identity, "evaluate": dataclasses.asdict(eval_cfg),
-            "layout": str(config.data.layout), "regions": list(run_regions(config))}
+            "layout": str(config.data.layout), "regions": list(run_regions(config)),
+            "postprocess": None if postprocess is None else postprocess.rules()}
+
+
+# ---------------------------------------------------------------------------------------
+# Post-processing: chosen on the val split once per checkpoint and inference settings
+# ---------------------------------------------------------------------------------------
+
+
+def _postprocess_key(checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, config: TrainConfig,
+                     val_ids: list[str]) -> dict | None:
+    """What the choice depends on: the weights, the settings that make the thresholded map, the
+    regions and the val cases. None for a model in memory (the choice is not kept)."""
+    if checkpoint_identity is None:
+        return None
+    return json.loads(json.dumps({
+        "checkpoint": checkpoint_identity, "threshold": float(eval_cfg.threshold), "mode": str(eval_cfg.mode),
+        "window": [int(w) for w in eval_cfg.window], "window_overlap": float(eval_cfg.window_overlap),
+        "mirror": bool(eval_cfg.mirror), "layout": str(config.data.layout), "regions": list(run_regions(config)),
+        "val_cases": list(val_ids)}))
+
+
+def _recorded_postprocessing(folder: RunFolder, key: dict, layout: str) -> PostProcessing | None:
+    """The rules of ``postprocess.json`` if it was chosen for ``key``; None (choose again) otherwise."""
+    path = folder.postprocess_path
+    try:
+        record = folder.read_postprocess()
+    except RunError as e:
+        log.warning("%s; choosing the post-processing again", e)
+        return None
+    if record is None:
+        return None
+    if record.get("kind") != POSTPROCESS_KIND or record.get("chosen_for") != key:
+        log.info("%s was chosen for another checkpoint, other inference settings or other val cases: "
+                 "choosing the post-processing again on the val split", path)
+        return None
+    try:
+        return PostProcessing.from_rules(record.get("rules"), layout, str(path))
+    except PostprocessError as e:
+        log.warning("%s; choosing the post-processing again", e)
+        return None
+
+
+def postprocessing_for_run(run_dir: str | Path, config: TrainConfig, eval_cfg: EvaluateConfig,
+                           checkpoint: str = "best", model=None, progress: bool = True):
+    """The post-processing an evaluation of the run applies, and the model if it was loaded for it.
+
+    ``evaluate.postprocess=none``: None. Otherwise the rules of ``<run_dir>/postprocess.json``
+    when it was chosen for this checkpoint (size and SHA-256), these inference settings and
+    these val cases; else they are chosen now on the run's val split
+    (:func:`~brats_seg.evaluation.postprocess.choose_postprocessing`: the val cases are
+    predicted, thresholded and scored under each candidate) and written to that file (not
+    for a model passed in memory, which has no checkpoint to name).
+
+    Args:
+        run_dir, checkpoint: the run and which checkpoint is evaluated.
+        config: the run's own config (its dataset holds the val cases).
+        eval_cfg: the inference settings.
+        model: a loaded model, or None (loaded here only if the rules must be chosen).
+        progress: tqdm bars.
+
+    Returns:
+        ``(rules or None, model or None)``.
+    """
+    from tqdm.auto import tqdm
+
+    if str(eval_cfg.postprocess) == "none":
+        return None, model
+    folder = RunFolder(Path(run_dir).expanduser())
+    val_ids = split_case_ids(run_dir, "val")
+    key = _postprocess_key(folder.checkpoint_identity(checkpoint) if model is None else None, eval_cfg, config,
+                           val_ids)
+    if key is not None:
+        rules = _recorded_postprocessing(folder, key, config.data.layout)
+        if rules is not None:
+            log.info("post-processing (%s): %s", folder.postprocess_path, rules.describe())
+            return rules, model
+    if not val_ids:
+        log.warning("the run %s has no val cases to choose post-processing on: masks are written as thresholded "
+                    "(pass evaluate.postprocess=none to say so)", run_dir)
+        return None, model
+    entries = _prepare_entries(config, val_ids, progress)
+    device, policy = inference_device(), inference_policy()
+    records = [e.meta["record"] for e in entries]
+    if model is None:
+        check_inference_memory(config, eval_cfg, device, policy, records)
+        model = load_run_model(run_dir, checkpoint, config)
+    names = run_regions(config)
+    cases = []
+    with inference_memory_guard(config, eval_cfg, device, policy, records):
+        for entry in tqdm(entries, desc="choosing post-processing (val)", unit="case", disable=not progress):
+            probs = predict_case_native(model, entry, entry.meta["record"], mode=eval_cfg.mode, window=eval_cfg.window,
+                                        overlap=eval_cfg.window_overlap, mirror=eval_cfg.mirror)
+            ref_vol, ref = load_reference(entry.case_id, entry.meta["label"], entry.meta["layout"])
+            check_native_shape(entry.case_id, entry.meta["label"], probs, ref.shape)
+            labels, _ = predict_case_labels(probs, entry.meta["layout"], names, eval_cfg.threshold)
+            cases.append(ValidationCase(entry.case_id, labels, ref.astype(np.uint8),
+                                        tuple(float(s) for s in ref_vol.spacing_mm)).cropped())
+    rules, report = choose_postprocessing(cases, config.data.layout, names)
+    before, after = report["unprocessed"], report["chosen"]
+    log.info("post-processing chosen on %d val cases: %s; val mean lesion-wise Dice (2023) %s, legacy Dice %s",
+             len(cases), rules.describe(),
+             ", ".join(f"{r.upper()} {before['lesion23_dice'][r]:.3f} -> {after['lesion23_dice'][r]:.3f}" for r in names),
+             ", ".join(f"{r.upper()} {before['dice'][r]:.3f} -> {after['dice'][r]:.3f}" for r in names))
+    if key is not None:
+        from datetime import datetime, timezone
+
+        folder.write_postprocess({
+            "kind": POSTPROCESS_KIND, "version": POSTPROCESS_VERSION, "rules": rules.rules(),
+            "described": rules.describe(), "chosen_for": key, "validation": report,
+            "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return rules, model
 
 
 def _case_fingerprint(key: dict, entry: CacheEntry) -> str:
@@ -323,7 +451,8 @@ def evaluate_run(
 
     Returns:
         The summary written to summary.json: ``{"n_cases": n, "<column>": {"mean",
-        "median", "std", "n"}}`` for each metric column (NaN where a column has no value).
+        "median", "std", "n"}}`` for each metric column (NaN where a column has no value), and
+        ``"postprocess"``: the rules applied (``{"rules", "described"}``) or None.
 
     Raises:
         RunError: run folder, checkpoint or split name unusable.
@@ -340,21 +469,22 @@ def evaluate_run(
     case_ids = split_case_ids(run_dir, split)
     if not case_ids:
         raise RunError(f"the {split} split of {run_dir / 'split.json'} is empty: nothing to evaluate; try split=all.")
-    name = split
+    name, own = split, config  # post-processing is chosen on the run's own val cases
     if data is not None and data.name != config.data.name:
         if data.layout != config.data.layout:
             raise RunError(f"data={data.name} is in the {data.layout} layout, the run {run_dir} was trained on "
                            f"{config.data.layout}: its labels and regions would not match.")
         config, name = dataclasses.replace(config, data=data), f"{split}@{data.name}"
     with hold_lock(eval_dir(run_dir, name), f"evaluation of the {name} split in"):  # one evaluation writes it
-        summary = _evaluate_cases(run_dir, name, checkpoint, eval_cfg, progress, model, config, case_ids)
+        summary = _evaluate_cases(run_dir, name, checkpoint, eval_cfg, progress, model, config, case_ids, own)
     _log_to_mlflow(run_dir, config, name, summary, eval_dir(run_dir, name))  # the lock file gone first
     return summary
 
 
 def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: EvaluateConfig, progress: bool, model,
-                    config: TrainConfig, case_ids: list[str]) -> dict:
-    """:func:`evaluate_run` once its inputs are checked and its output folder locked."""
+                    config: TrainConfig, case_ids: list[str], own: TrainConfig) -> dict:
+    """:func:`evaluate_run` once its inputs are checked and its output folder locked (``own``: the
+    run's config with its own dataset, whose val cases post-processing is chosen on)."""
     from tqdm.auto import tqdm
 
     folder = RunFolder(run_dir)
@@ -362,7 +492,9 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
     remove_stale_temporaries(out)  # a killed evaluation's (the folder is locked)
     entries = _prepare_entries(config, case_ids, progress)
     # Read before the model is loaded: a checkpoint saved meanwhile shows as another identity.
-    key = _evaluation_key(folder.checkpoint_identity(checkpoint) if model is None else None, eval_cfg, config)
+    identity = folder.checkpoint_identity(checkpoint) if model is None else None
+    postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress)
+    key = _evaluation_key(identity, eval_cfg, config, postprocess)
     fingerprints = {e.case_id: _case_fingerprint(key, e) for e in entries} if key is not None else {}
     rows = {e.case_id: row for e in entries if key is not None
             and (row := _reusable_row(folder, split, e.case_id, fingerprints[e.case_id], eval_cfg.overlays)) is not None}
@@ -390,7 +522,7 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
         for i, entry in enumerate(bar):
             row = rows.get(entry.case_id)
             if row is None:
-                row = _evaluate_case(model, entry, config, eval_cfg, folder, split)
+                row = _evaluate_case(model, entry, config, eval_cfg, folder, split, postprocess)
                 if key is not None:  # last: the case is complete
                     folder.write_eval_case(split, entry.case_id, {
                         "case_id": entry.case_id, "fingerprint": fingerprints[entry.case_id],
@@ -403,9 +535,11 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
         log.info("evaluation peak %.2f GB above the runtime (predicted %.2f GB, at its %s step)",
                  (peak_rss_bytes() - baseline) / 1e9, estimate.peak_bytes / 1e9, estimate.peak_at)
     table.save_csv(out / "metrics.csv")
-    table.save_summary_json(out / "summary.json")
+    # the rules applied (chosen on the val split: postprocess.json says how); null: none
+    applied = {"rules": postprocess.rules(), "described": postprocess.describe()} if postprocess is not None else None
+    table.save_summary_json(out / "summary.json", extra={"postprocess": applied})
     _plot_cases(table, folder.case_scores_figure(split), f"{run_dir.name}, {split} split")
-    summary = table.summary()
+    summary = {**table.summary(), "postprocess": applied}
     log.info("evaluated %d %s cases of %s (%d computed now, %d reused): mean Dice WT %.3f", len(table), split,
              run_dir, len(todo), len(rows), summary["dice_wt"]["mean"])
     return summary

@@ -141,6 +141,11 @@ def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, c
             "test_time_mirroring": defaults.mirror,
             "mirroring_rule": "brats_seg's predict.py averages the probabilities with those of the input "
                               "flipped along x (axis 1), flipped back (evaluate.mirror)",
+            "chosen": _chosen_postprocessing(config, run_dir, checkpoint_identity),
+            "chosen_rule": "then, on the painted label map (null: nothing): each region's connected components "
+                           "(26-connected) under min_component_mm3 leave it and the regions inside it; a region "
+                           "under relabel_below_mm3 in total takes the label of the region holding it (ET -> "
+                           "necrosis); chosen on the run's val split (brats_seg.evaluation.postprocess)",
         },
         "precision": {"backend": str(precision), "dtype_policy": policy,
                       "trained": str(config.backend.precision)},
@@ -151,6 +156,26 @@ def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, c
         "brats_seg": _provenance(),
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _chosen_postprocessing(config: TrainConfig, run_dir: str | Path, checkpoint_identity: dict) -> dict | None:
+    """The run's ``postprocess.json`` (rules, what they were chosen for and their validation means), or None."""
+    from brats_seg.evaluation.postprocess import PostprocessError, rules_of_record
+
+    folder = RunFolder.of(run_dir)
+    record = folder.read_postprocess()
+    try:
+        rules = rules_of_record(record, config.data.layout, str(folder.postprocess_path), checkpoint_identity)
+    except PostprocessError as e:
+        raise RunError(str(e)) from None
+    if rules is None:
+        log.warning("the run %s has no post-processing chosen (scripts/evaluate.py chooses it on the val split): "
+                    "the export holds none, and its masks are written as thresholded", run_dir)
+        return None
+    validation = record.get("validation") or {}
+    return {"kind": record["kind"], "version": record.get("version"), "rules": rules.rules(),
+            "described": rules.describe(), "chosen_for": record.get("chosen_for"),
+            "validation": {k: validation.get(k) for k in ("cases", "objective", "unprocessed", "chosen")}}
 
 
 def _config_summary(config: TrainConfig) -> dict:

@@ -13,6 +13,7 @@ The export's signature takes the whole network grid, so sliding windows are refu
 from __future__ import annotations
 
 import hashlib
+import logging
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,14 @@ from brats_seg.evaluation.export import (
     SIGNATURE,
     is_export_dir,
 )
+from brats_seg.evaluation.postprocess import PostProcessing, PostprocessError, rules_of_record
 from brats_seg.evaluation.run import RunError, check_evaluate_config
 from brats_seg.run_dir import RunFolder, upgrade_config_dict
 
 __all__ = ["ExportInfo", "ExportedModel", "check_export_settings", "export_precision", "load_exported_model",
-           "predict_source", "read_export"]
+           "predict_source", "prediction_postprocessing", "read_export"]
+
+log = logging.getLogger(__name__)
 
 _EXPORT_HINT = "python scripts/export.py run_dir=<the training run>"
 
@@ -134,6 +138,39 @@ def predict_source(run_dir: str, export: str, eval_cfg: EvaluateConfig) -> Expor
     info = read_export(folder or run)
     check_export_settings(info, eval_cfg)
     return info
+
+
+def prediction_postprocessing(run_dir: str, export: ExportInfo | None, config: TrainConfig, eval_cfg: EvaluateConfig,
+                              checkpoint: str = "best") -> PostProcessing | None:
+    """The post-processing ``scripts/predict.py`` applies: none with ``evaluate.postprocess=none``;
+    else the rules the export holds, or the training run's ``postprocess.json`` (chosen on its val
+    split by ``scripts/evaluate.py``). Without one the masks are written as thresholded, said once.
+
+    Raises:
+        RunError: a ``postprocess.json`` or export description whose rules cannot be used (naming it).
+    """
+    if str(eval_cfg.postprocess) == "none":
+        return None
+    layout = config.data.layout
+    try:
+        if export is not None:
+            record = (export.description.get("postprocessing") or {}).get("chosen")
+            rules = rules_of_record(record, layout, str(export.folder / DESCRIPTION_FILE))
+            if rules is None:
+                log.warning("the export %s holds no post-processing (its run had none chosen when it was exported): "
+                            "masks are written as thresholded", export.folder)
+            return rules
+        folder = RunFolder.of(run_dir)
+        rules = rules_of_record(folder.read_postprocess(), layout, str(folder.postprocess_path),
+                                folder.checkpoint_identity(checkpoint))
+    except PostprocessError as e:
+        raise RunError(str(e)) from None
+    if rules is None:
+        log.warning("the run %s has no post-processing chosen yet (scripts/evaluate.py run_dir=%s chooses it on its "
+                    "val split): masks are written as thresholded", run_dir, run_dir)
+    else:
+        log.info("post-processing (%s): %s", folder.postprocess_path, rules.describe())
+    return rules
 
 
 def export_precision(info: ExportInfo, requested: str | None) -> str:

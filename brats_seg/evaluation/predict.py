@@ -38,6 +38,7 @@ from brats_seg.data.labels import labels_to_regions, regions_to_labels
 from brats_seg.data.layouts import Case
 from brats_seg.data.nifti import save_mask
 from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, preprocess_case
+from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.run import run_regions
 from brats_seg.evaluation.sliding import predict_volume
 from brats_seg.files import is_temporary, write_text_atomic
@@ -158,11 +159,13 @@ def _overlay_path(output: Path, case_id: str) -> Path:
     return output / "overlays" / f"{case_id}.png"
 
 
-def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_cfg: EvaluateConfig) -> Path:
+def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_cfg: EvaluateConfig,
+                     postprocess: PostProcessing | None = None) -> Path:
     """Predict one case and write ``<output>/<case_id>.nii.gz`` (and ``overlays/<case_id>.png``).
 
     The mask is in ``config.data.layout``'s labels (:func:`regions_to_mask`), on the grid
-    of the case's first image file, with that file's affine and header.
+    of the case's first image file, with that file's affine and header; ``postprocess`` (the
+    run's rules, or None) is applied to it first.
 
     Raises:
         CaseError: bad files, or a brain box larger than the run's resolution.shape.
@@ -180,6 +183,9 @@ def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_
         mirror=eval_cfg.mirror
     )  # (x, y, z, R)
     labels, regions = predict_case_labels(probs, config.data.layout, names, eval_cfg.threshold)
+    if postprocess is not None and not postprocess.is_identity:
+        labels = postprocess.apply(labels, config.data.layout, ref.spacing_mm)
+        regions = labels_to_regions(labels, config.data.layout, names).astype(bool)
     path = save_mask(labels, ref.original_affine, ref.original_header, _mask_path(Path(output), case.case_id))
     if eval_cfg.overlays:
         save_overlay(image[..., 0], None, regions, _overlay_path(Path(output), case.case_id),
@@ -201,11 +207,12 @@ def _file_identity(path: Path) -> list | None:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _settings(config: TrainConfig, eval_cfg: EvaluateConfig, model_identity: dict) -> dict:
-    """What every mask depends on besides its case: the model and the settings."""
+def _settings(config: TrainConfig, eval_cfg: EvaluateConfig, model_identity: dict,
+              postprocess: PostProcessing | None = None) -> dict:
+    """What every mask depends on besides its case: the model, the settings and the post-processing."""
     run = hashlib.sha256(json.dumps(config_to_dict(config), sort_keys=True, default=str).encode()).hexdigest()
     return {"version": _MANIFEST_VERSION, "model": model_identity, "run_config_sha256": run,
-            "evaluate": dataclasses.asdict(eval_cfg)}
+            "evaluate": dataclasses.asdict(eval_cfg), "postprocess": None if postprocess is None else postprocess.rules()}
 
 
 def _read_manifest(output: Path, settings: dict) -> dict[str, dict]:
@@ -261,6 +268,7 @@ def predict_new_cases(
     eval_cfg: EvaluateConfig | None = None,
     progress: bool = True,
     model_identity: dict | None = None,
+    postprocess: PostProcessing | None = None,
 ) -> list[Path]:
     """Predict every case (progress bar); a bad case is reported and the others go on.
 
@@ -275,6 +283,8 @@ def predict_new_cases(
             with it, ``<output>/predict.json`` records each
             case done, and cases written before by the same model and settings are skipped. None:
             every case is predicted and nothing is recorded.
+        postprocess: the rules applied to each mask
+            (:func:`brats_seg.evaluation.exported.prediction_postprocessing`), or None.
 
     Returns:
         The mask paths, in case order (skipped cases' included).
@@ -288,16 +298,17 @@ def predict_new_cases(
     output = Path(output).expanduser()
     output.mkdir(parents=True, exist_ok=True)
     if model_identity is None:
-        return _predict_cases(model, cases, config, output, eval_cfg, progress, None, {})
+        return _predict_cases(model, cases, config, output, eval_cfg, progress, None, {}, postprocess)
     with hold_lock(output, "prediction output folder"):
         _remove_leftovers(output)
-        settings = _settings(config, eval_cfg, model_identity)
+        settings = _settings(config, eval_cfg, model_identity, postprocess)
         return _predict_cases(model, cases, config, output, eval_cfg, progress, settings,
-                              _read_manifest(output, settings))
+                              _read_manifest(output, settings), postprocess)
 
 
 def _predict_cases(model, cases: Sequence[Case], config: TrainConfig, output: Path, eval_cfg: EvaluateConfig,
-                   progress: bool, settings: dict | None, done: dict[str, dict]) -> list[Path]:
+                   progress: bool, settings: dict | None, done: dict[str, dict],
+                   postprocess: PostProcessing | None = None) -> list[Path]:
     """:func:`predict_new_cases` once the output folder is locked and ``predict.json`` read
     (``done``: its cases; ``settings`` None: no manifest)."""
     from tqdm.auto import tqdm
@@ -313,7 +324,7 @@ def _predict_cases(model, cases: Sequence[Case], config: TrainConfig, output: Pa
             written.append(_mask_path(output, case.case_id))
         else:
             try:
-                written.append(predict_new_case(model, case, config, output, eval_cfg))
+                written.append(predict_new_case(model, case, config, output, eval_cfg, postprocess))
             except CaseError as e:
                 log.error("%s", e)
                 failures.append(str(e))

@@ -168,9 +168,10 @@ class MetricsTable:
         log.info("wrote metrics of %d cases to %s", len(self._rows), path)
         return path
 
-    def save_summary_json(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`summary` as JSON (undefined statistics as ``null``) atomically."""
-        summary = self.summary()
+    def save_summary_json(self, path: str | os.PathLike, extra: dict | None = None) -> Path:
+        """Write :meth:`summary` as JSON (undefined statistics as ``null``) atomically, with the
+        entries of ``extra`` (e.g. the post-processing applied) beside the statistics."""
+        summary = {**self.summary(), **(extra or {})}
         for column in self.columns[1:]:
             for stat in _STATS:
                 if not math.isfinite(summary[column][stat]):

@@ -325,8 +325,9 @@ def test_metrics_csv_has_the_contract_columns_and_one_row_per_test_case(evaluate
 
 def test_summary_json_has_mean_median_std_per_column(evaluated):
     summary = json.loads((evaluated.run_dir / "eval" / "test" / "summary.json").read_text())
-    assert set(summary) == {"n_cases", *metric_columns(("wt", "tc", "et"))[1:]}
+    assert set(summary) == {"n_cases", "postprocess", *metric_columns(("wt", "tc", "et"))[1:]}
     assert summary["n_cases"] == len(evaluated.test_ids)
+    assert summary["postprocess"] is None  # the run has no val cases to choose it on
     for column in metric_columns(("wt", "tc", "et"))[1:]:
         assert {"mean", "median", "std", "n", "n_inf"} <= set(summary[column])
     assert summary["dice_wt"]["mean"] == pytest.approx(evaluated.summary["dice_wt"]["mean"])

@@ -304,3 +304,29 @@ def test_an_export_killed_before_it_is_in_place_leaves_the_previous_one(exported
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert (folder / "preprocessing.json").read_bytes() == before and is_export_dir(folder)
     assert [p.name.startswith(".tmp-model-") for p in tmp_path.iterdir() if p != folder] == [True]
+
+
+def test_the_runs_post_processing_goes_into_the_export_and_prediction_takes_it_from_there(exported, tmp_path):
+    import dataclasses
+    import shutil
+    from pathlib import Path
+
+    from brats_seg.evaluation.exported import prediction_postprocessing
+    from brats_seg.evaluation.postprocess import POSTPROCESS_KIND
+
+    export = read_export(exported.folder)
+    assert export.description["postprocessing"]["chosen"] is None  # the run had none chosen
+    assert prediction_postprocessing("", export, export.config, EvaluateConfig()) is None
+    run_dir = Path(shutil.copytree(exported.run_dir, tmp_path / "run"))
+    folder = RunFolder(run_dir)
+    identity = folder.checkpoint_identity("best")
+    rules = {"min_component_mm3": {"tc": 30.0}, "relabel_below_mm3": {"et": 500.0}}
+    folder.write_postprocess({"kind": POSTPROCESS_KIND, "version": 1, "rules": rules, "chosen_for": {
+        "checkpoint": identity}, "validation": {"cases": ["BraTS2021_00000"], "chosen": {"dice": {"wt": 0.9}}}})
+    description = describe_export(exported.config, run_dir, "best", identity, "float32")
+    chosen = description["postprocessing"]["chosen"]
+    assert chosen["rules"] == rules and chosen["chosen_for"]["checkpoint"] == identity
+    assert chosen["validation"]["cases"] == ["BraTS2021_00000"]
+    with_rules = dataclasses.replace(export, description=json.loads(json.dumps(description)))
+    assert prediction_postprocessing("", with_rules, export.config, EvaluateConfig()).rules() == rules
+    assert prediction_postprocessing("", with_rules, export.config, EvaluateConfig(postprocess="none")) is None

@@ -135,6 +135,12 @@ def _outputs(run_dir: Path) -> tuple[bytes, bytes]:
     return folder.metrics_csv("all").read_bytes(), folder.summary_json("all").read_bytes()
 
 
+def _copy_evaluation(source: Path, run_dir: Path) -> None:
+    """An earlier evaluation's files in the run folder: eval/ and the post-processing it chose."""
+    shutil.copytree(source / "eval", run_dir / "eval")
+    shutil.copy2(RunFolder(source).postprocess_path, RunFolder(run_dir).postprocess_path)
+
+
 def _temporaries(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.name.startswith((".tmp-", ".old-"))]
 
@@ -154,7 +160,7 @@ def uninterrupted(base_run, tmp_path_factory):
 def test_the_same_evaluation_again_reuses_every_case_without_loading_the_model(run, uninterrupted, monkeypatch,
                                                                                caplog):
     run_dir, entries, ids = run
-    shutil.copytree(uninterrupted[1] / "eval", run_dir / "eval")
+    _copy_evaluation(uninterrupted[1], run_dir)
     counted = Counted(entries, monkeypatch)
     with caplog.at_level(logging.INFO, logger="brats_seg.evaluation.evaluate"):
         summary = _evaluate(run_dir)
@@ -168,7 +174,7 @@ def test_the_same_evaluation_again_reuses_every_case_without_loading_the_model(r
 def test_a_case_whose_record_prediction_or_overlay_is_missing_or_replaced_is_evaluated_again(run, uninterrupted,
                                                                                             monkeypatch):
     run_dir, entries, ids = run
-    shutil.copytree(uninterrupted[1] / "eval", run_dir / "eval")
+    _copy_evaluation(uninterrupted[1], run_dir)
     folder = RunFolder(run_dir)
     folder.eval_case_file("all", ids[0]).unlink()  # killed before its record
     folder.overlay_file("all", ids[1]).unlink()  # an overlay lost
@@ -185,7 +191,7 @@ def test_a_case_whose_record_prediction_or_overlay_is_missing_or_replaced_is_eva
 
 def test_a_new_checkpoint_or_other_settings_evaluate_every_case_again(run, uninterrupted, monkeypatch):
     run_dir, entries, ids = run
-    shutil.copytree(uninterrupted[1] / "eval", run_dir / "eval")
+    _copy_evaluation(uninterrupted[1], run_dir)
     counted = Counted(entries, monkeypatch)
     other = EvaluateConfig(threshold=0.4, overlays=False)
     _evaluate(run_dir, other)
@@ -225,6 +231,53 @@ def test_a_sigterm_mid_evaluation_keeps_the_cases_done_and_the_rerun_ends_as_an_
     _evaluate(run_dir)
     assert counted.cases == ids[2:]
     assert _outputs(run_dir) == uninterrupted[0]
+
+
+def test_post_processing_is_chosen_on_the_val_split_once_per_checkpoint_and_its_rules_are_applied(
+        run, uninterrupted, monkeypatch, caplog):
+    run_dir, entries, ids = run
+    folder = RunFolder(run_dir)
+    chosen = json.loads(RunFolder(uninterrupted[1]).postprocess_path.read_text())
+    assert chosen["chosen_for"]["val_cases"] == ids[1:2]
+    assert chosen["chosen_for"]["checkpoint"] == RunFolder(uninterrupted[1]).checkpoint_identity("best")
+    assert chosen["validation"]["cases"] == ids[1:2] and chosen["validation"]["steps"]
+    summary = json.loads(RunFolder(uninterrupted[1]).summary_json("all").read_text())
+    assert summary["postprocess"]["rules"] == chosen["rules"]
+
+    # Rules edited in the file (chosen for this checkpoint and these settings) are what is applied:
+    # every ET relabelled as necrosis, WT and TC unchanged.
+    _copy_evaluation(uninterrupted[1], run_dir)
+    chosen["rules"] = {"min_component_mm3": {}, "relabel_below_mm3": {"et": 1e9}}
+    folder.postprocess_path.write_text(json.dumps(chosen))
+    counted = Counted(entries, monkeypatch)
+    _evaluate(run_dir)
+    assert counted.cases == ids and counted.loads == 1  # other rules: every case again; the choice kept
+    enhancing = 0
+    for case_id in ids:
+        before = np.asarray(nib.load(RunFolder(uninterrupted[1]).prediction_file("all", case_id)).dataobj)
+        after = np.asarray(nib.load(folder.prediction_file("all", case_id)).dataobj)
+        enhancing += int((before == 4).sum())
+        assert np.array_equal(after, np.where(before == 4, 1, before))
+    assert enhancing > 0
+    assert json.loads(folder.summary_json("all").read_text())["postprocess"]["rules"]["relabel_below_mm3"] == {
+        "et": 1e9}
+
+    # evaluate.postprocess=none: the thresholded masks, and the file is left as it is
+    counted.cases.clear()
+    _evaluate(run_dir, EvaluateConfig(postprocess="none"))
+    assert counted.cases == ids and json.loads(folder.summary_json("all").read_text())["postprocess"] is None
+    assert json.loads(folder.postprocess_path.read_text())["rules"] == chosen["rules"]
+
+    # A new checkpoint: chosen again (and recorded for it); an unreadable file: chosen again, said
+    folder.checkpoint_file("best").write_bytes(b"the weights of epoch 2")
+    _evaluate(run_dir)
+    again = json.loads(folder.postprocess_path.read_text())
+    assert again["chosen_for"]["checkpoint"] == folder.checkpoint_identity("best") and again["rules"] != chosen["rules"]
+    folder.postprocess_path.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="brats_seg.evaluation.evaluate"):
+        _evaluate(run_dir)
+    assert f"{folder.postprocess_path} cannot be read" in caplog.text
+    assert json.loads(folder.postprocess_path.read_text())["rules"] == again["rules"]
 
 
 def test_nan_and_infinite_metrics_come_back_from_a_record_as_they_went_in():
@@ -368,3 +421,50 @@ def test_a_sigterm_mid_prediction_keeps_the_masks_done_and_the_rerun_predicts_on
     _predict(cases, out)
     assert predicted == [cases[1].case_id]
     _assert_same_masks(out, predicted_once)
+
+
+def test_prediction_applies_the_post_processing_and_redoes_masks_when_the_rules_change(
+        input_cases, predicted_once, predicted, tmp_path):
+    from brats_seg.evaluation.postprocess import PostProcessing
+
+    out = Path(shutil.copytree(predicted_once, tmp_path / "out"))
+    cases = _cases(input_cases)
+    relabel = PostProcessing({}, {"et": 1e9})  # every ET becomes necrosis
+    predict_new_cases(FlairModel(), cases, _config(), out, NO_OVERLAYS, progress=False, model_identity=IDENTITY,
+                      postprocess=relabel)
+    assert predicted == [c.case_id for c in cases]  # other rules: every mask again
+    before, after = _masks(predicted_once), _masks(out)
+    assert any((m == 4).any() for m in before.values())
+    assert all(np.array_equal(after[k], np.where(before[k] == 4, 1, before[k])) for k in before)
+    assert json.loads((out / MANIFEST).read_text())["settings"]["postprocess"] == relabel.rules()
+
+
+def test_prediction_takes_the_runs_post_processing_and_says_when_there_is_none(run, caplog):
+    from brats_seg.evaluation.exported import prediction_postprocessing
+    from brats_seg.evaluation.postprocess import POSTPROCESS_KIND
+
+    run_dir, _, _ = run
+    folder, config = RunFolder(run_dir), _config()
+    with caplog.at_level(logging.WARNING):
+        assert prediction_postprocessing(str(run_dir), None, config, EvaluateConfig()) is None
+    assert "has no post-processing chosen yet" in caplog.text and "scripts/evaluate.py" in caplog.text
+    record = {"kind": POSTPROCESS_KIND, "version": 1, "rules": {"min_component_mm3": {"wt": 20.0},
+                                                               "relabel_below_mm3": {"et": 300.0}},
+              "chosen_for": {"checkpoint": folder.checkpoint_identity("best")}}
+    folder.postprocess_path.write_text(json.dumps(record))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        rules = prediction_postprocessing(str(run_dir), None, config, EvaluateConfig())
+    assert rules.rules() == record["rules"] and caplog.text == ""
+    assert prediction_postprocessing(str(run_dir), None, config, EvaluateConfig(postprocess="none")) is None
+    folder.checkpoint_file("best").write_bytes(b"the weights of epoch 2")  # chosen for another checkpoint: said
+    with caplog.at_level(logging.WARNING):
+        assert prediction_postprocessing(str(run_dir), None, config, EvaluateConfig()).rules() == record["rules"]
+    assert "was chosen for another checkpoint" in caplog.text
+    record["rules"]["min_component_mm3"] = {"wt": -5}
+    folder.postprocess_path.write_text(json.dumps(record))
+    with pytest.raises(evaluate.RunError, match=r"postprocess\.json: 'min_component_mm3\.wt' = -5"):
+        prediction_postprocessing(str(run_dir), None, config, EvaluateConfig())
+    folder.postprocess_path.write_text("{half")
+    with pytest.raises(evaluate.RunError, match="cannot be read"):
+        prediction_postprocessing(str(run_dir), None, config, EvaluateConfig())
