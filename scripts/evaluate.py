@@ -63,14 +63,29 @@ def main(cfg) -> None:
     print(f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
           f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n")
     print(format_summary_table(summary, region_names(layout)))
-    applied = summary.get("postprocess")
-    print(f"\n  post-processing  {applied['described'] if applied else 'none'}"
-          + (f" (chosen on the val split: {Path(conf.run_dir) / 'postprocess.json'})" if applied else ""))
+    _print_postprocessing(summary, region_names(layout), Path(conf.run_dir))
     print(f"\n  metrics      {out / 'metrics.csv'}")
     print(f"  summary      {out / 'summary.json'}")
     print(f"  predictions  {out / 'predictions'}/<case_id>.nii.gz")
     if conf.evaluate.overlays:
         print(f"  overlays     {out / 'overlays'}/<case_id>.png")
+
+
+def _print_postprocessing(summary: dict, regions, run_dir: Path) -> None:
+    """What the post-processing was and what it changed on this split (means before -> after)."""
+    applied = summary.get("postprocess")
+    if not applied:
+        print("\npost-processing: none (masks as thresholded)")
+        return
+    print(f"\npost-processing: {applied['described']} (chosen on the val split: {run_dir / 'postprocess.json'}); "
+          f"it changed {applied['cases_changed']} of {summary['n_cases']} masks")
+    before = applied["unprocessed_mean"]
+    for column, title in (("dice", "Dice"), ("lesion23_dice", "lesion-wise Dice (2023)"),
+                          ("lesion_dice", "lesion-wise Dice (panoptica)")):
+        cells = [f"{r.upper()} {before[f'{column}_{r}']:.3f} -> {summary[f'{column}_{r}']['mean']:.3f}"
+                 for r in regions if before.get(f"{column}_{r}") is not None]
+        if cells:
+            print(f"  {title:29s} " + ", ".join(cells))
 
 
 def _data_config(name: str):

@@ -101,6 +101,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SPLITS = ("val", "test", "all")
+_EFFECT_COLUMNS = ("dice_", "lesion23_dice_", "lesion_dice_", "rq_", "pq_")  # summary.json: unprocessed means
 _RECORD_VERSION = 2  # bump when scoring changes: every case is evaluated again (2: post-processing)
 
 
@@ -195,8 +196,13 @@ def _flair_native(meta: dict) -> np.ndarray:
 
 
 def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: EvaluateConfig, folder: RunFolder,
-                   split: str, postprocess: PostProcessing | None = None) -> dict:
-    """Infer, invert, threshold, post-process, write and score one case; returns its metrics row."""
+                   split: str, postprocess: PostProcessing | None = None) -> tuple[dict, dict | None]:
+    """Infer, invert, threshold, post-process, write and score one case.
+
+    Returns:
+        Its metrics row, and the row of the mask as thresholded if post-processing changed
+        it (None: unchanged, the same row).
+    """
     from brats_seg.evaluation.overlays import save_overlay
 
     meta = entry.meta
@@ -209,9 +215,13 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
     ref_vol, ref_labels = load_reference(case_id, meta["label"], layout)
     check_native_shape(case_id, meta["label"], probs, ref_labels.shape)
     labels, pred = predict_case_labels(probs, layout, names, eval_cfg.threshold)  # what is written, and its regions
+    unprocessed = None
     if postprocess is not None and not postprocess.is_identity:
-        labels = postprocess.apply(labels, layout, ref_vol.spacing_mm)
-        pred = labels_to_regions(labels, layout, names).astype(bool)
+        processed = postprocess.apply(labels, layout, ref_vol.spacing_mm)
+        if not np.array_equal(processed, labels):  # scored both ways: the effect is reported
+            unprocessed = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names,
+                                     reference=ref_vol)
+            labels, pred = processed, labels_to_regions(processed, layout, names).astype(bool)
     save_mask(labels, ref_vol.original_affine, ref_vol.original_header, folder.prediction_file(split, case_id))
     metrics = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names, reference=ref_vol)
     if eval_cfg.overlays:
@@ -219,7 +229,7 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
         save_overlay(_flair_native(meta), labels_to_regions(ref_labels, layout, names), pred,
                      folder.overlay_file(split, case_id), title=f"{case_id}  Dice {dice}",
                      spacing_mm=ref_vol.spacing_mm, region_names=names)
-    return metrics
+    return metrics, unprocessed
 
 
 # ---------------------------------------------------------------------------------------
@@ -376,9 +386,11 @@ def _decode_row(row: dict) -> dict:
     return {k: math.nan if v is None else float(v) for k, v in row.items()}
 
 
-def _reusable_row(folder: RunFolder, split: str, case_id: str, fingerprint: str, overlays: bool) -> dict | None:
-    """The case's metrics row from its record, if the record was made by the same checkpoint,
-    settings and entry and the files it recorded are the ones in place; else None."""
+def _reusable_row(folder: RunFolder, split: str, case_id: str, fingerprint: str, overlays: bool
+                  ) -> tuple[dict, dict | None] | None:
+    """The case's metrics row (and its unprocessed row, or None) from its record, if the record was
+    made by the same checkpoint, settings and entry and the files it recorded are the ones in place;
+    else None."""
     record = folder.read_eval_case(split, case_id)
     if record is None or record.get("fingerprint") != fingerprint:
         return None
@@ -389,7 +401,8 @@ def _reusable_row(folder: RunFolder, split: str, case_id: str, fingerprint: str,
     if overlays and (outputs["overlay"] is None or outputs["overlay"] != recorded.get("overlay")):
         return None
     try:
-        return _decode_row(record["metrics"])
+        unprocessed = record.get("unprocessed")
+        return _decode_row(record["metrics"]), (None if unprocessed is None else _decode_row(unprocessed))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
@@ -516,27 +529,36 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
         # running out of memory anyway: the estimate, the measured peak and what lowers it
         guard = inference_memory_guard(config, eval_cfg, device, policy, records, baseline_bytes=baseline)
     table = MetricsTable(region_names(config.data.layout))
+    unprocessed = MetricsTable(region_names(config.data.layout))  # as thresholded: the post-processing's effect
+    changed = 0
     bar = tqdm(entries, desc=f"evaluating {split}", unit="case", disable=not progress)
     report_progress(f"0 of {len(entries)} cases")
     with guard:
         for i, entry in enumerate(bar):
-            row = rows.get(entry.case_id)
-            if row is None:
-                row = _evaluate_case(model, entry, config, eval_cfg, folder, split, postprocess)
+            reused = rows.get(entry.case_id)
+            if reused is None:
+                row, raw = _evaluate_case(model, entry, config, eval_cfg, folder, split, postprocess)
                 if key is not None:  # last: the case is complete
                     folder.write_eval_case(split, entry.case_id, {
                         "case_id": entry.case_id, "fingerprint": fingerprints[entry.case_id],
                         "outputs": _case_outputs(folder, split, entry.case_id, eval_cfg.overlays),
-                        "metrics": _encode_row(row)})
+                        "metrics": _encode_row(row), "unprocessed": None if raw is None else _encode_row(raw)})
+            else:
+                row, raw = reused
             table.add(entry.case_id, row)
+            unprocessed.add(entry.case_id, row if raw is None else raw)
+            changed += raw is not None
             report_progress(f"{i + 1} of {len(entries)} cases")
             bar.set_postfix(dice_wt=f"{row['dice_wt']:.3f}")
     if estimate is not None:
         log.info("evaluation peak %.2f GB above the runtime (predicted %.2f GB, at its %s step)",
                  (peak_rss_bytes() - baseline) / 1e9, estimate.peak_bytes / 1e9, estimate.peak_at)
     table.save_csv(out / "metrics.csv")
-    # the rules applied (chosen on the val split: postprocess.json says how); null: none
-    applied = {"rules": postprocess.rules(), "described": postprocess.describe()} if postprocess is not None else None
+    # the rules applied (chosen on the val split: postprocess.json says how) and their effect; null: none
+    applied = None if postprocess is None else {
+        "rules": postprocess.rules(), "described": postprocess.describe(), "cases_changed": changed,
+        "unprocessed_mean": {c: s["mean"] if math.isfinite(s["mean"]) else None
+                             for c, s in unprocessed.summary().items() if c.startswith(_EFFECT_COLUMNS)}}
     table.save_summary_json(out / "summary.json", extra={"postprocess": applied})
     _plot_cases(table, folder.case_scores_figure(split), f"{run_dir.name}, {split} split")
     summary = {**table.summary(), "postprocess": applied}

@@ -259,8 +259,16 @@ def test_post_processing_is_chosen_on_the_val_split_once_per_checkpoint_and_its_
         enhancing += int((before == 4).sum())
         assert np.array_equal(after, np.where(before == 4, 1, before))
     assert enhancing > 0
-    assert json.loads(folder.summary_json("all").read_text())["postprocess"]["rules"]["relabel_below_mm3"] == {
-        "et": 1e9}
+    applied = json.loads(folder.summary_json("all").read_text())["postprocess"]
+    assert applied["rules"]["relabel_below_mm3"] == {"et": 1e9}
+    # the effect: masks changed, and the means as thresholded are those of the first evaluation (whose
+    # rules, chosen on the oracle's exact val prediction, changed nothing)
+    first = json.loads(RunFolder(uninterrupted[1]).summary_json("all").read_text())
+    assert first["postprocess"]["cases_changed"] == 0
+    assert applied["cases_changed"] == sum(
+        (np.asarray(nib.load(RunFolder(uninterrupted[1]).prediction_file("all", i)).dataobj) == 4).any() for i in ids)
+    assert applied["unprocessed_mean"] == {c: first[c]["mean"] for c in applied["unprocessed_mean"]}
+    assert set(applied["unprocessed_mean"]) >= {"dice_et", "lesion23_dice_et", "lesion_dice_et"}
 
     # evaluate.postprocess=none: the thresholded masks, and the file is left as it is
     counted.cases.clear()
