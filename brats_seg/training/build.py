@@ -163,7 +163,7 @@ def compile_models(cfg: TrainConfig, plan, backend: ResolvedBackend, strategy, s
 
     with strategy.scope():
         model, export_model, offload_stats = build_models(cfg, plan, backend)
-        loss = SoftDiceBCELoss(bce_weight=cfg.trainer.bce_weight)
+        loss = SoftDiceBCELoss(bce_weight=cfg.trainer.bce_weight, batch_dice=cfg.trainer.batch_dice)
         model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, strategy.num_replicas_in_sync), loss=loss,
                       jit_compile=False)  # XLA would drop the LMS host placements
         if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras

@@ -193,3 +193,60 @@ def test_loss_and_metrics_inside_compiled_model():
     # Keras averages the per-batch losses weighted by batch size (2, 2, 1)
     per_batch = [_numpy_loss(t[i : i + 2], p[i : i + 2], 1.0, 1e-5) for i in (0, 2, 4)]
     np.testing.assert_allclose(results["loss"], np.average(per_batch, weights=[2, 2, 1]), rtol=1e-5)
+
+
+def _numpy_batch_dice_loss(t: np.ndarray, p: np.ndarray, bce_weight: float, smooth: float) -> float:
+    inter = (t * p).sum(axis=(0, 1, 2, 3))
+    dice = (2 * inter + smooth) / (t.sum(axis=(0, 1, 2, 3)) + p.sum(axis=(0, 1, 2, 3)) + smooth)  # (R,)
+    q = np.clip(p, EPS, 1 - EPS)
+    bce = -(t * np.log(q) + (1 - t) * np.log(1 - q))
+    return float(1 - dice.mean() + bce_weight * bce.mean())
+
+
+def _autodiff_loss(t, p, bce_weight: float, batch_dice: bool):
+    """The same loss written with plain ops, for TensorFlow to differentiate."""
+    import tensorflow as tf
+
+    axes = (0, 1, 2, 3) if batch_dice else (1, 2, 3)
+    inter = tf.reduce_sum(t * p, axis=axes)
+    dice = (2 * inter + 1e-5) / (tf.reduce_sum(t, axis=axes) + tf.reduce_sum(p, axis=axes) + 1e-5)
+    q = tf.clip_by_value(p, EPS, 1 - EPS)
+    bce = -(t * tf.math.log(q) + (1 - t) * tf.math.log(1 - q))
+    return 1 - tf.reduce_mean(dice) + bce_weight * tf.reduce_mean(bce)
+
+
+@pytest.mark.parametrize("batch_dice", [False, True])
+def test_loss_and_its_written_out_gradient_match_plain_ops(batch_dice):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    t = (rng.random((3, 4, 3, 2, 3)) > 0.6).astype(np.float32)
+    t[1, ..., 2] = 0  # an empty region in one sample
+    p = tf.constant(rng.uniform(0.05, 0.95, (3, 4, 3, 2, 3)).astype(np.float32))
+    loss = SoftDiceBCELoss(bce_weight=0.7, batch_dice=batch_dice)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(p)
+        ours = loss(t, p)
+        plain = _autodiff_loss(tf.constant(t), p, 0.7, batch_dice)
+    np.testing.assert_allclose(float(ours), float(plain), rtol=1e-5)
+    if batch_dice:
+        np.testing.assert_allclose(float(ours), _numpy_batch_dice_loss(t, p.numpy(), 0.7, 1e-5), rtol=1e-5)
+    np.testing.assert_allclose(tape.gradient(ours, p).numpy(), tape.gradient(plain, p).numpy(), rtol=1e-4, atol=1e-7)
+
+
+def test_batch_dice_gives_a_sample_without_the_region_a_gradient_against_predicting_it():
+    import tensorflow as tf
+
+    t = np.zeros((2, 4, 4, 4, 1), np.float32)
+    t[0, :2] = 1  # the region in the first sample only
+    p = tf.constant(np.full((2, 4, 4, 4, 1), 0.3, np.float32))
+    grads = {}
+    for batch_dice in (False, True):
+        with tf.GradientTape() as tape:
+            tape.watch(p)
+            value = SoftDiceBCELoss(bce_weight=0.0, batch_dice=batch_dice)(t, p)
+        grads[batch_dice] = tape.gradient(value, p).numpy()[1]  # the empty sample
+    assert np.abs(grads[False]).max() < 1e-6  # per-sample Dice of an empty target: next to nothing to learn
+    assert (grads[True] > 1e-4).all()  # over the batch: lower it there
+    clone = SoftDiceBCELoss.from_config(SoftDiceBCELoss(batch_dice=True).get_config())
+    assert clone.batch_dice is True
