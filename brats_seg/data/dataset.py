@@ -65,7 +65,10 @@ def dataset_cache_dir(data: DataConfig) -> Path:
 
 
 ON_ERROR = ("raise", "skip")  # data.on_error: what a bad case does to preparation
-GENERATED = ("synthetic", "mni_gliomas", "mni_gliomas_shifted")  # data.name values whose root is generated on first use
+# data.name values whose root is generated on first use: the synthetic set, the MNI gliomas (seed 0),
+# cases of another seed no run trains on (heldout), and each acquired as another scanner would (_shifted)
+MNI_GLIOMAS = ("mni_gliomas", "mni_gliomas_shifted", "mni_gliomas_heldout", "mni_gliomas_heldout_shifted")
+GENERATED = ("synthetic", *MNI_GLIOMAS)
 
 
 def ensure_synthetic(data: DataConfig) -> None:
@@ -75,13 +78,13 @@ def ensure_synthetic(data: DataConfig) -> None:
     Writing skips complete cases in milliseconds, and completes a case an interrupted
     run left half-written (each file is written atomically; the label file last).
     """
-    if data.name in ("mni_gliomas", "mni_gliomas_shifted"):
+    if data.name in MNI_GLIOMAS:
         from brats_seg.data.phantoms.mni_gliomas import write_mni_glioma_dataset
 
         if data.layout != "brats2021":
             raise ValueError(f"data={data.name} is written in the brats2021 layout, got data.layout={data.layout!r}.")
         write_mni_glioma_dataset(Path(data.root), data.synthetic_cases, data.synthetic_seed,
-                                 shift=data.name == "mni_gliomas_shifted")
+                                 shift=data.name.endswith("_shifted"))
         return
     from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
 

@@ -42,7 +42,7 @@ from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import CHANNELS, case_file_paths
 from brats_seg.data.phantoms.writer import check_generator_args, write_case
 
-__all__ = ["GRID_SHAPE", "SHIFT", "AcquisitionShift", "MNICase", "generate_mni_case", "mni_case_id",
+__all__ = ["GEOMETRY_SHIFT", "GRID_SHAPE", "SHIFT", "AcquisitionShift", "MNICase", "generate_mni_case", "mni_case_id",
            "write_mni_glioma_dataset"]
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ _TEMPLATES = {
 
 # Tissue intensities per contrast (arbitrary units, WM of T1 = 1): csf, gm, wm, then the
 # tumour compartments oedema, non-enhancing core, enhancing, necrosis.
+_TUMOUR = ("ed", "core", "et", "nec")  # the compartments another protocol shows with other contrast
 _MEANS = {
     "t1":   dict(csf=0.30, gm=0.70, wm=1.00, ed=0.62, core=0.55, et=0.60, nec=0.35),
     "t1ce": dict(csf=0.32, gm=0.72, wm=1.00, ed=0.65, core=0.60, et=1.45, nec=0.35),
@@ -89,7 +90,8 @@ class MNICase:
 class AcquisitionShift:
     """How a case is acquired "as another scanner would" (the shifted test set): the same anatomy
     and tumour as the matched case, seen through a head tilted further in the scanner, thick
-    slices resampled back to 1 mm, and other contrast and bias.
+    slices resampled back to 1 mm, another protocol's tissue contrast, more noise, and other
+    intensity response and bias.
 
     Attributes:
         tilt_deg: extra head rotation about each axis, uniform in +-tilt_deg (the matched
@@ -97,17 +99,28 @@ class AcquisitionShift:
         slice_mm: slice thickness along one axis, drawn per case, averaged over and resampled
             back to 1 mm linearly (images only: the reference stays at 1 mm, as BraTS
             annotates the resampled volumes).
+        contrast: per contrast and tumour compartment, the share of its difference to white
+            matter that this protocol shows, uniform in this range (another sequence's TE/TI,
+            another contrast-agent dose or delay: e.g. a fainter enhancing rim on T1ce).
+        noise: extra Gaussian noise, as a fraction of the image's white-matter level (a lower
+            field or a faster sequence).
         gamma: per-contrast gamma on the intensities rescaled to [0, 1], uniform in this range.
         bias: amplitude of an extra multiplicative bias field (the matched cases' is 0.15).
     """
 
     tilt_deg: float = 15.0
     slice_mm: int = 4
+    contrast: tuple[float, float] = (1.0, 1.0)
+    noise: float = 0.0
     gamma: tuple[float, float] = (0.7, 1.4)
     bias: float = 0.3
 
 
-SHIFT = AcquisitionShift()
+# The shift first tried (issue 30): tilt, 4 mm slices, gamma and bias. It cost the recipes
+# nothing (docs/measurements/recipe_study_zen5), so the test set of another scanner adds the
+# protocol's contrast and noise (SHIFT).
+GEOMETRY_SHIFT = AcquisitionShift()
+SHIFT = AcquisitionShift(contrast=(0.5, 1.0), noise=0.06)
 
 
 @functools.lru_cache(maxsize=1)
@@ -287,11 +300,17 @@ def _thick_slices(img: np.ndarray, axis: int, mm: int) -> np.ndarray:
 
 
 def _acquire_shifted(images: dict[str, np.ndarray], rng: np.random.Generator, shift: AcquisitionShift):
-    """Thick slices along one axis, a gamma per contrast and an extra bias field (in place)."""
+    """Thick slices along one axis, noise, a gamma per contrast and an extra bias field (in place)."""
     axis = int(rng.integers(3))
     bias = _bias_field(rng.uniform(-1, 1, 9), shift.bias)
+    noise_rng = np.random.default_rng(rng.integers(2**63))  # its own stream: the gammas drawn as without
     for m, img in images.items():
         inside = img > 0
+        if shift.noise > 0:  # relative to the brain's median (about white matter), per acquired slice:
+            # added at sqrt(slice_mm) times that, the slices' averaging brings it back to it
+            level = float(np.median(img[inside])) if inside.any() else 1.0
+            sd = shift.noise * level * np.sqrt(shift.slice_mm)
+            img = np.clip(img + noise_rng.normal(0, sd, img.shape).astype(np.float32), 0, None)
         img = _thick_slices(img, axis, shift.slice_mm)
         top = float(img.max()) or 1.0
         img = (np.clip(img / top, 0, 1) ** rng.uniform(*shift.gamma)) * top * bias
@@ -310,6 +329,11 @@ def generate_mni_case(rng: np.random.Generator, shift: AcquisitionShift | None =
     target = int(rng.uniform(3e3, 30e3))  # mm^3 of dense tumour (about the core)
     u, e = _grow(rng, wm, gm, seed_vox, target)
     comp = _compartments(rng, u, e, brain)
+    tilt, contrast_u = None, {}
+    if shift is not None:  # every draw of the shift, whichever of its parts are on
+        shift_rng = shift_rng if shift_rng is not None else np.random.default_rng()
+        tilt = _rotation(np.deg2rad(shift_rng.uniform(-shift.tilt_deg, shift.tilt_deg, 3)))
+        contrast_u = {m: shift_rng.random(len(_TUMOUR)) for m in MODALITIES}
     # Intensities on the template grid.
     images = {}
     bias_src = rng.uniform(-1, 1, 9)
@@ -319,6 +343,10 @@ def generate_mni_case(rng: np.random.Generator, shift: AcquisitionShift | None =
     weights = {k: ndi.gaussian_filter(comp[k][box].astype(np.float32), 0.8) for k in ("ed", "core", "et", "nec")}
     for m in MODALITIES:
         mean = {k: v * rng.uniform(0.93, 1.07) for k, v in _MEANS[m].items()}
+        if shift is not None:  # the protocol's contrast (drawn from shift_rng: rng draws as matched)
+            lo, hi = shift.contrast
+            mean.update({k: mean["wm"] + (lo + (hi - lo) * contrast_u[m][j]) * (mean[k] - mean["wm"])
+                         for j, k in enumerate(_TUMOUR)})
         img = csf * mean["csf"] + gm * mean["gm"] + wm * mean["wm"]
         if m in ("t1", "t1ce"):
             img *= 0.85 + 0.3 * t1  # the template's own T1 texture
@@ -330,10 +358,6 @@ def generate_mni_case(rng: np.random.Generator, shift: AcquisitionShift | None =
         images[m] = img * brain
     seed_world = (t_affine @ np.r_[seed_vox, 1.0])[:3]
     push = float(rng.uniform(1.0, 6.0)) * (target / 15e3) ** (1 / 3)
-    tilt = None
-    if shift is not None:
-        shift_rng = shift_rng if shift_rng is not None else np.random.default_rng()
-        tilt = _rotation(np.deg2rad(shift_rng.uniform(-shift.tilt_deg, shift.tilt_deg, 3)))
     coords, out_affine = _sampling_coords(rng, t_affine, seed_world, push, tilt)
     labels_t = np.zeros(u.shape, np.uint8)
     labels_t[comp["ed"]] = ED
@@ -353,6 +377,37 @@ def generate_mni_case(rng: np.random.Generator, shift: AcquisitionShift | None =
     if shift is not None:
         _acquire_shifted(out, shift_rng, shift)
     return MNICase(out, labels, out_affine, lps=lps)
+
+
+_SHIFT_RECORD = "acquisition.json"  # in a generated root: the acquisition its cases were written with
+
+
+def _check_shift_record(out: Path, shift: AcquisitionShift | None) -> None:
+    """Make ``out`` hold cases of this acquisition: a root written with another one (an older
+    shift) has its case files removed, said once, so that they are written again; the
+    acquisition is recorded before any case is written."""
+    import dataclasses
+    import json
+    import shutil
+
+    from brats_seg.files import write_text_atomic
+
+    want = {"shift": None if shift is None else dataclasses.asdict(shift)}
+    want = json.loads(json.dumps(want))
+    path = out / _SHIFT_RECORD
+    try:
+        have = json.loads(path.read_text())
+    except (OSError, ValueError):
+        have = None
+    cases = [p for p in out.glob("MNIG_*") if p.is_dir()]
+    if have != want and (have is not None or (shift is not None and cases)):
+        if cases:
+            log.warning("%s holds %d cases acquired as %s; this generator acquires them as %s: writing them again",
+                        out, len(cases), have, want)
+        for p in cases:
+            shutil.rmtree(p)
+    if have != want:
+        write_text_atomic(path, json.dumps(want, indent=1) + "\n")
 
 
 def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed: int = 0,
@@ -375,6 +430,7 @@ def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed
     check_generator_args(n_cases, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _check_shift_record(out, SHIFT if shift else None)
     ids = []
     for i in tqdm(range(int(n_cases)), desc="MNI gliomas" + (" (shifted)" if shift else ""), unit="case"):
         cid = mni_case_id(i)
