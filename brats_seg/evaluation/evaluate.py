@@ -433,6 +433,9 @@ def _log_to_mlflow(run_dir: Path, config: TrainConfig, split: str, summary: dict
         with tracker:
             tracker.log_metrics(metrics, step=0)
             tracker.log_artifacts(out, f"eval/{split}")
+            postprocess = RunFolder(run_dir).postprocess_path
+            if postprocess.is_file():  # the rules the masks were written with, and their val scores
+                tracker.log_artifact(postprocess)
     except Exception as e:  # noqa: BLE001 - tracking is best effort: the files on disk are the result
         log.warning("could not log the evaluation to MLflow (%s: %s); the files are in %s", type(e).__name__, e, out)
 

@@ -36,6 +36,12 @@ def test_train_then_evaluate_is_tracked_in_mlflow(tmp_path):
     out = _run([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}"], cwd=tmp_path)
     assert "WT" in out.stdout
     split = json.loads((run_dir / "split.json").read_text())
+    # post-processing chosen on the val split, kept in the run folder, said, and in the summary
+    assert split["val"] and "post-processing: " in out.stdout
+    chosen = json.loads((run_dir / "postprocess.json").read_text())
+    assert chosen["validation"]["cases"] == split["val"]
+    summary = json.loads((run_dir / "eval" / "test" / "summary.json").read_text())
+    assert summary["postprocess"]["rules"] == chosen["rules"]
     with open(run_dir / "eval" / "test" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted(r["case_id"] for r in rows) == sorted(split["test"])
@@ -54,7 +60,7 @@ def test_train_then_evaluate_is_tracked_in_mlflow(tmp_path):
     assert "Eval test/dice_wt" in run.data.metrics and "eval test median/dice_wt" in run.data.metrics
     assert not [k for k in run.data.metrics if "/" not in k]  # nothing left in MLflow's catch-all section
     top = {a.path for a in client.list_artifacts(run_id)}
-    assert {"checkpoints", "eval", "training_curves.png"} <= top
+    assert {"checkpoints", "eval", "training_curves.png", "postprocess.json"} <= top
     evaluated = {a.path for a in client.list_artifacts(run_id, "eval/test")}
     assert {"eval/test/metrics.csv", "eval/test/summary.json", "eval/test/per_case.png"} <= evaluated
     # the figures in the run folder: both epochs drawn (the last drawing at the end of training)
