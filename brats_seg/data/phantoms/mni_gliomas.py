@@ -402,8 +402,9 @@ def _check_shift_record(out: Path, shift: AcquisitionShift | None) -> None:
     cases = [p for p in out.glob("MNIG_*") if p.is_dir()]
     if have != want and (have is not None or (shift is not None and cases)):
         if cases:
-            log.warning("%s holds %d cases acquired as %s; this generator acquires them as %s: writing them again",
-                        out, len(cases), have, want)
+            was = "an older generator's acquisition (not recorded)" if have is None else f"the acquisition {have}"
+            log.warning("%s holds %d cases written with %s; this generator acquires them as %s: writing them again",
+                        out, len(cases), was, want)
         for p in cases:
             shutil.rmtree(p)
     if have != want:
