@@ -71,12 +71,14 @@ def upgrade_config_dict(stored: dict) -> dict:
     Keys added since a run was written take their defaults when the dataclasses are filled
     (:func:`~brats_seg.config.config_from_dict`). Where a default changed meaning, the old
     behaviour is written out here: runs from before ``model.regions`` had independent
-    sigmoids. Keys that were removed are dropped: ``lms.enabled`` (IBM's switch, which
+    sigmoids, runs from before ``trainer.batch_dice`` a per-sample Dice. Keys that were removed are dropped: ``lms.enabled`` (IBM's switch, which
     ``lms=off`` already says and nothing read) and ``evaluate`` (the first versions kept the
     inference settings in the training config; they are ``scripts/evaluate.py``'s now).
     """
     if isinstance(stored.get("model"), dict):
         stored["model"].setdefault("regions", "independent")
+    if isinstance(stored.get("trainer"), dict):
+        stored["trainer"].setdefault("batch_dice", False)
     if isinstance(stored.get("lms"), dict):
         stored["lms"].pop("enabled", None)
     stored.pop("evaluate", None)

@@ -40,11 +40,12 @@ def test_an_old_config_without_the_newer_keys_is_upgraded(tmp_path):
     that run trained: independent sigmoids, and today's defaults for what it could not say."""
     stored = config_to_dict(TrainConfig())
     del stored["model"]["regions"], stored["model"]["region_parents"], stored["data"]["prefetch_batches"]
-    del stored["benchmark"]
+    del stored["benchmark"], stored["trainer"]["batch_dice"]
     run = RunFolder.of(tmp_path)
     run.config_path.write_text(json.dumps(stored))
     cfg = run.read_config()
     assert cfg.model.regions == "independent" and cfg.model.region_parents == [-1, -1, -1]
+    assert cfg.trainer.batch_dice is False and TrainConfig().trainer.batch_dice is True  # per-sample Dice, as it trained
     assert cfg.data.prefetch_batches == DataConfig().prefetch_batches
 
 
