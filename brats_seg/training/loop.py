@@ -249,6 +249,10 @@ def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, clust
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
+    if backend.device == "CPU":  # what earlier work left to free is freed now, not mid-epoch below the baseline
+        import gc
+
+        gc.collect()
     baseline = current_rss_bytes() if backend.device == "CPU" else None  # the runtime, before the model
     watch.started(baseline, state)
     model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)

@@ -119,7 +119,8 @@ class MemoryWatch:
     def epoch_end(self, epoch: int, logs: dict | None) -> None:
         peak = _measured(logs or {}, self.device)
         fields = {"stage": "between epochs", "epoch": epoch + 1, "epochs_done": epoch + 1}
-        if peak is not None and peak >= (self.record.get("measured_peak_bytes") or 0):
+        known = self.record.get("measured_peak_bytes")
+        if peak is not None and (known is None or peak >= known):  # the first epoch's always (it may be < 0)
             fields.update(measured_peak_bytes=int(peak), measured_epoch=epoch + 1)
         self._save(**fields)
 
