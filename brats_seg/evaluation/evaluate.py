@@ -287,7 +287,7 @@ def _recorded_postprocessing(folder: RunFolder, key: dict, layout: str) -> PostP
 
 
 def postprocessing_for_run(run_dir: str | Path, config: TrainConfig, eval_cfg: EvaluateConfig,
-                           checkpoint: str = "best", model=None, progress: bool = True):
+                           checkpoint: str = "best", model=None, progress: bool = True, load_model=None):
     """The post-processing an evaluation of the run applies, and the model if it was loaded for it.
 
     ``evaluate.postprocess=none``: None. Otherwise the rules of ``<run_dir>/postprocess.json``
@@ -303,6 +303,8 @@ def postprocessing_for_run(run_dir: str | Path, config: TrainConfig, eval_cfg: E
         eval_cfg: the inference settings.
         model: a loaded model, or None (loaded here only if the rules must be chosen).
         progress: tqdm bars.
+        load_model: ``load_model(records) -> model``, how to load it (the caller's memory check
+            and estimate); None: checked against the val cases and loaded here.
 
     Returns:
         ``(rules or None, model or None)``.
@@ -327,7 +329,9 @@ def postprocessing_for_run(run_dir: str | Path, config: TrainConfig, eval_cfg: E
     entries = _prepare_entries(config, val_ids, progress)
     device, policy = inference_device(), inference_policy()
     records = [e.meta["record"] for e in entries]
-    if model is None:
+    if model is None and load_model is not None:
+        model = load_model(records)
+    elif model is None:
         check_inference_memory(config, eval_cfg, device, policy, records)
         model = load_run_model(run_dir, checkpoint, config)
     names = run_regions(config)
@@ -509,7 +513,19 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
     entries = _prepare_entries(config, case_ids, progress)
     # Read before the model is loaded: a checkpoint saved meanwhile shows as another identity.
     identity = folder.checkpoint_identity(checkpoint) if model is None else None
-    postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress)
+    from brats_seg.lms.runtime.stats import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+
+    baseline = current_rss_bytes()  # the runtime, before the model (what the estimate is above)
+    reset_peak_rss()
+    estimate = None
+
+    def load(records):  # predicted to fit lms.limit (the val cases' and these), or refused before it is loaded
+        nonlocal estimate
+        every = [*records, *(e.meta["record"] for e in entries)]
+        estimate = check_inference_memory(config, eval_cfg, inference_device(), inference_policy(), every)
+        return load_run_model(run_dir, checkpoint, config)
+
+    postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress, load)
     key = _evaluation_key(identity, eval_cfg, config, postprocess)
     fingerprints = {e.case_id: _case_fingerprint(key, e) for e in entries} if key is not None else {}
     rows = {e.case_id: row for e in entries if key is not None
@@ -519,16 +535,11 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
                  "their rows are reused (%s)", split, len(rows), len(entries), folder.eval_cases_dir(split))
     todo = [e for e in entries if e.case_id not in rows]
     records = [entry.meta["record"] for entry in todo]
-    from brats_seg.lms.runtime.stats import current_rss_bytes, peak_rss_bytes, reset_peak_rss
-
-    baseline = current_rss_bytes()  # the runtime, before the model (what the estimate is above)
-    reset_peak_rss()
-    estimate, guard = None, contextlib.nullcontext()
+    guard = contextlib.nullcontext()
     if todo:
         device, policy = inference_device(), inference_policy()
-        if model is None:  # predicted to fit lms.limit, or refused before the model is loaded
-            estimate = check_inference_memory(config, eval_cfg, device, policy, records)
-            model = load_run_model(run_dir, checkpoint, config)
+        if model is None:
+            model = load(records)
         # running out of memory anyway: the estimate, the measured peak and what lowers it
         guard = inference_memory_guard(config, eval_cfg, device, policy, records, baseline_bytes=baseline)
     table = MetricsTable(region_names(config.data.layout))
