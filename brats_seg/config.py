@@ -202,7 +202,7 @@ class TrainerConfig:
     augment: Any = "light"  # none | light (L-R flip, intensity scale/shift) | nnunet (brats_seg.data.augment); true/false = light/none
     augmentation: AugmentationConfig = field(default_factory=lambda: AugmentationConfig())  # the nnunet preset's ranges
     bce_weight: float = 1.0  # loss = soft Dice + bce_weight * BCE
-    batch_dice: bool = True  # the soft Dice of each region over the batch (nnU-Net's batch_dice), not per sample
+    batch_dice: bool = True  # the soft Dice of each region over the batch (nnU-Net's batch_dice), not per sample; per replica under distribute=
     val_every: int = 1  # epochs between validations
     deterministic: bool = True  # TF op determinism: bit-identical resume; may slow some GPU kernels
     dead_region_epochs: int = 3  # epochs of an empty prediction (reference not empty) before warning that a region is dead; 0 = off
