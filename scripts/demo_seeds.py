@@ -40,8 +40,7 @@ def run_arm(run_dir: Path, seed: int, passed: list[str]) -> dict:
     timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
     print(f"seed {seed}:", flush=True)
     state = folder.read_state() if folder.has_config() else None
-    epochs = json.loads(folder.config_path.read_text())["trainer"]["epochs"] if folder.has_config() else None
-    if state is None or int(state.get("epoch", 0)) < int(epochs):
+    if state is None or int(state.get("epoch", 0)) < folder.read_config().trainer.epochs:
         t0 = time.time()
         run_logged([sys.executable, str(REPO / "train.py"), "experiment=demo", f"trainer.seed={seed}",
                     "tracking=none", f"run_dir={run_dir}", *passed], log)

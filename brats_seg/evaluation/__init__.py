@@ -19,6 +19,12 @@
     scoring            every metric of a case from the label map that is written
     table              metrics.csv, summary.json and the printed summary
     overlays           contours on three orthogonal slices, for people to look at
+    postprocess        rules for a predicted label map (small components, small ET as necrosis)
+                       and how they are chosen on validation cases: PostProcessing,
+                       choose_postprocessing (no TensorFlow, no run folder)
+    entries            a run's cases: split_case_ids, prepare_run_entries (cache entries)
+    postprocess_run    the run's postprocess.json read back, or chosen on its val split and written:
+                       postprocessing_for_run
     evaluate           a run's held-out split end to end: evaluate_run, continuing where a stopped
                        evaluation left off (each case's record in eval/<split>/cases/)
     export             a run's model as a TensorFlow SavedModel that serves without brats_seg

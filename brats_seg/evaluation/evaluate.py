@@ -9,7 +9,7 @@
    run's post-processing (``evaluate.postprocess=auto``: small components removed, a small
    ET relabelled as necrosis, as ``<run_dir>/postprocess.json`` says; it is chosen on the
    run's val split first when the file is missing or was chosen for another checkpoint or
-   other inference settings: :func:`postprocessing_for_run`);
+   other inference settings: :mod:`brats_seg.evaluation.postprocess_run`);
 4. that label map is written as NIfTI with the label file's affine and header, and every
    metric is computed from it against the ORIGINAL label file (loaded again, RAS, with its
    voxel spacing) by :func:`brats_seg.evaluation.scoring.score_case`, the function
@@ -56,20 +56,12 @@ import numpy as np
 
 from brats_seg.choices import check_choice
 from brats_seg.config import DataConfig, EvaluateConfig, TrainConfig
-from brats_seg.data.cache import CacheEntry, prepare_cases
-from brats_seg.data.errors import DataError, DatasetError
+from brats_seg.data.cache import CacheEntry
 from brats_seg.data.labels import labels_to_regions, region_names
-from brats_seg.data.layouts import discover_cases
 from brats_seg.data.nifti import load_volume, save_mask
-from brats_seg.data.splits import load_split
-from brats_seg.evaluation.postprocess import (
-    POSTPROCESS_KIND,
-    POSTPROCESS_VERSION,
-    PostProcessing,
-    PostprocessError,
-    ValidationCase,
-    choose_postprocessing,
-)
+from brats_seg.evaluation.entries import SPLITS, prepare_run_entries, split_case_ids
+from brats_seg.evaluation.postprocess import PostProcessing
+from brats_seg.evaluation.postprocess_run import postprocessing_for_run
 from brats_seg.evaluation.predict import check_native_shape, predict_case_labels, predict_case_native
 from brats_seg.evaluation.run import (
     RunError,
@@ -95,12 +87,10 @@ __all__ = [
     "check_run_dir",
     "split_case_ids",
     "evaluate_run",
-    "postprocessing_for_run",
 ]
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("val", "test", "all")
 _EFFECT_COLUMNS = ("dice_", "lesion23_dice_", "lesion_dice_", "rq_", "pq_")  # summary.json: unprocessed means
 _RECORD_VERSION = 2  # bump when scoring changes: every case is evaluated again (2: post-processing)
 
@@ -134,57 +124,6 @@ def check_run_dir(
     if eval_cfg is not None:
         check_evaluate_config(eval_cfg, config.model)
     return config
-
-
-def split_case_ids(run_dir: str | Path, split: str) -> list[str]:
-    """Case ids of ``split`` (``val`` | ``test`` | ``all``) in ``<run_dir>/split.json``.
-
-    Raises:
-        RunError: a bad split name, or no split.json.
-    """
-    check_choice(split, SPLITS, "split", error=RunError)
-    path = RunFolder(Path(run_dir).expanduser()).split_path
-    if not path.is_file():
-        raise RunError(f"{path} not found: the run does not say which cases it held out; train first: "
-                       f"python train.py run_dir={run_dir}")
-    try:
-        split_ids = load_split(path)
-    except ValueError as e:
-        raise RunError(str(e)) from e
-    if split == "all":
-        return sorted(set(split_ids["train"]) | set(split_ids["val"]) | set(split_ids["test"]))
-    return sorted(split_ids[split])
-
-
-def _prepare_entries(config: TrainConfig, case_ids: list[str], progress: bool) -> list[CacheEntry]:
-    """Cache entries of ``case_ids`` (prepared now only if missing or stale), in id order."""
-    from brats_seg.data.dataset import GENERATED, dataset_cache_dir, ensure_synthetic
-
-    data = config.data
-    if data.name in GENERATED:
-        ensure_synthetic(data)
-    try:
-        cases, skipped = discover_cases(data.root, data.layout, require_labels=False, on_error="skip")
-    except DatasetError as e:
-        raise DatasetError(f"{e} (data.root comes from the run's config.json; if the dataset moved, edit it there.)") from e
-    by_id = {c.case_id: c for c in cases}
-    problems = dict(skipped)
-    missing = [i for i in case_ids if i not in by_id or by_id[i].label is None]
-    if missing:
-        lines = "\n".join(f"  - {problems.get(i, f'case {i}: no such case, or no label file')}" for i in missing[:10])
-        raise DatasetError(
-            f"{len(missing)} case(s) of the run's split cannot be evaluated from {data.root}:\n{lines}\n"
-            "Restore them, or point data.root in the run's config.json at the dataset the run was trained on."
-        )
-    cache_root = dataset_cache_dir(data) / config.resolution.name
-    entries, errors, _ = prepare_cases(
-        [by_id[i] for i in case_ids], cache_root, config.resolution.spacing_mm, config.resolution.shape,
-        data.allow_crop, data.num_workers, progress,
-    )
-    if errors:
-        lines = "\n".join(f"  - {e}" for e in errors)
-        raise DataError(f"{len(errors)} case(s) to evaluate could not be prepared:\n{lines}")
-    return entries
 
 
 def _flair_native(meta: dict) -> np.ndarray:
@@ -245,120 +184,6 @@ def _evaluation_key(checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, 
     return {"version": _RECORD_VERSION, "checkpoint": checkpoint_identity, "evaluate": dataclasses.asdict(eval_cfg),
             "layout": str(config.data.layout), "regions": list(run_regions(config)),
             "postprocess": None if postprocess is None else postprocess.rules()}
-
-
-# ---------------------------------------------------------------------------------------
-# Post-processing: chosen on the val split once per checkpoint and inference settings
-# ---------------------------------------------------------------------------------------
-
-
-def _postprocess_key(checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, config: TrainConfig,
-                     val_ids: list[str]) -> dict | None:
-    """What the choice depends on: the weights, the settings that make the thresholded map, the
-    regions and the val cases. None for a model in memory (the choice is not kept)."""
-    if checkpoint_identity is None:
-        return None
-    return json.loads(json.dumps({
-        "checkpoint": checkpoint_identity, "threshold": float(eval_cfg.threshold), "mode": str(eval_cfg.mode),
-        "window": [int(w) for w in eval_cfg.window], "window_overlap": float(eval_cfg.window_overlap),
-        "mirror": bool(eval_cfg.mirror), "layout": str(config.data.layout), "regions": list(run_regions(config)),
-        "val_cases": list(val_ids)}))
-
-
-def _recorded_postprocessing(folder: RunFolder, key: dict, layout: str) -> PostProcessing | None:
-    """The rules of ``postprocess.json`` if it was chosen for ``key``; None (choose again) otherwise."""
-    path = folder.postprocess_path
-    try:
-        record = folder.read_postprocess()
-    except RunError as e:
-        log.warning("%s; choosing the post-processing again", e)
-        return None
-    if record is None:
-        return None
-    if record.get("kind") != POSTPROCESS_KIND or record.get("chosen_for") != key:
-        log.info("%s was chosen for another checkpoint, other inference settings or other val cases: "
-                 "choosing the post-processing again on the val split", path)
-        return None
-    try:
-        return PostProcessing.from_rules(record.get("rules"), layout, str(path))
-    except PostprocessError as e:
-        log.warning("%s; choosing the post-processing again", e)
-        return None
-
-
-def postprocessing_for_run(run_dir: str | Path, config: TrainConfig, eval_cfg: EvaluateConfig,
-                           checkpoint: str = "best", model=None, progress: bool = True, load_model=None):
-    """The post-processing an evaluation of the run applies, and the model if it was loaded for it.
-
-    ``evaluate.postprocess=none``: None. Otherwise the rules of ``<run_dir>/postprocess.json``
-    when it was chosen for this checkpoint (size and SHA-256), these inference settings and
-    these val cases; else they are chosen now on the run's val split
-    (:func:`~brats_seg.evaluation.postprocess.choose_postprocessing`: the val cases are
-    predicted, thresholded and scored under each candidate) and written to that file (not
-    for a model passed in memory, which has no checkpoint to name).
-
-    Args:
-        run_dir, checkpoint: the run and which checkpoint is evaluated.
-        config: the run's own config (its dataset holds the val cases).
-        eval_cfg: the inference settings.
-        model: a loaded model, or None (loaded here only if the rules must be chosen).
-        progress: tqdm bars.
-        load_model: ``load_model(records) -> model``, how to load it (the caller's memory check
-            and estimate); None: checked against the val cases and loaded here.
-
-    Returns:
-        ``(rules or None, model or None)``.
-    """
-    from tqdm.auto import tqdm
-
-    if str(eval_cfg.postprocess) == "none":
-        return None, model
-    folder = RunFolder(Path(run_dir).expanduser())
-    val_ids = split_case_ids(run_dir, "val")
-    key = _postprocess_key(folder.checkpoint_identity(checkpoint) if model is None else None, eval_cfg, config,
-                           val_ids)
-    if key is not None:
-        rules = _recorded_postprocessing(folder, key, config.data.layout)
-        if rules is not None:
-            log.info("post-processing (%s): %s", folder.postprocess_path, rules.describe())
-            return rules, model
-    if not val_ids:
-        log.warning("the run %s has no val cases to choose post-processing on: masks are written as thresholded "
-                    "(pass evaluate.postprocess=none to say so)", run_dir)
-        return None, model
-    entries = _prepare_entries(config, val_ids, progress)
-    device, policy = inference_device(), inference_policy()
-    records = [e.meta["record"] for e in entries]
-    if model is None and load_model is not None:
-        model = load_model(records)
-    elif model is None:
-        check_inference_memory(config, eval_cfg, device, policy, records)
-        model = load_run_model(run_dir, checkpoint, config)
-    names = run_regions(config)
-    cases = []
-    with inference_memory_guard(config, eval_cfg, device, policy, records):
-        for entry in tqdm(entries, desc="choosing post-processing (val)", unit="case", disable=not progress):
-            probs = predict_case_native(model, entry, entry.meta["record"], mode=eval_cfg.mode, window=eval_cfg.window,
-                                        overlap=eval_cfg.window_overlap, mirror=eval_cfg.mirror)
-            ref_vol, ref = load_reference(entry.case_id, entry.meta["label"], entry.meta["layout"])
-            check_native_shape(entry.case_id, entry.meta["label"], probs, ref.shape)
-            labels, _ = predict_case_labels(probs, entry.meta["layout"], names, eval_cfg.threshold)
-            cases.append(ValidationCase(entry.case_id, labels, ref.astype(np.uint8),
-                                        tuple(float(s) for s in ref_vol.spacing_mm)).cropped())
-    rules, report = choose_postprocessing(cases, config.data.layout, names)
-    before, after = report["unprocessed"], report["chosen"]
-    log.info("post-processing chosen on %d val cases: %s; val mean lesion-wise Dice (2023) %s, legacy Dice %s",
-             len(cases), rules.describe(),
-             ", ".join(f"{r.upper()} {before['lesion23_dice'][r]:.3f} -> {after['lesion23_dice'][r]:.3f}" for r in names),
-             ", ".join(f"{r.upper()} {before['dice'][r]:.3f} -> {after['dice'][r]:.3f}" for r in names))
-    if key is not None:
-        from datetime import datetime, timezone
-
-        folder.write_postprocess({
-            "kind": POSTPROCESS_KIND, "version": POSTPROCESS_VERSION, "rules": rules.rules(),
-            "described": rules.describe(), "chosen_for": key, "validation": report,
-            "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    return rules, model
 
 
 def _case_fingerprint(key: dict, entry: CacheEntry) -> str:
@@ -510,7 +335,7 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
     folder = RunFolder(run_dir)
     out = folder.eval_dir(split)
     remove_stale_temporaries(out)  # a killed evaluation's (the folder is locked)
-    entries = _prepare_entries(config, case_ids, progress)
+    entries = prepare_run_entries(config, case_ids, progress)
     # Read before the model is loaded: a checkpoint saved meanwhile shows as another identity.
     identity = folder.checkpoint_identity(checkpoint) if model is None else None
     from brats_seg.lms.runtime.stats import current_rss_bytes, peak_rss_bytes, reset_peak_rss
@@ -525,7 +350,7 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
         estimate = check_inference_memory(config, eval_cfg, inference_device(), inference_policy(), every)
         return load_run_model(run_dir, checkpoint, config)
 
-    postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress, load)
+    postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress, load, identity)
     key = _evaluation_key(identity, eval_cfg, config, postprocess)
     fingerprints = {e.case_id: _case_fingerprint(key, e) for e in entries} if key is not None else {}
     rows = {e.case_id: row for e in entries if key is not None

@@ -28,9 +28,12 @@ same files. Nothing here is committed data; ``scripts/make_mni_gliomas.py`` writ
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +44,7 @@ import scipy.ndimage as ndi
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import CHANNELS, case_file_paths
 from brats_seg.data.phantoms.writer import check_generator_args, write_case
+from brats_seg.files import write_text_atomic
 
 __all__ = ["GEOMETRY_SHIFT", "GRID_SHAPE", "SHIFT", "AcquisitionShift", "MNICase", "generate_mni_case", "mni_case_id",
            "write_mni_glioma_dataset"]
@@ -386,12 +390,6 @@ def _check_shift_record(out: Path, shift: AcquisitionShift | None) -> None:
     """Make ``out`` hold cases of this acquisition: a root written with another one (an older
     shift) has its case files removed, said once, so that they are written again; the
     acquisition is recorded before any case is written."""
-    import dataclasses
-    import json
-    import shutil
-
-    from brats_seg.files import write_text_atomic
-
     want = {"shift": None if shift is None else dataclasses.asdict(shift)}
     want = json.loads(json.dumps(want))
     path = out / _SHIFT_RECORD
