@@ -80,17 +80,25 @@ def mounted_tmpfs(folder: Path, size: str):
             subprocess.run(["umount", "-l", str(folder)], capture_output=True)  # a file still open: detach it
 
 
+def skip_outside_ci(why: str) -> None:
+    """Skip with ``why``; under ``CI`` fail instead: CI runs as root on a machine that has what these
+    tests need (a memory cgroup, a tmpfs), so a skip there would hide a test that never ran."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}: CI must run this test")
+    pytest.skip(why)
+
+
 def new_memory_cgroup(name: str) -> Path:
     """A fresh memory cgroup for a test's child process: a child of this process's own (v1), or of
     the root (v2). Skips the test, with the reason, where none can be made (not root, no memory
-    controller); the caller removes it (``rmdir``) when done."""
+    controller; under CI it fails); the caller removes it (``rmdir``) when done."""
     from brats_seg.memory import cgroup_memory
 
     if os.geteuid() != 0:
-        pytest.skip("creating a memory cgroup needs root")
+        skip_outside_ci("creating a memory cgroup needs root")
     own = cgroup_memory()
     if own is None:
-        pytest.skip("no memory cgroup controller is mounted here (/proc/self/cgroup, /proc/self/mountinfo)")
+        skip_outside_ci("no memory cgroup controller is mounted here (/proc/self/cgroup, /proc/self/mountinfo)")
     if own["version"] == 1:
         folder = Path(own["path"]) / name
     else:
@@ -98,10 +106,10 @@ def new_memory_cgroup(name: str) -> Path:
         while (root.parent / "cgroup.controllers").exists():
             root = root.parent
         if "memory" not in (root / "cgroup.subtree_control").read_text().split():
-            pytest.skip(f"cgroup v2 without the memory controller enabled under {root}")
+            skip_outside_ci(f"cgroup v2 without the memory controller enabled under {root}")
         folder = root / name
     try:
         folder.mkdir()
     except OSError as e:
-        pytest.skip(f"cannot create a memory cgroup at {folder}: {e}")
+        skip_outside_ci(f"cannot create a memory cgroup at {folder}: {e}")
     return folder

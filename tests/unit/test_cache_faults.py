@@ -36,7 +36,7 @@ from brats_seg.data.prep_memory import preparation_memory_advice
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.preprocess import estimate_preparation_bytes
 from brats_seg.files import DiskFullError, format_bytes
-from tests.conftest import TINY, mounted_tmpfs
+from tests.conftest import TINY, mounted_tmpfs, skip_outside_ci
 from tests.unit.test_resume_eval_predict import write_small_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,8 +117,8 @@ def small_tmpfs(tmp_path):
     mnt = tmp_path / "tmpfs"
     with mounted_tmpfs(mnt, "2m") as why_not:
         if why_not:
-            pytest.skip(f"cannot mount a tmpfs here ({why_not}); the injected ENOSPC test covers the same path "
-                        "in one process")
+            skip_outside_ci(f"cannot mount a tmpfs here ({why_not}); the injected ENOSPC test covers the same "
+                            "path in one process")
         yield mnt
 
 
