@@ -50,6 +50,13 @@ CHOICES = {  # config key -> its closed set
 AUGMENT_PRESETS = ("none", "light", "nnunet")
 
 
+def network_input_shape(cfg: "TrainConfig") -> tuple[int, int, int]:
+    """The spatial shape the network trains on: ``trainer.patch_size`` (patch mode) or the whole
+    ``resolution.shape``. What the memory planner plans and the training model is built for."""
+    patch = cfg.trainer.patch_size
+    return tuple(int(s) for s in (patch if patch else cfg.resolution.shape))
+
+
 def augment_preset(value) -> str:
     """``trainer.augment`` as a preset name; ``true``/``false`` (the switch it used to be) mean light/none.
 
@@ -206,6 +213,9 @@ class TrainerConfig:
     val_every: int = 1  # epochs between validations
     deterministic: bool = True  # TF op determinism: bit-identical resume; may slow some GPU kernels
     dead_region_epochs: int = 3  # epochs of an empty prediction (reference not empty) before warning that a region is dead; 0 = off
+    patch_size: Optional[List[int]] = None  # [x, y, z]: train on random crops of this size (sliding-window inference); None = the whole volume
+    foreground_fraction: float = 0.33  # patch mode: share of crops forced to contain tumour (nnU-Net's 1/3)
+    time_budget_s: float = 0.0  # seconds of training (validation excluded) after which the run ends as if its epochs were done; 0 = off
 
     def __post_init__(self) -> None:
         # The preset's name (true/false, the switch this key used to be, mean light/none): a stored

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from brats_seg.backend import ResolvedBackend
 from brats_seg.choices import check_choice
-from brats_seg.config import TrainConfig
+from brats_seg.config import TrainConfig, network_input_shape
 
 __all__ = ["LR_SCHEDULES", "MemoryDecision", "build_models", "choose_lms", "compile_models", "make_optimizer", "preflight_plan",
            "training_metrics"]
@@ -135,7 +135,7 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
     from brats_seg.lms.runtime.stats import OffloadStats
     from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
 
-    shape = tuple(cfg.resolution.shape)
+    shape = network_input_shape(cfg)  # the patch in patch mode
     blocks = make_unet_blocks(cfg.model)
     export_model = build_unet3d(cfg.model, shape, blocks=blocks)
     policies = plan.policies

@@ -30,7 +30,7 @@ from brats_seg.config import (
 from brats_seg.model.checks import check_input_shape, check_model_config
 from brats_seg.run_dir import RunFolder
 
-__all__ = ["check_train_config"]
+__all__ = ["check_patch_config", "check_train_config"]
 
 
 def _positive_int(value, key: str, minimum: int = 1, what: str = "") -> None:
@@ -86,9 +86,46 @@ def check_train_config(cfg: TrainConfig) -> None:
 
     check_model_config(cfg.model)
     check_input_shape(cfg.resolution.shape, cfg.model.depth)
+    check_patch_config(cfg)
     check_choice(cfg.backend.name, BackendName, "backend")
     check_choice(cfg.backend.precision, Precision, "backend.precision")
     check_choice(cfg.lms.name, LMSStrategy, "lms")
     parse_limit(cfg.lms.limit, device_bytes=1 << 40)  # its form; a fraction's bytes are the device's (the plan)
     check_choice(cfg.tracking.name, Tracker, "tracking")
     check_distribute_config(cfg.distribute)
+
+
+def _patch_options(shape, multiple: int) -> str:
+    """Allowed patch sides per axis, as the message lists them (all multiples up to the grid)."""
+    return "; ".join(f"{axis}: {', '.join(str(v) for v in range(multiple, int(s) + 1, multiple))}"
+                     for axis, s in zip("xyz", shape))
+
+
+def check_patch_config(cfg: TrainConfig) -> None:
+    """``trainer.patch_size``, ``trainer.foreground_fraction`` and ``trainer.time_budget_s``.
+
+    A patch is 3 sides, each a multiple of ``2**model.depth`` (the U-Net halves it ``depth``
+    times) and at most ``resolution.shape`` on its axis; the message lists the allowed sides.
+
+    Raises:
+        ValueError: naming the key and what to use.
+    """
+    t = cfg.trainer
+    fraction = t.foreground_fraction
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"trainer.foreground_fraction={fraction!r}: use a share of the crops in [0, 1] "
+                         "(nnU-Net's 0.33; 0 = crops anywhere, 1 = every crop holds tumour).")
+    budget = t.time_budget_s
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+        raise ValueError(f"trainer.time_budget_s={budget!r}: use seconds of training >= 0 (0 = no budget).")
+    if not t.patch_size:
+        return
+    shape, multiple = [int(s) for s in cfg.resolution.shape], 2**cfg.model.depth
+    patch = list(t.patch_size)
+    if len(patch) != 3 or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in patch):
+        raise ValueError(f"trainer.patch_size={patch!r}: use 3 positive sizes [x, y, z] (or null for the whole "
+                         f"volume); allowed sides at model.depth={cfg.model.depth} on {shape}: "
+                         f"{_patch_options(shape, multiple)}.")
+    if any(p % multiple or p > s for p, s in zip(patch, shape)):
+        raise ValueError(f"trainer.patch_size={patch}: each side must be a multiple of 2**model.depth = {multiple} "
+                         f"and at most resolution.shape={shape}; allowed sides: {_patch_options(shape, multiple)}.")

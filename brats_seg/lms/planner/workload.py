@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from brats_seg.choices import check_choice
-from brats_seg.config import LMSConfig, ModelConfig, TrainConfig, augment_preset
+from brats_seg.config import LMSConfig, ModelConfig, TrainConfig, augment_preset, network_input_shape
 from brats_seg.model.checks import check_batch_size, check_input_shape, check_model_config, check_policy
 from brats_seg.model.topology import UNetTopology, unet_topology
 
@@ -85,7 +85,8 @@ class Workload:
     @classmethod
     def from_config(cls, cfg: TrainConfig, optimizer: str = "adam") -> Workload:
         """The workload of a composed train config (``model``, ``resolution``, ``trainer``,
-        ``backend.precision``, ``data.prefetch_batches``), ``model.out_channels`` resolved from
+        ``backend.precision``, ``data.prefetch_batches``; the network's input is the patch in patch
+        mode, :func:`~brats_seg.config.network_input_shape`), ``model.out_channels`` resolved from
         ``data.layout``; ``cfg`` is not changed. The config has no optimizer field: the
         trainer's Adam is the default. The step is fed by the input pipeline, and the run
         validates."""
@@ -93,7 +94,7 @@ class Workload:
 
         model_cfg = dataclasses.replace(
             cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels)))
-        return cls(model_cfg, tuple(cfg.resolution.shape), cfg.trainer.batch_size, cfg.backend.precision, optimizer,
+        return cls(model_cfg, network_input_shape(cfg), cfg.trainer.batch_size, cfg.backend.precision, optimizer,
                    input_batches=pipeline_batches(cfg.data.prefetch_batches), validates=True,
                    augment=cfg.trainer.augment)
 
