@@ -282,7 +282,7 @@ class EvaluateConfig:
 @dataclass
 class PlanConfig:
     format: PlanFormat = PlanFormat.table  # table | json
-    find: str = ""  # "" (plan the run) | max_input | max_batch: the largest that fits lms.limit, per strategy
+    find: str = ""  # "" (plan the run) | max_input | max_batch | max_patch (trainer.patch_size, within resolution.shape): the largest that fits lms.limit, per strategy
 
 
 @dataclass

@@ -4,6 +4,7 @@
     python scripts/plan_memory.py resolution=full lms.limit=16GB backend=gpu_lms
     python scripts/plan_memory.py resolution=2x lms=auto lms.limit=80GB plan.format=json
     python scripts/plan_memory.py resolution=full model.depth=4 backend=cpu_onednn lms.limit=8GB plan.find=max_input
+    python scripts/plan_memory.py resolution=full model.depth=4 backend=cpu_onednn lms.limit=8GB plan.find=max_patch
 
 Prints the plan table for the configured ``lms=`` strategy (``auto`` when lms=off) and,
 for each strategy (off / recompute / offload / auto), the predicted peak and overhead.
@@ -14,7 +15,12 @@ margin (the model's worst under-prediction in cross-validation: 10.8% on AVX2, 1
 ``plan.find=max_input`` prints instead, per strategy, the largest input of the resolution's
 proportions (each axis a multiple of ``2**depth``) that fits ``lms.limit`` at the configured
 batch, and how many times more voxels per step ``auto`` trains than ``off``; ``plan.find=max_batch``
-the largest batch at the configured shape.
+the largest batch at the configured shape. ``plan.find=max_patch`` prints, per strategy, the largest
+patch for patch mode, as the ``trainer.patch_size=[x,y,z]`` to pass, at the configured batch: of
+``resolution.shape``'s proportions (not those of a configured ``trainer.patch_size``), each side a
+multiple of ``2**depth`` and at most the grid on its axis, and the largest cube ``[s,s,s]`` (clipped
+to the grid on a short axis). A patch equal to the whole grid means that strategy trains whole
+volumes (``trainer.patch_size=null``) in the budget: patches are not needed for memory.
 """
 
 from __future__ import annotations
@@ -40,29 +46,87 @@ def _budget_line(conf, device: str, limit: int, budget: int) -> str:
             f"(the planner keeps {1 - budget / limit:.1%} free for its own error)")
 
 
+def _patch_override(shape) -> str:
+    return "trainer.patch_size=[" + ",".join(map(str, shape)) + "]"
+
+
+def _grid(conf, found: dict) -> tuple[tuple, tuple, list[str]]:
+    """``resolution.shape``, the largest patch it allows (each side rounded down to a multiple of
+    ``2**depth``: the grid itself when it is divisible) and the strategies whose patch is all of that."""
+    from brats_seg.lms.planner.capacity import largest_patch_allowed
+
+    grid = tuple(int(s) for s in conf.resolution.shape)
+    whole = largest_patch_allowed(grid, 2**conf.model.depth)
+    return grid, whole, [k for k, c in found.items() if c.input_shape == whole]
+
+
 def _print_capacity(conf, device: str, limit: int, budget: int, found: dict) -> None:
     off, auto = (found[k].voxels * found[k].batch_size for k in ("off", "auto"))  # voxels per step
     ratio = auto / off if off else None
+    patches = conf.plan.find == "max_patch"
+    grid, whole, whole_fits = _grid(conf, found) if patches else (None, None, [])
     if conf.plan.format == "json":
         print(json.dumps({"limit_bytes": limit, "budget_bytes": budget, "device": device, "find": conf.plan.find,
                           "strategies": {k: c.to_dict() for k, c in found.items()},
-                          "auto_over_off_voxels_per_step": round(ratio, 3) if ratio else None}))
+                          "auto_over_off_voxels_per_step": round(ratio, 3) if ratio else None,
+                          **({"grid_shape": list(grid), "largest_patch_allowed": list(whole),
+                              "whole_volume_fits": whole_fits if whole == grid else []} if patches else {})}))
         return
-    what = "input" if conf.plan.find == "max_input" else "batch"
-    print(f"largest {what} within {_budget_line(conf, device, limit, budget)}; model depth "
-          f"{conf.model.depth}, {conf.model.base_filters} filters, {conf.backend.precision}, "
-          + (f"batch {conf.trainer.batch_size}, proportions of {tuple(conf.resolution.shape)}"
-             if what == "input" else f"input {tuple(conf.resolution.shape)}"))
-    print(f"{'strategy':<10} {'input':>16} {'batch':>6} {'voxels':>12} {'predicted peak':>15}")
-    for name, c in found.items():
-        shape = "x".join(map(str, c.input_shape)) if c.input_shape else "nothing fits"
-        print(f"{name:<10} {shape:>16} {c.batch_size:>6} {c.voxels:>12,} {_gb(c.predicted_peak_bytes or None):>15}")
+    print(_capacity_header(conf, device, limit, budget, grid, whole))
+    if patches and conf.trainer.patch_size:
+        print(f"(the configured trainer.patch_size={list(conf.trainer.patch_size)} is not used: "
+              "patches are searched within the grid)")
+    if patches:
+        _print_patch_rows(found)
+    else:
+        print(f"{'strategy':<10} {'input':>16} {'batch':>6} {'voxels':>12} {'predicted peak':>15}")
+        for name, c in found.items():
+            shape = "x".join(map(str, c.input_shape)) if c.input_shape else "nothing fits"
+            print(f"{name:<10} {shape:>16} {c.batch_size:>6} {c.voxels:>12,} {_gb(c.predicted_peak_bytes or None):>15}")
+    if whole_fits:
+        print(_whole_grid_line(conf, grid, whole, whole_fits))
     if ratio:
         print(f"auto trains {ratio:.2f}x the voxels per step of off")
     elif auto:
         print("off fits nothing in this budget; auto does (above)")
     else:
         print("nothing fits in this budget: raise lms.limit, or plan a smaller model or batch")
+
+
+def _capacity_header(conf, device: str, limit: int, budget: int, grid, whole) -> str:
+    """What was searched, in what budget; ``grid``/``whole`` (``max_patch`` only, else None): the
+    resolution grid and the largest patch it allows."""
+    what = {"max_input": "input", "max_batch": "batch", "max_patch": "patch"}[conf.plan.find]
+    multiple = 2**conf.model.depth
+    head = (f"largest {what} within {_budget_line(conf, device, limit, budget)}; model depth {conf.model.depth}, "
+            f"{conf.model.base_filters} filters, {conf.backend.precision}, ")
+    if what == "batch":
+        return head + f"input {tuple(conf.resolution.shape)}"
+    if what == "input":
+        return head + f"batch {conf.trainer.batch_size}, proportions of {tuple(conf.resolution.shape)}"
+    rounded = f" (resolution.shape {grid} rounded down to multiples of {multiple})" if whole != grid else ""
+    return (head + f"batch {conf.trainer.batch_size}, proportions of {whole}{rounded}, sides multiples of "
+            f"{multiple}, each at most the grid's")
+
+
+def _whole_grid_line(conf, grid, whole, whole_fits: list[str]) -> str:
+    """What the strategies whose patch is the largest the grid allows mean for patch mode."""
+    fit = f"{', '.join(whole_fits)} {'fits' if len(whole_fits) == 1 else 'fit'}"
+    if whole == grid:
+        return (f"{fit} the whole {'x'.join(map(str, grid))} grid: train whole volumes (trainer.patch_size=null); "
+                "a patch mode is not needed for memory")
+    return (f"{fit} the largest patch the {'x'.join(map(str, grid))} grid allows at model.depth={conf.model.depth} "
+            f"({_patch_override(whole)}); whole volumes need a grid of multiples of {2**conf.model.depth}")
+
+
+def _print_patch_rows(found: dict) -> None:
+    print(f"{'strategy':<10} {'patch (override)':>32} {'batch':>6} {'voxels':>12} {'predicted peak':>15} "
+          f"{'largest cube':>15}")
+    for name, c in found.items():
+        patch = _patch_override(c.input_shape) if c.input_shape else "nothing fits"
+        cube = "[" + ",".join(map(str, c.cube_shape)) + "]" if c.cube_shape else "-"
+        print(f"{name:<10} {patch:>32} {c.batch_size:>6} {c.voxels:>12,} {_gb(c.predicted_peak_bytes or None):>15} "
+              f"{cube:>15}")
 
 
 @hydra_entry("../configs", "plan_memory")

@@ -12,7 +12,7 @@ Read in the order a plan is made::
     accounting    what a per-block choice costs: bytes kept and moved, FLOPs recomputed, seconds
     search        plan_lms: the strategies, auto's per-block search, what fits instead
     plan          Plan: its rows, table and JSON; PlanDoesNotFitError with the numbers and the fix
-    capacity      the largest input or batch a budget holds (plan.find=max_input|max_batch)
+    capacity      the largest input, batch or patch a budget holds (plan.find=max_input|max_batch|max_patch)
     inference     evaluation's and prediction's memory (whole volume, mirroring, native grid)
     preflight     plan_run and friends: a run's config in, its plan (or the refusal) out
     advice        after running out of memory: the settings predicted to fit (as overrides) and

@@ -71,7 +71,13 @@ def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, int, 
 
 def capacity_run(cfg: TrainConfig, find: str, device: str | None = None) -> tuple[int, int, dict[str, Capacity]]:
     """``(limit_bytes, budget_bytes, {strategy: Capacity})``: the largest input (``find=max_input``, of the
-    resolution's proportions) or batch (``max_batch``) each strategy fits in ``lms.limit``."""
+    network input's proportions), batch (``max_batch``) or patch and cube (``max_patch``) each strategy
+    fits in ``lms.limit``.
+
+    ``max_patch`` searches within the network input of ``cfg`` (:func:`~brats_seg.config.network_input_shape`):
+    pass ``cfg`` in patch mode at the largest patch ``resolution.shape`` allows
+    (:func:`~brats_seg.lms.planner.capacity.largest_patch_allowed`), as ``scripts/plan_memory.py`` does,
+    so the patches keep the grid's proportions and stop at the grid, not at a configured patch."""
     from brats_seg.backend import check_precision, device_memory_bytes
 
     device = device or planning_device(cfg)
@@ -79,7 +85,8 @@ def capacity_run(cfg: TrainConfig, find: str, device: str | None = None) -> tupl
     limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
     options = LMSOptions.from_config(cfg.lms, limit, allow_offload=device == "GPU", strategy="auto")
     mm = memory_model_for(device)
-    return limit, planning_budget(limit, mm), find_capacity(find, Workload.from_config(cfg), mm, options)
+    grid = tuple(int(v) for v in cfg.resolution.shape)  # max_patch: the grid the patches are cut from
+    return limit, planning_budget(limit, mm), find_capacity(find, Workload.from_config(cfg), mm, options, grid_shape=grid)
 
 
 def _with_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
