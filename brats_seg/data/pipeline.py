@@ -20,7 +20,9 @@ Training is a pure function of ``(case_dirs, seed)``: epoch ``e`` visits the cas
 order ``default_rng([seed, e]).permutation(n)`` (its first ``steps * batch_size``), and the
 augmentation of the case at position ``p`` of epoch ``e`` is drawn from a stateless seed
 ``(seed, e, p)``. A run resumed with ``initial_epoch=k`` therefore sees exactly the batches
-an uninterrupted run sees from epoch ``k`` on, and batches never straddle epochs.
+an uninterrupted run sees from epoch ``k`` on, and batches never straddle epochs. In patch mode
+(``patch_size``) the element at each position is a crop of the case, placed by
+:mod:`brats_seg.data.patches` from ``(seed, e, p)`` too, and augmented as a whole volume is.
 
 Distributed training splits each global batch of ``batch_size`` positions among the
 workers: worker ``w`` of ``W`` reads the positions ``p`` with ``(p mod batch_size) //
@@ -42,6 +44,7 @@ import tensorflow as tf
 
 from brats_seg.config import AugmentationConfig, augment_preset
 from brats_seg.data.cache import IMAGE_FILE, REGIONS_FILE  # the cache owns an entry's file names
+from brats_seg.data.patches import PatchSampler, crops_per_case
 
 __all__ = [
     "IMAGE_FILE",
@@ -157,6 +160,24 @@ def _make_loader(case_dirs: Sequence[Path], in_channels: int, out_channels: int)
     return load
 
 
+def _patch_map(case_dirs, spatial, patch, in_channels, out_channels, seed, fraction, per_epoch):
+    """``(epoch, position, index) -> (image crop, regions crop)`` for ``Dataset.map`` (patch mode):
+    the crop of :class:`~brats_seg.data.patches.PatchSampler`, read from the memory-mapped case."""
+    sampler = PatchSampler(spatial, patch, seed, fraction, per_epoch)
+
+    def load(epoch, position, index) -> tuple[np.ndarray, np.ndarray]:
+        case_dir = case_dirs[int(index)]
+        image = _open(case_dir, IMAGE_FILE)[..., :in_channels]
+        regions = _open(case_dir, REGIONS_FILE)[..., :out_channels]
+        return sampler.crop(int(epoch), int(position), int(index), image, regions, case_dir.name)
+
+    def load_crop(epoch, position, index):
+        image, regions = tf.numpy_function(load, [epoch, position, index], [tf.float16, tf.uint8], stateful=False)
+        return tf.ensure_shape(image, (*patch, in_channels)), tf.ensure_shape(regions, (*patch, out_channels))
+
+    return load_crop
+
+
 def _check_channels(in_channels: int, out_channels: int) -> None:
     if in_channels not in (1, 4):
         raise ValueError(f"in_channels must be 4 (FLAIR,T1,T1ce,T2) or 1 (FLAIR only), got {in_channels!r}.")
@@ -246,17 +267,20 @@ def _nnunet_map(seed: int, spatial, params: AugmentationConfig | None):
 # ---------------------------------------------------------------------------------------
 
 
-def _epoch_order(n_cases: int, seed: int, epoch: int, per_epoch: int) -> np.ndarray:
-    """The case indices epoch ``epoch`` visits, in order: a pure function of (seed, epoch)."""
-    return np.random.default_rng([seed, epoch]).permutation(n_cases)[:per_epoch]
+def _epoch_order(n_cases: int, seed: int, epoch: int, per_epoch: int, repeats: int = 1) -> np.ndarray:
+    """The case indices epoch ``epoch`` visits, in order: a pure function of (seed, epoch).
+    ``repeats``: each case that many times (patch mode's crops per case)."""
+    if repeats == 1:
+        return np.random.default_rng([seed, epoch]).permutation(n_cases)[:per_epoch]
+    return np.random.default_rng([seed, epoch]).permutation(n_cases * repeats)[:per_epoch] % n_cases
 
 
 def _index_stream(n_cases: int, seed: int, first_epoch: int, per_epoch: int, first_position: int = 0,
-                  owns=lambda position: True) -> Iterator[tuple[int, int, int]]:
+                  owns=lambda position: True, repeats: int = 1) -> Iterator[tuple[int, int, int]]:
     """Endless ``(epoch, position, case_index)`` from position ``first_position`` of
     ``first_epoch`` on, the positions ``owns`` accepts."""
     for epoch in itertools.count(first_epoch):
-        for position, case in enumerate(_epoch_order(n_cases, seed, epoch, per_epoch)):
+        for position, case in enumerate(_epoch_order(n_cases, seed, epoch, per_epoch, repeats)):
             if (epoch > first_epoch or position >= first_position) and owns(position):
                 yield epoch, position, int(case)
 
@@ -290,6 +314,8 @@ def make_train_dataset(
     replica_batch: int | None = None,
     prefetch_batches: int = PREFETCH_BATCHES,
     augmentation: AugmentationConfig | None = None,
+    patch_size: Sequence[int] | None = None,
+    foreground_fraction: float = 0.33,
 ) -> tf.data.Dataset:
     """Endless, shuffled, augmented training batches, deterministic in ``(seed, epoch)``.
 
@@ -312,10 +338,16 @@ def make_train_dataset(
             ``batch_size / count``); a worker with R replicas yields R of them per step.
         prefetch_batches: finished batches waiting for the step (``data.prefetch_batches``).
         augmentation: the ``nnunet`` preset's ranges and probabilities (default: nnU-Net's).
+        patch_size: ``(px, py, pz)``: each element is a random crop of this size
+            (:mod:`brats_seg.data.patches`), then augmented, and an epoch visits each case
+            :func:`~brats_seg.data.patches.crops_per_case` times; the loop must be given
+            ``steps_per_epoch(len(case_dirs) * crops_per_case(grid, patch_size), ...)``.
+            None = the whole cached volume.
+        foreground_fraction: patch mode: the share of crops centred on tumour.
 
     Returns:
         Dataset of ``(image float16 (B, x, y, z, in_channels), regions uint8
-        (B, x, y, z, out_channels))``, repeated forever; each epoch is
+        (B, x, y, z, out_channels))`` (``x, y, z`` the patch in patch mode), repeated forever; each epoch is
         ``steps_per_epoch(...)`` full batches (of ``batch_size``, split as above).
 
     Raises:
@@ -327,7 +359,9 @@ def make_train_dataset(
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}.")
     if not isinstance(initial_epoch, (int, np.integer)) or initial_epoch < 0:
         raise ValueError(f"initial_epoch must be an integer >= 0, got {initial_epoch!r}.")
-    steps = steps_per_epoch(len(paths), batch_size, max_steps_per_epoch)
+    spatial = _check_cases(paths, out_channels)
+    repeats = crops_per_case(spatial, patch_size)  # patch mode: an epoch holds every case's voxels once
+    steps = steps_per_epoch(len(paths) * repeats, batch_size, max_steps_per_epoch)
     if not 0 <= initial_step < steps:
         raise ValueError(f"initial_step must be in 0..{steps - 1} (steps per epoch), got {initial_step!r}.")
     index, count = shard
@@ -338,7 +372,6 @@ def make_train_dataset(
             f"trainer.batch_size={batch_size} (the global batch) does not split evenly among {count} worker(s) "
             f"in replica batches of {replica_batch}: use a batch size divisible by the number of replicas."
         )
-    spatial = _check_cases(paths, out_channels)
     per_epoch = steps * batch_size
     seed, initial_epoch = int(seed), int(initial_epoch)
 
@@ -346,26 +379,34 @@ def make_train_dataset(
         return (position % batch_size) // share == index
 
     indices = tf.data.Dataset.from_generator(
-        lambda: _index_stream(len(paths), seed, initial_epoch, per_epoch, initial_step * batch_size, owns),
+        lambda: _index_stream(len(paths), seed, initial_epoch, per_epoch, initial_step * batch_size, owns, repeats),
         output_signature=(tf.TensorSpec((), tf.int64),) * 3,
     )
-    load_case = _load_map(paths, spatial, in_channels, out_channels)
+    if patch_size:
+        element = tuple(int(p) for p in patch_size)
+        load_crop = _patch_map(paths, spatial, element, in_channels, out_channels, seed, foreground_fraction,
+                               per_epoch)
+    else:
+        element, load_whole = spatial, _load_map(paths, spatial, in_channels, out_channels)
+
+        def load_crop(epoch, position, case):
+            return load_whole(case)
 
     preset = augment_preset(augment)
     augment_fn = {"none": lambda: None, "light": lambda: _augment_map(seed),
-                  "nnunet": lambda: _nnunet_map(seed, spatial, augmentation)}[preset]()
+                  "nnunet": lambda: _nnunet_map(seed, element, augmentation)}[preset]()
 
     def load_and_augment(epoch, position, case):
-        image, regions = load_case(case)
+        image, regions = load_crop(epoch, position, case)
         return augment_fn(epoch, position, image, regions) if augment_fn else (image, regions)
 
     ds = indices.map(load_and_augment, num_parallel_calls=MAP_PARALLEL_CALLS, deterministic=True)
     ds = ds.batch(replica_batch, drop_remainder=True).prefetch(prefetch_batches)
     logger.info(
         "train dataset: %d cases, %d steps/epoch of %d (worker %d/%d, batches of %d), shape %s, seed %d, "
-        "from epoch %d step %d, augment=%s",
+        "from epoch %d step %d, augment=%s%s",
         len(paths), steps, batch_size, index, count, replica_batch, spatial, seed, initial_epoch, initial_step,
-        preset,
+        preset, f", crops {element} ({foreground_fraction:g} on tumour)" if patch_size else "",
     )
     return ds.with_options(_options())
 

@@ -27,7 +27,8 @@ LR_SCHEDULES = ("cosine", "constant")  # trainer.lr_schedule
 
 
 def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
-    """Adam with a per-step LR schedule (cosine with linear warm-up, or constant).
+    """Adam with a per-step LR schedule (cosine with linear warm-up, or constant; with
+    ``trainer.time_budget_s`` the cosine runs over the budget's time, not the epochs).
 
     ``trainer.learning_rate`` is the rate for the global batch ``trainer.batch_size``
     (whatever the number of replicas sharing it); ``distribute.lr_scaling=linear``
@@ -41,6 +42,10 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
     base_lr = t.learning_rate * (replicas if scaling == "linear" else 1)
     if check_choice(t.lr_schedule, LR_SCHEDULES, "trainer.lr_schedule") == "constant":
         lr = base_lr
+    elif t.time_budget_s:  # the cosine over the budget's time (brats_seg.training.budget)
+        from brats_seg.training.budget import BudgetCosineDecay
+
+        lr = BudgetCosineDecay(base_lr, min(t.warmup_epochs, max(t.epochs - 1, 0)) * steps_per_epoch)
     else:
         warmup = min(t.warmup_epochs, max(t.epochs - 1, 0)) * steps_per_epoch
         total = max(t.epochs * steps_per_epoch - warmup, 1)

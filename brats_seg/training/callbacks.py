@@ -101,6 +101,8 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.state.pop("partial", None)
             self.state.pop("partial_epoch", None)
             self.state["history"].append(row)
+            if "train_time_s" in logs:  # the budget's clock resumes from it
+                self.state["train_time_s"] = float(logs["train_time_s"])
             self.state["iterations"] = self._iterations()
             if self.write:
                 self._save_state_then_weights(previous)
@@ -112,14 +114,17 @@ class RunCheckpoint(keras.callbacks.Callback):
                      self.monitor, self.patience, self.state["best_value"] or float("nan"), best_epoch)
             self.model.stop_training = True
 
-    def save_partial(self, epoch: int, step: int, sums: dict[str, float]) -> None:
-        """A signal stopped epoch ``epoch`` (0-based) after ``step`` steps: save weights and position,
-        in the same order as at an epoch's end (:meth:`_save_state_then_weights`)."""
+    def save_partial(self, epoch: int, step: int, sums: dict[str, float], train_time_s: float | None = None) -> None:
+        """A signal stopped epoch ``epoch`` (0-based) after ``step`` steps: save weights and position
+        (and the training seconds spent), in the same order as at an epoch's end
+        (:meth:`_save_state_then_weights`)."""
         previous = self._snapshot()
         with self._saying_what_is_intact():
             self.state["epoch"] = int(epoch)  # completed epochs
             self.state["step"] = int(step)
             self.state["partial"] = dict(sums)
+            if train_time_s is not None:
+                self.state["train_time_s"] = float(train_time_s)
             self.state["partial_epoch"] = epoch + 1
             self.state["iterations"] = self._iterations()
             if self.write:

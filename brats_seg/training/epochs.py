@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from brats_seg.training.steps import EpochSums, chief_value
+from brats_seg.training.budget import TrainingClock
+from brats_seg.training.steps import EpochSums, chief_value, chief_values
 
 __all__ = ["LoopOutcome", "evaluate", "run_epochs"]
 
@@ -42,6 +43,7 @@ class LoopOutcome:
     epoch: int = 0
     step: int = 0
     sums: EpochSums | None = None
+    train_time_s: float = 0.0  # training seconds spent at the stop (the budget's clock)
 
 
 def evaluate(eval_step: Callable, dataset) -> EpochSums:
@@ -52,10 +54,23 @@ def evaluate(eval_step: Callable, dataset) -> EpochSums:
     return sums
 
 
+def _budget_spent(strategy, clock: TrainingClock, single_worker: bool) -> bool:
+    """Whether the budget is spent, the chief's clock deciding (and setting the learning rate's
+    share) for every worker, so that all stop at the same step with the same rates."""
+    if not clock.budgeted:
+        return False
+    if single_worker:
+        return clock.over
+    share, over = (float(v) for v in chief_values(strategy, [tf.constant(clock.share), tf.constant(float(clock.over))]))
+    if clock.schedule is not None:
+        clock.schedule.set_progress(share)
+    return over > 0
+
+
 def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, iterator, val_dataset,
                epochs: int, initial_epoch: int, initial_step: int, steps: int, val_every: int, callbacks,
                preemption, partial: EpochSums | None = None, is_chief: bool = True,
-               single_worker: bool = True) -> LoopOutcome:
+               single_worker: bool = True, clock: TrainingClock | None = None) -> LoopOutcome:
     """Train epochs ``initial_epoch+1 .. epochs`` (1-based), resuming at ``initial_step``.
 
     Args:
@@ -74,10 +89,19 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
         single_worker: no other process takes part; a signal during a step stops right after
             it (with several workers the next step carries the flag to all, so they stop
             one step later, together).
+        clock: the training time spent and its budget (:mod:`brats_seg.training.budget`): each
+            epoch logs ``train_s`` and the run's ``train_time_s``; a spent budget ends the
+            epoch after the step, which is validated and saved, and the run as finished.
     """
     from tqdm.auto import tqdm
 
+    clock = clock or TrainingClock()
     callbacks.on_train_begin()
+    if _budget_spent(strategy, clock, single_worker):
+        log.info("the training budget (trainer.time_budget_s=%g) is spent (%.0f s trained): nothing to train",
+                 clock.budget_s, clock.spent_s)
+        callbacks.on_train_end()
+        return LoopOutcome("finished", train_time_s=clock.spent_s)
     for epoch in range(initial_epoch, epochs):
         first = initial_step if epoch == initial_epoch else 0
         sums = partial if (epoch == initial_epoch and partial is not None) else EpochSums()
@@ -85,7 +109,7 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
         log.info("epoch %d/%d: training from step %d of %d", epoch + 1, epochs, first + 1, steps)
         bar = tqdm(total=steps, initial=first, desc=f"epoch {epoch + 1}/{epochs}", unit="step", leave=True,
                    disable=not (is_chief and sys.stderr.isatty()), dynamic_ncols=True)
-        stop = False
+        stop = spent = False
         step_times: list[float] = []
         with bar:
             for step in range(first, steps):
@@ -93,6 +117,7 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
                 started = time.perf_counter()
                 out = {k: float(v) for k, v in train_step(iterator, tf.constant(preemption.requested)).items()}
                 step_times.append(time.perf_counter() - started)
+                clock.add(step_times[-1])
                 # a worker signalled before this step (the flag travels in the step), or this
                 # single-worker process signalled during it
                 stop = out.pop("stop") > 0 or (single_worker and preemption.requested)
@@ -102,11 +127,19 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
                 bar.set_postfix({k: f"{logs[k]:.4f}" for k in PROGRESS_KEYS if k in logs}, refresh=False)
                 bar.update(1)
                 if stop and step + 1 < steps:
-                    return LoopOutcome("preempted", epoch, step + 1, sums)
+                    return LoopOutcome("preempted", epoch, step + 1, sums, clock.spent_s)
+                spent = _budget_spent(strategy, clock, single_worker)
+                if spent:
+                    log.info("training budget spent: %.0f s of trainer.time_budget_s=%g after step %d of %d of "
+                             "epoch %d; validating and finishing", clock.spent_s, clock.budget_s, step + 1, steps,
+                             epoch + 1)
+                    break
         logs = sums.means()
         if step_times:  # seconds per training step (the median: the first one traces the step)
             logs["step_s"] = statistics.median(step_times)
-        if (epoch + 1) % max(val_every, 1) == 0:  # as Keras' validation_freq
+        logs["train_s"] = sum(step_times)  # this epoch's training, validation excluded
+        logs["train_time_s"] = clock.spent_s  # the run's, across resumes
+        if (epoch + 1) % max(val_every, 1) == 0 or spent:  # as Keras' validation_freq; a budget's end is validated
             started = time.perf_counter()
             callbacks.on_test_begin()  # as Keras' fit around its validation pass
             logs.update(evaluate(eval_step, val_dataset).means("val_"))
@@ -116,9 +149,9 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
         log.info("epoch %d/%d: %s", epoch + 1, epochs,
                  ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k.endswith(PROGRESS_KEYS)))
         model.stop_training = bool(chief_value(strategy, tf.constant(float(bool(model.stop_training)))).numpy())
-        if model.stop_training or epoch + 1 == epochs:  # done: a signal now has nothing left to save
+        if model.stop_training or spent or epoch + 1 == epochs:  # done: a signal now has nothing left to save
             break
         if stop:  # signalled during the epoch's last step: the epoch is complete and saved
-            return LoopOutcome("preempted", epoch + 1, 0)
+            return LoopOutcome("preempted", epoch + 1, 0, train_time_s=clock.spent_s)
     callbacks.on_train_end()
-    return LoopOutcome("finished")
+    return LoopOutcome("finished", train_time_s=clock.spent_s)

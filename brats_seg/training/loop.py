@@ -44,6 +44,7 @@ from brats_seg.backend import ResolvedBackend
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions, resolve_model_outputs
+from brats_seg.data.patches import crops_per_case
 from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
 from brats_seg.distribute.strategy import make_strategy
 from brats_seg.locks import hold_lock, remove_stale_temporaries
@@ -59,7 +60,8 @@ from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sy
 from brats_seg.training.epochs import LoopOutcome, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, MemoryWatch, out_of_memory_guard, warn_about_dead_run
 from brats_seg.training.preemption import Preempted, PreemptionFlag
-from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_train_step
+from brats_seg.training.budget import TrainingClock
+from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_sliding_eval_step, make_train_step
 
 __all__ = ["TrainResult", "train", "resolve_paths"]
 
@@ -140,7 +142,7 @@ def _train_dataset_fn(cfg: TrainConfig, train_dirs, initial_epoch: int, initial_
             initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch, initial_step=initial_step,
             shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
             replica_batch=ctx.get_per_replica_batch_size(t.batch_size), prefetch_batches=cfg.data.prefetch_batches,
-            augmentation=t.augmentation)
+            augmentation=t.augmentation, patch_size=t.patch_size, foreground_fraction=t.foreground_fraction)
 
     return dataset_fn
 
@@ -245,7 +247,9 @@ def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, clust
     t = cfg.trainer
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
     train_dirs, val_dirs = [e.path for e in ds.entries_of("train")], [e.path for e in ds.entries_of("val")]
-    steps = steps_per_epoch(len(train_dirs), t.batch_size, t.steps_per_epoch)
+    # patch mode: an epoch holds every training case's voxels once (brats_seg.data.patches.crops_per_case)
+    steps = steps_per_epoch(len(train_dirs) * crops_per_case(cfg.resolution.shape, t.patch_size), t.batch_size,
+                            t.steps_per_epoch)
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -347,15 +351,17 @@ class _Session:
                 iterator = iter(self.strategy.distribute_datasets_from_function(
                     _train_dataset_fn(self.cfg, train_dirs, initial_epoch, initial_step)))
                 metrics = training_metrics(self.cfg)
+                clock = TrainingClock(t.time_budget_s, (self.checkpoint.state or {}).get("train_time_s", 0.0),
+                                      getattr(self.model.optimizer, "_learning_rate", None))
                 outcome = run_epochs(
                     strategy=self.strategy, model=self.model, iterator=iterator,
                     val_dataset=make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels),
                     train_step=make_train_step(self.strategy, self.model, self.loss, metrics, t.batch_size),
-                    eval_step=make_eval_step(self.model, metrics, self.loss), epochs=t.epochs,
+                    eval_step=self._eval_step(metrics), epochs=t.epochs,
                     initial_epoch=initial_epoch, initial_step=initial_step, steps=steps, val_every=t.val_every,
                     callbacks=keras.callbacks.CallbackList(callbacks, model=self.model), preemption=flag,
                     partial=EpochSums.from_dict(partial) if partial else None, is_chief=self.is_chief,
-                    single_worker=not self.multi)
+                    single_worker=not self.multi, clock=clock)
             else:
                 log.info("run %s already has %d/%d epochs: nothing to train", self.run_dir, initial_epoch, t.epochs)
             if outcome.status == "preempted":
@@ -368,11 +374,23 @@ class _Session:
             raise Preempted(flag.signal_name or "signal", where, str(self.run_dir))
         return "FINISHED"
 
+    def _eval_step(self, metrics):
+        """Validation of whole volumes: in one pass, or (patch mode) by windows of the patch
+        size with Gaussian blending, as evaluation infers the run (``evaluate.window_overlap``'s
+        default overlap)."""
+        patch = self.cfg.trainer.patch_size
+        if not patch:
+            return make_eval_step(self.model, metrics, self.loss)
+        from brats_seg.config import EvaluateConfig
+
+        return make_sliding_eval_step(self.model, metrics, self.loss, patch, EvaluateConfig().window_overlap,
+                                      self.cfg.model.depth)
+
     def _save_preempted(self, outcome: LoopOutcome) -> str:
         """Save a partial epoch's position and sums; where the run stopped, in words."""
         if not outcome.step:
             return f"epoch {outcome.epoch}"
-        self.checkpoint.save_partial(outcome.epoch, outcome.step, outcome.sums.to_dict())
+        self.checkpoint.save_partial(outcome.epoch, outcome.step, outcome.sums.to_dict(), outcome.train_time_s)
         return f"step {outcome.step} of epoch {outcome.epoch + 1}"
 
     def close(self, status: str) -> None:

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import tensorflow as tf
 
-__all__ = ["EpochSums", "broadcast_from_chief", "chief_value", "chief_values", "make_eval_step", "make_train_step"]
+__all__ = ["EpochSums", "broadcast_from_chief", "chief_value", "chief_values", "make_eval_step",
+           "make_sliding_eval_step", "make_train_step"]
 
 COUNT = "count"  # the per-sample sums' denominator
 
@@ -118,6 +119,32 @@ def make_eval_step(model, metrics: Sequence, loss=None) -> Callable:
             out["loss"] = tf.reduce_sum(loss.call(y, pred))
         out.update(_metric_sums(metrics, y, pred))
         return out
+
+    return step
+
+
+def make_sliding_eval_step(model, metrics: Sequence, loss, window: Sequence[int], overlap: float,
+                           depth: int) -> Callable:
+    """:func:`make_eval_step` for a model trained on patches: each whole volume of the batch is
+    inferred by windows of the patch size with Gaussian blending
+    (:func:`brats_seg.evaluation.sliding.predict_volume`, as evaluation infers it), then scored
+    like a whole-volume prediction. Runs eagerly around the windows' ``tf.function``."""
+    from brats_seg.evaluation.sliding import predict_volume
+
+    window = tuple(int(w) for w in window)
+
+    @tf.function
+    def score(y, pred):
+        out = {COUNT: tf.cast(tf.shape(pred)[0], tf.float32)}
+        if loss is not None:
+            out["loss"] = tf.reduce_sum(loss.call(y, pred))
+        out.update(_metric_sums(metrics, y, pred))
+        return out
+
+    def step(x, y):
+        images = x.numpy()
+        pred = [predict_volume(model, image, "sliding", window, overlap, depth) for image in images]
+        return score(y, tf.constant(pred))
 
     return step
 
