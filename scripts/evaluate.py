@@ -38,10 +38,11 @@ def main(cfg) -> None:
     # TensorFlow-free checks first: a wrong run_dir fails in a second, not after the TF import.
     from brats_seg.evaluation.evaluate import check_run_dir
 
-    from brats_seg.evaluation.run import inference_precision
+    from brats_seg.evaluation.run import inference_precision, inference_settings
 
     with user_errors("evaluation"):
         run = check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
+        conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
         # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
         conf.backend.precision = inference_precision(run, _requested_precision())
 
@@ -59,7 +60,8 @@ def main(cfg) -> None:
         summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate, data=other)
     layout = load_run_config(conf.run_dir).data.layout
     out = eval_dir(conf.run_dir, f"{conf.split}@{conf.on}" if conf.on else conf.split)
-    mode = "sliding-window" if conf.evaluate.mode == "sliding" else "whole-volume"
+    mode = (f"sliding-window ({'x'.join(map(str, conf.evaluate.window))})" if conf.evaluate.mode == "sliding"
+            else "whole-volume")
     print(f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
           f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n")
     print(format_summary_table(summary, region_names(layout)))

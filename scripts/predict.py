@@ -44,7 +44,7 @@ def main(cfg) -> None:
     from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
     from brats_seg.evaluation.exported import export_precision, predict_source, prediction_postprocessing
-    from brats_seg.evaluation.run import RunError, inference_precision, run_regions
+    from brats_seg.evaluation.run import RunError, inference_precision, inference_settings, run_regions
 
     with user_errors("prediction"):  # TensorFlow-free checks first
         if not str(conf.output).strip():
@@ -52,6 +52,7 @@ def main(cfg) -> None:
         export = predict_source(conf.run_dir, conf.export, conf.evaluate)  # None: a training run
         if export is None:
             run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
+            conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
             # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
             conf.backend.precision = inference_precision(run, _requested_precision())
         else:  # the precision the export's graph was traced in

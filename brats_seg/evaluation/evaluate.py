@@ -66,6 +66,7 @@ from brats_seg.evaluation.predict import check_native_shape, predict_case_labels
 from brats_seg.evaluation.run import (
     RunError,
     check_evaluate_config,
+    inference_settings,
     checkpoint_path,
     check_inference_memory,
     inference_device,
@@ -122,7 +123,7 @@ def check_run_dir(
     config = load_run_config(run_dir)
     checkpoint_path(run_dir, checkpoint)
     if eval_cfg is not None:
-        check_evaluate_config(eval_cfg, config.model)
+        check_evaluate_config(inference_settings(eval_cfg, config), config.model, config.trainer.patch_size)
     return config
 
 
@@ -309,7 +310,8 @@ def evaluate_run(
         config = check_run_dir(run_dir, checkpoint, split, eval_cfg)
     else:
         config = load_run_config(run_dir)
-        check_evaluate_config(eval_cfg, config.model)
+        check_evaluate_config(inference_settings(eval_cfg, config), config.model, config.trainer.patch_size)
+    eval_cfg = inference_settings(eval_cfg, config)  # a patch run infers by windows of its patch
     run_dir = Path(run_dir).expanduser()
     case_ids = split_case_ids(run_dir, split)
     if not case_ids:

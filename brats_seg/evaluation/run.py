@@ -27,6 +27,7 @@ __all__ = [
     "MODES",
     "RunError",
     "check_evaluate_config",
+    "inference_settings",
     "checkpoint_path",
     "load_run_config",
     "load_run_model",
@@ -69,18 +70,46 @@ def checkpoint_path(run_dir: str | Path, checkpoint: str = "best") -> Path:
     return RunFolder(Path(run_dir).expanduser()).checkpoint(checkpoint)
 
 
-def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None) -> None:
+def inference_settings(cfg: EvaluateConfig, run: TrainConfig) -> EvaluateConfig:
+    """The inference a run's model gets, from its own config: a run trained on patches
+    (``trainer.patch_size``) infers by sliding windows of its patch size with Gaussian blending,
+    so ``scripts/evaluate.py run_dir=...`` and ``predict.py`` need no extra key; a whole-volume
+    run keeps ``cfg`` as given. Idempotent.
+
+    Raises:
+        RunError: an ``evaluate.window`` other than the patch (its norm learned the statistics
+            of windows of the patch's size).
+    """
+    patch = [int(p) for p in (run.trainer.patch_size or [])]
+    if not patch:
+        return cfg
+    if cfg.window and [int(w) for w in cfg.window] != patch:
+        raise RunError(f"evaluate.window={list(cfg.window)}: this run trained on patches of {patch}, and its "
+                       f"{run.model.norm} norm learned the statistics of windows of that size; leave evaluate.window "
+                       "empty (the run's patch is used).")
+    if str(cfg.mode) == "sliding" and [int(w) for w in cfg.window] == patch:
+        return cfg
+    log.info("the run trained on patches of %s: inferring by sliding windows of that size (overlap %g, Gaussian "
+             "blending)", "x".join(map(str, patch)), cfg.window_overlap)
+    return dataclasses.replace(cfg, mode="sliding", window=patch)
+
+
+def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None,
+                          patch: list[int] | None = None) -> None:
     """Check ``evaluate.*`` against the run's model up front (before a model is loaded).
 
-    Sliding windows are refused for instance and group norm: the network was trained on
-    whole volumes, and those layers normalise every feature map over the volume they are
+    Sliding windows are refused for instance and group norm when the network was trained on
+    whole volumes: those layers normalise every feature map over the volume they are
     given, so a window would be normalised with its own statistics, not the ones the
     model learned with. Whole-volume inference needs far less memory than training (no
-    activations are kept for backward), so a model that trained whole infers whole.
+    activations are kept for backward), so a model that trained whole infers whole. A model
+    trained on patches (``patch``) learned window statistics: it infers by windows of its
+    patch (:func:`inference_settings`).
 
     Args:
         cfg: the inference settings.
         model: the run's model config (norm; windows are multiples of ``2**depth``).
+        patch: the run's ``trainer.patch_size`` (None: trained on whole volumes).
 
     Raises:
         RunError: naming the bad key and value.
@@ -92,7 +121,7 @@ def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None)
         raise RunError(f"evaluate.window_overlap={cfg.window_overlap}: use a fraction in [0, 1), e.g. 0.5.")
     if model is None:
         return
-    if cfg.mode == "sliding" and model.norm in ("instance", "group"):
+    if cfg.mode == "sliding" and model.norm in ("instance", "group") and not patch:
         raise RunError(
             f"evaluate.mode=sliding with model.norm={model.norm}: this model normalises every feature map over "
             "the whole volume it was trained on, so a window would be normalised with its own statistics and "
