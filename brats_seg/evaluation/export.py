@@ -15,9 +15,22 @@ The spatial dims are fixed to ``resolution.shape``: the U-Net's instance and gro
 over the grid they are given (another grid changes what the model computes, see
 :func:`brats_seg.evaluation.run.check_evaluate_config`), its trilinear up-sampling needs static
 dims, and the preprocessing always produces that grid. The batch is free: the cases of a batch
-run one at a time (``tf.map_fn``) through the same kernels as brats_seg's own whole-volume
-inference, so with the same thread settings the outputs equal the run's ``.keras`` model's bit for
-bit. A FLAIR-only model (``model.in_channels=1``) takes the four channels too and uses the first.
+run one at a time (``tf.map_fn``) through the same kernels as brats_seg's own inference, so with
+the same thread settings the outputs equal the run's ``.keras`` model's bit for bit. A FLAIR-only
+model (``model.in_channels=1``) takes the four channels too and uses the first.
+
+How a case is inferred follows how the run trained (``preprocessing.json``'s ``inference``,
+:func:`describe_inference`):
+
+* whole volumes (``trainer.patch_size`` null): the model on the whole grid, one forward pass;
+* patches (``trainer.patch_size=[x,y,z]``): the model, built at the patch as training built it,
+  on windows of the patch with overlap ``evaluate.window_overlap``'s default (0.5), blended with
+  the Gaussian importance map, all inside the graph: the window corners are constants
+  (:func:`brats_seg.evaluation.sliding.window_corners`), a ``tf.while_loop`` runs one window at a
+  time in their order and adds its weighted probabilities and its weights into the grid's sums,
+  and the probabilities are their quotient -- the sums ``predict_volume(mode="sliding")`` forms on
+  the host, in the same order, so the SavedModel serves what brats_seg's sliding inference gives.
+  A client still sends the whole grid and gets the whole grid back.
 
 The facts in ``preprocessing.json`` are read from their owners: channels from
 :mod:`brats_seg.data.layouts`, regions, labels and paint order from :mod:`brats_seg.data.labels`,
@@ -37,11 +50,12 @@ from pathlib import Path
 
 from brats_seg.backend import PRECISION_POLICIES
 from brats_seg.choices import check_choice
-from brats_seg.config import EvaluateConfig, TrainConfig, config_to_dict
+from brats_seg.config import EvaluateConfig, TrainConfig, config_to_dict, network_input_shape
 from brats_seg.data.labels import REGION_TITLES, label_table
 from brats_seg.data.layouts import CHANNELS
 from brats_seg.data.preprocess import describe_preprocessing
 from brats_seg.evaluation.run import RunError, load_run_config, load_run_model, run_regions
+from brats_seg.evaluation.sliding import GAUSSIAN_SIGMA_SCALE, gaussian_importance_map, window_corners
 from brats_seg.files import atomic_dir, write_text_atomic
 from brats_seg.run_dir import RunFolder
 
@@ -55,6 +69,7 @@ __all__ = [
     "check_export_output",
     "default_export_dir",
     "describe_export",
+    "describe_inference",
     "export_run",
     "is_export_dir",
 ]
@@ -99,6 +114,22 @@ def check_export_output(output: str | Path) -> Path:
     return output
 
 
+def describe_inference(config: TrainConfig) -> dict:
+    """How the export infers a case (TensorFlow-free): ``{"mode": "whole"}`` for a run trained on
+    whole volumes; for a patch run, Gaussian-blended sliding windows of the patch::
+
+        {"mode": "sliding", "window": [x, y, z], "overlap": 0.5, "blending": "gaussian", "sigma_scale": 0.125}
+
+    ``overlap`` is ``evaluate.window_overlap``'s default, ``sigma_scale`` the Gaussian's sigma per
+    axis as a fraction of the window (:func:`brats_seg.evaluation.sliding.gaussian_importance_map`).
+    """
+    if not config.trainer.patch_size:
+        return {"mode": "whole"}
+    return {"mode": "sliding", "window": list(network_input_shape(config)),
+            "overlap": float(EvaluateConfig().window_overlap), "blending": "gaussian",
+            "sigma_scale": float(GAUSSIAN_SIGMA_SCALE)}
+
+
 def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, checkpoint_identity: dict,
                     policy: str) -> dict:
     """The content of ``preprocessing.json`` for a run's model (TensorFlow-free).
@@ -128,6 +159,7 @@ def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, c
                        "meaning": "sigmoid probability of each region, in the order of 'regions'"},
             "axes": f"channels-last (batch, x, y, z, channel), voxel order {preprocessing['orientation']}",
         },
+        "inference": describe_inference(config),
         "regions": [{"name": n, "title": REGION_TITLES[n], "labels": labels[n]} for n in names],
         "labels": {"layout": config.data.layout, "names": {str(v): n for v, n in sorted(table.names.items())},
                    "background": 0},
@@ -226,7 +258,7 @@ def export_run(run_dir: str | Path, output: str | Path | None = None, checkpoint
     output = check_export_output(output if output is not None and str(output).strip() else default_export_dir(run_dir))
     config = config or load_run_config(run_dir)
     identity = RunFolder.of(run_dir).checkpoint_identity(checkpoint)  # before loading: the weights exported
-    model = load_run_model(run_dir, checkpoint, config)
+    model = _model_at_network_input(load_run_model(run_dir, checkpoint, config), config)
     policy = keras.mixed_precision.global_policy().name
     description = describe_export(config, run_dir, checkpoint, identity, policy)
     with atomic_dir(output) as folder:
@@ -236,19 +268,40 @@ def export_run(run_dir: str | Path, output: str | Path | None = None, checkpoint
     return output
 
 
+def _model_at_network_input(model, config: TrainConfig):
+    """``model`` for a run trained on whole volumes; for a patch run, the U-Net built at the patch
+    (as training built it) holding ``model``'s weights: the model the sliding windows run."""
+    if not config.trainer.patch_size:
+        return model
+    from brats_seg.model.unet3d import build_unet3d
+
+    window_model = build_unet3d(config.model, network_input_shape(config))
+    window_model.set_weights(model.get_weights())  # same builder and config: the same weights in the same order
+    return window_model
+
+
 def _write_saved_model(model, config: TrainConfig, folder: Path) -> None:
-    """The SavedModel of ``model`` with the ``serving_default`` signature (see the module doc)."""
+    """The SavedModel of ``model`` with the ``serving_default`` signature (see the module doc).
+
+    ``model`` takes ``network_input_shape(config)``: the whole grid, or the patch of a patch run.
+    """
     import keras
     import tensorflow as tf
 
     shape = tuple(int(s) for s in config.resolution.shape)
     n_out, n_in = len(run_regions(config)), config.model.in_channels
-
-    def one_case(x):  # (x, y, z, 4) -> (x, y, z, R): a static batch of 1, as brats_seg's inference runs it
-        return tf.cast(model(x[None, ..., :n_in], training=False), tf.float32)[0]
+    inference = describe_inference(config)
+    if inference["mode"] == "sliding":
+        one_case = _sliding_case_fn(model, shape, inference, n_in, n_out)
+        parallel = {"parallel_iterations": 1}  # one case at a time: the memory of one case's windows
+    else:
+        def one_case(x):  # (x, y, z, 4) -> (x, y, z, R): a static batch of 1, as brats_seg's inference runs it
+            return tf.cast(model(x[None, ..., :n_in], training=False), tf.float32)[0]
+        parallel = {}  # as exports have always been traced
 
     def serve(image):  # (B, x, y, z, 4) float32 -> {"probabilities": (B, x, y, z, R) float32}
-        probs = tf.map_fn(one_case, image, fn_output_signature=tf.TensorSpec((*shape, n_out), tf.float32))
+        probs = tf.map_fn(one_case, image, fn_output_signature=tf.TensorSpec((*shape, n_out), tf.float32),
+                          **parallel)
         return {OUTPUT_NAME: probs}
 
     archive = keras.export.ExportArchive()
@@ -262,3 +315,42 @@ def _write_saved_model(model, config: TrainConfig, folder: Path) -> None:
         archive.write_out(str(folder), verbose=False)
     finally:
         tf_log.setLevel(level)
+
+
+def _sliding_case_fn(model, shape: tuple[int, int, int], inference: dict, n_in: int, n_out: int):
+    """One case's Gaussian-blended sliding-window inference as graph ops:
+    ``(X, Y, Z, 4) -> (X, Y, Z, R)`` float32, what ``predict_volume(mode="sliding")`` computes.
+
+    A ``tf.while_loop`` over the constant window corners (one model call in the graph, whatever
+    the number of windows; ``parallel_iterations=1``: one window's activations at a time, as on the
+    host) adds each window's ``p * w`` and ``w`` into one ``(X, Y, Z, R + 1)`` sum in the host's
+    order; the probabilities are the first ``R`` channels divided by the last.
+    """
+    import tensorflow as tf
+
+    window = tuple(int(w) for w in inference["window"])
+    corners = window_corners(shape, window, inference["overlap"])
+    weights = gaussian_importance_map(window, inference["sigma_scale"])[..., None]  # (wx, wy, wz, 1) float32
+    log.info("export: sliding windows %s over %s, overlap %.2f: %d windows a case",
+             "x".join(map(str, window)), "x".join(map(str, shape)), inference["overlap"], len(corners))
+    image_size, sum_size = [*window, n_in], [*window, n_out + 1]  # static: the model needs static dims
+
+    def one_case(x):
+        x = x[..., :n_in]  # (X, Y, Z, C_in)
+        starts = tf.constant([[*c, 0] for c in corners], tf.int32)  # (N, 4): (x, y, z, channel 0)
+        gauss = tf.constant(weights)
+
+        def add_window(i, total):  # total (X, Y, Z, R + 1): sum of p * w, then sum of w
+            begin = starts[i]
+            p = tf.cast(model(tf.slice(x, begin, image_size)[None], training=False), tf.float32)[0]  # (wx, wy, wz, R)
+            box = tf.slice(total, begin, sum_size) + tf.concat([p * gauss, gauss], axis=-1)
+            total = tf.raw_ops.TensorStridedSliceUpdate(input=total, begin=begin, end=begin + sum_size,
+                                                        strides=[1, 1, 1, 1], value=box)
+            return i + 1, total
+
+        total = tf.zeros((*shape, n_out + 1), tf.float32)
+        _, total = tf.while_loop(lambda i, _: i < len(corners), add_window, (tf.constant(0), total),
+                                 parallel_iterations=1)
+        return total[..., :n_out] / total[..., n_out:]
+
+    return one_case

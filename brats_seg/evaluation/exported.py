@@ -6,8 +6,12 @@ read back without TensorFlow, and its SavedModel loaded as the model ``predict_v
 ``preprocessing.json``, fixes the preprocessing, the inversion to the native grid, the regions and
 the labels, and :class:`ExportedModel` stands where the Keras model stands (``input_shape``,
 ``layers``, a call on a numpy batch), so the masks are those the run's ``.keras`` model writes.
-The export's signature takes the whole network grid, so sliding windows are refused
-(:func:`check_export_settings`). TensorFlow is imported only by :func:`load_exported_model`.
+The export's signature takes the whole network grid and infers it as the run does
+(:attr:`ExportInfo.inference`): a patch run's SavedModel runs the Gaussian-blended sliding
+windows of its patch inside its graph, so prediction calls it as a whole-volume model
+(``predict_volume(mode="whole")``, test-time mirroring on the host as for any model), and
+``evaluate.mode=sliding`` is refused (:func:`check_export_settings`). TensorFlow is imported only
+by :func:`load_exported_model`.
 """
 
 from __future__ import annotations
@@ -62,6 +66,16 @@ class ExportInfo:
     precision: str
     identity: dict
 
+    @property
+    def inference(self) -> dict:
+        """How the SavedModel infers a case (``preprocessing.json``'s ``inference``, written by
+        :func:`brats_seg.evaluation.export.describe_inference`): ``{"mode": "whole"}``, or for a patch
+        run ``{"mode": "sliding", "window": [x, y, z], "overlap": 0.5, "blending": "gaussian",
+        "sigma_scale": 0.125}``, done inside the signature, which takes and returns the whole grid
+        either way. An export made before the key existed infers whole."""
+        inference = self.description.get("inference")
+        return dict(inference) if isinstance(inference, dict) and inference.get("mode") else {"mode": "whole"}
+
 
 def read_export(folder: str | Path) -> ExportInfo:
     """Read an export folder without TensorFlow.
@@ -108,14 +122,33 @@ def check_export_settings(info: ExportInfo, eval_cfg: EvaluateConfig) -> None:
     """Check ``evaluate.*`` for predicting with an export, before it is loaded.
 
     Raises:
-        RunError: a bad ``evaluate.*`` value, or sliding windows (the signature takes the whole grid).
+        RunError: sliding windows (the signature takes the whole grid; a patch run's export slides
+            its windows inside it), checked first: the reason that holds whatever the model's norm;
+            then a bad ``evaluate.*`` value; for a patch run's export, an ``evaluate.window`` or
+            ``evaluate.window_overlap`` other than those its graph holds (they would be ignored).
     """
-    check_evaluate_config(eval_cfg, info.config.model)
-    if eval_cfg.mode != "whole":
+    if eval_cfg.mode == "sliding":
         shape = "x".join(str(s) for s in info.config.resolution.shape)
+        inference = info.inference
+        if inference["mode"] == "sliding":
+            window = "x".join(str(w) for w in inference["window"])
+            raise RunError(f"evaluate.mode={eval_cfg.mode} with export={info.folder}: the export takes the whole "
+                           f"network grid ({shape}) and runs the run's sliding windows ({window}, overlap "
+                           f"{inference['overlap']}, Gaussian blending) inside it; use evaluate.mode=whole.")
         raise RunError(f"evaluate.mode={eval_cfg.mode} with export={info.folder}: an export's signature takes the "
                        f"whole network grid ({shape}); use evaluate.mode=whole, or run_dir=<the training run> for "
                        "sliding windows.")
+    check_evaluate_config(eval_cfg, info.config.model)
+    inference = info.inference
+    if inference["mode"] == "sliding":  # fixed in the graph: a different value asked for would be ignored
+        window, overlap = [int(w) for w in inference["window"]], float(inference["overlap"])
+        if eval_cfg.window and [int(w) for w in eval_cfg.window] != window:
+            raise RunError(f"evaluate.window={list(eval_cfg.window)} with export={info.folder}: the export slides "
+                           f"windows of its run's patch {window} inside its graph; leave evaluate.window empty.")
+        if float(eval_cfg.window_overlap) != overlap:
+            raise RunError(f"evaluate.window_overlap={eval_cfg.window_overlap} with export={info.folder}: the export "
+                           f"slides its windows with overlap {overlap} inside its graph; leave "
+                           "evaluate.window_overlap at its default, or use run_dir=<the training run>.")
 
 
 def predict_source(run_dir: str, export: str, eval_cfg: EvaluateConfig) -> ExportInfo | None:
@@ -189,8 +222,9 @@ class ExportedModel:
     """A loaded export, as :func:`brats_seg.evaluation.sliding.predict_volume` uses a Keras model.
 
     Attributes:
-        input_shape: the signature's input, ``(None, X, Y, Z, 4)``.
-        layers: empty (no MaxPooling3D to count: windows are refused for exports).
+        input_shape: the signature's input, ``(None, X, Y, Z, 4)``: the whole grid, also for a
+            patch run (its SavedModel slides the windows itself).
+        layers: empty (no MaxPooling3D to count: ``evaluate.mode=sliding`` is refused for exports).
     """
 
     layers = ()

@@ -30,12 +30,14 @@ import numpy as np
 from brats_seg.choices import check_choice
 
 __all__ = [
+    "GAUSSIAN_SIGMA_SCALE",
     "MODES",
     "default_window",
     "gaussian_importance_map",
     "predict_volume",
     "resolve_window",
     "sliding_window_starts",
+    "window_corners",
 ]
 
 MODES = ("whole", "sliding")  # evaluate.mode: the whole volume at once, or Gaussian-weighted windows
@@ -43,6 +45,7 @@ MODES = ("whole", "sliding")  # evaluate.mode: the whole volume at once, or Gaus
 log = logging.getLogger(__name__)
 
 _GAUSSIAN_SIGMA_SCALE = 1 / 8  # sigma per axis as a fraction of the window (nnU-Net's value)
+GAUSSIAN_SIGMA_SCALE = _GAUSSIAN_SIGMA_SCALE  # the blending's sigma, for those who record it (an export)
 
 
 def default_window(shape: Sequence[int], depth: int) -> tuple[int, int, int]:
@@ -70,6 +73,19 @@ def sliding_window_starts(size: int, window: int, overlap: float) -> list[int]:
         return [0]
     step = (size - window) / (n_steps - 1)
     return [int(round(step * i)) for i in range(n_steps)]
+
+
+def window_corners(shape: Sequence[int], window: Sequence[int], overlap: float) -> list[tuple[int, int, int]]:
+    """Start corners ``(x, y, z)`` of the sliding windows over ``shape``, in the order sliding mode
+    runs and sums them (x slowest, z fastest): :func:`sliding_window_starts` along each axis.
+
+    Args:
+        shape: grid ``(X, Y, Z)`` (voxels).
+        window: window ``(wx, wy, wz)``, each ``<=`` its axis.
+        overlap: fraction of the window shared by neighbours, in ``[0, 1)``.
+    """
+    starts = [sliding_window_starts(int(s), int(w), overlap) for s, w in zip(shape, window)]
+    return [(i, j, k) for i in starts[0] for j in starts[1] for k in starts[2]]
 
 
 def gaussian_importance_map(window: Sequence[int], sigma_scale: float = _GAUSSIAN_SIGMA_SCALE) -> np.ndarray:

@@ -4,7 +4,9 @@ preprocessing.json, and scripts/predict.py export= predicting as the run does.
 The run is a folder as train.py writes it over one synthetic brats2021 case at 2 mm (a generated
 case, every second voxel: :func:`write_small_dataset`), whose best.keras is a tiny U-Net (depth 2,
 4 filters) with a random head: its regions vary over the brain, so the masks hold every label of
-the layout, and a wrong weight, channel, grid or region order shows in them.
+the layout, and a wrong weight, channel, grid or region order shows in them. A patch run beside it
+(``trainer.patch_size``, depth 3, its checkpoint saved from the model built at the patch as
+training builds it) exports a SavedModel that slides the patch's windows inside its graph.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig, flatten_config
+from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig, config_to_dict, flatten_config
 from brats_seg.data.labels import LABELS, output_regions, resolve_model_outputs
 from brats_seg.data.layouts import CHANNELS, discover_cases
 from brats_seg.evaluation.export import check_export_output, describe_export, is_export_dir
@@ -46,9 +48,20 @@ from tests.unit.test_resume_eval_predict import write_small_dataset
 ATOL = 1e-5
 
 
-def _random_head_unet():
-    """The tiny U-Net with a random head (seeded): features decide, and the regions vary over the brain."""
-    model = fixed_head_unet(TINY_MODEL, bias=(2.0, 0.0, -0.5))
+PATCH = [24, 32, 24]  # trainer.patch_size of the patch run: 3 x 3 x 3 windows over 48x56x40 at overlap 0.5
+PATCH_MODEL = ModelConfig(depth=3, base_filters=4, out_channels=3)  # instance norm, as by default
+
+
+def _random_head_unet(model_cfg: ModelConfig = TINY_MODEL, shape=None):
+    """The tiny U-Net with a random head (seeded): features decide, and the regions vary over the brain.
+    ``shape``: the grid it is built at (None: the network grid; a patch run's training model: the patch)."""
+    from brats_seg.model.unet3d import build_unet3d
+
+    model = fixed_head_unet(model_cfg, bias=(2.0, 0.0, -0.5))
+    if shape is not None:
+        at_shape = build_unet3d(model_cfg, tuple(shape))
+        at_shape.set_weights(model.get_weights())
+        model = at_shape
     head = model.get_layer("head_conv")
     kernel, bias = head.get_weights()
     head.set_weights([np.random.default_rng(0).normal(0.0, 1.0, kernel.shape).astype(np.float32), bias])
@@ -71,6 +84,27 @@ def exported(tmp_path_factory):
     folder = export_run(run_dir, base / "saved")
     (case,) = discover_cases(root, "brats2021")[0]
     return SimpleNamespace(base=base, root=root, run_dir=run_dir, config=config, folder=folder, case=case)
+
+
+@pytest.fixture(scope="module")
+def patch_exported(exported):
+    """A patch run (``trainer.patch_size=PATCH``) over the same data, and its export, timed."""
+    import time
+
+    from brats_seg.evaluation.export import export_run
+
+    base = exported.base / "patch"
+    run_dir = base / "run"
+    config = make_run_dir(run_dir, exported.root, "brats2021", base, {"train": [], "val": [], "test": []},
+                          model_cfg=PATCH_MODEL, model=_random_head_unet(PATCH_MODEL, PATCH))
+    config.trainer.patch_size = list(PATCH)
+    (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=1))
+    start = time.perf_counter()
+    folder = export_run(run_dir, base / "saved")
+    export_s = time.perf_counter() - start
+    print(f"export of the tiny patch run ({'x'.join(map(str, PATCH))} over {'x'.join(map(str, TINY.shape))}): "
+          f"{export_s:.1f} s, saved_model.pb {(folder / 'saved_model.pb').stat().st_size / 1e6:.2f} MB")
+    return SimpleNamespace(run_dir=run_dir, config=config, folder=folder, export_s=export_s)
 
 
 def _network_image(ex) -> np.ndarray:
@@ -193,6 +227,78 @@ def test_predicting_with_the_export_writes_the_runs_masks(exported, tmp_path):
     np.testing.assert_array_equal(export_mask.affine, run_mask.affine)
     manifest = json.loads((tmp_path / "export" / "predict.json").read_text())
     assert manifest["settings"]["model"] == export.identity
+
+
+def test_a_patch_runs_savedmodel_serves_the_gaussian_blended_sliding_windows_of_its_patch(patch_exported):
+    """The SavedModel, loaded with TensorFlow alone, gives predict_volume's sliding mode (window = the
+    patch, overlap 0.5) on the whole grid, case by case; not the whole-grid forward pass (instance norm
+    over a window is another computation, so the comparison tells the two apart)."""
+    import tensorflow as tf
+
+    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.sliding import predict_volume
+
+    batch = np.random.default_rng(1).normal(0.0, 1.0, (2, *TINY.shape, 4)).astype(np.float32)
+    serve = tf.saved_model.load(str(patch_exported.folder)).signatures["serving_default"]
+    assert serve.structured_input_signature[1]["image"].shape.as_list() == [None, *TINY.shape, 4]
+    probs = serve(image=tf.constant(batch))["probabilities"].numpy()
+    model = load_run_model(patch_exported.run_dir, "best")
+    expected = np.stack([predict_volume(model, x, mode="sliding", window=PATCH, overlap=0.5, depth=PATCH_MODEL.depth)
+                         for x in batch])
+    assert probs.shape == (2, *TINY.shape, 3) and probs.dtype == np.float32
+    assert (probs.std(axis=(0, 1, 2, 3)) > 0.05).all()  # no region constant: the comparison tells models apart
+    np.testing.assert_allclose(probs, expected, rtol=0, atol=ATOL)
+    assert np.abs(probs[0] - predict_volume(model, batch[0])).max() > 0.05  # windows, not the whole grid
+    assert not np.allclose(probs[0], probs[1], atol=1e-3)  # the two cases of the batch were not mixed up
+
+
+def test_preprocessing_json_states_the_inference_sliding_for_a_patch_run_whole_otherwise(exported, patch_exported):
+    import dataclasses
+
+    description = json.loads((patch_exported.folder / "preprocessing.json").read_text())
+    sliding = {"mode": "sliding", "window": PATCH, "overlap": 0.5, "blending": "gaussian", "sigma_scale": 0.125}
+    assert description["inference"] == sliding
+    assert description["signature"]["input"]["shape"] == [None, *TINY.shape, 4]  # clients send the whole grid
+    assert description["signature"]["output"]["shape"] == [None, *TINY.shape, 3]
+    info = read_export(patch_exported.folder)
+    assert info.inference == sliding and info.config.trainer.patch_size == PATCH
+    assert read_export(exported.folder).inference == {"mode": "whole"}
+    assert json.loads((exported.folder / "preprocessing.json").read_text())["inference"] == {"mode": "whole"}
+    old = {k: v for k, v in info.description.items() if k != "inference"}  # an export made before the key
+    assert dataclasses.replace(info, description=old).inference == {"mode": "whole"}
+    with pytest.raises(RunError, match="runs the run's sliding windows \\(24x32x24, overlap 0.5, Gaussian "
+                                       "blending\\) inside it; use evaluate.mode=whole"):
+        check_export_settings(info, EvaluateConfig(mode="sliding"))
+    check_export_settings(info, EvaluateConfig())  # whole: the SavedModel slides the windows itself
+    check_export_settings(info, EvaluateConfig(window=list(PATCH)))  # its own window, said: fine
+    with pytest.raises(RunError, match="evaluate.window=\\[32, 32, 24\\] with export=.*patch \\[24, 32, 24\\]"):
+        check_export_settings(info, EvaluateConfig(window=[32, 32, 24]))  # would be ignored: refused
+    with pytest.raises(RunError, match="evaluate.window_overlap=0.25 with export=.*with overlap 0.5 inside"):
+        check_export_settings(info, EvaluateConfig(window_overlap=0.25))
+    check_export_settings(read_export(exported.folder), EvaluateConfig(window_overlap=0.25))  # whole: as before
+
+
+def test_predicting_with_a_patch_runs_export_writes_the_masks_of_its_sliding_windows(exported, patch_exported,
+                                                                                     tmp_path):
+    """predict.py export= (the export called as a whole-volume model, mirrored on the host) writes the
+    masks the run's own model writes with the patch's sliding windows."""
+    from brats_seg.data.predict_inputs import find_input_cases
+    from brats_seg.evaluation.exported import load_exported_model
+    from brats_seg.evaluation.predict import predict_new_cases
+    from brats_seg.evaluation.run import load_run_model
+
+    cases = find_input_cases(exported.case.images[0].parent, "brats2021")
+    export = read_export(patch_exported.folder)
+    settings = EvaluateConfig(overlays=False)  # test-time mirroring on, as by default
+    check_export_settings(export, settings)
+    windows = EvaluateConfig(overlays=False, mode="sliding", window=list(PATCH), window_overlap=0.5)
+    (by_run,) = predict_new_cases(load_run_model(patch_exported.run_dir, "best"), cases, patch_exported.config,
+                                  tmp_path / "run", windows, progress=False)
+    (by_export,) = predict_new_cases(load_exported_model(patch_exported.folder), cases, export.config,
+                                     tmp_path / "export", settings, progress=False, model_identity=export.identity)
+    run_mask = np.asarray(nib.load(by_run).dataobj)
+    assert len(np.unique(run_mask)) > 1  # not an empty mask: a comparison worth making
+    np.testing.assert_array_equal(np.asarray(nib.load(by_export).dataobj), run_mask)
 
 
 def test_sliding_windows_are_refused_for_an_export(exported):
