@@ -49,7 +49,8 @@ def sweep_job() -> tuple[dict[str, str], str]:
     """In a multirun (``-m``): MLflow tags and a run-name suffix telling the jobs apart.
 
     The suffix holds this job's values of the keys the sweep varies (``-lms=auto,resolution=half``),
-    read from the sweep's ``multirun.yaml`` (the overrides as typed, ``lms=off,auto``).
+    read from the sweep's ``multirun.yaml`` (the overrides as typed, ``lms=off,auto``) and from the
+    experiment's ``hydra.sweeper.params``.
     """
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
@@ -62,6 +63,7 @@ def sweep_job() -> tuple[dict[str, str], str]:
         swept = {o.split("=", 1)[0].lstrip("+~") for o in typed if "=" in o and re.search(r",|\w+\(", o.split("=", 1)[1])}
     except (OSError, ValueError, AttributeError) as e:
         log.debug("sweep overrides not read from multirun.yaml: %s", e)
+    swept |= {str(k).lstrip("+~") for k in (hc.sweeper.get("params") or {})}  # an experiment's own sweep
     mine = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") in swept]
     label = ",".join(sorted(mine)) or f"job{hc.job.num}"
     return {"sweep_dir": str(hc.sweep.dir), "sweep_job": str(hc.job.num), "sweep_overrides": label}, f"-{label}"

@@ -42,7 +42,7 @@ def hydra_entry(config_path: str, config_name: str):
     _schema_root[:] = [{"train": schemas.TrainConfig, "evaluate": schemas.EvaluateScriptConfig,
                         "predict": schemas.PredictScriptConfig, "score": schemas.ScoreScriptConfig,
                         "export": schemas.ExportScriptConfig,
-                        "prepare": schemas.PrepareConfig}.get(config_name, schemas.TrainConfig)]
+                        "prepare": schemas.PrepareConfig, "study": schemas.StudyScriptConfig}.get(config_name, schemas.TrainConfig)]
 
     def decorate(task):
         hydra_task = hydra.main(config_path=config_path, config_name=config_name, version_base="1.3")(task)

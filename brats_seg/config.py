@@ -367,14 +367,60 @@ class ScoreScriptConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
 
+@dataclass
+class StudyScriptConfig:
+    """Config of ``scripts/study.py``: the analysis of a study's finished run folders (a sweep's)."""
+
+    dir: str = ""  # required: the study's folder (the sweep's hydra.sweep.dir), searched for run folders
+    sets: Any = field(default_factory=lambda: ["test"])  # evaluations compared, a name or a list ([test,heldout]): test | val | shifted | heldout | heldout_shifted | <split>@<data config>
+    evaluate: bool = True  # run scripts/evaluate.py for a finished run that lacks a set (logged to <dir>/logs/); false: list them
+    overlays: bool = False  # evaluate.overlays of those evaluations: the study reads summaries, pictures cost time
+    evaluate_args: List[str] = field(default_factory=list)  # more overrides for every evaluate.py, e.g. ["backend=cpu_onednn"]
+    thresholds: List[float] = field(default_factory=lambda: [0.7, 0.8, 0.85])  # val mean Dice levels: training seconds to reach each
+    ignore: List[str] = field(default_factory=lambda: [  # config keys (fnmatch patterns) that do not make an arm
+        "trainer.seed", "run_dir", "run_name", "tracking.*", "data.num_workers", "data.cache_dir",
+        "backend.log_level", "backend.intra_op_threads", "backend.inter_op_threads", "plan.*", "benchmark.*"])
+    mlflow: bool = True  # log the charts and study.json into each run's MLflow run (artifacts study/)
+
+
+def sweep_dirname(overrides, exclude=()) -> str:
+    """A sweep job's folder name from its overrides (``hydra.sweep.subdir``, resolver ``sweep_dirname``).
+
+    ``["trainer.patch_size=[48,48,48]", "trainer.seed=0", "experiment=x"]`` with ``exclude=["experiment"]``
+    -> ``patch_size-48x48x48_seed-0``: each key by its last part (the whole key where two share it),
+    sorted, a list's items joined by ``x``, no ``=``, ``,`` or brackets, so that the folder is stable
+    (the same command names the same folders: a finished job is resumed, not redone) and can be
+    passed as ``run_dir=`` unquoted. Hydra's own ``override_dirname`` keeps ``=`` and a list's
+    brackets and commas, which an override such as ``run_dir=`` cannot take unquoted.
+    """
+    import re
+
+    items = []
+    for line in overrides:
+        key, sep, value = str(line).partition("=")
+        key = key.strip().lstrip("+~")
+        if sep and key not in set(exclude) and not key.startswith("hydra."):
+            items.append((key, value.strip()))
+    short = [k.rsplit(".", 1)[-1] for k, _ in items]
+    parts = []
+    for (key, value), name in zip(items, short):
+        value = "x".join(v.strip(" '\"") for v in value.strip("[]").split(",")) if value.startswith("[") else value
+        value = re.sub(r"[^A-Za-z0-9.+-]+", "-", value.strip("'\"")).strip("-") or "empty"
+        parts.append(f"{name if short.count(name) == 1 else key}-{value}")
+    return "_".join(sorted(parts)) or "defaults"
+
+
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore, and the ``or_else`` resolver that lets
-    ``train.yaml`` put Hydra's run folder at ``run_dir`` when one is given (entry-point glue only)."""
+    """Register the schemas with Hydra's ConfigStore, the ``or_else`` resolver that lets
+    ``train.yaml`` put Hydra's run folder at ``run_dir`` when one is given, and ``sweep_dirname``,
+    which names a study's job folders (entry-point glue only)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("or_else"):
         OmegaConf.register_new_resolver("or_else", lambda value, default: value or default)
+    if not OmegaConf.has_resolver("sweep_dirname"):  # a study's job folders (configs/experiment/*: hydra.sweep.subdir)
+        OmegaConf.register_new_resolver("sweep_dirname", sweep_dirname)
 
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
@@ -383,6 +429,7 @@ def register_configs() -> None:
     cs.store(name="predict_schema", node=PredictScriptConfig)
     cs.store(name="export_schema", node=ExportScriptConfig)
     cs.store(name="score_schema", node=ScoreScriptConfig)
+    cs.store(name="study_schema", node=StudyScriptConfig)
 
 
 def config_to_dict(cfg) -> dict:

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from resolution_study import REPO, parse_study_args, run_logged
+from study import REPO, parse_study_args, run_logged
 
 REGIONS = ("wt", "tc", "et")
 METRICS = {"dice": "Dice", "lesion23_dice": "lesion-wise Dice (2023)"}
