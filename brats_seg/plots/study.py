@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from brats_seg.plots.benchmark import plot_resolution_study
-from brats_seg.plots.common import plt, region_colors, save_figure
+from brats_seg.plots.common import plt, save_figure
 
 __all__ = ["compute_arm_label", "compute_arms", "compute_finished", "compute_mean_std", "compute_run_record",
            "compute_study", "compute_timeline", "compute_time_to_reach", "format_study_markdown", "plot_study"]
