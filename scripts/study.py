@@ -151,7 +151,7 @@ def _name(folder, root: Path) -> str:
 def evaluate_missing(runs: list[tuple], root: Path, sets: dict, conf) -> tuple[list[dict], list[dict]]:
     """Evaluate each finished run's missing sets (``conf.evaluate``), or list them: ``(missing, failed)``."""
     from brats_seg.config import flatten_config
-    from brats_seg.plots.study import compute_finished
+    from brats_seg.evaluation.study import compute_finished
 
     missing, failed = [], []
     for folder, cfg, state in runs:
@@ -180,13 +180,13 @@ def evaluate_missing(runs: list[tuple], root: Path, sets: dict, conf) -> tuple[l
 
 
 def read_records(runs: list[tuple], root: Path, sets: dict, thresholds: list[float]):
-    """``(records, configs, regions)`` of the runs (:func:`brats_seg.plots.study.compute_run_record`),
+    """``(records, configs, regions)`` of the runs (:func:`brats_seg.evaluation.study.compute_run_record`),
     their evaluations read again (the ones just made included)."""
     import math
 
     from brats_seg.config import flatten_config, network_input_shape
     from brats_seg.data.labels import region_names
-    from brats_seg.plots.study import compute_run_record
+    from brats_seg.evaluation.study import compute_run_record
 
     regions = [r for r in region_names(runs[0][1].data.layout)
                if all(r in region_names(cfg.data.layout) for _, cfg, _ in runs)]
@@ -257,7 +257,8 @@ def run_study(conf) -> int:
     """The study of ``conf.dir``: evaluate, compute, write, draw, print, log. Exit status: 1 if an
     evaluation failed (everything else is still written), else 0."""
     from brats_seg.files import write_text_atomic
-    from brats_seg.plots.study import compute_study, format_study_markdown, plot_study
+    from brats_seg.evaluation.study import compute_study, format_study_markdown
+    from brats_seg.plots.study import plot_study
 
     if not str(conf.dir).strip():
         raise ValueError("dir is not set: pass dir=<the study's folder> (e.g. dir=outputs/patches_vs_whole).")

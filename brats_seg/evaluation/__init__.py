@@ -27,6 +27,8 @@
                        postprocessing_for_run
     evaluate           a run's held-out split end to end: evaluate_run, continuing where a stopped
                        evaluation left off (each case's record in eval/<split>/cases/)
+    study              a sweep's runs grouped into arms, mean ± std over seeds, time to a given
+                       validation Dice: compute_study (plain values; scripts/study.py reads the runs)
     export             a run's model as a TensorFlow SavedModel that serves without brats_seg
                        (signature serving_default: image -> probabilities) and its
                        preprocessing.json: export_run, describe_export

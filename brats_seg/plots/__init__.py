@@ -8,8 +8,7 @@
     evaluation  plot_case_scores: each case's Dice and HD95 per region
                 (eval/<split>/per_case.png beside summary.json)
     benchmark   plot_benchmark_sweep (throughput, memory, FLOP/s) and plot_resolution_study
-    study       a study's runs (a sweep's run folders, read by scripts/study.py) grouped into
-                arms with mean ± std over seeds (compute_study), and plot_study: validation
+    study       plot_study: a study's arms (brats_seg.evaluation.study) compared: validation
                 Dice against training time, throughput, metrics per evaluated set, and
                 plot_resolution_study's chart when the arms differ in resolution
 
@@ -20,8 +19,8 @@ TensorFlow, and the run folder decides where figures go (:class:`brats_seg.run_d
 
 from brats_seg.plots.benchmark import plot_benchmark_sweep, plot_resolution_study
 from brats_seg.plots.evaluation import plot_case_scores
-from brats_seg.plots.study import compute_study, plot_study
+from brats_seg.plots.study import plot_study
 from brats_seg.plots.training import plot_training_curves
 
-__all__ = ["compute_study", "plot_benchmark_sweep", "plot_case_scores", "plot_resolution_study", "plot_study",
+__all__ = ["plot_benchmark_sweep", "plot_case_scores", "plot_resolution_study", "plot_study",
            "plot_training_curves"]

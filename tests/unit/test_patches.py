@@ -235,3 +235,23 @@ def test_a_patch_run_stopped_mid_epoch_resumes_exactly_and_evaluates_whole_volum
     predicted = nib.load(folder.prediction_file("test", case_id))
     label = next(p for p in (root / case_id).iterdir() if p.name.endswith("seg.nii.gz"))
     assert predicted.shape == nib.load(label).shape  # the native grid, not the 48x56x40 network grid
+
+
+def test_a_budget_ends_the_run_as_if_done_and_the_same_command_trains_nothing_more(synthetic_root, tmp_path):
+    import dataclasses
+
+    from brats_seg.backend import configure
+    from brats_seg.training.loop import train
+
+    backend = configure(BackendConfig(name="cpu_onednn"))
+    cfg = _cfg(synthetic_root["brats2021"], tmp_path, tmp_path / "budget")
+    cfg.trainer = dataclasses.replace(cfg.trainer, epochs=50, steps_per_epoch=None, time_budget_s=2.0)
+    first = train(cfg, backend)
+    state = json.loads((tmp_path / "budget" / "state.json").read_text())
+    assert first.epochs_done < 50 and state["train_time_s"] >= 2.0
+    last = state["history"][-1]
+    assert last["train_time_s"] == state["train_time_s"] and "val_dice_mean" in last  # the cut epoch is validated
+    assert (tmp_path / "budget" / "checkpoints" / "best.keras").is_file()
+    again = train(cfg, backend)
+    assert again.epochs_done == first.epochs_done
+    assert json.loads((tmp_path / "budget" / "state.json").read_text())["train_time_s"] == state["train_time_s"]
