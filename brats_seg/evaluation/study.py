@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 __all__ = ["FALLBACK_TIME", "METRICS", "compute_arm_label", "compute_arms", "compute_finished", "compute_mean_std",
            "compute_run_record", "compute_study", "compute_time_to_reach", "compute_timeline",
-           "format_study_markdown", "shared_curve"]
+           "curve_keys", "format_study_markdown", "shared_curve"]
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,8 @@ def compute_study(records: Sequence[dict], configs: Mapping[str, Mapping[str, ob
         ignore: config key patterns that do not make an arm (``trainer.seed`` among them).
 
     Returns:
-        ``{"arm_keys", "differing_keys", "common", "regions", "sets", "thresholds", "runs", "arms", "notes"}``.
+        ``{"arm_keys", "differing_keys", "common", "regions", "sets", "thresholds", "metrics" (column ->
+        name), "runs", "arms" (each with its ``mean_curves``), "notes"}``.
 
     Raises:
         ValueError: no runs.
@@ -344,9 +345,18 @@ def compute_study(records: Sequence[dict], configs: Mapping[str, Mapping[str, ob
     if any(r["time_source"] != "train_time_s" for r in records):
         old = [r["name"] for r in records if r["time_source"] != "train_time_s"]
         notes.append(f"training time of {', '.join(old)}: {FALLBACK_TIME}")
+    arm_records = [_arm_numbers(a, runs, sets, thresholds) for a in arms]
+    for arm in arm_records:  # the mean validation curves over the arm's seeds, at the epochs they share
+        curves = [runs[n]["curve"] for n in arm["runs"]]
+        arm["mean_curves"] = {key: shared_curve(curves, key) for key in curve_keys(regions)}
     return {"arm_keys": label_keys, "differing_keys": differing, "common": common, "regions": list(regions),
-            "sets": list(sets), "thresholds": list(thresholds), "runs": [runs[r["name"]] for r in records],
-            "arms": [_arm_numbers(a, runs, sets, thresholds) for a in arms], "notes": notes}
+            "sets": list(sets), "thresholds": list(thresholds), "metrics": dict(METRICS),
+            "runs": [runs[r["name"]] for r in records], "arms": arm_records, "notes": notes}
+
+
+def curve_keys(regions: Sequence[str]) -> list[str]:
+    """The validation curves a study compares: the mean Dice, then each region's."""
+    return ["val_dice_mean", *(f"val_dice_{r}" for r in regions)]
 
 
 # -- text ---------------------------------------------------------------------------------------

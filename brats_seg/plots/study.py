@@ -1,4 +1,5 @@
-"""A study's charts: the arms of :func:`brats_seg.evaluation.study.compute_study` compared.
+"""A study's charts: the arms of a study (``study.json``, made by
+:func:`brats_seg.evaluation.study.compute_study`) compared, from the plain record alone.
 
 :func:`plot_study` draws, beside ``study.json``:
 
@@ -18,7 +19,6 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from brats_seg.evaluation.study import METRICS, shared_curve
 from brats_seg.plots.benchmark import plot_resolution_study
 from brats_seg.plots.common import plt, save_figure
 
@@ -38,7 +38,7 @@ def _arm_colors(n: int) -> list:
 def plot_val_dice_vs_time(study: Mapping, path: str | Path, title: str = "") -> Path:
     """Validation mean Dice and Dice per region against training minutes, a panel each."""
     regions = study["regions"]
-    keys = ["val_dice_mean", *(f"val_dice_{r}" for r in regions)]
+    keys = ["val_dice_mean", *(f"val_dice_{r}" for r in regions)]  # each arm's mean_curves holds these
     ncols = 2
     nrows = math.ceil(len(keys) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(11, 3.8 * nrows), squeeze=False, layout="constrained")
@@ -52,7 +52,7 @@ def plot_val_dice_vs_time(study: Mapping, path: str | Path, title: str = "") -> 
                 alone = len(curves) == 1  # an arm of one run: its line is the arm's
                 ax.plot(xs, ys, "-o" if alone else "-", color=color, lw=1.6 if alone else 0.8,
                         alpha=1.0 if alone else 0.6, markersize=2.5, label=arm["label"] if alone else None)
-            mean = shared_curve(curves, key)
+            mean = (arm.get("mean_curves") or {}).get(key)
             if mean is not None:
                 ax.plot([t / 60 for t in mean["train_time_s"]], mean[key], "-", color=color, lw=2.4,
                         label=f"{arm['label']} (mean of {len(curves)})")
@@ -102,9 +102,10 @@ def plot_throughput(study: Mapping, path: str | Path, title: str = "") -> Path:
 def plot_set_metrics(study: Mapping, set_name: str, path: str | Path, title: str = "") -> Path:
     """Per arm, Dice, HD95 and lesion-wise Dice of each region on one evaluated set, mean ± std over seeds."""
     regions, arms = study["regions"], [a for a in study["arms"] if set_name in a["sets"]]
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4.4), layout="constrained")
+    metrics = study["metrics"]  # summary.json column -> its name
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.4), layout="constrained")
     width = 0.8 / max(len(arms), 1)
-    for ax, (metric, name) in zip(axes, METRICS.items()):
+    for ax, (metric, name) in zip(axes, metrics.items()):
         for j, (arm, color) in enumerate(zip(arms, _arm_colors(len(arms)))):
             stats = [arm["sets"][set_name]["metrics"].get(f"{metric}_{r}", {}) for r in regions]
             xs = [i + (j - (len(arms) - 1) / 2) * width for i in range(len(regions))]
