@@ -13,10 +13,11 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from brats_seg.config import DataConfig, ResolutionConfig, StudyScriptConfig, TrainConfig, sweep_dirname
+from brats_seg.config import DataConfig, ResolutionConfig, StudyScriptConfig, TrainConfig
 from brats_seg.files import is_temporary, write_text_atomic
 from brats_seg.evaluation.study import compute_time_to_reach, compute_timeline
 from brats_seg.run_dir import RunFolder
+from brats_seg.sweeps import sweep_dirname
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
