@@ -85,6 +85,8 @@ def main(cfg) -> None:
     regions = run_regions(run)
     labels = "WT only (edema label)" if regions == ("wt",) else "/".join(r.upper() for r in regions)
     print(f"\nwrote {len(written)} mask(s) ({run.data.layout} labels, {labels}) to {Path(conf.output)}")
+    if conf.evaluate.mode == "sliding":
+        print(f"inference: sliding windows of {'x'.join(map(str, conf.evaluate.window))} (Gaussian blending)")
     print(f"post-processing: {postprocess.describe() if postprocess is not None else 'none'}")
     for path in written[:10]:
         print(f"  {path}")

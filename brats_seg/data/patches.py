@@ -70,9 +70,10 @@ def tumour_locations(regions: np.ndarray, per_region: int = LOCATIONS_PER_REGION
         per_region: kept per region, drawn without replacement with a fixed seed.
     """
     rng = np.random.default_rng(_LOCATION_SEED)
+    regions = np.asarray(regions)  # one read of a memory-mapped file, not one per channel
     out = []
     for channel in range(regions.shape[-1]):
-        coords = np.argwhere(np.asarray(regions[..., channel]) > 0).astype(np.int32)
+        coords = np.argwhere(regions[..., channel] > 0).astype(np.int32)
         if len(coords) > per_region:
             coords = coords[np.sort(rng.choice(len(coords), per_region, replace=False))]
         out.append(coords)

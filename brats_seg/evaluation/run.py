@@ -89,8 +89,8 @@ def inference_settings(cfg: EvaluateConfig, run: TrainConfig) -> EvaluateConfig:
                        "empty (the run's patch is used).")
     if str(cfg.mode) == "sliding" and [int(w) for w in cfg.window] == patch:
         return cfg
-    log.info("the run trained on patches of %s: inferring by sliding windows of that size (overlap %g, Gaussian "
-             "blending)", "x".join(map(str, patch)), cfg.window_overlap)
+    log.debug("the run trained on patches of %s: inferring by sliding windows of that size (overlap %g, Gaussian "
+              "blending)", "x".join(map(str, patch)), cfg.window_overlap)  # evaluate.py prints the mode once
     return dataclasses.replace(cfg, mode="sliding", window=patch)
 
 
