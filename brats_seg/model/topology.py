@@ -48,6 +48,7 @@ __all__ = [
     "TensorSpec",
     "UNetTopology",
     "group_count",
+    "instance_norm_is_planar",
     "level_filters",
     "unet_block_names",
     "unet_topology",
@@ -316,3 +317,23 @@ def group_count(requested: int, channels: int) -> int:
     while channels % groups:
         groups -= 1
     return groups
+
+
+#: Channels per vector of oneDNN's channels-last batch-norm kernels, by dtype: 4 float32 values
+#: (its SSE4.1 kernel; AVX2 and AVX-512 take 8 and 16), 16 bfloat16 or float16 ones (AVX-512).
+_NORM_LANES = {"float32": 4, "bfloat16": 16, "float16": 16}
+
+
+def instance_norm_is_planar(channels: int, dtype: str) -> bool:
+    """Whether instance norm of ``channels`` channels in ``dtype`` runs on a planar (channels-first)
+    view (:func:`brats_seg.model.norm.instance_norm`) instead of the channels-last one.
+
+    oneDNN's channels-last batch norm vectorises over channels: with a channel count that is not
+    a multiple of its vector (16 bfloat16 values on AVX-512; 4 float32) it falls back to a scalar
+    loop, ``nspc_bnorm:any``. On an AMD Zen 5 that made 4 to 12 base filters slower than 16 in
+    bfloat16 (the norms took 4.3 s of a 5-s step at 4 filters; docs/measurements/width_zen5/). The
+    planar kernel vectorises over voxels, whatever the channels, for the price of a transposed
+    copy of the tensor in and out, in each pass (the planner counts them:
+    ``MemoryModel.norm_planar_tensors``).
+    """
+    return channels % _NORM_LANES.get(dtype, 16) != 0

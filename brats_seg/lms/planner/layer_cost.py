@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from brats_seg.lms.planner.memory_model import MemoryModel
-from brats_seg.model.topology import BlockSpec, LayerSpec, TensorSpec
+from brats_seg.model.topology import BlockSpec, LayerSpec, TensorSpec, instance_norm_is_planar
 
 __all__ = ["LayerCost", "compute_layer_costs"]
 
@@ -69,6 +69,8 @@ class LayerCost:
         workspace_ref_bytes: max(input, output) bytes for convolutions (workspace), else 0.
         weight_grad_scratch_ref_bytes: for 3x3x3 convolutions, one sample's input plus
             one im2col slice (see ``MemoryModel.conv_weight_grad_scratch``), else 0.
+        channels: ``(in, out)`` channels of a convolution (the step-time model pads them to
+            the CPU's channel block), else ``(0, 0)``.
     """
 
     name: str
@@ -84,6 +86,7 @@ class LayerCost:
     backward_scratch_bytes: int = 0
     workspace_ref_bytes: int = 0
     weight_grad_scratch_ref_bytes: int = 0
+    channels: tuple[int, int] = (0, 0)
 
 
 # Layers without weights: kind -> (what they save for backward, forward FLOPs per output
@@ -156,7 +159,7 @@ class _BlockCosting:
             name=layer.name, kind=layer.kind, inputs=(x.name,), output=y.name, saved=(x.name,), forward_flops=flops,
             params=layer.params, trainable_params=layer.trainable_params,
             workspace_ref_bytes=max(self.tensors[x.name], self.tensors[y.name]),
-            weight_grad_scratch_ref_bytes=grad_scratch,
+            weight_grad_scratch_ref_bytes=grad_scratch, channels=(cin, cout),
         ))
 
     def norm(self, layer: LayerSpec) -> None:
@@ -184,7 +187,9 @@ class _BlockCosting:
         elif layer.norm == "instance":  # oneDNN's kernel per sample (brats_seg.model.norm.instance_norm)
             saved.append(x.name)  # the input in its own dtype; no float32 copy
             split = mm.norm_split_tensors * self.tensors[y.name] if self.batch > 1 else 0.0
-            forward_scratch = backward_scratch = split
+            # a channel count oneDNN's channels-last kernel does not vectorise: the planar view's copies
+            planar = mm.norm_planar_tensors * self.tensors[y.name] if instance_norm_is_planar(y.channels, y.dtype) else 0.0
+            forward_scratch = backward_scratch = split + planar
         else:  # group norm: the XLA path (brats_seg.model.norm.group_norm)
             saved.append(x.name)
             forward_scratch = mm.norm_upcast_forward_tensors * f32_bytes if low_precision else 0.0

@@ -79,6 +79,10 @@ class MemoryModel:
             (measured 0.00 in float32 and bfloat16); with several samples per replica the
             batch is split and the results concatenated: one copy of the tensor, in its
             dtype, in each pass (measured 1.0 float32, 0.72 x 2 bfloat16).
+        norm_planar_tensors: instance norm of a channel count oneDNN's channels-last kernel
+            does not vectorise (:func:`brats_seg.model.topology.instance_norm_is_planar`) runs on
+            a transposed (planar) copy and transposes its output back: one more tensor of the
+            norm's size alive in each pass (the input and its copy, then the output and its copy).
         batch_norm_saved_tensors: ``model.norm=batch`` (Keras' BatchNormalization, which
             computes in float32): full-size float32 tensors it saves, its upcast input. Under
             a float32 policy that is the conv output itself.
@@ -186,6 +190,7 @@ class MemoryModel:
     norm_upcast_forward_tensors: float = 1.25
     norm_upcast_backward_tensors: float = 2.0
     norm_split_tensors: float = 1.0
+    norm_planar_tensors: float = 1.0
     batch_norm_saved_tensors: float = 1.0
     batch_norm_forward_scratch_tensors: float = 1.0
     batch_norm_backward_scratch_tensors: float = 1.0
