@@ -283,7 +283,7 @@ class EvaluateConfig:
 @dataclass
 class PlanConfig:
     format: PlanFormat = PlanFormat.table  # table | json
-    find: str = ""  # "" (plan the run) | max_input | max_batch | max_patch (trainer.patch_size, within resolution.shape): the largest that fits lms.limit, per strategy
+    find: str = ""  # "" (plan the run) | max_input | max_batch | max_patch (trainer.patch_size, within resolution.shape): the largest that fits lms.limit, per strategy | max_width (model.base_filters, lms=auto, with the step time)
 
 
 @dataclass
@@ -294,6 +294,7 @@ class BenchmarkConfig:
     sgemm: bool = False  # also measure a 4096^2 float32 SGEMM with the same threads, after the step (FLOP/s against it)
     sweep: str = ""  # a grid of overrides: a name in configs/benchmark_sweeps/ or a YAML path; JSONL + plots
     out: str = ""  # the sweep's JSON lines file; default outputs/benchmark/<sweep>/results.jsonl
+    onednn_verbose: bool = False  # the last timed step's oneDNN primitives (ONEDNN_VERBOSE): ms per kind, the reorder share
 
 
 @dataclass
@@ -369,6 +370,16 @@ class ScoreScriptConfig:
 
 
 @dataclass
+class StepTimeCalibrationConfig:
+    """Config of ``scripts/calibrate_step_time.py``: the planner's step-time model fitted to benchmark sweeps."""
+
+    fit: list[str] = field(default_factory=list)  # benchmark JSON lines whose lms=off points are fitted (a sweep's results.jsonl)
+    held_out: list[str] = field(default_factory=list)  # JSON lines judged only: points the fit does not see
+    out: str = ""  # default brats_seg/lms/presets/step_time.json (this CPU's entry replaced, others kept)
+    write: bool = True  # false: report only
+
+
+@dataclass
 class StudyScriptConfig:
     """Config of ``scripts/study.py``: the analysis of a study's finished run folders (a sweep's)."""
 
@@ -403,6 +414,7 @@ def register_configs() -> None:
     cs.store(name="predict_schema", node=PredictScriptConfig)
     cs.store(name="export_schema", node=ExportScriptConfig)
     cs.store(name="score_schema", node=ScoreScriptConfig)
+    cs.store(name="step_time_schema", node=StepTimeCalibrationConfig)
     cs.store(name="study_schema", node=StudyScriptConfig)
 
 

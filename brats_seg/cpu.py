@@ -28,7 +28,7 @@ import os
 import platform
 from pathlib import Path
 
-__all__ = ["KINDS", "cpu_flags", "cpu_isa", "cpu_kind", "has_native_bf16", "cpu_model_name", "onednn_isa_cap"]
+__all__ = ["KINDS", "cpu_flags", "cpu_id", "cpu_isa", "cpu_kind", "has_native_bf16", "cpu_model_name", "onednn_isa_cap"]
 
 
 _AVX512_CORE = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
@@ -107,3 +107,14 @@ def has_native_bf16(cpuinfo: str | None = None, environ=None) -> bool:
 def cpu_model_name(cpuinfo: str | None = None) -> str:
     """The CPU's model name, for logs and benchmark records."""
     return _cpuinfo_field(_cpuinfo() if cpuinfo is None else cpuinfo, "model name") or platform.processor() or "unknown"
+
+
+def cpu_id(cpuinfo: str | None = None) -> str:
+    """The CPU's make, ``<vendor> family <f> model <m>`` (e.g. ``AuthenticAMD family 26 model 2``,
+    an AMD Zen 5): what a step-time calibration is per. Two CPUs of one kind (Zen 4 and Zen 5
+    are both ``avx512``) run the same kernels at different speeds; their model names are often
+    both just "AMD EPYC"."""
+    text = _cpuinfo() if cpuinfo is None else cpuinfo
+    vendor = _cpuinfo_field(text, "vendor_id") or platform.machine() or "unknown"
+    family, model = _cpuinfo_field(text, "cpu family"), _cpuinfo_field(text, "model")
+    return f"{vendor} family {family or '?'} model {model or '?'}"

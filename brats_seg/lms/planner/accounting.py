@@ -1,6 +1,7 @@
 """What a per-block LMS configuration costs: bytes kept and moved, FLOPs recomputed, seconds lost.
 
-A block's overhead is its recomputed FLOPs at the device's rate plus the host transfers
+A block's overhead is its recomputed FLOPs at the device's rate (on a CPU, the share of
+the block's forward time its step-time model predicts) plus the host transfers
 that compute does not hide: the copy to the host overlaps the block's own forward, the
 copy back the backward of the ``prefetch`` blocks issued before it; a skip held on the
 host overlaps the forward of the blocks between its producer and its reader.
@@ -19,7 +20,17 @@ __all__ = ["block_row", "plan_overhead"]
 
 
 def _forward_s(net: NetworkCost, i: int, options: LMSOptions) -> float:
+    if options.time_model is not None:
+        return options.time_model.block_forward_s(net, i)
     return net.blocks[i].forward_flops / options.device_flops
+
+
+def _recompute_s(net: NetworkCost, i: int, recomputed: float, options: LMSOptions) -> float:
+    """Seconds to recompute ``recomputed`` of block ``i``'s forward FLOPs (all of it, or its
+    front when the tail is kept): that share of the block's forward time."""
+    if options.time_model is None or not recomputed:
+        return recomputed / options.device_flops
+    return _forward_s(net, i, options) * recomputed / max(net.blocks[i].forward_flops, 1.0)
 
 
 def block_row(net: NetworkCost, i: int, policy: str, skip_offloaded: bool, options: LMSOptions) -> BlockPlan:
@@ -45,7 +56,7 @@ def block_row(net: NetworkCost, i: int, policy: str, skip_offloaded: bool, optio
         kept = blk.keep_saved_bytes
     else:
         kept = sum(blk.tensor_bytes[t] for t in blk.inputs if t not in moved) + (blk.tail_saved_bytes if tail else 0)
-    overhead = recomputed / options.device_flops
+    overhead = _recompute_s(net, i, recomputed, options)
     moved_one_way = sum(blk.tensor_bytes[t] for t in moved)
     if moved_one_way:
         # To host: overlaps the block's own forward. Back: overlaps the backward of the

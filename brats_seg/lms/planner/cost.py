@@ -194,6 +194,8 @@ class NetworkCost:
             plus the validation pipeline's buffers; None when the workload does not validate.
         params: weights; trainable_params: trainable weights.
         memory_model: the coefficients used.
+        policy: the workload's dtype policy (``float32``, ``mixed_bfloat16``, ...), which the
+            step-time model prices by.
     """
 
     blocks: tuple[BlockCost, ...]
@@ -207,6 +209,7 @@ class NetworkCost:
     trainable_params: int
     memory_model: MemoryModel
     validation_bytes: int | None = None
+    policy: str = "float32"
 
     @property
     def persistent_bytes(self) -> int:
@@ -316,6 +319,7 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         params=params,
         trainable_params=trainable,
         memory_model=mm,
+        policy=topology.policy,
     )
     if workload.validates:  # one case at a time, fed by its own pipeline (batches of one)
         pipeline = (batch_image_bytes + labels_bytes) // batch * workload.input_batches

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from brats_seg.lms.planner.units import format_bytes, format_gb, format_shape
+from brats_seg.lms.planner.units import format_bytes, format_gb, format_seconds, format_shape
 from brats_seg.lms.planner.workload import Workload
 
 __all__ = ["BlockPlan", "Plan", "PlanDoesNotFitError"]
@@ -77,6 +77,10 @@ class Plan:
         budget_bytes: the largest peak the plan may predict: ``limit_bytes`` less the
             memory model's ``planning_margin`` (:func:`~brats_seg.lms.planner.search.planning_budget`);
             None reads as ``limit_bytes`` (a plan saved before the margin existed).
+        base_step_s: on a CPU, the step-time model's seconds of the step without
+            recomputation (:mod:`~brats_seg.lms.planner.step_time`); None on a GPU.
+        step_time_calibrated: False where this CPU has no step-time calibration of its own
+            (the time is an upper estimate).
     """
 
     strategy: str
@@ -90,6 +94,8 @@ class Plan:
     timeline: list[tuple[str, int]] = field(default_factory=list)
     strategies: dict[str, Any] | None = None
     budget_bytes: int | None = None
+    base_step_s: float | None = None
+    step_time_calibrated: bool = True
 
     def __post_init__(self) -> None:
         if self.budget_bytes is None:
@@ -111,6 +117,11 @@ class Plan:
     @property
     def overhead_s(self) -> float:
         return sum(b.overhead_s for b in self.blocks)
+
+    @property
+    def predicted_step_s(self) -> float | None:
+        """Seconds a training step is predicted to take, recomputation included (CPU only)."""
+        return None if self.base_step_s is None else self.base_step_s + self.overhead_s
 
     @property
     def totals(self) -> dict[str, float]:
@@ -159,13 +170,18 @@ class Plan:
             policy = b.policy + ("*" if b.tail_kept else "")
             lines.append(
                 f"{b.block:<11} {policy:<10} {format_bytes(b.kept_bytes):>10} {format_bytes(b.moved_bytes):>10} "
-                f"{b.recomputed_flops / 1e9:>7.1f} GFLOP {skip:>9} {b.overhead_s * 1e3:>7.1f} ms"
+                f"{b.recomputed_flops / 1e9:>7.1f} GFLOP {skip:>9} {format_seconds(b.overhead_s):>10}"
             )
         lines.append("-" * len(header))
         lines.append(
             f"{'total':<11} {'':<10} {'':>10} {format_bytes(self.moved_bytes):>10} "
-            f"{self.recomputed_flops / 1e9:>7.1f} GFLOP {'':>9} {self.overhead_s * 1e3:>7.1f} ms"
+            f"{self.recomputed_flops / 1e9:>7.1f} GFLOP {'':>9} {format_seconds(self.overhead_s):>10}"
         )
+        if self.predicted_step_s is not None:
+            lines.append(f"predicted step {format_seconds(self.predicted_step_s)} (the step "
+                         f"{format_seconds(self.base_step_s)} + recomputation {format_seconds(self.overhead_s)})"
+                         + ("" if self.step_time_calibrated else
+                            ": an upper estimate, this CPU has no step-time calibration (scripts/calibrate_step_time.py)"))
         if self.keep_tails:
             lines.append(f"* {', '.join(sorted(self.keep_tails))}: last conv unit kept (its backward follows at once), "
                          "the rest recomputed")
@@ -196,6 +212,9 @@ class Plan:
             "plan": [dataclasses.asdict(b) for b in self.blocks],
             "inputs": self.inputs,
             "timeline": [{"step": s, "bytes": int(v)} for s, v in self.timeline],
+            "base_step_s": self.base_step_s,
+            "predicted_step_s": self.predicted_step_s,
+            "step_time_calibrated": self.step_time_calibrated,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -217,6 +236,8 @@ class Plan:
                 timeline=[(row["step"], int(row["bytes"])) for row in data.get("timeline", [])],
                 strategies=data.get("strategies"),
                 budget_bytes=data.get("budget_bytes"),
+                base_step_s=data.get("base_step_s"),
+                step_time_calibrated=bool(data.get("step_time_calibrated", True)),
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a saved LMS plan ({err!r}); re-create it with scripts/plan_memory.py.") from err

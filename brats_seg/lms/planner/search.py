@@ -98,6 +98,13 @@ def plan_lms(workload: Workload, options: LMSOptions, memory_model: MemoryModel 
     return plan
 
 
+def solve_plan(workload: Workload, options: LMSOptions, memory_model: MemoryModel | None = None) -> Plan:
+    """The plan of ``options.strategy`` whether or not it fits (``plan.fits`` says), without the
+    comparison, the log line or the error of :func:`plan_lms`: for searches over many workloads."""
+    net, inputs = _prepare(workload, options, memory_model or MemoryModel())
+    return _solve(net, options.strategy, options, inputs)
+
+
 def compare_strategies(workload: Workload, options: LMSOptions, memory_model: MemoryModel | None = None
                        ) -> dict[str, Any]:
     """Predictions of ``off``, ``recompute``, ``offload`` and ``auto`` against ``options.limit_bytes``
@@ -347,6 +354,8 @@ def _make_plan(net: NetworkCost, strategy: str, policies: Sequence[str], skips: 
         peak_breakdown=timeline.breakdown(),
         inputs=inputs,
         timeline=list(zip(timeline.steps, timeline.total_bytes)),
+        base_step_s=None if options.time_model is None else options.time_model.step_s(net),
+        step_time_calibrated=options.time_model is None or options.time_model.calibrated,
     )
 
 
@@ -365,6 +374,7 @@ def _summary(plan: Plan) -> dict[str, Any]:
         "recomputed_flops": plan.recomputed_flops,
         "moved_bytes": int(plan.moved_bytes),
         "overhead_s": plan.overhead_s,
+        "step_s": plan.predicted_step_s,
         "peak_at": plan.peak_at,
         "fits": bool(plan.fits),
     }

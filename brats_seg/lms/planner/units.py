@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-__all__ = ["format_bytes", "format_gb", "format_shape", "parse_limit"]
+__all__ = ["format_bytes", "format_gb", "format_seconds", "format_shape", "parse_limit"]
 
 
 def format_bytes(nbytes: float) -> str:
@@ -24,6 +24,13 @@ def format_bytes(nbytes: float) -> str:
 def format_gb(nbytes: float) -> str:
     """Bytes in GB with two decimals, as plans and their errors print budgets: ``12.35 GB``."""
     return f"{nbytes / 1e9:.2f} GB"
+
+
+def format_seconds(seconds: float | None) -> str:
+    """A step's time: ``12.3 s`` from a second on, ``85.5 ms`` below; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
 
 
 def format_shape(shape: Sequence[int]) -> str:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from brats_seg.choices import check_choice
 from brats_seg.config import LMSConfig, ModelConfig, TrainConfig, augment_preset, network_input_shape
 from brats_seg.model.checks import check_batch_size, check_input_shape, check_model_config, check_policy
 from brats_seg.model.topology import UNetTopology, unet_topology
+
+if TYPE_CHECKING:
+    from brats_seg.lms.planner.step_time import CpuTimeModel
 
 __all__ = ["FIXED_STRATEGIES", "LMSOptions", "OPTIMIZER_SLOTS", "STRATEGIES", "Workload", "pipeline_batches"]
 
@@ -121,8 +125,10 @@ class LMSOptions:
         size_bytes: tensors smaller than this are never offloaded (``lms.size``).
         prefetch: blocks ahead in backward at which copies back are issued (``lms.prefetch``).
         host_bandwidth_bps: host<->device bytes/s, to price transfers.
-        device_flops: FLOP/s, to price recomputation and how much transfer it hides.
+        device_flops: FLOP/s, to price recomputation and how much transfer it hides, on a GPU.
         allow_offload: False on CPU (host memory is the device): only keep/recompute.
+        time_model: on a CPU, the measured step-time model that prices recomputation instead
+            of ``device_flops`` (:mod:`brats_seg.lms.planner.step_time`); None on a GPU.
 
     Raises:
         ValueError: a bad value, named, with what to use instead.
@@ -135,6 +141,7 @@ class LMSOptions:
     host_bandwidth_bps: float = DEFAULT_HOST_BANDWIDTH_BPS
     device_flops: float = DEFAULT_DEVICE_FLOPS
     allow_offload: bool = True
+    time_model: CpuTimeModel | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.strategy, STRATEGIES, "lms strategy")
@@ -164,7 +171,14 @@ class LMSOptions:
     @classmethod
     def from_config(cls, lms: LMSConfig, limit_bytes: int | None, allow_offload: bool,
                     strategy: str | None = None) -> LMSOptions:
-        """The options of the ``lms`` config group (``strategy`` overrides ``lms.name``)."""
+        """The options of the ``lms`` config group (``strategy`` overrides ``lms.name``); without
+        offload (a CPU: host memory is the device) recomputation is priced by this CPU's
+        step-time model, not by ``lms.device_tflops``."""
+        time_model = None
+        if not allow_offload:
+            from brats_seg.lms.planner.step_time import cpu_time_model
+
+            time_model = cpu_time_model()
         return cls(limit_bytes=limit_bytes, strategy=strategy or lms.name, size_bytes=int(lms.size),
                    prefetch=int(lms.prefetch), host_bandwidth_bps=lms.host_bandwidth_gbps * 1e9,
-                   device_flops=lms.device_tflops * 1e12, allow_offload=allow_offload)
+                   device_flops=lms.device_tflops * 1e12, allow_offload=allow_offload, time_model=time_model)

@@ -1,0 +1,217 @@
+"""How long a training step takes on a CPU: the planner's time model, measured per CPU.
+
+A GPU runs convolutions near its FLOP rate, which ``lms.device_tflops`` prices. A CPU does
+not: oneDNN's kernels work on blocks of channels (16 with AVX-512, 8 with AVX2), so a
+convolution of 6 channels costs about what one of 16 does, and the thin layers of a narrow
+U-Net (norms, activations, casts, concatenations) are bound by memory traffic, not
+arithmetic. The model, per compute dtype:
+
+    seconds = per_flop_s * padded FLOPs + per_byte_s * bytes touched + per_step_s
+
+where *padded FLOPs* are the step's convolution FLOPs with each convolution's input and
+output channels rounded up to the CPU's channel block (:func:`step_features`), and *bytes
+touched* are what every layer reads and writes. The coefficients are fitted per CPU model
+(:func:`brats_seg.cpu.cpu_id`: CPUs of one kind, Zen 4 and Zen 5, run the same kernels at
+different speeds) to benchmark sweeps by ``scripts/calibrate_step_time.py`` and kept in
+``brats_seg/lms/presets/step_time.json`` with the error on points the fit did not see.
+
+A CPU without a calibration gets the slowest calibrated coefficients times
+:data:`UNCALIBRATED_FACTOR`: recomputation is priced high rather than low, and the step
+time printed is an upper estimate, said so (:attr:`CpuTimeModel.calibrated`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from brats_seg.model.checks import DTYPE_POLICIES
+
+# The cost tables (brats_seg.lms.planner.cost.NetworkCost) are read here, never built: this module
+# imports nothing of the planner, whose options (workload.py) load the model of this CPU from it.
+NetworkCost = Any
+
+__all__ = ["PRESET_FILE", "UNCALIBRATED_FACTOR", "CpuTimeModel", "TimeCoefficients", "channel_block",
+           "cpu_time_model", "load_time_presets", "step_features"]
+
+PRESET_FILE = Path(__file__).resolve().parents[1] / "presets" / "step_time.json"
+
+#: A CPU without its own calibration is priced at the slowest calibrated CPU's coefficients
+#: times this. Measured spread between CPUs (issue 32 and the README): a full-resolution fp32
+#: step of 16 filters took 13.9 s on a Zen 4 and 5.5-6 s on a Zen 5 (2.3-2.5x); an AVX2 EPYC
+#: (Zen 3) was slower again. 3 keeps the upper estimate above those.
+UNCALIBRATED_FACTOR = 3.0
+
+#: oneDNN's channel blocking per CPU kind (:func:`brats_seg.cpu.cpu_kind`): AVX-512 registers
+#: hold 16 float32 values, AVX2 8.
+_CHANNEL_BLOCK = {"avx512_amx": 16, "avx512": 16, "avx2": 8, "other": 8}
+
+
+def channel_block(kind: str) -> int:
+    """The channel block oneDNN's convolutions pad to on a CPU kind."""
+    return _CHANNEL_BLOCK.get(kind, 8)
+
+
+def _padded(c: int, block: int) -> int:
+    return -(-c // block) * block
+
+
+def step_features(net: NetworkCost, block: int) -> dict[str, float]:
+    """What a training step costs in the model's terms: ``padded_flops`` (forward and backward;
+    a convolution's backward is two convolutions, the first one's one, as
+    :func:`~brats_seg.lms.planner.cost.compute_step_flops` counts) and ``bytes`` (every layer's
+    inputs and output, forward, and twice that backward: gradients in and out)."""
+    padded = moved = 0.0
+    first_conv = True
+    for i in range(len(net.blocks)):
+        moved += 3.0 * block_features(net, i, block)[1]
+        for layer in net.blocks[i].layers:
+            if layer.kind in ("conv", "up_transpose"):
+                padded += _conv_padded(layer, block) * (2.0 if first_conv else 3.0)
+                first_conv = False
+    return {"padded_flops": padded, "bytes": moved}
+
+
+def _conv_padded(layer, block: int) -> float:
+    cin, cout = layer.channels
+    if not (cin and cout):
+        return layer.forward_flops
+    return layer.forward_flops * _padded(cin, block) * _padded(cout, block) / (cin * cout)
+
+
+def block_features(net: NetworkCost, i: int, block: int) -> tuple[float, float]:
+    """Block ``i``'s forward ``(padded FLOPs, bytes read and written)``: what recomputing it costs."""
+    blk = net.blocks[i]
+    flops = sum(_conv_padded(layer, block) for layer in blk.layers if layer.kind in ("conv", "up_transpose"))
+    moved = sum(sum(blk.tensor_bytes.get(t, 0) for t in layer.inputs) + blk.tensor_bytes.get(layer.output, 0)
+                for layer in blk.layers)
+    return flops, float(moved)
+
+
+@dataclass(frozen=True)
+class TimeCoefficients:
+    """Seconds per padded FLOP, per byte touched and per step, of one compute dtype on one CPU."""
+
+    per_flop_s: float
+    per_byte_s: float
+    per_step_s: float = 0.0
+
+    def seconds(self, padded_flops: float, moved_bytes: float, steps: float = 1.0) -> float:
+        return self.per_flop_s * padded_flops + self.per_byte_s * moved_bytes + self.per_step_s * steps
+
+    def scaled(self, factor: float) -> TimeCoefficients:
+        return TimeCoefficients(self.per_flop_s * factor, self.per_byte_s * factor, self.per_step_s * factor)
+
+
+@dataclass(frozen=True)
+class CpuTimeModel:
+    """The step-time model of one CPU.
+
+    Attributes:
+        cpu: the CPU it was calibrated on (:func:`brats_seg.cpu.cpu_id`), or for an
+            uncalibrated one what it stands in with.
+        block: the channel block convolutions are padded to.
+        coefficients: compute dtype (``float32``, ``bfloat16``) -> coefficients.
+        calibrated: False for the stand-in of a CPU without its own calibration (an upper
+            estimate).
+    """
+
+    cpu: str
+    block: int
+    coefficients: Mapping[str, TimeCoefficients] = field(default_factory=dict)
+    calibrated: bool = True
+
+    def _for(self, net: NetworkCost) -> TimeCoefficients:
+        dtype = DTYPE_POLICIES[net.policy]
+        if dtype in self.coefficients:
+            return self.coefficients[dtype]
+        # a dtype not measured here (float16 on a CPU): the slowest one measured
+        return max(self.coefficients.values(), key=lambda c: c.per_flop_s)
+
+    def step_s(self, net: NetworkCost) -> float:
+        """Seconds of one training step without recomputation."""
+        f = step_features(net, self.block)
+        return self._for(net).seconds(f["padded_flops"], f["bytes"])
+
+    def block_forward_s(self, net: NetworkCost, i: int) -> float:
+        """Seconds of block ``i``'s forward pass (what recomputing it costs)."""
+        flops, moved = block_features(net, i, self.block)
+        return self._for(net).seconds(flops, moved, steps=0.0)
+
+
+def load_time_presets(path: Path = PRESET_FILE) -> dict:
+    """``cpu id -> record`` of the calibrated CPUs (``{}`` without the file).
+
+    Raises:
+        ValueError: a file that is not the calibration's output, naming it.
+    """
+    if not Path(path).exists():
+        return {}
+    try:
+        record = json.loads(Path(path).read_text())
+        for cpu, entry in record["cpus"].items():
+            for dtype, c in entry["fit"].items():
+                TimeCoefficients(**c)
+        return record["cpus"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a step-time calibration ({e}); re-run scripts/calibrate_step_time.py "
+                         f"or restore it from git.") from e
+
+
+def _model(cpu: str, entry: Mapping, factor: float = 1.0, calibrated: bool = True) -> CpuTimeModel:
+    return CpuTimeModel(cpu=cpu, block=int(entry["block"]), calibrated=calibrated,
+                        coefficients={d: TimeCoefficients(**c).scaled(factor) for d, c in entry["fit"].items()})
+
+
+@functools.lru_cache(maxsize=8)
+def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path = PRESET_FILE) -> CpuTimeModel:
+    """The step-time model of this CPU (or of ``cpu``/``kind``): its calibration, or for a CPU
+    without one the slowest calibrated coefficients times :data:`UNCALIBRATED_FACTOR`, with its
+    own kind's channel block (``calibrated=False``)."""
+    from brats_seg.cpu import cpu_id, cpu_kind
+
+    cpu = cpu or cpu_id()
+    kind = kind or cpu_kind()
+    presets = load_time_presets(path)
+    if cpu in presets:
+        return _model(cpu, presets[cpu])
+    block = channel_block(kind)
+    if not presets:  # nothing measured anywhere: a GPU-like guess would be worse than slow
+        c = TimeCoefficients(per_flop_s=1 / 20e9, per_byte_s=1 / 2e9, per_step_s=0.1)
+        return CpuTimeModel(cpu=f"uncalibrated ({cpu})", block=block, calibrated=False,
+                            coefficients={"float32": c, "bfloat16": c})
+    slowest: dict[str, TimeCoefficients] = {}
+    for entry in presets.values():
+        for dtype, c in entry["fit"].items():
+            c = TimeCoefficients(**c)
+            old = slowest.get(dtype)
+            slowest[dtype] = c if old is None else TimeCoefficients(
+                max(old.per_flop_s, c.per_flop_s), max(old.per_byte_s, c.per_byte_s), max(old.per_step_s, c.per_step_s))
+    return CpuTimeModel(cpu=f"uncalibrated ({cpu}): {UNCALIBRATED_FACTOR:g}x the slowest calibrated CPU",
+                        block=block, calibrated=False,
+                        coefficients={d: c.scaled(UNCALIBRATED_FACTOR) for d, c in slowest.items()})
+
+
+
+def fit_coefficients(points) -> TimeCoefficients:
+    """Non-negative least squares of measured seconds on ``(padded FLOPs, bytes, 1)``, each point
+    weighed by its inverse time (relative errors: a 2 s step counts as much as a 20 s one).
+
+    Args:
+        points: ``(padded_flops, bytes, seconds)`` per measured step, one compute dtype of one CPU.
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = np.array([[f, b, 1.0] for f, b, _ in points], dtype=float)
+    y = np.array([t for _, _, t in points], dtype=float)
+    if len(y) < 3:
+        raise ValueError(f"a step-time fit needs at least 3 measured steps, got {len(y)}.")
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0
+    x, _ = nnls(a / scale / y[:, None], np.ones_like(y))
+    x = x / scale
+    return TimeCoefficients(per_flop_s=float(x[0]), per_byte_s=float(x[1]), per_step_s=float(x[2]))

@@ -1,0 +1,169 @@
+"""The planner's step-time model on a CPU (brats_seg.lms.planner.step_time): channel padding, the
+fit, the per-CPU presets and their safe side, and recomputation priced by it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from brats_seg.config import ModelConfig
+from brats_seg.lms.planner.cost import compute_network_cost, compute_step_flops
+from brats_seg.lms.planner.plan import Plan
+from brats_seg.lms.planner.search import compare_strategies, plan_lms
+from brats_seg.lms.planner.step_time import (UNCALIBRATED_FACTOR, CpuTimeModel, TimeCoefficients, block_features,
+                                             cpu_time_model, fit_coefficients, load_time_presets, step_features)
+from brats_seg.lms.planner.workload import LMSOptions, Workload
+
+REPO = Path(__file__).resolve().parents[2]
+SHAPE = (64, 64, 48)
+
+
+def _net(filters: int, precision: str = "fp32", shape=SHAPE):
+    model = ModelConfig(depth=3, base_filters=filters, out_channels=3)
+    return compute_network_cost(Workload(model, shape, 1, precision))
+
+
+def test_padded_flops_count_channels_up_to_the_block():
+    # 16 filters: only the image's 4 channels (enc0's first convolution) and the head's 3 outputs
+    # are padded; every block in between counts its real FLOPs
+    net = _net(16)
+    for i, blk in enumerate(net.blocks):
+        real = sum(layer.forward_flops for layer in blk.layers if layer.kind in ("conv", "up_transpose"))
+        padded = block_features(net, i, 16)[0]
+        assert padded == pytest.approx(real) if blk.name not in ("enc0", "head") else padded > real
+    assert step_features(net, 16)["padded_flops"] > compute_step_flops(net)
+    # 6 filters pad to 16 (and 12 to 16, 24 to 32): more than 16/6 squared of the narrow network's
+    # level-0 FLOPs would be, and never fewer than its real FLOPs
+    narrow = _net(6)
+    assert step_features(narrow, 16)["padded_flops"] > 2.5 * compute_step_flops(narrow)
+    assert step_features(narrow, 8)["padded_flops"] < step_features(narrow, 16)["padded_flops"]
+    # a 6-filter U-Net pads its first level to the 16-filter one's: same padded level-0 FLOPs
+    assert block_features(narrow, 0, 16)[0] == pytest.approx(block_features(_net(16), 0, 16)[0])
+
+
+def test_bytes_touched_follow_the_dtype_and_the_width():
+    assert step_features(_net(8, "bf16"), 16)["bytes"] < 0.6 * step_features(_net(8), 16)["bytes"]
+    assert step_features(_net(16), 16)["bytes"] > 1.8 * step_features(_net(8), 16)["bytes"]
+
+
+def test_the_fit_recovers_known_coefficients_and_predicts_a_point_it_did_not_see():
+    truth = TimeCoefficients(per_flop_s=1 / 300e9, per_byte_s=1 / 8e9, per_step_s=0.05)
+    points = []
+    for filters in (4, 8, 12, 16, 24):
+        f = step_features(_net(filters), 16)
+        points.append((f["padded_flops"], f["bytes"], truth.seconds(f["padded_flops"], f["bytes"])))
+    fitted = fit_coefficients(points)
+    model = CpuTimeModel(cpu="test", block=16, coefficients={"float32": fitted})
+    unseen = _net(20)
+    f = step_features(unseen, 16)
+    assert model.step_s(unseen) == pytest.approx(truth.seconds(f["padded_flops"], f["bytes"]), rel=1e-4)
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_coefficients(points[:2])
+
+
+def _preset(tmp_path, cpu="CPU A", per_flop=1 / 200e9) -> Path:
+    path = tmp_path / "step_time.json"
+    path.write_text(json.dumps({"cpus": {cpu: {"block": 16, "fit": {
+        "float32": {"per_flop_s": per_flop, "per_byte_s": 1 / 10e9, "per_step_s": 0.02},
+        "bfloat16": {"per_flop_s": per_flop / 2, "per_byte_s": 1 / 10e9, "per_step_s": 0.02}}}}}))
+    return path
+
+
+def test_a_cpu_without_its_calibration_gets_the_safe_side(tmp_path):
+    path = _preset(tmp_path)
+    own = cpu_time_model("CPU A", "avx512", path)
+    other = cpu_time_model("CPU B", "avx512", path)
+    avx2 = cpu_time_model("CPU C", "avx2", path)
+    assert own.calibrated and not other.calibrated and "uncalibrated" in other.cpu
+    net = _net(16)
+    assert other.step_s(net) == pytest.approx(UNCALIBRATED_FACTOR * own.step_s(net))
+    assert avx2.block == 8 and other.block == 16
+    # bfloat16 is priced by its own coefficients, float16 (not measured on a CPU) by the slowest
+    assert own.step_s(_net(16, "bf16")) < own.step_s(net)
+    assert own.step_s(_net(16, "fp16")) >= own.step_s(_net(16, "bf16"))
+
+
+def test_a_preset_that_is_not_a_calibration_is_named(tmp_path):
+    bad = tmp_path / "step_time.json"
+    bad.write_text('{"cpus": {"x": {"fit": {"float32": {"per_flop": 1}}}}}')
+    with pytest.raises(ValueError, match="step_time.json is not a step-time calibration"):
+        load_time_presets(bad)
+    assert load_time_presets(tmp_path / "missing.json") == {}
+
+
+def test_recomputation_is_priced_by_the_cpu_model_and_the_plan_says_its_step_time(tmp_path):
+    model = cpu_time_model("CPU A", "avx512", _preset(tmp_path))
+    workload = Workload(ModelConfig(depth=3, base_filters=8, out_channels=3), (96, 96, 64), 1, "fp32")
+    net = compute_network_cost(workload)
+    options = LMSOptions(limit_bytes=10**12, strategy="recompute", allow_offload=False, time_model=model)
+    plan = plan_lms(workload, options)
+    recomputed = [b for b in plan.blocks if b.policy == "recompute"]
+    assert recomputed
+    for row in recomputed:  # each block's forward time, in the share of its FLOPs recomputed
+        i = [b.name for b in net.blocks].index(row.block)
+        share = row.recomputed_flops / net.blocks[i].forward_flops
+        assert row.overhead_s == pytest.approx(model.block_forward_s(net, i) * share)
+    assert plan.base_step_s == pytest.approx(model.step_s(net))
+    assert plan.predicted_step_s == pytest.approx(plan.base_step_s + plan.overhead_s)
+    assert "predicted step" in plan.format_table()
+    again = Plan.from_dict(json.loads(plan.to_json()))
+    assert again.predicted_step_s == pytest.approx(plan.predicted_step_s)
+    # off recomputes nothing: its step is the base step; compare_strategies reports both
+    table = compare_strategies(workload, dataclasses.replace(options, strategy="auto"))
+    assert table["off"]["step_s"] == pytest.approx(plan.base_step_s)
+    assert table["recompute"]["step_s"] > table["off"]["step_s"]
+    # a GPU keeps pricing by lms.device_tflops: no CPU step time
+    gpu = plan_lms(workload, dataclasses.replace(options, allow_offload=True, time_model=None))
+    assert gpu.predicted_step_s is None
+
+
+def test_the_cpu_options_carry_this_cpus_model():
+    from brats_seg.config import LMSConfig
+
+    cpu = LMSOptions.from_config(LMSConfig(), None, allow_offload=False)
+    gpu = LMSOptions.from_config(LMSConfig(), None, allow_offload=True)
+    assert cpu.time_model is not None and gpu.time_model is None
+
+
+def test_onednn_verbose_lines_are_summed_per_primitive_kind():
+    sys.path.insert(0, str(REPO / "scripts"))
+    from benchmark import onednn_profile
+
+    text = "\n".join([
+        "onednn_verbose,v1,info,cpu,runtime:threadpool",
+        "onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_fwd:avx512_core,forward_training,src:f32,,mb1,2.5",
+        "onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_bwd_w:avx512_core,backward_weights,src:f32,,mb1,4.0",
+        "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcde dst:f32,,1x4x8,1.5",
+        "onednn_verbose,exec,cpu,reorder,simple:any,undef,src_f32::blocked:abcde,,1x4x8,2.0",  # oneDNN 2.x
+        "onednn_verbose,v1,primitive,create:cache_miss,cpu,reorder,jit:uni,undef,,,,0.3",  # creation, not execution
+        "unrelated line, 9.0",
+    ])
+    profile = onednn_profile(text)
+    assert profile["onednn_ms"] == {"convolution": 6.5, "convolution:backward_weights": 4.0,
+                                    "convolution:forward_training": 2.5, "reorder": 3.5}
+    assert profile["onednn_total_ms"] == 10.0 and profile["reorder_share"] == 0.35
+    assert profile["convolution_impl_ms"] == {"brg_conv_bwd_w:avx512_core": 4.0, "brg_conv_fwd:avx512_core": 2.5}
+    assert onednn_profile("")["reorder_share"] is None
+
+
+def test_the_width_figure_draws_time_rate_and_reorders(tmp_path):
+    import matplotlib.image as mpimg
+
+    from brats_seg.plots import plot_width_sweep
+
+    def rec(f, p, t, share=None):
+        return {"base_filters": f, "precision": p, "step_s": t, "predicted_step_s": t * 1.1, "flops_per_s": 1e11 * f / t,
+                "sgemm_flops_per_s": 4.8e11, "shape": [192, 224, 160], "cpu": "test", "cpu_kind": "avx512",
+                **({"reorder_share": share} if share is not None else {})}
+
+    timed = [rec(f, p, t) for f, p, t in [(4, "fp32", 1.7), (8, "fp32", 2.9), (16, "fp32", 5.0), (8, "bf16", 5.8)]]
+    profiled = [rec(f, "fp32", 2.0, s) for f, s in [(4, 0.3), (8, 0.2), (16, 0.1)]]
+    two = plot_width_sweep(timed, tmp_path / "two.png")
+    three = plot_width_sweep(timed, tmp_path / "three.png", profiled)
+    assert mpimg.imread(three).shape[1] > mpimg.imread(two).shape[1]  # the reorder panel
+    with pytest.raises(ValueError, match="base_filters"):
+        plot_width_sweep([{"step_s": 1.0}], tmp_path / "none.png")
