@@ -37,6 +37,12 @@ from brats_seg.config import register_configs  # noqa: E402
 register_configs()
 
 
+def format_seconds(seconds) -> str:
+    from brats_seg.lms.planner.units import format_seconds as fmt
+
+    return fmt(seconds)
+
+
 def _gb(n) -> str:
     return "-" if n is None else f"{n / 1e9:.2f} GB"
 
@@ -119,6 +125,28 @@ def _whole_grid_line(conf, grid, whole, whole_fits: list[str]) -> str:
             f"({_patch_override(whole)}); whole volumes need a grid of multiples of {2**conf.model.depth}")
 
 
+def _print_widths(conf, device: str, limit: int, budget: int, rows, chosen) -> None:
+    """plan.find=max_width: auto's plan at each width, and the widest that fits."""
+    if conf.plan.format == "json":
+        print(json.dumps({"limit_bytes": limit, "budget_bytes": budget, "device": device, "find": "max_width",
+                          "widths": [r.to_dict() for r in rows], "chosen_base_filters": chosen}))
+        return
+    print(f"widest U-Net within {_budget_line(conf, device, limit, budget)}; model depth {conf.model.depth}, "
+          f"{conf.model.norm} norm, {conf.backend.precision}, input {tuple(conf.resolution.shape)}, "
+          f"batch {conf.trainer.batch_size}, lms=auto at each width")
+    print(f"{'base_filters':>12} {'predicted peak':>15} {'recompute':>12} {'step':>9}  fits")
+    for r in rows:
+        note = "yes" if r.fits else "no"
+        if r.slower_than_wider:
+            note += " (a wider width that fits is predicted as fast: prefer it)"
+        print(f"{r.base_filters:>12} {_gb(r.predicted_peak_bytes):>15} {r.recomputed_flops / 1e9:>8.1f} GFLOP "
+              f"{format_seconds(r.predicted_step_s):>9}  {note}")
+    if chosen is None:
+        print("no width fits: raise lms.limit, lower model.depth, or train patches (plan.find=max_patch)")
+    else:
+        print(f"widest that fits: model.base_filters={chosen}")
+
+
 def _print_patch_rows(found: dict) -> None:
     print(f"{'strategy':<10} {'patch (override)':>32} {'batch':>6} {'voxels':>12} {'predicted peak':>15} "
           f"{'largest cube':>15}")
@@ -139,6 +167,9 @@ def main(cfg) -> None:
     if conf.plan.find:
         with user_errors():
             limit, budget, found = capacity_run(conf, conf.plan.find, device)
+        if conf.plan.find == "max_width":
+            _print_widths(conf, device, limit, budget, *found)
+            return
         _print_capacity(conf, device, limit, budget, found)
         return
     strategy = "auto" if conf.lms.name == "off" else conf.lms.name
@@ -157,13 +188,14 @@ def main(cfg) -> None:
         if plan is not None:
             print(plan.format_table())
         print(f"\n{_budget_line(conf, device, limit, budget)}")
-        print(f"{'strategy':<10} {'peak':>10} {'recompute':>12} {'moved':>10} {'overhead/step':>14}  fits")
+        print(f"{'strategy':<10} {'peak':>10} {'recompute':>12} {'moved':>10} {'overhead/step':>14} {'step':>9}  fits")
         for name, s in strategies.items():
             if s.get("predicted_peak_bytes") is None:
                 print(f"{name:<10} {'-':>10} {'':>12} {'':>10} {'':>14}  {s.get('reason', 'no')}")
                 continue
             print(f"{name:<10} {_gb(s['predicted_peak_bytes']):>10} {s['recomputed_flops'] / 1e9:>8.1f} GFLOP "
-                  f"{_gb(s['moved_bytes']):>10} {s['overhead_s'] * 1e3:>11.1f} ms  {'yes' if s['fits'] else 'no'}")
+                  f"{_gb(s['moved_bytes']):>10} {format_seconds(s['overhead_s']):>14} "
+                  f"{format_seconds(s.get('step_s')):>9}  {'yes' if s['fits'] else 'no'}")
         if error is not None:
             print(f"\n{error}")
     if error is not None:

@@ -8,6 +8,12 @@ largest input under ``auto`` to the one under ``off`` is the figure LMS is quote
 strategy on a CPU and ``offload`` on a GPU, so ``auto`` can train what the cheapest fixed
 strategy can.
 
+``max_width`` asks the other question a fixed input raises: how wide a U-Net (``model.base_filters``)
+trains within the budget, and how long its step takes. Each candidate width is planned with
+``auto``; the answer is the widest that fits. On a CPU the step-time model
+(:mod:`~brats_seg.lms.planner.step_time`) prices each, and a width whose step is predicted no faster
+than a wider one that also fits is marked: it buys nothing (oneDNN pads channels to its vector).
+
 ``max_patch`` is the same search for patch mode (``trainer.patch_size``): patches keep the grid's
 proportions, each side a multiple of ``2**depth`` and at most the grid on its axis (an axis that
 reaches the grid stays there while the others grow), so the whole grid is the largest answer, and
@@ -25,15 +31,16 @@ from dataclasses import dataclass
 
 from brats_seg.choices import check_choice
 from brats_seg.lms.planner.memory_model import MemoryModel
-from brats_seg.lms.planner.search import fits_with, largest_batch, largest_fitting, plan_lms
+from brats_seg.lms.planner.search import fits_with, largest_batch, largest_fitting, plan_lms, solve_plan
 from brats_seg.lms.planner.workload import LMSOptions, Workload
 
-__all__ = ["Capacity", "FINDS", "cube_shape_at", "find_capacity", "input_shape_at", "largest_input",
+__all__ = ["Capacity", "FINDS", "WIDTHS", "WidthRow", "find_width", "cube_shape_at", "find_capacity", "input_shape_at", "largest_input",
            "largest_patch", "largest_patch_allowed", "patch_shape_at"]
 
 Shape = tuple[int, int, int]  # spatial (x, y, z), voxels
 
-FINDS = ("max_input", "max_batch", "max_patch")
+FINDS = ("max_input", "max_batch", "max_patch", "max_width")
+WIDTHS = (4, 6, 8, 10, 12, 16, 20, 24, 32)  # model.base_filters that plan.find=max_width tries
 MAX_SCALE = 512  # the smallest axis is searched up to 512 x 2**depth voxels
 
 
@@ -199,3 +206,56 @@ def find_capacity(find: str, workload: Workload, mm: MemoryModel, options: LMSOp
             plan = plan_lms(workload.with_input(found.input_shape, found.batch_size), options, mm)
             out[strategy] = dataclasses.replace(found, predicted_peak_bytes=plan.predicted_peak_bytes)
     return out
+
+
+@dataclass(frozen=True)
+class WidthRow:
+    """One width of :func:`find_width`: ``auto``'s plan for it.
+
+    Attributes:
+        base_filters: the width.
+        fits: the plan fits the budget.
+        predicted_peak_bytes: its predicted peak (the smallest ``auto`` reaches when it does not fit).
+        predicted_step_s: on a CPU, its predicted step time, recomputation included; None on a GPU.
+        recomputed_flops: FLOPs recomputed a step.
+        slower_than_wider: it fits, and a wider width that fits is predicted no slower.
+    """
+
+    base_filters: int
+    fits: bool
+    predicted_peak_bytes: int
+    predicted_step_s: float | None
+    recomputed_flops: float
+    slower_than_wider: bool = False
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def find_width(workload: Workload, mm: MemoryModel, options: LMSOptions,
+               widths: Sequence[int] = WIDTHS) -> tuple[list[WidthRow], int | None]:
+    """``(rows, chosen)``: ``auto``'s plan at each width in ``widths`` (those the model accepts: group
+    norm needs its groups to divide them), and the widest that fits (None when none does).
+
+    Raises:
+        ValueError: no budget.
+    """
+    if options.limit_bytes is None:
+        raise ValueError("plan.find needs a budget: set lms.limit (bytes, e.g. 8GB, or a share of memory, e.g. 0.9).")
+    options = dataclasses.replace(options, strategy="auto")
+    rows = []
+    for width in sorted(set(widths)):
+        try:
+            model_cfg = dataclasses.replace(workload.model_cfg, base_filters=int(width))
+            plan = solve_plan(dataclasses.replace(workload, model_cfg=model_cfg), options, mm)
+        except ValueError:  # a width this model cannot have (e.g. group norm's groups)
+            continue
+        rows.append(WidthRow(int(width), bool(plan.fits), int(plan.predicted_peak_bytes), plan.predicted_step_s,
+                             plan.recomputed_flops))
+    fitting = [r for r in rows if r.fits]
+    for k, row in enumerate(rows):
+        if row.fits and row.predicted_step_s is not None and any(
+                w.base_filters > row.base_filters and w.predicted_step_s is not None
+                and w.predicted_step_s <= row.predicted_step_s for w in fitting):
+            rows[k] = dataclasses.replace(row, slower_than_wider=True)
+    return rows, (max(r.base_filters for r in fitting) if fitting else None)

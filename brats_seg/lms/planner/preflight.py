@@ -11,7 +11,7 @@ import shutil
 
 from brats_seg.config import TrainConfig
 from brats_seg.data.labels import resolve_model_outputs
-from brats_seg.lms.planner.capacity import Capacity, find_capacity
+from brats_seg.lms.planner.capacity import Capacity, find_capacity, find_width
 from brats_seg.lms.planner.memory_model import memory_model_for
 from brats_seg.lms.planner.plan import Plan
 from brats_seg.lms.planner.search import compare_strategies, plan_lms_from_config, planning_budget
@@ -72,7 +72,8 @@ def compare_run(cfg: TrainConfig, device: str | None = None) -> tuple[int, int, 
 def capacity_run(cfg: TrainConfig, find: str, device: str | None = None) -> tuple[int, int, dict[str, Capacity]]:
     """``(limit_bytes, budget_bytes, {strategy: Capacity})``: the largest input (``find=max_input``, of the
     network input's proportions), batch (``max_batch``) or patch and cube (``max_patch``) each strategy
-    fits in ``lms.limit``.
+    fits in ``lms.limit``; for ``max_width``, ``(rows, chosen)`` of
+    :func:`~brats_seg.lms.planner.capacity.find_width` in its place.
 
     ``max_patch`` searches within the network input of ``cfg`` (:func:`~brats_seg.config.network_input_shape`):
     pass ``cfg`` in patch mode at the largest patch ``resolution.shape`` allows
@@ -85,6 +86,8 @@ def capacity_run(cfg: TrainConfig, find: str, device: str | None = None) -> tupl
     limit = parse_limit(cfg.lms.limit, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb))
     options = LMSOptions.from_config(cfg.lms, limit, allow_offload=device == "GPU", strategy="auto")
     mm = memory_model_for(device)
+    if find == "max_width":  # (rows, the widest width that fits)
+        return limit, planning_budget(limit, mm), find_width(Workload.from_config(cfg), mm, options)
     grid = tuple(int(v) for v in cfg.resolution.shape)  # max_patch: the grid the patches are cut from
     return limit, planning_budget(limit, mm), find_capacity(find, Workload.from_config(cfg), mm, options, grid_shape=grid)
 
