@@ -11,13 +11,18 @@ prints: the overrides, ``step_s`` (median seconds per step, first excluded),
 ``voxels_per_s``, ``peak_bytes`` (device peak on GPU; process peak RSS on CPU),
 ``baseline_bytes`` (0 on GPU; on CPU the RSS just before the model is built),
 ``allocator_peak_bytes`` (TensorFlow's allocator's own peak of live tensors, from the model
-build on; None where TensorFlow keeps no statistics) and ``predicted_peak_bytes`` (the planner's prediction of ``peak_bytes - baseline_bytes``).
+build on; None where TensorFlow keeps no statistics), ``predicted_peak_bytes`` (the planner's
+prediction of ``peak_bytes - baseline_bytes``) and, on a CPU, ``predicted_step_s`` (the
+planner's step-time model, recomputation included, beside the measured ``step_s``).
+``benchmark.onednn_verbose=true`` adds one more step with oneDNN's primitives caught: the
+milliseconds per primitive kind and the share spent in reorders (layout changes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -176,16 +181,70 @@ def measure_pipeline(conf) -> dict:
             "batches": n, "seconds": round(seconds, 3), "volumes_per_s": round(n * b / seconds, 2)}
 
 
+def _stdout_to_text(fn):
+    """``(fn(), what the process wrote to its stdout meanwhile)``: file descriptor 1 goes to a
+    temporary file while ``fn`` runs, so the C library's writes (oneDNN's verbose lines) are
+    caught, not Python's alone."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    libc.fflush(None)
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            result = fn()
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        return result, f.read().decode(errors="replace")
+
+
+def onednn_profile(text: str) -> dict:
+    """Milliseconds per oneDNN primitive kind in ``ONEDNN_VERBOSE`` output (``exec`` lines:
+    ``onednn_verbose[,v1,primitive],exec,cpu,<kind>,<impl>,<prop>,...,<ms>``); convolutions
+    also per propagation (forward, backward by data, by weights) and per implementation (the
+    kernel oneDNN chose: ``brg_conv_fwd:avx512_core``, ``gemm:jit``, ``ref:any`` ...). ``reorder_share`` is the
+    reorders' part of oneDNN's time: layout changes between TensorFlow's plain tensors and
+    oneDNN's channel-blocked ones (and their padding), no arithmetic."""
+    ms: dict[str, float] = {}
+    impl: dict[str, float] = {}
+    for line in text.splitlines():
+        parts = line.strip().split(",")
+        if not parts[0].startswith("onednn_verbose") or "exec" not in parts[:4]:
+            continue
+        i = parts.index("exec")
+        try:
+            t = float(parts[-1])
+            kind = parts[i + 2]
+        except (ValueError, IndexError):
+            continue
+        ms[kind] = ms.get(kind, 0.0) + t
+        if kind == "convolution" and len(parts) > i + 4:
+            key = f"convolution:{parts[i + 4]}"
+            ms[key] = ms.get(key, 0.0) + t
+            impl[parts[i + 3]] = impl.get(parts[i + 3], 0.0) + t  # which kernel oneDNN picked
+    total = sum(v for k, v in ms.items() if ":" not in k)
+    return {"onednn_ms": {k: round(v, 1) for k, v in sorted(ms.items())}, "onednn_total_ms": round(total, 1),
+            "convolution_impl_ms": {k: round(v, 1) for k, v in sorted(impl.items())},
+            "reorder_share": round(ms.get("reorder", 0.0) / total, 4) if total else None}
+
+
 def benchmark(conf, overrides: list[str]) -> dict:
     from brats_seg.backend import configure
     from brats_seg.data.labels import resolve_model_outputs
 
     check_choice(conf.benchmark.input, ("memory", "pipeline"), "benchmark.input")
     resolve_model_outputs(conf)
+    if conf.benchmark.onednn_verbose:  # read by oneDNN when TensorFlow loads it: before configure imports it
+        os.environ["ONEDNN_VERBOSE"] = "1"
     backend = configure(conf.backend)  # before anything imports TensorFlow
     import numpy as np
 
-    from brats_seg.cpu import cpu_isa, cpu_kind, cpu_model_name
+    from brats_seg.cpu import cpu_id, cpu_isa, cpu_kind, cpu_model_name
     from brats_seg.lms.runtime.stats import allocator_peak_bytes, device_peak_bytes
 
     if conf.benchmark.pipeline_only:
@@ -198,6 +257,11 @@ def benchmark(conf, overrides: list[str]) -> dict:
             t0 = time.perf_counter()
             run_once()
             times.append(time.perf_counter() - t0)
+        profile = {}
+        if conf.benchmark.onednn_verbose:  # one more step, its primitives caught (the timed ones printed theirs)
+            t0 = time.perf_counter()
+            _, text = _stdout_to_text(run_once)
+            profile = {**onednn_profile(text), "profiled_step_s": round(time.perf_counter() - t0, 3)}
         peak = device_peak_bytes(backend.device)
         allocator_peak = allocator_peak_bytes(backend.device)
     sgemm = measure_sgemm_flops() if conf.benchmark.sgemm else None  # after the memory was read
@@ -209,6 +273,7 @@ def benchmark(conf, overrides: list[str]) -> dict:
         "backend": backend.name,
         "device": backend.device,
         "cpu": cpu_model_name(),
+        "cpu_id": cpu_id(),
         "cpu_isa": cpu_isa(),
         "cpu_kind": cpu_kind(),
         "strategy": info["strategy"],
@@ -216,9 +281,12 @@ def benchmark(conf, overrides: list[str]) -> dict:
         "shape": list(shape),
         "batch_size": b,
         "precision": conf.backend.precision,
+        "depth": conf.model.depth,
+        "base_filters": conf.model.base_filters,
         "input": conf.benchmark.input,
         "steps": len(times) - 1,
         "step_s": round(step_s, 4),
+        "predicted_step_s": None if plan.predicted_step_s is None else round(plan.predicted_step_s, 3),
         "first_step_s": round(times[0], 3),
         "voxels_per_s": round(b * float(np.prod(shape)) / step_s, 1),
         "step_flops": info["flops"],
@@ -235,7 +303,7 @@ def benchmark(conf, overrides: list[str]) -> dict:
     }
     if stats is not None:
         result.update({k: v for k, v in stats.result().items()})
-    return result
+    return {**result, **profile}
 
 
 def _sweep_spec(name: str) -> tuple[Path, dict]:
@@ -259,10 +327,13 @@ def run_sweep(conf, overrides: list[str]) -> Path:
     import itertools
 
     from brats_seg.files import write_text_atomic
-    from brats_seg.plots import plot_benchmark_sweep
+    from brats_seg.plots import plot_benchmark_sweep, plot_width_sweep
 
     path, spec = _sweep_spec(conf.benchmark.sweep)
-    out = Path(conf.benchmark.out or REPO / "outputs" / "benchmark" / path.stem / "results.jsonl")
+    # a profiled run (benchmark.onednn_verbose=true: its steps are slowed by the printing) is kept
+    # apart from the timed one, in profile.jsonl beside it
+    default = "profile.jsonl" if conf.benchmark.onednn_verbose else "results.jsonl"
+    out = Path(conf.benchmark.out or REPO / "outputs" / "benchmark" / path.stem / default)
     out.parent.mkdir(parents=True, exist_ok=True)
     base = [*spec.get("base", []), *(o for o in overrides if not o.startswith(("benchmark.sweep=", "benchmark.out=")))]
     keys = list(spec["axes"])
@@ -279,9 +350,16 @@ def run_sweep(conf, overrides: list[str]) -> Path:
         if proc.returncode != 0:  # e.g. bf16 refused on a CPU without it: said, and the sweep goes on
             print(f"  failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
             continue
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        # the result is the last JSON line (oneDNN's verbose lines, if asked for, come before it)
+        result = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
         records.append({"sweep": combo, **result})  # the whole file replaced: a kill never leaves half a line
         write_text_atomic(out, "".join(json.dumps(r) + "\n" for r in records))
+    if "model.base_filters" in spec["axes"]:  # a width sweep: one figure, with the reorders if profiled
+        timed = _read_jsonl(out.parent / "results.jsonl")
+        profile = _read_jsonl(out.parent / "profile.jsonl")
+        if timed:
+            print(f"wrote {plot_width_sweep(timed, out.parent / 'width.png', profile)}")
+        return out
     for png in plot_benchmark_sweep(records, out.parent):
         print(f"wrote {png}")
     return out

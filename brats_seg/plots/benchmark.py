@@ -13,7 +13,7 @@ from pathlib import Path
 
 from brats_seg.plots.common import plt, save_figure
 
-__all__ = ["plot_benchmark_sweep", "plot_resolution_study"]
+__all__ = ["plot_benchmark_sweep", "plot_resolution_study", "plot_width_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,68 @@ def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title:
     ax.legend(fontsize=8)
     paths.append(save_figure(fig, out_dir / "flops.png"))
     return paths
+
+
+def _filters(r: Mapping) -> int | None:
+    """A record's ``model.base_filters`` (its own field, or from its overrides)."""
+    if r.get("base_filters") is not None:
+        return int(r["base_filters"])
+    for o in r.get("overrides", []):
+        if o.startswith("model.base_filters="):
+            return int(o.split("=", 1)[1])
+    return None
+
+
+def plot_width_sweep(records: Sequence[Mapping], path: str | Path, profile: Sequence[Mapping] = (),
+                     title: str = "") -> Path:
+    """Throughput against the U-Net's width (``configs/benchmark_sweeps/width.yaml``), one figure:
+
+    - seconds per step against ``model.base_filters``, a line per precision, the planner's
+      ``predicted_step_s`` dashed over each;
+    - useful GFLOP/s (the step's FLOPs, unpadded, over its time) with the same runs' SGEMM band;
+    - with ``profile`` (the same sweep run with ``benchmark.onednn_verbose=true``): the share of
+      oneDNN's time spent in reorders (layout changes) per width.
+
+    Args:
+        records: ``scripts/benchmark.py`` results of one shape at several widths.
+        path: the PNG.
+        profile: results with ``reorder_share`` (may be empty).
+        title: the figure's title (default: the CPU).
+    """
+    records = [r for r in records if "step_s" in r and _filters(r) is not None]
+    if not records:
+        raise ValueError("no benchmark results with model.base_filters to plot")
+    title = title or f"{records[0].get('cpu', '')} ({records[0].get('cpu_kind', '')}), " \
+                     f"{'x'.join(map(str, records[0]['shape']))}"
+    profiled = [r for r in profile if r.get("reorder_share") is not None and _filters(r) is not None]
+    fig, axes = plt.subplots(1, 3 if profiled else 2, figsize=(15 if profiled else 10.5, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, precision in enumerate(sorted({r["precision"] for r in records})):
+        rows = sorted((r for r in records if r["precision"] == precision), key=_filters)
+        xs = [_filters(r) for r in rows]
+        axes[0].plot(xs, [r["step_s"] for r in rows], "o-", color=colors[k], label=f"{precision} measured")
+        if any(r.get("predicted_step_s") for r in rows):
+            pts = [(x, r["predicted_step_s"]) for x, r in zip(xs, rows) if r.get("predicted_step_s")]
+            axes[0].plot(*zip(*pts), "--", color=colors[k], alpha=0.8, label=f"{precision} planner")
+        axes[1].plot(xs, [r["flops_per_s"] / 1e9 for r in rows], "o-", color=colors[k], label=precision)
+        prof = sorted((r for r in profiled if r["precision"] == precision), key=_filters)
+        if prof:
+            axes[2].plot([_filters(r) for r in prof], [100 * r["reorder_share"] for r in prof], "o-",
+                         color=colors[k], label=precision)
+    sgemm = [r["sgemm_flops_per_s"] for r in records if r.get("sgemm_flops_per_s")]
+    if sgemm:
+        axes[1].axhspan(min(sgemm) / 1e9, max(sgemm) / 1e9, color="grey", alpha=0.25, label="fp32 SGEMM 4096^2")
+    axes[0].set(xlabel="model.base_filters", ylabel="seconds per training step", title="step time")
+    axes[1].set(xlabel="model.base_filters", ylabel="GFLOP/s of useful work", title="FLOP rate")
+    if profiled:
+        axes[2].set(xlabel="model.base_filters", ylabel="% of oneDNN time in reorders", title="layout changes")
+    widths = sorted({_filters(r) for r in records})
+    for ax in axes:
+        ax.set_xticks(widths)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    return save_figure(fig, Path(path))
 
 
 def plot_resolution_study(rows: Sequence[Mapping], path: str | Path, regions: Sequence[str] = ("wt", "tc", "et"),
