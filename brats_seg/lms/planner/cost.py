@@ -230,7 +230,11 @@ def _bf16_scratch_bytes(topology, voxels: int, mm: MemoryModel) -> int:
     """What a bfloat16 step holds outside the allocator (``MemoryModel.bf16_scratch_bytes``)."""
     if DTYPE_POLICIES[topology.policy] != "bfloat16":
         return 0
-    return int(mm.bf16_scratch_bytes + mm.bf16_scratch_bytes_per_voxel * voxels)
+    beyond = mm.bf16_scratch_bytes_per_voxel if mm.bf16_scratch_bytes_per_voxel_beyond is None \
+        else mm.bf16_scratch_bytes_per_voxel_beyond
+    knee = mm.bf16_scratch_knee_voxels
+    return int(mm.bf16_scratch_bytes + mm.bf16_scratch_bytes_per_voxel * min(voxels, knee)
+               + beyond * max(0, voxels - knee))
 
 
 def augment_bytes(workload) -> int:

@@ -17,6 +17,10 @@ __all__ = ["BASE_PRESETS", "CPU_MEMORY_MODELS", "PREVIOUS_FITS", "MemoryModel", 
            "upper_bound"]
 
 
+#: Fields that may be None (a rule not set: its documented fallback applies).
+OPTIONAL_FIELDS = ("bf16_scratch_bytes_per_voxel_beyond",)
+
+
 @dataclass(frozen=True)
 class MemoryModel:
     """Coefficients of the memory model: the one place to calibrate against measurements.
@@ -137,6 +141,15 @@ class MemoryModel:
             blocks. Left out, bf16 was under-predicted by 14% at 64x64x48 and 27% at full
             resolution (and by 6 GB at 2x). Fitted on its own grid of bfloat16 points
             (``calibrate_memory.py``, ``calibration_bf16``); 0 for float32.
+        bf16_scratch_knee_voxels, bf16_scratch_bytes_per_voxel_beyond: past ``knee`` voxels
+            (full resolution, 192x224x160) the bfloat16 scratch grows by ``..._beyond`` bytes a
+            voxel instead of ``bf16_scratch_bytes_per_voxel``: the calibration grid stops at full
+            resolution, and beyond it the scratch grows more slowly (a base rule per kind, measured
+            on points the calibration never sees: 288x336x240 and 2x; None = the same slope).
+            On the Sapphire Rapids (6 filters, ``lms=recompute``): 0.82 GB beyond the allocator at
+            full resolution, 1.70 GB at 288x336x240, about 3.7 GB at 2x: 54 bytes a voxel past
+            full resolution, where the fitted line's 125-137 predicted 7.57 GB at 2x
+            (``docs/measurements/2x_avx512_amx/``).
         inference_scratch_bytes_per_voxel: memory outside TensorFlow's allocator that a
             float32 forward pass holds at its first call (tracing, oneDNN's primitives and
             their scratch, glibc's per-thread arenas), beyond ``runtime_bytes_per_conv``, per
@@ -203,6 +216,8 @@ class MemoryModel:
     conv_weight_grad_scratch: float = 0.0
     bf16_scratch_bytes: int = 0
     bf16_scratch_bytes_per_voxel: float = 0.0
+    bf16_scratch_knee_voxels: int = 192 * 224 * 160
+    bf16_scratch_bytes_per_voxel_beyond: float | None = None
     inference_scratch_bytes_per_voxel: float = 0.0
     training_loop_bytes: int = 80_000_000
     backward_release_lag_layers: int = 2
@@ -211,6 +226,8 @@ class MemoryModel:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name in OPTIONAL_FIELDS:
+                continue
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"MemoryModel.{f.name} must be a number >= 0, got {value!r}.")
         if self.planning_margin >= 0.5:
@@ -232,7 +249,9 @@ class MemoryModel:
 #: a convolution's JIT kernels grow with its width (``runtime_bytes_per_conv_filter``), and a
 #: forward pass's first call holds more outside the allocator (``inference_scratch_bytes_per_voxel``).
 BASE_PRESETS: dict[str, dict[str, float]] = {
-    "avx512_amx": {},
+    # past full resolution, from 288x336x240 against full resolution (docs/measurements/2x_avx512_amx/
+    # bf16_scratch_scan.jsonl): (1.70 - 0.82) GB over 16.3 M voxels
+    "avx512_amx": {"bf16_scratch_bytes_per_voxel_beyond": 54.0},
     "avx512": {},
     "avx2": {"conv_weight_grad_scratch": 1.0, "runtime_bytes_per_conv_filter": 120_000, "rebuild_runtime_bytes": 0,
              "inference_scratch_bytes_per_voxel": 130.0},
@@ -289,8 +308,11 @@ def load_preset(kind: str, preset_dir: Path = PRESET_DIR) -> MemoryModel:
 def upper_bound(*models: MemoryModel) -> MemoryModel:
     """The field-by-field largest of ``models``: every field raises a prediction (or, the
     planning margin, lowers the budget), so this predicts at least what each of them does."""
-    fields = {f.name: max(getattr(m, f.name) for m in models) for f in dataclasses.fields(MemoryModel)}
-    return MemoryModel(**fields)
+    def largest(name: str):
+        values = [getattr(m, name) for m in models if getattr(m, name) is not None]
+        return max(values) if values else None
+
+    return MemoryModel(**{f.name: largest(f.name) for f in dataclasses.fields(MemoryModel)})
 
 
 #: The CPU coefficients of the kinds calibrated with ``calibrate_memory.py`` (their files exist).
