@@ -377,6 +377,7 @@ class StepTimeCalibrationConfig:
     held_out: list[str] = field(default_factory=list)  # JSON lines judged only: points the fit does not see
     out: str = ""  # default brats_seg/lms/presets/step_time.json (this CPU's entry replaced, others kept)
     write: bool = True  # false: report only
+    figure: str = ""  # a PNG of predicted against measured step times (fitted, leave-one-out, held out)
 
 
 @dataclass

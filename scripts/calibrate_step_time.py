@@ -73,6 +73,9 @@ def _read(paths) -> list[dict]:
     return records
 
 
+BLOCKS = (1, 4, 8, 16)  # channel counts convolutions may be padded to; the fit keeps the one that predicts best
+
+
 def _features(record: dict, block: int) -> tuple[float, float]:
     from brats_seg.lms.planner.step_time import step_features
 
@@ -134,15 +137,22 @@ def calibrate(fit_paths, held_out_paths) -> dict:
         by_dtype.setdefault(_dtype(r), []).append(r)
     coefficients, fit_rows, loo_rows = {}, [], []
     for dtype, records in sorted(by_dtype.items()):
-        points = [(*_features(r, block), r["step_s"]) for r in records]
-        coefficients[dtype] = fit_coefficients(points)
-        model = CpuTimeModel(cpu=cpu_id(), block=block, coefficients={dtype: coefficients[dtype]})
+        best = None
+        for pad in BLOCKS:  # the padding whose fit predicts the points it did not see best
+            points = [(*_features(r, pad), r["step_s"]) for r in records]
+            loo = []
+            for k, r in enumerate(records):  # each point predicted by a fit that did not see it
+                if len(points) > 3:
+                    alone = CpuTimeModel(cpu=cpu_id(), block=pad,
+                                         coefficients={dtype: fit_coefficients(points[:k] + points[k + 1:], pad)})
+                    loo.append(_row(r, _predict(r, alone)))
+            worst = max((abs(row["error"]) for row in loo), default=0.0)
+            if best is None or worst < best[0]:
+                best = (worst, pad, fit_coefficients(points, pad), loo)
+        _, pad, coefficients[dtype], loo = best
+        model = CpuTimeModel(cpu=cpu_id(), block=pad, coefficients={dtype: coefficients[dtype]})
         fit_rows += [_row(r, _predict(r, model)) for r in records]
-        for k, r in enumerate(records):  # each point predicted by a fit that did not see it
-            if len(points) > 3:
-                alone = CpuTimeModel(cpu=cpu_id(), block=block,
-                                     coefficients={dtype: fit_coefficients(points[:k] + points[k + 1:])})
-                loo_rows.append(_row(r, _predict(r, alone)))
+        loo_rows += loo
     model = CpuTimeModel(cpu=cpu_id(), block=block, coefficients=coefficients)
     held_rows = [_row(r, _predict(r, model)) for r in held if _dtype(r) in coefficients]
     return {
@@ -170,9 +180,16 @@ def main(cfg) -> None:
             print(f"  {r['point']:<90} measured {r['measured_s']:7.2f} s  predicted {r['predicted_s']:7.2f} s  "
                   f"{r['error']:+.1%}")
     for dtype, c in entry["fit"].items():
-        print(f"{dtype}: {1 / c['per_flop_s'] / 1e9 if c['per_flop_s'] else float('inf'):.0f} GFLOP/s of padded "
+        print(f"{dtype}: channels padded to {c['block']}, "
+              f"{1 / c['per_flop_s'] / 1e9 if c['per_flop_s'] else float('inf'):.0f} GFLOP/s of padded "
               f"convolution, {1 / c['per_byte_s'] / 1e9 if c['per_byte_s'] else float('inf'):.1f} GB/s of layer "
               f"traffic, {c['per_step_s']:.3f} s a step")
+    if conf.figure:
+        from brats_seg.plots import plot_step_time_fit
+
+        groups = {"fitted": entry["fitted_points"], "leave one out": entry["leave_one_out"], "held out": entry["held_out"]}
+        title = f"{entry['cpu_name']} ({cpu_id()}): step-time model"
+        print(f"wrote {plot_step_time_fit(groups, conf.figure, title=title)}")
     if not conf.write:
         return
     out = Path(conf.out) if conf.out else PRESET_FILE

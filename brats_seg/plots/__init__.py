@@ -17,10 +17,10 @@ config, writes one PNG through a temporary name and returns its path; nothing he
 TensorFlow, and the run folder decides where figures go (:class:`brats_seg.run_dir.RunFolder`).
 """
 
-from brats_seg.plots.benchmark import plot_benchmark_sweep, plot_resolution_study, plot_width_sweep
+from brats_seg.plots.benchmark import plot_benchmark_sweep, plot_resolution_study, plot_step_time_fit, plot_width_sweep
 from brats_seg.plots.evaluation import plot_case_scores
 from brats_seg.plots.study import plot_study
 from brats_seg.plots.training import plot_training_curves
 
-__all__ = ["plot_benchmark_sweep", "plot_width_sweep", "plot_case_scores", "plot_resolution_study", "plot_study",
+__all__ = ["plot_benchmark_sweep", "plot_step_time_fit", "plot_width_sweep", "plot_case_scores", "plot_resolution_study", "plot_study",
            "plot_training_curves"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from brats_seg.plots.common import plt, save_figure
 
-__all__ = ["plot_benchmark_sweep", "plot_resolution_study", "plot_width_sweep"]
+__all__ = ["plot_benchmark_sweep", "plot_resolution_study", "plot_step_time_fit", "plot_width_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,29 @@ def plot_width_sweep(records: Sequence[Mapping], path: str | Path, profile: Sequ
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
+    return save_figure(fig, Path(path))
+
+
+def plot_step_time_fit(groups: Mapping[str, Sequence[Mapping]], path: str | Path, title: str = "") -> Path:
+    """The planner's step time against the measured one, log-log, a marker per group of points
+    (``fitted``, ``leave one out``, ``held out``: rows with ``measured_s`` and ``predicted_s``),
+    with the diagonal and a +-25% band."""
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    values = [v for rows in groups.values() for r in rows for v in (r["measured_s"], r["predicted_s"])]
+    if not values:
+        raise ValueError("no step-time points to plot")
+    lo, hi = min(values) / 1.3, max(values) * 1.3
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="grey", alpha=0.2,
+                    label="within 25%")
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for (label, rows), marker in zip(groups.items(), "osD^v"):
+        if rows:
+            ax.plot([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows], marker, alpha=0.8,
+                    label=f"{label} ({len(rows)})")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured seconds per step",
+           ylabel="planner's seconds per step", title=title or "step-time model against measurements")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     return save_figure(fig, Path(path))
 
 

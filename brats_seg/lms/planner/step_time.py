@@ -22,6 +22,7 @@ time printed is an upper estimate, said so (:attr:`CpuTimeModel.calibrated`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
@@ -93,17 +94,21 @@ def block_features(net: NetworkCost, i: int, block: int) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class TimeCoefficients:
-    """Seconds per padded FLOP, per byte touched and per step, of one compute dtype on one CPU."""
+    """Seconds per padded FLOP, per byte touched and per step, of one compute dtype on one CPU;
+    ``block``: the channel count convolutions are padded to (chosen by the calibration's
+    leave-one-out error among 1, 4, 8 and 16: how oneDNN's kernels behave is measured, not assumed)."""
 
     per_flop_s: float
     per_byte_s: float
     per_step_s: float = 0.0
+    block: int = 16
 
     def seconds(self, padded_flops: float, moved_bytes: float, steps: float = 1.0) -> float:
         return self.per_flop_s * padded_flops + self.per_byte_s * moved_bytes + self.per_step_s * steps
 
     def scaled(self, factor: float) -> TimeCoefficients:
-        return TimeCoefficients(self.per_flop_s * factor, self.per_byte_s * factor, self.per_step_s * factor)
+        return dataclasses.replace(self, per_flop_s=self.per_flop_s * factor, per_byte_s=self.per_byte_s * factor,
+                                   per_step_s=self.per_step_s * factor)
 
 
 @dataclass(frozen=True)
@@ -133,13 +138,15 @@ class CpuTimeModel:
 
     def step_s(self, net: NetworkCost) -> float:
         """Seconds of one training step without recomputation."""
-        f = step_features(net, self.block)
-        return self._for(net).seconds(f["padded_flops"], f["bytes"])
+        c = self._for(net)
+        f = step_features(net, c.block)
+        return c.seconds(f["padded_flops"], f["bytes"])
 
     def block_forward_s(self, net: NetworkCost, i: int) -> float:
         """Seconds of block ``i``'s forward pass (what recomputing it costs)."""
-        flops, moved = block_features(net, i, self.block)
-        return self._for(net).seconds(flops, moved, steps=0.0)
+        c = self._for(net)
+        flops, moved = block_features(net, i, c.block)
+        return c.seconds(flops, moved, steps=0.0)
 
 
 def load_time_presets(path: Path = PRESET_FILE) -> dict:
@@ -154,7 +161,7 @@ def load_time_presets(path: Path = PRESET_FILE) -> dict:
         record = json.loads(Path(path).read_text())
         for cpu, entry in record["cpus"].items():
             for dtype, c in entry["fit"].items():
-                TimeCoefficients(**c)
+                TimeCoefficients(**{"block": entry["block"], **c})
         return record["cpus"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path} is not a step-time calibration ({e}); re-run scripts/calibrate_step_time.py "
@@ -163,7 +170,8 @@ def load_time_presets(path: Path = PRESET_FILE) -> dict:
 
 def _model(cpu: str, entry: Mapping, factor: float = 1.0, calibrated: bool = True) -> CpuTimeModel:
     return CpuTimeModel(cpu=cpu, block=int(entry["block"]), calibrated=calibrated,
-                        coefficients={d: TimeCoefficients(**c).scaled(factor) for d, c in entry["fit"].items()})
+                        coefficients={d: TimeCoefficients(**{"block": entry["block"], **c}).scaled(factor)
+                                      for d, c in entry["fit"].items()})
 
 
 @functools.lru_cache(maxsize=8)
@@ -180,23 +188,24 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
         return _model(cpu, presets[cpu])
     block = channel_block(kind)
     if not presets:  # nothing measured anywhere: a GPU-like guess would be worse than slow
-        c = TimeCoefficients(per_flop_s=1 / 20e9, per_byte_s=1 / 2e9, per_step_s=0.1)
+        c = TimeCoefficients(per_flop_s=1 / 20e9, per_byte_s=1 / 2e9, per_step_s=0.1, block=block)
         return CpuTimeModel(cpu=f"uncalibrated ({cpu})", block=block, calibrated=False,
                             coefficients={"float32": c, "bfloat16": c})
     slowest: dict[str, TimeCoefficients] = {}
     for entry in presets.values():
         for dtype, c in entry["fit"].items():
-            c = TimeCoefficients(**c)
+            c = TimeCoefficients(**{**c, "block": block})  # this CPU's channel block
             old = slowest.get(dtype)
             slowest[dtype] = c if old is None else TimeCoefficients(
-                max(old.per_flop_s, c.per_flop_s), max(old.per_byte_s, c.per_byte_s), max(old.per_step_s, c.per_step_s))
+                max(old.per_flop_s, c.per_flop_s), max(old.per_byte_s, c.per_byte_s), max(old.per_step_s, c.per_step_s),
+                block)
     return CpuTimeModel(cpu=f"uncalibrated ({cpu}): {UNCALIBRATED_FACTOR:g}x the slowest calibrated CPU",
                         block=block, calibrated=False,
                         coefficients={d: c.scaled(UNCALIBRATED_FACTOR) for d, c in slowest.items()})
 
 
 
-def fit_coefficients(points) -> TimeCoefficients:
+def fit_coefficients(points, block: int = 16) -> TimeCoefficients:
     """Non-negative least squares of measured seconds on ``(padded FLOPs, bytes, 1)``, each point
     weighed by its inverse time (relative errors: a 2 s step counts as much as a 20 s one).
 
@@ -214,4 +223,4 @@ def fit_coefficients(points) -> TimeCoefficients:
     scale[scale == 0] = 1.0
     x, _ = nnls(a / scale / y[:, None], np.ones_like(y))
     x = x / scale
-    return TimeCoefficients(per_flop_s=float(x[0]), per_byte_s=float(x[1]), per_step_s=float(x[2]))
+    return TimeCoefficients(per_flop_s=float(x[0]), per_byte_s=float(x[1]), per_step_s=float(x[2]), block=block)
