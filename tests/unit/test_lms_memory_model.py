@@ -88,7 +88,7 @@ def test_presets_are_base_rules_plus_the_fitted_fields(tmp_path):
     assert loaded.activation_factor == 1.25 and loaded.runtime_bytes_per_conv == 9_000_000
     assert isinstance(loaded.runtime_bytes_per_conv, int)
     assert loaded.conv_weight_grad_scratch == BASE_PRESETS["avx2"]["conv_weight_grad_scratch"]  # a rule, not fitted
-    assert load_preset("avx512", tmp_path) == base_preset("avx512") == MemoryModel()  # no file: the base rules
+    assert load_preset("avx512", tmp_path) == base_preset("avx512") == MemoryModel(**BASE_PRESETS["avx512"])  # no file
     (tmp_path / "cpu_avx2.json").write_text(json.dumps({"points": {}}))  # measured, not yet fitted
     assert load_preset("avx2", tmp_path) == base_preset("avx2")
     (tmp_path / "cpu_avx2.json").write_text('{"fit": {"fields": {"activation_factr": 1}}}')
@@ -253,3 +253,35 @@ def test_the_sapphire_rapids_2x_run_it_was_not_fitted_on_is_predicted_within_the
     net = compute_network_cost(workload, memory_model_for("CPU", "avx512_amx"))
     peak = simulate(net, [policies.get(b.name, "keep") for b in net.blocks], [False] * len(net.blocks), 0, 1).peak_bytes
     assert -0.08 <= peak / measured - 1 <= 0.15, f"measured {measured / 1e9:.2f} GB, predicted {peak / 1e9:.2f} GB"
+
+
+def test_bf16_scratch_on_avx512_without_amx_grows_with_the_width_where_the_first_level_is_narrow():
+    """MemoryModel.bf16_scratch_bytes_per_voxel_filter: the larger of the per-voxel rule and bytes
+    per voxel and base filter, for widths whose first level does not fill 16 channels."""
+    mm = MemoryModel(bf16_scratch_bytes=1000, bf16_scratch_bytes_per_voxel=10.0, bf16_scratch_bytes_per_voxel_filter=16.0)
+    scratch = lambda f: network(ModelConfig(depth=4, base_filters=f), FULL, 1, "mixed_bfloat16",  # noqa: E731
+                                memory_model=mm).persistent["bf16_scratch_bytes"]
+    voxels = 192 * 224 * 160
+    assert scratch(8) == 16 * 8 * voxels and scratch(10) == 16 * 10 * voxels
+    assert scratch(16) == 1000 + 10 * voxels  # 16 channels fill the block: the per-voxel rule
+    assert memory_model_for("CPU", "avx512").bf16_scratch_bytes_per_voxel_filter > 0
+    assert memory_model_for("CPU", "avx512_amx").bf16_scratch_bytes_per_voxel_filter == 0
+
+
+def test_the_zen5_2x_step_it_was_not_fitted_on_is_predicted_within_the_aim():
+    """The per-filter rule was taken from full resolution and 288x336x240 on an AMD Zen 5; the 2x step
+    at 10 filters (docs/measurements/2x_zen5/f10/step_benchmark.jsonl, its plan's policies) is held out."""
+    from brats_seg.lms.planner.cost import compute_network_cost
+    from brats_seg.lms.planner.timeline import simulate
+    from brats_seg.lms.planner.workload import Workload
+
+    folder = Path(__file__).resolve().parents[2] / "docs/measurements/2x_zen5/f10"
+    record = json.loads((folder / "step_benchmark.jsonl").read_text().splitlines()[-1])
+    policies = dict(line.split()[:2] for line in (folder / "plan.txt").read_text().splitlines()
+                    if line.split()[:1] and line.split()[0] in ("enc0", "enc1", "enc2", "enc3", "bottleneck",
+                                                                 "dec3", "dec2", "dec1", "dec0", "head"))
+    workload = Workload(ModelConfig(depth=4, base_filters=record["base_filters"], out_channels=3),
+                        tuple(record["shape"]), 1, record["precision"])
+    net = compute_network_cost(workload, memory_model_for("CPU", "avx512"))
+    peak = simulate(net, [policies[b.name].rstrip("*") for b in net.blocks], [False] * len(net.blocks), 0, 1).peak_bytes
+    assert -0.08 <= peak / record["measured_bytes"] - 1 <= 0.15, (peak, record["measured_bytes"])

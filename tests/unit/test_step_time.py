@@ -167,3 +167,44 @@ def test_the_width_figure_draws_time_rate_and_reorders(tmp_path):
     assert mpimg.imread(three).shape[1] > mpimg.imread(two).shape[1]  # the reorder panel
     with pytest.raises(ValueError, match="base_filters"):
         plot_width_sweep([{"step_s": 1.0}], tmp_path / "none.png")
+
+
+class _WidthTimes:
+    """A step-time model by the U-Net's width (its first convolution's outputs), no recomputation cost."""
+
+    calibrated = True
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def step_s(self, net):
+        return self.seconds[net.blocks[0].layers[0].channels[1]]
+
+    def block_forward_s(self, net, i):
+        return 0.0
+
+
+def test_max_width_chooses_the_widest_that_fits_and_marks_a_width_a_wider_one_beats():
+    from brats_seg.lms.planner.capacity import find_width
+    from brats_seg.lms.planner.memory_model import MemoryModel
+
+    workload = Workload(ModelConfig(depth=3, base_filters=8, out_channels=3), SHAPE, 1, "fp32")
+    times = _WidthTimes({4: 1.0, 6: 3.0, 8: 2.0, 12: 4.0})  # 6 filters slower than 8, as fp32 on a Zen 5
+    options = LMSOptions(limit_bytes=10**12, allow_offload=False, time_model=times)
+    rows, chosen = find_width(workload, MemoryModel(), options, widths=(12, 4, 8, 6))
+    assert [r.base_filters for r in rows] == [4, 6, 8, 12] and chosen == 12
+    assert [r.slower_than_wider for r in rows] == [False, True, False, False]
+    assert [r.predicted_step_s for r in rows] == [1.0, 3.0, 2.0, 4.0]
+    # a budget between the smallest peaks of 8 and 12 filters (all recomputed): 8 is the widest that fits
+    from brats_seg.lms.planner.search import estimate_peak
+
+    def smallest(width):
+        w = dataclasses.replace(workload, model_cfg=dataclasses.replace(workload.model_cfg, base_filters=width))
+        return estimate_peak(w, LMSOptions(strategy="recompute", allow_offload=False), MemoryModel()).peak_bytes
+
+    limit = (smallest(8) + smallest(12)) / 2 / (1 - MemoryModel().planning_margin)
+    rows, chosen = find_width(workload, MemoryModel(), dataclasses.replace(options, limit_bytes=int(limit)),
+                              widths=(4, 6, 8, 12))
+    assert chosen == 8 and [r.fits for r in rows] == [True, True, True, False]
+    _, none = find_width(workload, MemoryModel(), dataclasses.replace(options, limit_bytes=1000), widths=(4, 8))
+    assert none is None

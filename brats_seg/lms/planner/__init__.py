@@ -8,11 +8,14 @@ Read in the order a plan is made::
                   picks the CPU kind's preset (lms/presets) or the safe side
     layer_cost    one layer by the rule of its kind: tensors kept for backward, FLOPs, scratch
     cost          the whole network's cost tables (per block, persistent bytes, step FLOPs)
+    step_time     how long a step takes on a CPU: padded convolution FLOPs, bytes touched,
+                  coefficients measured per CPU model (lms/presets/step_time.json)
     timeline      memory over one step under a per-block plan (forward, loss, backward), its peak
     accounting    what a per-block choice costs: bytes kept and moved, FLOPs recomputed, seconds
     search        plan_lms: the strategies, auto's per-block search, what fits instead
     plan          Plan: its rows, table and JSON; PlanDoesNotFitError with the numbers and the fix
-    capacity      the largest input, batch or patch a budget holds (plan.find=max_input|max_batch|max_patch)
+    capacity      the largest input, batch, patch or width a budget holds
+                  (plan.find=max_input|max_batch|max_patch|max_width)
     inference     evaluation's and prediction's memory (whole volume, mirroring, native grid)
     preflight     plan_run and friends: a run's config in, its plan (or the refusal) out
     advice        after running out of memory: the settings predicted to fit (as overrides) and
@@ -30,6 +33,7 @@ _HOME = {  # public name -> its module; imported on first use, so importing one 
     "settings_that_fit": "advice",
     "Capacity": "capacity",
     "find_capacity": "capacity",
+    "find_width": "capacity",
     "NetworkCost": "cost",
     "compute_network_cost": "cost",
     "compute_step_flops": "cost",
@@ -48,6 +52,8 @@ _HOME = {  # public name -> its module; imported on first use, so importing one 
     "estimate_peak": "search",
     "plan_lms": "search",
     "plan_lms_from_config": "search",
+    "CpuTimeModel": "step_time",
+    "cpu_time_model": "step_time",
     "POLICIES": "timeline",
     "Timeline": "timeline",
     "simulate": "timeline",

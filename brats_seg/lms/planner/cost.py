@@ -233,8 +233,12 @@ def _bf16_scratch_bytes(topology, voxels: int, mm: MemoryModel) -> int:
     beyond = mm.bf16_scratch_bytes_per_voxel if mm.bf16_scratch_bytes_per_voxel_beyond is None \
         else mm.bf16_scratch_bytes_per_voxel_beyond
     knee = mm.bf16_scratch_knee_voxels
-    return int(mm.bf16_scratch_bytes + mm.bf16_scratch_bytes_per_voxel * min(voxels, knee)
-               + beyond * max(0, voxels - knee))
+    per_voxel = mm.bf16_scratch_bytes + mm.bf16_scratch_bytes_per_voxel * min(voxels, knee) \
+        + beyond * max(0, voxels - knee)
+    width = topology.filters[0]
+    # measured on widths whose first level does not fill oneDNN's 16-channel blocks (16 filters did not show it)
+    per_filter = mm.bf16_scratch_bytes_per_voxel_filter * voxels * width if width % 16 else 0.0
+    return int(max(per_voxel, per_filter))
 
 
 def augment_bytes(workload) -> int:

@@ -150,6 +150,17 @@ class MemoryModel:
             full resolution, 1.70 GB at 288x336x240, about 3.7 GB at 2x: 54 bytes a voxel past
             full resolution, where the fitted line's 125-137 predicted 7.57 GB at 2x
             (``docs/measurements/2x_avx512_amx/``).
+        bf16_scratch_bytes_per_voxel_filter: on a CPU whose bfloat16 kernels are AVX512-BF16
+            without AMX (AMD Zen 4 and 5), what a bfloat16 step holds outside TensorFlow's
+            allocator grows with the width too: the scratch is the larger of the per-voxel rule
+            above and this many bytes per voxel and base filter. Measured on a Zen 5 (peak RSS
+            less the allocator's peak, depth 4, batch 1): 12-16 B at full resolution (6-12
+            filters; 8-10 at 16 and 24 filters, whose channels fill oneDNN's blocks), 16.3 at
+            288x336x240 (8 filters), 18.9 at 2x (10 filters): 10.4 GB, which the per-voxel rule
+            put at 3.5 GB (docs/measurements/2x_zen5/). Applied where the first level's channels
+            are not a multiple of 16 (at 16 filters the per-voxel rule predicts within 6%; 24
+            filters are over-predicted by 29%, on the safe side). 0 elsewhere (the Sapphire
+            Rapids' scratch was the same at 8 and 16 filters).
         inference_scratch_bytes_per_voxel: memory outside TensorFlow's allocator that a
             float32 forward pass holds at its first call (tracing, oneDNN's primitives and
             their scratch, glibc's per-thread arenas), beyond ``runtime_bytes_per_conv``, per
@@ -218,6 +229,7 @@ class MemoryModel:
     bf16_scratch_bytes_per_voxel: float = 0.0
     bf16_scratch_knee_voxels: int = 192 * 224 * 160
     bf16_scratch_bytes_per_voxel_beyond: float | None = None
+    bf16_scratch_bytes_per_voxel_filter: float = 0.0
     inference_scratch_bytes_per_voxel: float = 0.0
     training_loop_bytes: int = 80_000_000
     backward_release_lag_layers: int = 2
@@ -252,7 +264,9 @@ BASE_PRESETS: dict[str, dict[str, float]] = {
     # past full resolution, from 288x336x240 against full resolution (docs/measurements/2x_avx512_amx/
     # bf16_scratch_scan.jsonl): (1.70 - 0.82) GB over 16.3 M voxels
     "avx512_amx": {"bf16_scratch_bytes_per_voxel_beyond": 54.0},
-    "avx512": {},
+    # the larger of the per-voxel rule and 16.3 B a voxel and base filter: the Zen 5's largest below 2x
+    # (full resolution, 6-24 filters; 288x336x240, 8 filters), its 2x run held out
+    "avx512": {"bf16_scratch_bytes_per_voxel_filter": 16.3},
     "avx2": {"conv_weight_grad_scratch": 1.0, "runtime_bytes_per_conv_filter": 120_000, "rebuild_runtime_bytes": 0,
              "inference_scratch_bytes_per_voxel": 130.0},
 }
