@@ -9,7 +9,8 @@ arithmetic. The model, per compute dtype:
     seconds = per_flop_s * padded FLOPs + per_byte_s * bytes touched + per_step_s
 
 where *padded FLOPs* are the step's convolution FLOPs with each convolution's input and
-output channels rounded up to the CPU's channel block (:func:`step_features`), and *bytes
+output channels rounded up to a block (the one whose fit predicts left-out points best: 16 for
+bfloat16 and 4 for float32 on a Zen 5; :func:`step_features`), and *bytes
 touched* are what every layer reads and writes. The coefficients are fitted per CPU model
 (:func:`brats_seg.cpu.cpu_id`: CPUs of one kind, Zen 4 and Zen 5, run the same kernels at
 different speeds) to benchmark sweeps by ``scripts/calibrate_step_time.py`` and kept in
@@ -41,9 +42,9 @@ __all__ = ["PRESET_FILE", "UNCALIBRATED_FACTOR", "CpuTimeModel", "TimeCoefficien
 PRESET_FILE = Path(__file__).resolve().parents[1] / "presets" / "step_time.json"
 
 #: A CPU without its own calibration is priced at the slowest calibrated CPU's coefficients
-#: times this. Measured spread between CPUs (issue 32 and the README): a full-resolution fp32
-#: step of 16 filters took 13.9 s on a Zen 4 and 5.5-6 s on a Zen 5 (2.3-2.5x); an AVX2 EPYC
-#: (Zen 3) was slower again. 3 keeps the upper estimate above those.
+#: times this. Measured spread between CPUs: the full-resolution fp32 step of 16 filters took
+#: 13.9 s on a Zen 4 (issue 32), 10.4 s on a Sapphire Rapids and 7.3-7.9 s on a Zen 5 (README);
+#: 3 keeps the stand-in above the slowest of them when the Zen 5 is the one calibrated.
 UNCALIBRATED_FACTOR = 3.0
 
 #: oneDNN's channel blocking per CPU kind (:func:`brats_seg.cpu.cpu_kind`): AVX-512 registers
@@ -118,7 +119,8 @@ class CpuTimeModel:
     Attributes:
         cpu: the CPU it was calibrated on (:func:`brats_seg.cpu.cpu_id`), or for an
             uncalibrated one what it stands in with.
-        block: the channel block convolutions are padded to.
+        block: the CPU kind's channel block (each dtype's coefficients carry the padding their
+            fit chose, which prices them).
         coefficients: compute dtype (``float32``, ``bfloat16``) -> coefficients.
         calibrated: False for the stand-in of a CPU without its own calibration (an upper
             estimate).
