@@ -171,7 +171,7 @@ def main(cfg) -> None:
     from brats_seg.files import write_text_atomic
     from brats_seg.lms.planner.step_time import PRESET_FILE
 
-    conf = cfg  # plain keys: fit, held_out, out, write
+    conf = to_config(cfg)
     with user_errors():
         entry = calibrate(list(conf.fit), list(conf.held_out))
     for name in ("fitted_points", "leave_one_out", "held_out"):

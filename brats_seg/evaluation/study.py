@@ -324,7 +324,8 @@ def compute_study(records: Sequence[dict], configs: Mapping[str, Mapping[str, ob
 
     Returns:
         ``{"arm_keys", "differing_keys", "common", "regions", "sets", "thresholds", "metrics" (column ->
-        name), "runs", "arms" (each with its ``mean_curves``), "notes"}``.
+        name), "curve_keys" (the validation curves compared), "runs", "arms" (each with its
+        ``mean_curves``), "notes"}``.
 
     Raises:
         ValueError: no runs.
@@ -350,7 +351,7 @@ def compute_study(records: Sequence[dict], configs: Mapping[str, Mapping[str, ob
         curves = [runs[n]["curve"] for n in arm["runs"]]
         arm["mean_curves"] = {key: shared_curve(curves, key) for key in curve_keys(regions)}
     return {"arm_keys": label_keys, "differing_keys": differing, "common": common, "regions": list(regions),
-            "sets": list(sets), "thresholds": list(thresholds), "metrics": dict(METRICS),
+            "sets": list(sets), "thresholds": list(thresholds), "metrics": dict(METRICS), "curve_keys": curve_keys(regions),
             "runs": [runs[r["name"]] for r in records], "arms": arm_records, "notes": notes}
 
 

@@ -37,8 +37,7 @@ def _arm_colors(n: int) -> list:
 
 def plot_val_dice_vs_time(study: Mapping, path: str | Path, title: str = "") -> Path:
     """Validation mean Dice and Dice per region against training minutes, a panel each."""
-    regions = study["regions"]
-    keys = ["val_dice_mean", *(f"val_dice_{r}" for r in regions)]  # each arm's mean_curves holds these
+    keys = study["curve_keys"]  # the mean Dice, then each region's; each arm's mean_curves holds these
     ncols = 2
     nrows = math.ceil(len(keys) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(11, 3.8 * nrows), squeeze=False, layout="constrained")
