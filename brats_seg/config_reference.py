@@ -1,0 +1,350 @@
+"""The configuration reference: Markdown generated from the config schemas and their comments.
+
+Every dataclass in :mod:`brats_seg.config` is read as it is written: field names, types and
+defaults through :func:`dataclasses.fields`, and each field's words from the source (the
+``# comment`` on the field's own lines, after the comment lines right above it), so the
+reference is the schemas' own text and cannot drift from them
+(``tests/unit/test_config_reference.py`` fails when ``docs/configuration.md`` is not what
+:func:`build_config_reference` makes now; ``python scripts/config_reference.py`` rewrites it).
+
+The schemas are sorted from the code, not from a list kept here: a *group* is a dataclass that
+another one holds as a field (its key is the path of fields that reaches it: ``data``,
+``trainer.augmentation``, ``evaluate``); an *entry point's schema* is one no other holds
+(``TrainConfig``, ``EvaluateScriptConfig``, ...). A schema added to config.py appears on the
+page without touching this module. Closed sets of values (``config.CHOICES``, the Enum-typed
+fields) are listed with their values. Given the ``configs/`` folder, the page also names each
+group's options (``configs/<group>/*.yaml``) and which top-level config composes which schema.
+
+A field without a comment is written ``—`` and named in :attr:`ConfigReference.undocumented`
+(a field holding a group is documented by the group's section).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import inspect
+import io
+import re
+import tokenize
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["ConfigReference", "SchemaDoc", "FieldDoc", "build_config_reference", "read_field_comments"]
+
+NO_COMMENT = "—"  # what the page says for a field config.py gives no comment
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    """One config key as the page shows it."""
+
+    key: str  # the full key an override names: trainer.augmentation.p_rotation
+    name: str  # the dataclass field: p_rotation
+    type: str  # as written in config.py
+    default: str  # as an override would write it
+    comment: str  # the field's comment in config.py; "" = none
+    choices: tuple[str, ...]  # the closed set of values, if the type is one
+    group: str  # the key of the group this field holds ("" = a plain value)
+
+
+@dataclass(frozen=True)
+class SchemaDoc:
+    """One dataclass of config.py: a group (``key`` is its path) or an entry point's schema (``key`` "")."""
+
+    name: str  # the class name
+    key: str
+    doc: str  # the class docstring, one paragraph
+    fields: tuple[FieldDoc, ...]
+    used_by: tuple[str, ...]  # entry points' schemas that hold this group
+
+
+@dataclass(frozen=True)
+class ConfigReference:
+    """What :func:`build_config_reference` made."""
+
+    markdown: str
+    schemas: tuple[SchemaDoc, ...]
+    undocumented: tuple[str, ...]  # "Class.field" of every field without a comment, in source order
+
+
+def read_field_comments(source: str) -> dict[tuple[str, str], str]:
+    """``{(class, field): comment}`` for every annotated field of every class in ``source``.
+
+    A field's comment is the block of comment lines right above it (no blank line between),
+    then the comments on the field's own lines (a default spread over several lines included),
+    joined with spaces and without their ``#``. Fields with neither are left out.
+    """
+    comments: dict[int, str] = {}  # line -> the comment on it
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    lines = source.splitlines()
+    found = {}
+    for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+        for stmt in cls.body:
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            above, line = [], stmt.lineno - 1
+            while line >= 1 and line in comments and lines[line - 1].lstrip().startswith("#"):
+                above.insert(0, comments[line])
+                line -= 1
+            own = [comments[n] for n in range(stmt.lineno, stmt.end_lineno + 1) if n in comments]
+            text = " ".join(c for c in above + own if c)
+            if text:
+                found[(cls.name, stmt.target.id)] = text
+    return found
+
+
+def _schema_classes(module: ModuleType) -> list[type]:
+    """The dataclasses defined in ``module``, in source order."""
+    classes = [c for c in vars(module).values()
+               if inspect.isclass(c) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
+    return sorted(classes, key=lambda c: inspect.getsourcelines(c)[1])
+
+
+def _format_value(value) -> str:
+    """A value as an override writes it (``null``, ``true``, ``[48,48,48]``, ``""``)."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value if value else '""'
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_format_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return _format_value(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return _format_value(f.default_factory())
+    return "(required)"
+
+
+def _type_text(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", repr(f.type))
+
+
+def _docstring(cls: type) -> str:
+    """The first paragraph of the class's own docstring ("" without one: not the signature
+    :func:`dataclasses.dataclass` puts in ``__doc__`` then)."""
+    node = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls))).body[0]
+    doc = ast.get_docstring(node) if isinstance(node, ast.ClassDef) else None
+    return " ".join(doc.split("\n\n")[0].split()) if doc else ""
+
+
+class _Walk:
+    """Sorts ``module``'s dataclasses into groups (with their keys) and entry points' schemas."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.classes = _schema_classes(module)
+        self.hints = {c: typing.get_type_hints(c) for c in self.classes}
+        held = {h for c in self.classes for h in self.hints[c].values() if h in self.classes}
+        self.roots = [c for c in self.classes if c not in held]
+        self.keys: dict[type, str] = {}  # group class -> its key (the first path that reaches it)
+        self.used_by: dict[type, list[str]] = {}
+        for root in self.roots:
+            self._visit(root, "", root)
+
+    def _visit(self, cls: type, prefix: str, root: type) -> None:
+        for f in dataclasses.fields(cls):
+            sub = self.hints[cls].get(f.name)
+            if sub in self.classes:
+                self.keys.setdefault(sub, prefix + f.name)
+                users = self.used_by.setdefault(sub, [])
+                if root.__name__ not in users:
+                    users.append(root.__name__)
+                self._visit(sub, prefix + f.name + ".", root)
+
+    def groups(self) -> list[type]:
+        """Groups in the order a depth-first walk of the entry points' schemas meets them."""
+        return list(self.keys)
+
+    def schema_doc(self, cls: type, comments: dict, choices: dict) -> SchemaDoc:
+        key = self.keys.get(cls, "")
+        prefix = key + "." if key else ""
+        rows = []
+        for f in dataclasses.fields(cls):
+            hint = self.hints[cls].get(f.name)
+            full = prefix + f.name
+            closed = choices.get(full) or (hint if inspect.isclass(hint) and issubclass(hint, enum.Enum) else None)
+            rows.append(FieldDoc(
+                key=full, name=f.name, type=_type_text(f),
+                default="" if hint in self.classes else _default(f),
+                comment=comments.get((cls.__name__, f.name), ""),
+                choices=tuple(str(m.value) for m in closed) if closed else (),
+                group=self.keys.get(hint, "") if hint in self.classes else "",
+            ))
+        return SchemaDoc(name=cls.__name__, key=key, doc=_docstring(cls), fields=tuple(rows),
+                         used_by=tuple(self.used_by.get(cls, ())))
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    kept = "".join(ch for ch in heading.lower() if ch.isalnum() or ch in " -_")
+    return kept.replace(" ", "-")
+
+
+def _cell(text: str) -> str:
+    """Text for a table cell: ``|`` escaped, on one line."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _prose(text: str) -> str:
+    """A comment or docstring as Markdown: outside code spans ``<split>`` would be read as an
+    HTML tag and vanish, so its ``<`` is escaped."""
+    parts = re.split(r"(`+[^`]*`+)", _cell(text))
+    return "".join(p if i % 2 else p.replace("<", "\\<") for i, p in enumerate(parts))
+
+
+def _code(text: str) -> str:
+    return f"`{_cell(text)}`"
+
+
+def _store_names(module: ModuleType) -> dict[str, str]:
+    """``{"train_schema": "TrainConfig", ...}``: the ConfigStore names ``cs.store(name=..., node=...)``
+    gives the schemas in ``module``'s source (read, not run: Hydra stays out of this module)."""
+    names = {}
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "store":
+            kw = {k.arg: k.value for k in node.keywords}
+            if isinstance(kw.get("name"), ast.Constant) and isinstance(kw.get("node"), ast.Name):
+                names[kw["name"].value] = kw["node"].id
+    return names
+
+
+def _entry_configs(configs_dir: Path, module: ModuleType) -> list[tuple[str, str, list[str]]]:
+    """``(file, schema class or "", group defaults as "group=option")`` for each ``configs/*.yaml``."""
+    import yaml
+
+    stores = _store_names(module)
+    found = []
+    for path in sorted(configs_dir.glob("*.yaml")):
+        defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+        schema = next((stores[d] for d in defaults if isinstance(d, str) and d in stores), "")
+        chosen = [f"{k}={_format_value(v)}" for d in defaults if isinstance(d, dict)
+                  for k, v in d.items() if not k.startswith("override ")]
+        found.append((path.name, schema, chosen))
+    return found
+
+
+def _group_options(configs_dir: Path) -> dict[str, list[str]]:
+    """``{"data": ["brats2021", ...], "hydra/launcher": [...]}``: every folder of configs/ holding YAML files."""
+    options = {}
+    for folder in sorted(p for p in configs_dir.rglob("*") if p.is_dir()):
+        names = sorted(p.stem for p in folder.glob("*.yaml"))
+        if names:
+            options[folder.relative_to(configs_dir).as_posix()] = names
+    return options
+
+
+def _field_table(schema: SchemaDoc, group_headings: dict[str, str]) -> list[str]:
+    out = ["| key | type | default | what |", "|---|---|---|---|"]
+    for f in schema.fields:
+        if f.group:
+            kind = f"group `{f.type}`"
+            default = f"[`{f.group}`](#{_slug(group_headings[f.group])})"
+        else:
+            kind = _code(f.type) + (": " + " \\| ".join(_code(c) for c in f.choices) if f.choices else "")
+            default = _code(f.default)
+        what = _prose(f.comment) if f.comment else (f"the `{f.group}` group's keys" if f.group else NO_COMMENT)
+        out.append(f"| `{f.key}` | {kind} | {default} | {what} |")
+    return out
+
+
+def _markdown(module: ModuleType, groups: list[SchemaDoc], roots: list[SchemaDoc],
+              configs_dir: Path | None) -> str:
+    group_headings = {g.key: f"`{g.key}`" for g in groups}
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from brats_seg/config.py by `python scripts/config_reference.py`; do not edit by hand. -->",
+        "",
+        "Every key a command takes, generated from the config schemas in `brats_seg/config.py` (the",
+        "dataclasses Hydra composes `configs/` on) and the comment each field carries there. Set a key",
+        "on the command line (`python train.py trainer.epochs=30 model.depth=4`) or choose a group's",
+        "option (`resolution=full`, which sets several keys of the `resolution` group from",
+        "`configs/resolution/full.yaml`). The defaults below are the schemas'; a group option and the",
+        "entry point's own config file (`configs/train.yaml` and the others, listed at the end) set",
+        "some of them otherwise, so the value a run used is in its `config.json`. A value outside a",
+        "closed set, an unknown key or a wrong type is refused when the config is composed, naming",
+        "what is allowed.",
+        "",
+        "Contents: [closed sets](#closed-sets) · groups: "
+        + ", ".join(f"[`{g.key}`](#{_slug(group_headings[g.key])})" for g in groups)
+        + " · entry points: " + ", ".join(f"[{r.name}](#{_slug(r.name)})" for r in roots)
+        + (" · [config files](#config-files)" if configs_dir else ""),
+        "",
+        "## Closed sets",
+        "",
+        "| key | values |",
+        "|---|---|",
+    ]
+    for key, choices in getattr(module, "CHOICES", {}).items():
+        lines.append(f"| `{key}` | " + " \\| ".join(_code(str(m.value)) for m in choices) + " |")
+    lines += ["", "## Groups", ""]
+    options = _group_options(configs_dir) if configs_dir else {}
+    for g in groups:
+        lines += [f"### {group_headings[g.key]}", ""]
+        intro = [_prose(g.doc)] if g.doc else []
+        intro.append(f"Schema `{g.name}`; in " + ", ".join(g.used_by) + ".")
+        if g.key.replace(".", "/") in options:
+            folder = g.key.replace(".", "/")
+            intro.append(f"Options (`{g.key}=<option>`, `configs/{folder}/<option>.yaml`): "
+                         + ", ".join(f"`{o}`" for o in options[folder]) + ".")
+        lines += [" ".join(intro), "", *_field_table(g, group_headings), ""]
+    lines += ["## Entry points' schemas", ""]
+    for r in roots:
+        lines += [f"### {r.name}", ""]
+        if r.doc:
+            lines += [_prose(r.doc), ""]
+        lines += [*_field_table(r, group_headings), ""]
+    if configs_dir:
+        lines += ["## Config files", "",
+                  "Each command composes one top-level file of `configs/` (`hydra_entry(\"../configs\", <name>)`);",
+                  "its `defaults` choose the schema and one option per group.", "",
+                  "| file | schema | group options it starts from |", "|---|---|---|"]
+        for name, schema, chosen in _entry_configs(configs_dir, module):
+            schema_cell = f"[{schema}](#{_slug(schema)})" if schema else "none (its keys are in the file)"
+            lines.append(f"| `configs/{name}` | {schema_cell} | " + (_cell(", ".join(f"`{c}`" for c in chosen))
+                                                                     or NO_COMMENT) + " |")
+        keys = {g.key.replace(".", "/") for g in groups}
+        other = {k: v for k, v in options.items() if k not in keys}
+        if other:
+            lines += ["", "Other folders of `configs/` (groups of their own, or files a key names):", ""]
+            lines += [f"- `configs/{k}/`: " + ", ".join(f"`{o}`" for o in v) for k, v in other.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def build_config_reference(module: ModuleType | None = None, configs_dir: str | Path | None = None) -> ConfigReference:
+    """The reference page of ``module``'s schemas (default :mod:`brats_seg.config`).
+
+    Args:
+        module: the module whose dataclasses are the schemas (a test passes its own).
+        configs_dir: the ``configs/`` folder; when given, the page also lists each group's
+            options and the top-level config files with the schema each composes.
+
+    Returns:
+        The Markdown, the schemas as read, and the fields that have no comment.
+    """
+    if module is None:
+        from brats_seg import config as module
+    walk = _Walk(module)
+    comments = read_field_comments(inspect.getsource(module))
+    choices = getattr(module, "CHOICES", {})
+    groups = [walk.schema_doc(c, comments, choices) for c in walk.groups()]
+    roots = [walk.schema_doc(c, comments, choices) for c in walk.roots]
+    order = {c.__name__: i for i, c in enumerate(walk.classes)}  # source order
+    undocumented = tuple(f"{s.name}.{f.name}" for s in sorted(groups + roots, key=lambda s: order[s.name])
+                         for f in s.fields if not f.comment and not f.group)
+    markdown = _markdown(module, groups, roots, Path(configs_dir) if configs_dir else None)
+    return ConfigReference(markdown=markdown, schemas=tuple(groups + roots), undocumented=undocumented)
