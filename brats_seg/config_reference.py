@@ -221,19 +221,46 @@ def _store_names(module: ModuleType) -> dict[str, str]:
     return names
 
 
-def _entry_configs(configs_dir: Path, module: ModuleType) -> list[tuple[str, str, list[str]]]:
-    """``(file, schema class or "", group defaults as "group=option")`` for each ``configs/*.yaml``."""
+@dataclass(frozen=True)
+class _EntryConfig:
+    """A top-level file of ``configs/`` as its ``defaults`` list composes it."""
+
+    name: str  # train.yaml
+    schema: str  # the schema class it composes ("" = none of its own)
+    options: tuple[str, ...]  # "group=option", after the files it includes and its overrides
+    included_by: tuple[str, ...]  # the top-level files whose defaults include this one
+
+
+def _read_defaults(configs_dir: Path, name: str, stores: dict[str, str]) -> tuple[str, dict, list[str]]:
+    """``(schema, {group: option}, included files)`` of ``configs/<name>.yaml``: a default naming a
+    stored schema chooses it, one naming another top-level file includes that file's choices in
+    place, ``group: option`` chooses, ``override group: option`` replaces (Hydra's order)."""
     import yaml
 
+    schema, chosen, included = "", {}, []
+    for entry in (yaml.safe_load((configs_dir / f"{name}.yaml").read_text()) or {}).get("defaults") or []:
+        if isinstance(entry, str):
+            if entry in stores:
+                schema = stores[entry]
+            elif (configs_dir / f"{entry}.yaml").is_file():
+                inner_schema, inner, _ = _read_defaults(configs_dir, entry, stores)
+                schema, chosen = schema or inner_schema, {**chosen, **inner}
+                included.append(entry)
+            continue
+        for key, value in entry.items():
+            group = key.removeprefix("override ").strip()
+            if not group.startswith("hydra/"):
+                chosen[group] = _format_value(value)
+    return schema, chosen, included
+
+
+def _entry_configs(configs_dir: Path, module: ModuleType) -> list[_EntryConfig]:
+    """Every top-level ``configs/*.yaml``: the schema it composes and the group options it starts from."""
     stores = _store_names(module)
-    found = []
-    for path in sorted(configs_dir.glob("*.yaml")):
-        defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
-        schema = next((stores[d] for d in defaults if isinstance(d, str) and d in stores), "")
-        chosen = [f"{k}={_format_value(v)}" for d in defaults if isinstance(d, dict)
-                  for k, v in d.items() if not k.startswith("override ")]
-        found.append((path.name, schema, chosen))
-    return found
+    read = {p.stem: _read_defaults(configs_dir, p.stem, stores) for p in sorted(configs_dir.glob("*.yaml"))}
+    return [_EntryConfig(name=f"{stem}.yaml", schema=schema, options=tuple(f"{g}={o}" for g, o in chosen.items()),
+                         included_by=tuple(f"{other}.yaml" for other, (_, _, inc) in read.items() if stem in inc))
+            for stem, (schema, chosen, _) in read.items()]
 
 
 def _group_options(configs_dir: Path) -> dict[str, list[str]]:
@@ -310,12 +337,18 @@ def _markdown(module: ModuleType, groups: list[SchemaDoc], roots: list[SchemaDoc
     if configs_dir:
         lines += ["## Config files", "",
                   "Each command composes one top-level file of `configs/` (`hydra_entry(\"../configs\", <name>)`);",
-                  "its `defaults` choose the schema and one option per group.", "",
+                  "its `defaults` choose the schema and one option per group (those of the files it",
+                  "includes, then its own overrides).", "",
                   "| file | schema | group options it starts from |", "|---|---|---|"]
-        for name, schema, chosen in _entry_configs(configs_dir, module):
-            schema_cell = f"[{schema}](#{_slug(schema)})" if schema else "none (its keys are in the file)"
-            lines.append(f"| `configs/{name}` | {schema_cell} | " + (_cell(", ".join(f"`{c}`" for c in chosen))
-                                                                     or NO_COMMENT) + " |")
+        for entry in _entry_configs(configs_dir, module):
+            if entry.included_by:
+                schema_cell = "a defaults list, included by " + ", ".join(f"`{n}`" for n in entry.included_by)
+            elif entry.schema:
+                schema_cell = f"[{entry.schema}](#{_slug(entry.schema)})"
+            else:
+                schema_cell = "none (its keys are in the file)"
+            chosen = _cell(", ".join(f"`{c}`" for c in entry.options)) or NO_COMMENT
+            lines.append(f"| `configs/{entry.name}` | {schema_cell} | {chosen} |")
         keys = {g.key.replace(".", "/") for g in groups}
         other = {k: v for k, v in options.items() if k not in keys}
         if other:

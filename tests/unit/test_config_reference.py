@@ -130,6 +130,9 @@ def test_a_field_without_a_comment_is_reported(tmp_path, monkeypatch):
 
             inner: InnerConfig = field(default_factory=InnerConfig)
             out: str = ""
+
+        def register(cs):  # read, never run
+            cs.store(name="tool_schema", node=ToolConfig)
     ''')
     path = tmp_path / "toy_config.py"
     path.write_text(source)
@@ -150,3 +153,15 @@ def test_a_field_without_a_comment_is_reported(tmp_path, monkeypatch):
     assert "| `inner.shape` | `List[int]` | `[1,2]` |" in ref.markdown
     assert "### `inner`" in ref.markdown and "### ToolConfig" in ref.markdown
     assert [s.key for s in ref.schemas] == ["inner", ""]
+
+    configs = tmp_path / "configs"
+    (configs / "inner").mkdir(parents=True)
+    for option in ("a", "b"):
+        (configs / "inner" / f"{option}.yaml").write_text("mode: fast\n")
+    (configs / "base.yaml").write_text("defaults:\n  - inner: a\n")
+    (configs / "tool.yaml").write_text("defaults:\n  - tool_schema\n  - base\n  - override inner: b\n"
+                                       "  - override hydra/job_logging: stdout\n")
+    page = build_config_reference(module, configs_dir=configs).markdown
+    assert "Options (`inner=<option>`, `configs/inner/<option>.yaml`): `a`, `b`." in page
+    assert "| `configs/tool.yaml` | [ToolConfig](#toolconfig) | `inner=b` |" in page
+    assert "| `configs/base.yaml` | a defaults list, included by `tool.yaml` | `inner=a` |" in page
