@@ -5,7 +5,7 @@ A SLURM job or a container is held to its memory cgroup's limit whatever the mac
 and ``psutil`` sees only the machine: :func:`available_memory_bytes` is the smaller of the
 two, what ``lms.limit``'s fractions are of on CPU. The OOM kill counters (the cgroup's and
 ``/proc/vmstat``'s) and the boot id let the next start tell why a run died
-(:mod:`brats_seg.training.oom`). Reads ``/proc`` and ``/sys/fs/cgroup`` (v1 and v2); where
+(:mod:`brats_seg.oom`). Reads ``/proc`` and ``/sys/fs/cgroup`` (v1 and v2); where
 they are absent (not Linux), the machine's figures stand. Standard library and psutil only.
 """
 

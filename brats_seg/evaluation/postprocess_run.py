@@ -27,14 +27,13 @@ from brats_seg.evaluation.postprocess import (
 from brats_seg.evaluation.predict import check_native_shape, predict_case_labels, predict_case_native
 from brats_seg.evaluation.run import (
     RunError,
-    check_inference_memory,
     inference_device,
-    inference_memory_guard,
     inference_policy,
     load_run_model,
     run_regions,
 )
 from brats_seg.evaluation.scoring import load_reference
+from brats_seg.oom import check_inference_memory, inference_memory_guard
 from brats_seg.run_dir import RunFolder
 
 __all__ = ["postprocessing_for_run"]

@@ -17,9 +17,10 @@
     metrics       Dice per region and the region monitors
     callbacks     checkpoints with resume state, early stopping, tracking, dead regions
     preemption    SIGTERM/SIGINT: finish the step, save, exit resumably
-    oom           out of memory: ResourceExhaustedError/MemoryError -> OutOfMemoryError with the plan's
-                  and the measured peak and settings that fit; the lock record that lets the next
-                  start tell a kernel OOM kill, and its diagnosis
+    oom           training's hooks into brats_seg.oom (which turns ResourceExhaustedError/MemoryError
+                  into OutOfMemoryError and tells a kernel OOM kill on the next start): the
+                  callback that keeps the lock record at the run's position, and the warning
+                  that logs a dead run's diagnosis
     cluster_sync  a multi-worker cluster's workers follow the chief's position
 
 Files go through :class:`brats_seg.run_dir.RunFolder`. Modules that need TensorFlow import it

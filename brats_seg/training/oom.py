@@ -1,201 +1,35 @@
-"""Out of memory in training: three faults, one message with the numbers and settings that fit.
+"""Training's two hooks into :mod:`brats_seg.oom`, where out of memory is decided and told.
 
-* TensorFlow's ``ResourceExhaustedError`` and Python's ``MemoryError`` (and a TensorFlow op
-  error that says memory ran out) inside :func:`out_of_memory_guard` become an
-  :class:`~brats_seg.lms.planner.advice.OutOfMemoryError`: where the run was, the plan's
-  predicted peak, the measured one (the peak so far on CPU or the allocator's on a GPU, and
-  the last epochs'), the memory available, and the settings the planner predicts to fit
-  (:func:`~brats_seg.lms.planner.advice.out_of_memory_error`). The run folder keeps its last
-  completed epoch.
-* A process killed by the kernel leaves its run folder's lock behind. While it trains, the
-  lock's record (:class:`MemoryWatch`) carries what the next start needs to tell why it
-  died: the memory cgroup and its ``oom_kill`` count, ``/proc/vmstat``'s, the boot id, the
-  plan's predicted peak, the memory available when it started, and (per epoch) its position
-  and measured peak. The next start takes the lock over and :func:`takeover_message` compares:
-  the counters rose, so the out-of-memory killer killed it; they did not, so something else
-  did; or it cannot be told. It is logged as a WARNING with the settings that fit, and the
-  run resumes as usual.
+* :class:`MemoryRecordCallback` keeps a :class:`~brats_seg.oom.MemoryWatch` at the run's
+  position (a Keras callback: it needs the step loop's events, so it lives with training).
+* :func:`warn_about_dead_run` is the run folder lock's ``on_takeover``: it logs the diagnosis of
+  the run that died holding it (:func:`~brats_seg.oom.takeover_message`) to the training log.
 
-Memory on CPU is counted as the plan counts it: above the runtime (the RSS just before the
-model is built). What the run could use is the smaller of the system's available RAM and
-its memory cgroup's room (a SLURM job or a container is held to its cgroup's limit whatever
-the machine has).
+The watch, the guard that turns ``ResourceExhaustedError`` and ``MemoryError`` into
+:class:`~brats_seg.lms.planner.advice.OutOfMemoryError`, and the diagnosis are
+:mod:`brats_seg.oom`'s, which evaluation shares.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import keras
 
 from brats_seg.config import TrainConfig
-from brats_seg.locks import update_lock
-from brats_seg.lms.planner.advice import (
-    MemoryFacts,
-    OutOfMemoryError,
-    advise,
-    first_line,
-    is_out_of_memory,
-    out_of_memory_error,
-)
-from brats_seg.lms.planner.units import format_gb
-from brats_seg.memory import boot_id, cgroup_memory, cgroup_state, memory_facts, system_oom_kills
+from brats_seg.oom import MemoryWatch, takeover_message
 
-__all__ = ["MemoryRecordCallback", "MemoryWatch", "cgroup_memory", "memory_facts", "out_of_memory_guard",
-           "takeover_message", "warn_about_dead_run"]
+__all__ = ["MemoryRecordCallback", "warn_about_dead_run"]
 
 log = logging.getLogger(__name__)
 
-def headroom(facts: dict, cgroup_limit_bytes: int | None = None) -> tuple[int, str]:
-    """``(bytes, where from)``: memory this process can still take, per ``facts`` (the smaller of the
-    system's available RAM and the cgroup's room; ``cgroup_limit_bytes`` replaces the recorded limit)."""
-    system = int(facts["available_bytes"])
-    cgroup = facts.get("cgroup") or {}
-    limit = cgroup_limit_bytes if cgroup_limit_bytes is not None else cgroup.get("limit_bytes")
-    if limit is not None and cgroup.get("usage_bytes") is not None and limit - cgroup["usage_bytes"] < system:
-        room = max(int(limit - cgroup["usage_bytes"]), 0)
-        return room, (f"memory cgroup {cgroup['path']}: limit {format_gb(limit)}, "
-                      f"{format_gb(cgroup['usage_bytes'])} in use before the model was built")
-    return system, f"RAM available before the model was built, of {format_gb(facts['total_bytes'])}"
-
-
-# ---------------------------------------------------------------------------------------
-# The running process: what it knows, in its lock record
-# ---------------------------------------------------------------------------------------
-
-
-class MemoryWatch:
-    """What an out-of-memory message needs, collected as the run goes, and kept in the run
-    folder's lock record (``memory``) for the next start.
-
-    Args:
-        cfg: the run's config (its global batch; :meth:`planned` gives the replicas).
-        device: ``CPU`` or ``GPU``.
-    """
-
-    def __init__(self, cfg: TrainConfig, device: str) -> None:
-        self.cfg, self.device, self.replicas = cfg, device, 1
-        self.lock: Path | None = None
-        self.baseline_bytes: int | None = None
-        self.step: int | None = None
-        self.record: dict = {"device": device, "stage": "starting", "start": memory_facts()}
-
-    def lock_record(self) -> dict:
-        """Fields for ``hold_lock(record=...)``."""
-        return {"memory": self.record}
-
-    def _save(self, **fields) -> None:
-        self.record.update(fields)
-        if self.lock is not None:
-            update_lock(self.lock, memory=self.record)
-
-    def planned(self, plan, strategy: str, replicas: int) -> None:
-        """The run's plan (its predicted peak, limit and strategy), per replica."""
-        self.replicas = replicas
-        self._save(predicted_peak_bytes=int(plan.predicted_peak_bytes), limit_bytes=int(plan.limit_bytes),
-                   strategy=strategy, stage="preparing the data")
-
-    def started(self, baseline_bytes: int | None, state: dict | None) -> None:
-        """Before the model is built: the runtime's RSS and the memory left; the measured peaks
-        of the epochs already done (a resumed run's ``state.json``)."""
-        self.baseline_bytes = baseline_bytes
-        facts = memory_facts()
-        fields = {"stage": "building the model", "baseline_bytes": baseline_bytes, "before_model": facts,
-                  "epochs_done": int((state or {}).get("epoch") or 0)}
-        peaks = [_measured(row, self.device) for row in (state or {}).get("history", ())]
-        if any(p is not None for p in peaks):
-            epoch, peak = max(((i + 1, p) for i, p in enumerate(peaks) if p is not None), key=lambda kv: kv[1])
-            fields.update(measured_peak_bytes=int(peak), measured_epoch=epoch)
-        self._save(**fields)
-
-    def epoch_begin(self, epoch: int) -> None:
-        self.step = None
-        self._save(stage="training", epoch=epoch + 1)
-
-    def epoch_end(self, epoch: int, logs: dict | None) -> None:
-        peak = _measured(logs or {}, self.device)
-        fields = {"stage": "between epochs", "epoch": epoch + 1, "epochs_done": epoch + 1}
-        known = self.record.get("measured_peak_bytes")
-        if peak is not None and (known is None or peak >= known):  # the first epoch's always (it may be < 0)
-            fields.update(measured_peak_bytes=int(peak), measured_epoch=epoch + 1)
-        self._save(**fields)
-
-    def validating(self) -> None:
-        self._save(stage="validating")
-
-    def position(self) -> str:
-        """Where the run was, in words: ``in training epoch 2, step 3``."""
-        return _position(self.record, self.step)
-
-    def error(self, exc: BaseException) -> OutOfMemoryError:
-        """The :class:`OutOfMemoryError` for ``exc``, raised at the current position."""
-        at_failure = self._peak_now()
-        known = self.record.get("measured_peak_bytes")
-        measured, note = None, ""
-        if at_failure is not None:
-            measured, note = at_failure, "at the failure (the allocation that failed not counted)"
-        if known is not None and (measured is None or known > measured):
-            measured, note = known, f"in epoch {self.record.get('measured_epoch')}"
-        facts = MemoryFacts(*self._available(), predicted_peak_bytes=self.record.get("predicted_peak_bytes"),
-                            plan_note=_plan_note(self.record), measured_peak_bytes=measured, measured_note=note)
-        done = self.record.get("epochs_done") or 0
-        tail = (f"The run folder keeps its last completed epoch ({done}): the same command resumes it."
-                if done else "No epoch was completed, so nothing was saved to resume from.")
-        return out_of_memory_error(f"out of memory {self.position()}: {first_line(exc)}", self.cfg, self.device,
-                                   facts, replicas=self.replicas, tail=tail)
-
-    def _available(self) -> tuple[int | None, str]:
-        if self.device == "GPU":
-            from brats_seg.backend import device_memory_bytes
-
-            return device_memory_bytes("GPU", self.cfg.backend.gpu_memory_limit_mb), "GPU memory"
-        facts = self.record.get("before_model") or self.record["start"]
-        return headroom(facts)
-
-    def _peak_now(self) -> int | None:
-        """The peak since the epoch began (the statistics callback resets it), as the plan counts it."""
-        try:
-            from brats_seg.lms.runtime.stats import device_peak_bytes
-
-            peak = device_peak_bytes(self.device)
-        except Exception as e:  # a diagnosis aid: never hide the out-of-memory error behind another
-            log.debug("no peak measured at the failure: %s", e)
-            return None
-        if self.device == "CPU":
-            return peak - self.baseline_bytes if self.baseline_bytes is not None else None
-        return peak
-
-
-def _measured(logs: dict, device: str) -> float | None:
-    """An epoch's measured peak as the plan counts it: above the runtime on CPU, the allocator's on a GPU."""
-    value = logs.get("measured_bytes" if device == "CPU" else "peak_bytes")
-    return float(value) if value is not None else None
-
-
-def _plan_note(record: dict) -> str:
-    if record.get("limit_bytes") is None:
-        return ""
-    return f"lms={record.get('strategy')}, lms.limit {format_gb(record['limit_bytes'])}"
-
-
-def _position(record: dict, step: int | None = None) -> str:
-    stage, epoch = record.get("stage", "starting"), record.get("epoch")
-    if stage == "training" and epoch:
-        return f"in training epoch {epoch}" + (f", step {step + 1}" if step is not None else "")
-    if stage == "validating" and epoch:
-        return f"in the validation of epoch {epoch}"
-    if stage == "between epochs" and epoch:
-        return f"after epoch {epoch}"
-    return f"while {stage}"
-
 
 class MemoryRecordCallback(keras.callbacks.Callback):
-    """Keeps a :class:`MemoryWatch` at the run's position: the epoch and measured peak in the lock
-    record, the step in memory. Put it after the memory statistics callback (it reads their logs)."""
+    """Keeps a :class:`~brats_seg.oom.MemoryWatch` at the run's position: the epoch and measured peak
+    in the lock record, the step in memory. Put it after the memory statistics callback (it reads
+    their logs)."""
 
     def __init__(self, watch: MemoryWatch) -> None:
         super().__init__()
@@ -214,91 +48,9 @@ class MemoryRecordCallback(keras.callbacks.Callback):
         self.watch.epoch_end(epoch, logs)
 
 
-@contextlib.contextmanager
-def out_of_memory_guard(watch: MemoryWatch) -> Iterator[None]:
-    """Turn running out of memory inside the block into an :class:`OutOfMemoryError` with the
-    watch's numbers and the settings that fit; other errors pass unchanged."""
-    try:
-        yield
-    except OutOfMemoryError:
-        raise
-    except Exception as e:
-        if not is_out_of_memory(e):
-            raise
-        raise watch.error(e) from e
-
-
-# ---------------------------------------------------------------------------------------
-# The next start: why the previous one died
-# ---------------------------------------------------------------------------------------
-
-
-def _why_it_died(memory: dict) -> tuple[bool | None, str]:
-    """``(killed by the OOM killer: True / False / None unknown, in words)`` from a dead run's record."""
-    start = memory.get("start") or {}
-    boot = boot_id() or ""
-    if start.get("boot_id") and boot and start["boot_id"] != boot:
-        return False, "ended when the machine restarted (a power loss, a crash or a reboot)"
-    recorded = start.get("cgroup") or {}
-    if recorded.get("oom_kill") is not None:
-        now = cgroup_state(recorded["path"], recorded.get("version", 1))
-        if now is not None and now.get("oom_kill") is not None and now["oom_kill"] > recorded["oom_kill"]:
-            limit = f", limit {format_gb(now['limit_bytes'])}" if now.get("limit_bytes") else ""
-            return True, (f"was killed by the kernel's out-of-memory killer (memory cgroup {recorded['path']}{limit}: "
-                          f"oom_kill {recorded['oom_kill']} -> {now['oom_kill']} since it started)")
-    vmstat = system_oom_kills()  # every OOM kill on the machine, cgroups' included
-    if start.get("vmstat_oom_kill") is not None and vmstat is not None:
-        if vmstat > start["vmstat_oom_kill"]:
-            return True, ("was most likely killed by the kernel's out-of-memory killer (it killed "
-                          f"{vmstat - start['vmstat_oom_kill']} process(es) on this machine since the run started: "
-                          "/proc/vmstat oom_kill)")
-        return False, ("ended without saving, but not by the kernel's out-of-memory killer (it killed nothing on "
-                       "this machine since the run started): it was killed with SIGKILL, by a user or a scheduler")
-    return None, ("ended without saving (killed: SIGKILL, out of memory, or a power loss; "
-                  "this machine does not tell which)")
-
-
-def takeover_message(dead: dict, cfg: TrainConfig, device: str, replicas: int = 1) -> str:
-    """The diagnosis of the run that held the lock ``dead`` (its record): why it died, its memory
-    facts and, when memory may be why, the settings predicted to fit the memory it had."""
-    memory = dead.get("memory") or {}
-    who = f"the previous run (PID {dead.get('pid', '?')}, started {dead.get('since', '?')})"
-    if not memory:
-        return (f"{who} ended without saving (killed: SIGKILL, out of memory, or a power loss; its lock records no "
-                "memory facts to tell which). Resuming from its last saved epoch.")
-    oom, why = _why_it_died(memory)
-    where = _position(memory)
-    parts = [f"{who} {why}, {where}."]
-    recorded = (memory.get("start") or {}).get("cgroup") or {}
-    now = cgroup_state(recorded["path"], recorded.get("version", 1)) if recorded.get("path") else None
-    facts_then = memory.get("before_model") or memory.get("start")
-    available, note = (headroom(facts_then, now.get("limit_bytes") if now else None) if facts_then and device == "CPU"
-                       else (None, ""))
-    measured = memory.get("measured_peak_bytes")
-    facts = MemoryFacts(available, note, memory.get("predicted_peak_bytes"), _plan_note(memory),
-                        int(measured) if measured is not None else None,
-                        f"in epoch {memory.get('measured_epoch')}" if measured is not None else "")
-    parts.append(facts.describe())
-    if oom is not False and device == "CPU":
-        try:
-            advice = advise(cfg, device, facts, replicas=replicas)
-        except Exception as e:  # advice must not stop a resume (a config the planner refuses says so later)
-            log.debug("no advice for the dead run: %s", e)
-            advice = None
-        if advice is not None:
-            parts.append(advice.describe())
-    elif oom is not False:
-        parts.append("On a GPU run the kernel counts host memory (the input pipeline, offloaded tensors), which the "
-                     "plan does not bound: lower data.prefetch_batches or leave host memory to this run.")
-    done = memory.get("epochs_done") or 0
-    parts.append(f"Resuming from its last saved epoch ({done})." if done else
-                 "It had completed no epoch: training starts from the beginning.")
-    return " ".join(parts)
-
-
 def warn_about_dead_run(cfg: TrainConfig, device: str, run_dir: str | os.PathLike, replicas: int = 1
                         ) -> Callable[[dict], None]:
-    """An ``on_takeover`` for ``hold_lock``: logs :func:`takeover_message` as a WARNING."""
+    """An ``on_takeover`` for ``hold_lock``: logs :func:`~brats_seg.oom.takeover_message` as a WARNING."""
 
     def on_takeover(dead: dict) -> None:
         log.warning("run folder %s: %s", run_dir, takeover_message(dead, cfg, device, replicas))

@@ -33,7 +33,6 @@ from brats_seg.lms.planner.advice import (
     OutOfMemoryError,
     advice_budget,
     format_limit,
-    is_out_of_memory,
     out_of_memory_error,
     settings_that_fit,
 )
@@ -41,6 +40,7 @@ from brats_seg.lms.planner.memory_model import memory_model_for
 from brats_seg.lms.planner.plan import PlanDoesNotFitError
 from brats_seg.lms.planner.preflight import plan_run
 from brats_seg.lms.planner.units import format_gb, parse_limit
+from brats_seg.oom import is_out_of_memory
 from tests.conftest import TINY, data_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -305,7 +305,7 @@ def test_the_next_start_tells_why_the_previous_run_died(tmp_path, caplog, case):
 
 
 def test_the_settings_in_a_diagnosis_plan_under_the_memory_the_dead_run_had(tmp_path):
-    from brats_seg.training.oom import takeover_message
+    from brats_seg.oom import takeover_message
 
     cgroup = _fake_cgroup(tmp_path / "cg", oom_kill=2)
     message = takeover_message({"pid": 1, "since": "x", "memory": _dead_record(cgroup, 1, None, _boot_id())},
@@ -376,7 +376,8 @@ def test_inference_out_of_memory_carries_the_estimate_and_what_lowers_it(monkeyp
     import tensorflow as tf
 
     import brats_seg.cpu
-    from brats_seg.evaluation.run import InferenceOutOfMemoryError, RunError, inference_memory_guard
+    from brats_seg.oom import InferenceOutOfMemoryError, inference_memory_guard
+    from brats_seg.run_dir import RunError
     from brats_seg.lms.planner.inference import estimate_inference
     from brats_seg.lms.planner.workload import Workload
     from brats_seg.lms.runtime.stats import current_rss_bytes

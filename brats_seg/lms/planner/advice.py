@@ -13,7 +13,9 @@ Every setting carries ``lms.limit``, so the pre-flight check holds the corrected
 memory it really has (a fraction of the RAM psutil reports is not that inside a memory
 cgroup). The searches are the planner's own (:func:`~brats_seg.lms.planner.search.compare_strategies`,
 :func:`~brats_seg.lms.planner.search.largest_batch`, :func:`~brats_seg.lms.planner.search.largest_resolution`,
-:func:`~brats_seg.lms.planner.search.largest_fitting`); nothing here imports TensorFlow.
+:func:`~brats_seg.lms.planner.search.largest_fitting`); nothing here imports TensorFlow. Which
+faults count as out of memory, and where the message is raised (training, evaluation, the next
+start after a kill), is :mod:`brats_seg.oom`'s.
 
 The budget the settings are planned against (:func:`advice_budget`): the memory available;
 but when memory ran out under a plan predicted to fit it, the plan's own prediction (the run
@@ -44,15 +46,11 @@ from brats_seg.lms.planner.units import format_gb, format_shape, parse_limit
 from brats_seg.lms.planner.workload import LMSOptions, Workload
 
 __all__ = ["Advice", "MemoryFacts", "OutOfMemoryError", "Setting", "advice_budget", "advise", "format_limit",
-           "is_out_of_memory", "out_of_memory_error", "settings_that_fit"]
+           "out_of_memory_error", "settings_that_fit"]
 
-#: TensorFlow errors whose message says memory ran out although their class does not
-#: (a MemoryError inside a tf.data function, a CUDA allocation that failed in a kernel).
 #: The narrowest U-Net suggested: below 4 filters at the first level the planner would fit almost
 #: anything, but such a network is no longer the experiment the user meant.
 MIN_BASE_FILTERS = 4
-
-_OOM_WORDS = ("out of memory", "memoryerror", "cuda_error_out_of_memory", "oom when allocating")
 
 
 class OutOfMemoryError(RuntimeError):
@@ -67,25 +65,6 @@ class OutOfMemoryError(RuntimeError):
         super().__init__(message)
         self.facts = facts
         self.advice = advice
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says memory ran out: Python's ``MemoryError``, TensorFlow's
-    ``ResourceExhaustedError`` (told by class name, so TensorFlow need not be imported), or
-    another TensorFlow op error whose message says so."""
-    if isinstance(exc, MemoryError):
-        return True
-    names = {c.__name__ for c in type(exc).__mro__}
-    if "ResourceExhaustedError" in names:
-        return True
-    return "OpError" in names and any(w in str(exc).lower() for w in _OOM_WORDS)
-
-
-def first_line(exc: BaseException, limit: int = 200) -> str:
-    """``ClassName: first line of the message``, cut to ``limit`` characters (TensorFlow's are long)."""
-    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def format_limit(nbytes: int) -> str:
