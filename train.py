@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import dataclasses
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -28,17 +29,16 @@ log = logging.getLogger("train")
 
 
 def run(conf: TrainConfig, extra_callbacks=(), tags=None, name_suffix: str = "") -> float:
-    """Check every value (in a second, before TensorFlow is imported), configure the backend, then train."""
+    """Resolve the run once (every value checked, in a second, before TensorFlow is imported),
+    configure the backend it decided, then train."""
     from brats_seg.backend import configure
-    from brats_seg.data.labels import resolve_model_outputs
-    from brats_seg.training.checks import check_train_config
+    from brats_seg.resolve import resolve_run
 
-    check_train_config(resolve_model_outputs(conf))  # train() checks again: it is also called from code
-
-    backend = configure(conf.backend)
+    resolved = resolve_run(conf)
+    backend = configure(resolved.config.backend)
     from brats_seg.training.loop import train
 
-    result = train(conf, backend, extra_callbacks, tags=tags, name_suffix=name_suffix)
+    result = train(resolved.with_backend(backend), backend, extra_callbacks, tags=tags, name_suffix=name_suffix)
     print(f"best val Dice (mean of regions) {result.best_val_dice:.4f} at epoch {result.best_epoch}; "
           f"run folder {result.run_dir}")
     print(f"evaluate: python scripts/evaluate.py run_dir={result.run_dir}")
@@ -72,8 +72,8 @@ def sweep_job() -> tuple[dict[str, str], str]:
 @hydra_entry("configs", "train")
 def main(cfg) -> float:
     conf = to_config(cfg)
-    if not conf.run_dir:
-        conf.run_dir = HydraConfig.get().runtime.output_dir
+    if not conf.run_dir:  # Hydra's output dir for this job, on a copy: the composed config is not written into
+        conf = dataclasses.replace(conf, run_dir=HydraConfig.get().runtime.output_dir)
     tags, suffix = sweep_job()
     with user_errors():
         return run(conf, tags=tags, name_suffix=suffix)

@@ -4,7 +4,11 @@ oneDNN, thread pools, the GPU allocator and the log level only take effect if se
 TensorFlow is imported. Entry points therefore call :func:`configure` before anything
 imports tensorflow; it sets the environment, then imports TensorFlow and applies the
 runtime switches (threads, memory growth, mixed-precision policy), and returns what it
-resolved (``auto`` picks a GPU if one is visible, else ``cpu_onednn``, and logs why).
+resolved. Which backend, device and precision a run uses is decided in one function,
+:func:`decide_backend` (``auto`` picks a GPU if one is visible, else ``cpu_onednn``, and says
+why): :func:`configure` calls it with the GPUs TensorFlow sees, and code that must decide
+before TensorFlow is imported (the planner's entry points, evaluation's precision) calls it
+with :func:`visible_gpus`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from brats_seg.choices import check_choice
-from brats_seg.config import BackendConfig
+from brats_seg.config import BackendConfig, BackendName, Precision
 
 __all__ = [
     "PRECISION_POLICIES",
@@ -26,13 +30,16 @@ __all__ = [
     "check_precision",
     "configure",
     "configure_environment",
+    "decide_backend",
     "device_memory_bytes",
     "physical_cores",
+    "visible_gpus",
 ]
 
 log = logging.getLogger(__name__)
 
-PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}  # backend.precision -> Keras policy
+PRECISION_POLICIES = {Precision.fp32.value: "float32", Precision.bf16.value: "mixed_bfloat16",
+                      Precision.fp16.value: "mixed_float16"}  # backend.precision -> Keras policy
 
 
 class BackendError(RuntimeError):
@@ -72,8 +79,8 @@ def physical_cores() -> int:
 
 def configure_environment(cfg: BackendConfig) -> None:
     """Set the environment switches that TensorFlow reads at import. Imports nothing heavy."""
-    check_choice(cfg.precision, PRECISION_POLICIES, "backend.precision", error=BackendError)
-    check_choice(cfg.name, ("auto", "gpu", "gpu_lms", "cpu_onednn"), "backend", error=BackendError)
+    check_choice(cfg.precision, Precision, "backend.precision", error=BackendError)
+    check_choice(cfg.name, BackendName, "backend", error=BackendError)
     if "tensorflow" in sys.modules:
         log.warning("TensorFlow was imported before backend.configure: oneDNN/thread/log switches may not apply")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", str(cfg.log_level))
@@ -136,6 +143,61 @@ def device_memory_bytes(device: str, gpu_memory_limit_mb: int = 0) -> int:
     return available_memory_bytes()  # a job's or container's memory cgroup may allow less than the machine has
 
 
+def visible_gpus() -> int:
+    """The GPUs this process can use: TensorFlow's count once it is imported, else ``nvidia-smi -L``'s
+    (within ``CUDA_VISIBLE_DEVICES``; ``-1`` or empty hides them all), without importing TensorFlow."""
+    if "tensorflow" in sys.modules:
+        import tensorflow as tf
+
+        return len(tf.config.list_physical_devices("GPU"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and (not visible.strip() or visible.strip().startswith("-1")):
+        return 0
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return 0
+    gpus = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    return min(gpus, len([v for v in visible.split(",") if v.strip()])) if visible else gpus
+
+
+def decide_backend(cfg: BackendConfig, gpus: int, cpuinfo: str | None = None, *,
+                   require_gpu: bool = True) -> ResolvedBackend:
+    """The backend, device and precision policy a process runs under, and why: the one place
+    they are decided.
+
+    Args:
+        cfg: the ``backend`` group.
+        gpus: the GPUs visible (:func:`visible_gpus`, or TensorFlow's list in :func:`configure`).
+        cpuinfo: ``/proc/cpuinfo`` text to judge bf16 support by (tests); None reads the host's.
+        require_gpu: False to decide for a GPU this machine lacks (planning a GPU run on a laptop:
+            ``scripts/plan_memory.py backend=gpu_lms``).
+
+    Raises:
+        BackendError: an unknown name or precision; ``gpu``/``gpu_lms`` without a visible GPU; a
+            precision the device cannot train in (:func:`check_precision`).
+    """
+    check_choice(cfg.precision, Precision, "backend.precision", error=BackendError)
+    name = str(check_choice(cfg.name, BackendName, "backend", error=BackendError))
+    reason = ""
+    if name == "auto":
+        name = "gpu" if gpus else "cpu_onednn"
+        reason = f"{gpus} GPU(s) visible" if gpus else "no GPU visible"
+    if name in ("gpu", "gpu_lms") and not gpus and require_gpu:
+        raise BackendError(
+            f"backend={name} needs a GPU, and none is visible here. Use backend=cpu_onednn "
+            "(with lms=recompute to fit a RAM budget), or check the CUDA install (pip install '.[gpu]')."
+        )
+    device = "GPU" if name != "cpu_onednn" else "CPU"
+    check_precision(str(cfg.precision), device, cpuinfo)
+    return ResolvedBackend(name=name, device=device, precision=str(cfg.precision),
+                           policy=PRECISION_POLICIES[str(cfg.precision)], n_gpus=gpus,
+                           intra_op_threads=cfg.intra_op_threads or physical_cores(),
+                           inter_op_threads=cfg.inter_op_threads, reason=reason)
+
+
 def configure(cfg: BackendConfig) -> ResolvedBackend:
     """Set the environment, import TensorFlow, apply threads/memory growth/precision.
 
@@ -154,16 +216,9 @@ def configure(cfg: BackendConfig) -> ResolvedBackend:
     except RuntimeError:
         log.warning("TensorFlow already initialised; thread pools left as they are")
     gpus = tf.config.list_physical_devices("GPU")
-    name, reason = cfg.name, ""
-    if name == "auto":
-        name = "gpu" if gpus else "cpu_onednn"
-        reason = f"{len(gpus)} GPU(s) visible" if gpus else "no GPU visible"
-        log.info("backend=auto chose %s (%s)", name, reason)
-    if name in ("gpu", "gpu_lms") and not gpus:
-        raise BackendError(
-            f"backend={name} needs a GPU, and TensorFlow sees none here. Use backend=cpu_onednn "
-            "(with lms=recompute to fit a RAM budget), or check the CUDA install (pip install '.[gpu]')."
-        )
+    resolved = decide_backend(cfg, len(gpus))  # the decision, from what TensorFlow sees
+    if resolved.reason:
+        log.info("backend=auto chose %s (%s)", resolved.name, resolved.reason)
     if gpus and cfg.gpu_memory_limit_mb > 0:
         tf.config.set_logical_device_configuration(
             gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cfg.gpu_memory_limit_mb)])
@@ -174,18 +229,7 @@ def configure(cfg: BackendConfig) -> ResolvedBackend:
                 tf.config.experimental.set_memory_growth(gpu, True)
             except RuntimeError:
                 log.warning("GPUs already initialised; memory growth left as it is")
-    check_precision(cfg.precision, "GPU" if name != "cpu_onednn" else "CPU")
-    policy = PRECISION_POLICIES[cfg.precision]
-    keras.mixed_precision.set_global_policy(policy)
-    resolved = ResolvedBackend(
-        name=name,
-        device="GPU" if name != "cpu_onednn" else "CPU",
-        precision=cfg.precision,
-        policy=policy,
-        n_gpus=len(gpus),
-        intra_op_threads=threads,
-        inter_op_threads=cfg.inter_op_threads,
-        reason=reason,
-    )
-    log.info("backend %s on %s, policy %s, %d intra-op threads", name, resolved.device, policy, threads)
+    keras.mixed_precision.set_global_policy(resolved.policy)
+    log.info("backend %s on %s, policy %s, %d intra-op threads", resolved.name, resolved.device, resolved.policy,
+             resolved.intra_op_threads)
     return resolved

@@ -7,6 +7,11 @@ line naming the key, and exit status 2), call :func:`to_config` once to turn the
 config into the plain dataclasses of :mod:`brats_seg.config`, and wrap their body in
 :func:`user_errors` so bad input ends in a one-paragraph message and a non-zero exit, not a
 stack trace.
+
+Two more pieces of glue for code that is not a user's command: :func:`compose_config` composes
+an entry point's config from recorded overrides (a calibration point, a profiled step), and
+:func:`child_command`/:func:`child_args` are the one protocol by which a script starts itself as
+a child process (values its parent already checked, passed as JSON, no Hydra in the child).
 """
 
 from __future__ import annotations
@@ -15,16 +20,34 @@ import contextlib
 import dataclasses
 import difflib
 import functools
+import json
 import logging
 import os
 import sys
+from pathlib import Path
 
-__all__ = ["config_error_line", "hydra_entry", "to_config", "user_errors"]
+__all__ = ["CONFIG_DIR", "child_args", "child_command", "compose_config", "config_error_line", "given_override", "hydra_entry", "to_config", "user_errors"]
 
 log = logging.getLogger(__name__)
 
 #: Exit status of a ``multi_worker`` run whose cluster lost (or never got) a worker.
 EXIT_CLUSTER_FAILURE = 3
+
+#: The configs/ folder the entry points compose (``hydra_entry("../configs", ...)``): beside the
+#: package in the repository (an editable install).
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+#: Each entry point's config file -> its schema in :mod:`brats_seg.config`, for the near-miss
+#: hints of a bad key; a file not named here composes ``TrainConfig`` (train, plan_memory, benchmark).
+_ENTRY_SCHEMAS = {
+    "train": "TrainConfig", "evaluate": "EvaluateScriptConfig", "predict": "PredictScriptConfig",
+    "score": "ScoreScriptConfig", "export": "ExportScriptConfig", "prepare": "PrepareConfig",
+    "study": "StudyScriptConfig", "calibrate_step_time": "StepTimeCalibrationConfig",
+    "calibrate_memory": "MemoryCalibrationConfig", "scaling": "ScalingScriptConfig",
+    "measure_inference_peak": "InferencePeakConfig", "make_mni_gliomas": "MniGliomasScriptConfig",
+    "check_official_metrics": "OfficialMetricsCheckConfig", "demo_seeds": "DemoSeedsScriptConfig",
+    "profile_augment": "AugmentProfileConfig",
+}
 
 
 def hydra_entry(config_path: str, config_name: str):
@@ -39,10 +62,7 @@ def hydra_entry(config_path: str, config_name: str):
 
     from brats_seg import config as schemas
 
-    _schema_root[:] = [{"train": schemas.TrainConfig, "evaluate": schemas.EvaluateScriptConfig,
-                        "predict": schemas.PredictScriptConfig, "score": schemas.ScoreScriptConfig,
-                        "export": schemas.ExportScriptConfig,
-                        "prepare": schemas.PrepareConfig, "study": schemas.StudyScriptConfig}.get(config_name, schemas.TrainConfig)]
+    _schema_root[:] = [getattr(schemas, _ENTRY_SCHEMAS.get(config_name, "TrainConfig"))]
 
     def decorate(task):
         hydra_task = hydra.main(config_path=config_path, config_name=config_name, version_base="1.3")(task)
@@ -242,6 +262,16 @@ def to_config(cfg):
         raise SystemExit(2) from None
 
 
+def given_override(key: str) -> str | None:
+    """The value of ``key=`` if the command line gave it (the last one given), else None: for an
+    entry point whose default depends on something else unless the user named it (evaluation's
+    ``backend.precision``: the run's own, unless given)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    given = [o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") == key]
+    return given[-1] if given else None
+
+
 @contextlib.contextmanager
 def user_errors(stage: str = "the command"):
     """Report bad data, config and environment as messages, not tracebacks; exit status 2.
@@ -283,3 +313,45 @@ def user_errors(stage: str = "the command"):
             sys.stderr.write(f"error: {e}\n")
             raise SystemExit(EXIT_CLUSTER_FAILURE) from None
         raise
+
+
+def compose_config(config_name: str, overrides=()):
+    """The dataclass config ``configs/<config_name>.yaml`` composes with ``overrides``.
+
+    For code that derives a config from overrides it recorded or was given (a calibration
+    point, the step a profile measures), not for a user's command (that is :func:`hydra_entry`'s).
+    Works outside a Hydra app and inside one (whose config folder is :data:`CONFIG_DIR`).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from brats_seg.config import register_configs
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():  # inside an entry point: its config folder is ours
+        return to_config(compose(config_name=config_name, overrides=list(overrides)))
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return to_config(compose(config_name=config_name, overrides=list(overrides)))
+
+
+CHILD_FLAG = "--child"  # argv[1] of a script's own child process (child_command)
+
+
+def child_command(script, role: str, **args) -> list[str]:
+    """``[python, script, --child, role, <args as JSON>]``: the command by which a script starts
+    itself as a child process with one ``role`` (read back by :func:`child_args`).
+
+    A child is not a user's command: its values were checked by its parent, and it must set up
+    what it imports before anything else (the official BraTS code first on its path, TensorFlow's
+    environment), so it takes them as JSON rather than composing a config with Hydra.
+    """
+    return [sys.executable, str(script), CHILD_FLAG, role, json.dumps(args)]
+
+
+def child_args(argv=None) -> tuple[str, dict] | None:
+    """``(role, args)`` if this process is a child a script started with :func:`child_command`,
+    else None (a user's command, for Hydra)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) == 3 and argv[0] == CHILD_FLAG:
+        return argv[1], json.loads(argv[2])
+    return None

@@ -310,6 +310,15 @@ class RunFolder:
 
     # -- plan and tracking -------------------------------------------------------------
 
+    def read_plan(self) -> dict[str, Any] | None:
+        """``plan.json`` as written by :meth:`write_plan`; None if missing or unreadable."""
+        path = self.plan_paths[1]
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
     def write_plan(self, table: str, plan_json: str) -> list[Path]:
         """``plan.txt`` (the table) and ``plan.json``."""
         txt, js = self.plan_paths

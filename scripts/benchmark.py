@@ -52,7 +52,7 @@ def plan_benchmark(conf, backend):
 
     strategy, _ = choose_lms(conf, backend)
     if strategy != "auto":
-        conf.lms.limit = "1e15"
+        conf = dataclasses.replace(conf, lms=dataclasses.replace(conf.lms, limit="1e15"))
     plan = plan_run(conf, backend.device, strategy)
     workload = Workload.from_config(conf)
     if conf.benchmark.input == "memory":  # fed from memory: no input pipeline buffers
@@ -235,13 +235,14 @@ def onednn_profile(text: str) -> dict:
 
 def benchmark(conf, overrides: list[str]) -> dict:
     from brats_seg.backend import configure
-    from brats_seg.data.labels import resolve_model_outputs
+    from brats_seg.resolve import resolve_run
 
     check_choice(conf.benchmark.input, ("memory", "pipeline"), "benchmark.input")
-    resolve_model_outputs(conf)
+    run = resolve_run(conf, training=False)  # outputs derived, values checked, backend decided: once
+    conf = run.config
     if conf.benchmark.onednn_verbose:  # read by oneDNN when TensorFlow loads it: before configure imports it
         os.environ["ONEDNN_VERBOSE"] = "1"
-    backend = configure(conf.backend)  # before anything imports TensorFlow
+    backend = run.with_backend(configure(conf.backend)).backend  # before anything imports TensorFlow
     import numpy as np
 
     from brats_seg.cpu import cpu_id, cpu_isa, cpu_kind, cpu_model_name

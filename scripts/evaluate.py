@@ -21,13 +21,10 @@ the same command then continues with the cases not evaluated yet (``eval/<split>
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
-from brats_seg.config import register_configs  # noqa: E402
+from brats_seg.cli import given_override, hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
 
 register_configs()
 
@@ -44,7 +41,7 @@ def main(cfg) -> None:
         run = check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
         conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
         # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
-        conf.backend.precision = inference_precision(run, _requested_precision())
+        conf.backend.precision = inference_precision(run, given_override("backend.precision"), conf.backend)
 
     from brats_seg.backend import configure
 
@@ -102,14 +99,6 @@ def _data_config(name: str):
         names = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
         raise ValueError(f"on={name}: no such data config; use one of {names}.")
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path)))
-
-
-def _requested_precision() -> str | None:
-    """``backend.precision`` if given on the command line."""
-    from hydra.core.hydra_config import HydraConfig
-
-    given = [o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if o.startswith("backend.precision=")]
-    return given[-1] if given else None
 
 
 if __name__ == "__main__":

@@ -160,10 +160,12 @@ def _print_patch_rows(found: dict) -> None:
 @hydra_entry("../configs", "plan_memory")
 def main(cfg) -> None:
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
-    from brats_seg.lms.planner.preflight import capacity_run, compare_run, plan_run, planning_device
+    from brats_seg.lms.planner.preflight import capacity_run, compare_run, plan_run
+    from brats_seg.resolve import resolve_run
 
-    conf = to_config(cfg)
-    device = planning_device(conf)
+    with user_errors():
+        run = resolve_run(to_config(cfg), training=False)  # outputs derived, values checked, device decided: once
+    conf, device = run.config, run.device
     if conf.plan.find:
         with user_errors():
             limit, budget, found = capacity_run(conf, conf.plan.find, device)

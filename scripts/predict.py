@@ -27,13 +27,10 @@ model with the same settings (``<output>/predict.json``).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
-from brats_seg.config import register_configs  # noqa: E402
+from brats_seg.cli import given_override, hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
 
 register_configs()
 
@@ -54,9 +51,9 @@ def main(cfg) -> None:
             run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
             conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
             # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
-            conf.backend.precision = inference_precision(run, _requested_precision())
+            conf.backend.precision = inference_precision(run, given_override("backend.precision"), conf.backend)
         else:  # the precision the export's graph was traced in
-            run, conf.backend.precision = export.config, export_precision(export, _requested_precision())
+            run, conf.backend.precision = export.config, export_precision(export, given_override("backend.precision"))
         cases = find_input_cases(conf.input, run.data.layout)
         # the rules chosen on the run's val split (scripts/evaluate.py), as the run or the export holds them
         postprocess = prediction_postprocessing(conf.run_dir, export, run, conf.evaluate, conf.checkpoint)
@@ -66,7 +63,8 @@ def main(cfg) -> None:
     with user_errors("prediction"):
         backend = configure(conf.backend)
     from brats_seg.evaluation.predict import predict_new_cases
-    from brats_seg.evaluation.run import check_inference_memory, inference_memory_guard, inference_policy, load_run_model
+    from brats_seg.evaluation.run import inference_policy, load_run_model
+    from brats_seg.oom import check_inference_memory, inference_memory_guard
     from brats_seg.run_dir import RunFolder
 
     with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded
@@ -94,14 +92,6 @@ def main(cfg) -> None:
         print(f"  ... and {len(written) - 10} more")
     if conf.evaluate.overlays:
         print(f"overlays in {Path(conf.output) / 'overlays'}")
-
-
-def _requested_precision() -> str | None:
-    """``backend.precision`` if given on the command line."""
-    from hydra.core.hydra_config import HydraConfig
-
-    given = [o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if o.startswith("backend.precision=")]
-    return given[-1] if given else None
 
 
 if __name__ == "__main__":

@@ -51,9 +51,9 @@ def _child(overrides: list[str], logdir: str) -> None:
         conf = to_config(compose(config_name="benchmark", overrides=overrides))
     from benchmark import build_benchmark_step, measure_sgemm_flops
 
-    from brats_seg.data.labels import resolve_model_outputs
+    from brats_seg.resolve import resolve_run
 
-    resolve_model_outputs(conf)
+    conf = resolve_run(conf, training=False).config  # outputs derived, values checked: once
     step, run_once = build_benchmark_step(conf, Path(tempfile.mkdtemp(dir=logdir)))
     import tensorflow as tf
 

@@ -22,15 +22,16 @@ a table, not a code path. :func:`regions_to_labels` is the exact inverse of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
 from brats_seg.choices import check_choice
+from brats_seg.config import Regions
 
-if TYPE_CHECKING:  # a type only: the config schemas import nothing of data/, nor does this import them
+if TYPE_CHECKING:  # a type only: the config schemas import nothing of data/
     from brats_seg.config import TrainConfig
 
 __all__ = [
@@ -281,18 +282,21 @@ def regions_to_labels(regions: np.ndarray, layout: str, names: Sequence[str] | N
 
 
 def resolve_model_outputs(cfg: "TrainConfig") -> "TrainConfig":
-    """Set ``model.out_channels`` (and ``model.region_parents``) from ``data.layout``.
+    """A copy of ``cfg`` with ``model.out_channels`` (and ``model.region_parents``) set from
+    ``data.layout``; ``cfg`` itself is not written into.
 
     ``0`` (the default) becomes one output per region of the layout (3: WT, TC, ET; 4 with
     the resection cavity of brats2024); ``1`` (WT only) stays. Idempotent: a run folder's
-    config.json holds the resolved value and resolves to itself.
+    config.json holds the resolved value and resolves to itself. Called where a run is
+    resolved (:func:`brats_seg.resolve.resolve_run`) and where a stored run is read.
 
     Raises:
         ValueError: a value that fits neither, naming the layout's regions.
     """
-    check_choice(cfg.model.regions, ("nested", "independent"), "model.regions",
+    check_choice(cfg.model.regions, Regions, "model.regions",
                  hint="nested (the default) predicts TC and ET within WT; independent, free sigmoids.")
-    cfg.model.out_channels = len(output_regions(cfg.data.layout, cfg.model.out_channels))
-    parents = region_parents(cfg.data.layout, cfg.model.out_channels)
-    cfg.model.region_parents = list(parents) if cfg.model.regions == "nested" else [-1] * len(parents)
-    return cfg
+    out_channels = len(output_regions(cfg.data.layout, cfg.model.out_channels))
+    parents = region_parents(cfg.data.layout, out_channels)
+    model = replace(cfg.model, out_channels=out_channels,
+                    region_parents=list(parents) if cfg.model.regions == "nested" else [-1] * len(parents))
+    return replace(cfg, model=model)

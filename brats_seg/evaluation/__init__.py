@@ -3,9 +3,9 @@
 ::
 
     run                a trained run as inference sees it: its config, checkpoint, model, device,
-                       precision, and the memory check before loading
+                       precision (the memory check before loading is brats_seg.oom's)
     sliding            inference of one image on the network grid: whole volume or Gaussian
-                       windows (MODES), with test-time mirroring
+                       windows (evaluate.mode), with test-time mirroring
     predict            a case's probabilities back on its native grid, thresholded, nested, saved;
                        new cases predicted where a stopped prediction left off (predict.json)
     metrics            legacy BraTS metrics (Dice, HD95, sensitivity, specificity)

@@ -55,11 +55,11 @@ from pathlib import Path
 import numpy as np
 
 from brats_seg.choices import check_choice
-from brats_seg.config import DataConfig, EvaluateConfig, TrainConfig
+from brats_seg.config import DataConfig, EvaluateConfig, Split, TrainConfig
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.nifti import load_volume, save_mask
-from brats_seg.evaluation.entries import SPLITS, prepare_run_entries, split_case_ids
+from brats_seg.evaluation.entries import prepare_run_entries, split_case_ids
 from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.postprocess_run import postprocessing_for_run
 from brats_seg.evaluation.predict import check_native_shape, predict_case_labels, predict_case_native
@@ -68,9 +68,7 @@ from brats_seg.evaluation.run import (
     check_evaluate_config,
     inference_settings,
     checkpoint_path,
-    check_inference_memory,
     inference_device,
-    inference_memory_guard,
     inference_policy,
     load_run_config,
     load_run_model,
@@ -78,12 +76,12 @@ from brats_seg.evaluation.run import (
 )
 from brats_seg.evaluation.scoring import load_reference, score_case
 from brats_seg.evaluation.table import INF_DISTANCE_MM, MetricsTable
+from brats_seg.oom import check_inference_memory, inference_memory_guard
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.run_dir import RunFolder
 from brats_seg.signals import report_progress
 
 __all__ = [
-    "SPLITS",
     "eval_dir",
     "check_run_dir",
     "split_case_ids",
@@ -119,7 +117,7 @@ def check_run_dir(
     if not str(run_dir).strip():
         raise RunError("run_dir is not set: pass run_dir=<the training run's folder> (e.g. outputs/<run>).")
     if split is not None:
-        check_choice(split, SPLITS, "split", error=RunError, hint="The run's split.json lists val and test.")
+        check_choice(split, Split, "split", error=RunError, hint="The run's split.json lists val and test.")
     config = load_run_config(run_dir)
     checkpoint_path(run_dir, checkpoint)
     if eval_cfg is not None:

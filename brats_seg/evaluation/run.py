@@ -2,23 +2,20 @@
 
 The model of a run is rebuilt from its ``config.json`` and its weights are loaded from
 ``checkpoints/<best|last>.keras`` (:func:`load_run_model`), so a training model wrapped
-for Large Model Support loads into a plain one. Before the model is loaded,
-:func:`check_inference_memory` holds the predicted peak of a case to the run's ``lms.limit``;
-while cases run, :func:`inference_memory_guard` turns running out of memory anyway into a
-message with that estimate, the measured peak and what lowers it. Nothing here imports
+for Large Model Support loads into a plain one. The memory check before the model is loaded
+and the guard while cases run are :mod:`brats_seg.oom`'s. Nothing here imports
 TensorFlow or Keras at module level: they are imported inside the functions, after
 ``brats_seg.backend.configure``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from pathlib import Path
 
 from brats_seg.choices import check_choice
-from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig
+from brats_seg.config import BackendConfig, EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.labels import output_regions
 from brats_seg.evaluation.sliding import MODES, resolve_window
 from brats_seg.run_dir import RunError, RunFolder
@@ -31,11 +28,7 @@ __all__ = [
     "checkpoint_path",
     "load_run_config",
     "load_run_model",
-    "check_inference_memory",
-    "InferenceOutOfMemoryError",
     "inference_device",
-    "inference_memory_guard",
-    "inference_out_of_memory_error",
     "inference_policy",
     "inference_precision",
     "run_regions",
@@ -167,201 +160,28 @@ def load_run_model(run_dir: str | Path, checkpoint: str = "best", config: TrainC
     return model
 
 
-def inference_precision(run: TrainConfig, requested: str | None) -> str:
+def inference_precision(run: TrainConfig, requested: str | None, backend: BackendConfig | None = None) -> str:
     """The precision a run's model infers in: ``requested`` (``backend.precision=`` given on the
     command line) or else the run's own, so a bf16 run is evaluated in bf16 (half the memory)
-    -- except on a CPU without native bf16, where oneDNN cannot run it: fp32, said once."""
+    -- except on a CPU without native bf16, where oneDNN cannot run it: fp32, said once.
+
+    Args:
+        backend: the inferring command's ``backend`` group, whose device
+            (:func:`brats_seg.backend.decide_backend`) decides; None: the run's own.
+    """
     if requested:
         return requested
     precision = run.backend.precision
     if precision == "bf16":
+        from brats_seg.backend import decide_backend, visible_gpus
         from brats_seg.cpu import cpu_model_name, has_native_bf16
-        from brats_seg.lms.planner.preflight import planning_device
 
-        if planning_device(run) == "CPU" and not has_native_bf16():
+        where = dataclasses.replace(backend or run.backend, precision="fp32")  # the device, whatever the precision
+        if decide_backend(where, visible_gpus()).device == "CPU" and not has_native_bf16():
             log.warning("the run trained in bf16; this CPU (%s) has no native bf16, so its model infers in fp32 "
                         "(about twice the memory of bf16)", cpu_model_name())
             return "fp32"
     return precision if precision in ("fp32", "bf16") else "fp32"
-
-
-def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(),
-                           scoring: bool = True):
-    """Predict a case's evaluation (``scoring``) or prediction peak and hold it to the run's
-    ``lms.limit`` (less the planning margin), before any model is loaded.
-
-    Args:
-        run: the run's config.
-        eval_cfg: mirroring and mode.
-        device: ``CPU`` or ``GPU``.
-        policy: the dtype policy the model infers in (``float32``, ``mixed_bfloat16``).
-        records: the cases' ``PreprocessRecord`` dicts (their resampled and native grids);
-            none: the network grid stands for both.
-
-    Returns:
-        The :class:`~brats_seg.lms.planner.inference.InferenceEstimate` of the largest case.
-
-    Raises:
-        RunError: the estimate is over the budget, with the numbers and what to change.
-    """
-    import math
-
-    from brats_seg.backend import device_memory_bytes
-    from brats_seg.lms.planner.inference import estimate_inference
-    from brats_seg.lms.planner.memory_model import memory_model_for
-    from brats_seg.lms.planner.search import planning_budget
-    from brats_seg.lms.planner.units import format_gb, parse_limit
-    from brats_seg.lms.planner.workload import Workload
-
-    mm = memory_model_for(device)
-    workload = dataclasses.replace(Workload.from_config(run), policy=policy)
-    resampled = max((math.prod(r["resampled_shape"]) for r in records), default=None)
-    native = max((math.prod(r["native_shape"]) for r in records), default=None)
-    estimate = estimate_inference(workload, mm, mirror=eval_cfg.mirror and eval_cfg.mode == "whole",
-                                  resampled_voxels=resampled, native_voxels=native, scoring=scoring)
-    limit = parse_limit(run.lms.limit, device_memory_bytes(device, run.backend.gpu_memory_limit_mb))
-    budget = planning_budget(limit, mm)
-    log.info("inference of a case (%s, %s): predicted peak %s at its %s step, budget %s (lms.limit %s)",
-             "x".join(map(str, workload.input_shape)), workload.policy, format_gb(estimate.peak_bytes),
-             estimate.peak_at, format_gb(budget), format_gb(limit))
-    if estimate.peak_bytes > budget:
-        hints = _inference_hints(workload, mm, eval_cfg, resampled, native, scoring,
-                                 bf16=workload.policy == "float32" and (device == "GPU" or _has_native_bf16()))
-        hints.append("a machine with more memory, or a larger lms.limit in the run's config.json")
-        raise RunError(
-            f"inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}) is predicted to "
-            f"need {format_gb(estimate.peak_bytes)} at its {estimate.peak_at} step, over the budget "
-            f"{format_gb(budget)} (lms.limit {format_gb(limit)} less the planner's margin). Try: "
-            + "; ".join(hints) + ".")
-    return estimate
-
-
-def _inference_hints(workload, mm, eval_cfg: EvaluateConfig, resampled: int | None, native: int | None,
-                     scoring: bool, bf16: bool, below: int | None = None) -> list[str]:
-    """What lowers one case's inference peak, each with the estimate it gives: no mirroring,
-    and (``bf16``) bfloat16; with ``below``, only those whose estimate is lower than it."""
-    from brats_seg.lms.planner.inference import estimate_inference
-    from brats_seg.lms.planner.units import format_gb
-
-    hints = []
-    if eval_cfg.mirror and eval_cfg.mode == "whole":
-        no_mirror = estimate_inference(workload, mm, mirror=False, resampled_voxels=resampled,
-                                       native_voxels=native, scoring=scoring).peak_bytes
-        if below is None or no_mirror < below:
-            hints.append(f"evaluate.mirror=false ({format_gb(no_mirror)})")
-    if bf16:
-        peak = estimate_inference(dataclasses.replace(workload, policy="mixed_bfloat16"), mm,
-                                  mirror=eval_cfg.mirror, resampled_voxels=resampled, native_voxels=native,
-                                  scoring=scoring).peak_bytes
-        if below is None or peak < below:
-            hints.append(f"backend.precision=bf16 on a CPU with native bf16 ({format_gb(peak)})")
-    return hints
-
-
-class InferenceOutOfMemoryError(RunError):
-    """Evaluation or prediction ran out of memory; the message gives the estimate, the measured
-    peak and what lowers it (:func:`inference_memory_guard`).
-
-    Attributes:
-        estimate: the :class:`~brats_seg.lms.planner.inference.InferenceEstimate` of the largest case.
-        measured_bytes: the peak measured at the failure (above the runtime on CPU), or None.
-    """
-
-    def __init__(self, message: str, estimate=None, measured_bytes: int | None = None) -> None:
-        super().__init__(message)
-        self.estimate = estimate
-        self.measured_bytes = measured_bytes
-
-
-@contextlib.contextmanager
-def inference_memory_guard(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(),
-                           scoring: bool = True, baseline_bytes: int | None = None):
-    """Turn running out of memory inside the block (TensorFlow's ``ResourceExhaustedError``,
-    Python's ``MemoryError``) into an :class:`InferenceOutOfMemoryError`: the estimate of
-    :func:`check_inference_memory` for the same cases, the measured peak, the memory available
-    and what would lower the peak. Other errors pass unchanged.
-
-    Args:
-        run, eval_cfg, device, policy, records, scoring: as :func:`check_inference_memory`.
-        baseline_bytes: on CPU, the RSS before the model was loaded (the measured peak is
-            reported above it, as the estimate counts); None: no peak is reported on CPU.
-
-    Raises:
-        InferenceOutOfMemoryError: memory ran out inside the block.
-    """
-    try:
-        yield
-    except Exception as e:
-        from brats_seg.lms.planner.advice import is_out_of_memory
-
-        if not is_out_of_memory(e):
-            raise
-        raise inference_out_of_memory_error(e, run, eval_cfg, device, policy, records, scoring, baseline_bytes) from e
-
-
-def inference_out_of_memory_error(exc: BaseException, run: TrainConfig, eval_cfg: EvaluateConfig, device: str,
-                                  policy: str, records=(), scoring: bool = True,
-                                  baseline_bytes: int | None = None) -> InferenceOutOfMemoryError:
-    """The :class:`InferenceOutOfMemoryError` for ``exc`` (see :func:`inference_memory_guard`)."""
-    import math
-
-    from brats_seg.lms.planner.advice import first_line
-    from brats_seg.lms.planner.inference import estimate_inference
-    from brats_seg.lms.planner.memory_model import memory_model_for
-    from brats_seg.lms.planner.units import format_gb
-    from brats_seg.lms.planner.workload import Workload
-
-    mm = memory_model_for(device)
-    workload = dataclasses.replace(Workload.from_config(run), policy=policy)
-    resampled = max((math.prod(r["resampled_shape"]) for r in records), default=None)
-    native = max((math.prod(r["native_shape"]) for r in records), default=None)
-    mirror = eval_cfg.mirror and eval_cfg.mode == "whole"
-    estimate = estimate_inference(workload, mm, mirror=mirror, resampled_voxels=resampled, native_voxels=native,
-                                  scoring=scoring)
-    measured, available = _measured_and_available(device, baseline_bytes)
-    facts = [f"The inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}"
-             f"{', mirrored' if mirror else ''}) was predicted to need {format_gb(estimate.peak_bytes)} at its "
-             f"{estimate.peak_at} step."]
-    if measured is not None:
-        facts.append(f"Measured peak: {format_gb(measured)} at the failure (the allocation that failed not counted).")
-    if available is not None:
-        facts.append(f"Memory available: {available}.")
-    native_bf16 = device == "GPU" or _has_native_bf16()
-    hints = _inference_hints(workload, mm, eval_cfg, resampled, native, scoring,
-                             bf16=workload.policy == "float32" and native_bf16, below=estimate.peak_bytes)
-    hints.append(f"a machine (or job) with more memory free than the {format_gb(estimate.peak_bytes)} predicted "
-                 "(lms.limit in the run's config.json at most what is free, so that the check before loading "
-                 "the model refuses what does not fit)")
-    what = "evaluating" if scoring else "predicting"
-    message = (f"out of memory {what} a case: {first_line(exc)}. " + " ".join(facts)
-               + " Try: " + "; ".join(hints) + ".")
-    return InferenceOutOfMemoryError(message, estimate, measured)
-
-
-def _has_native_bf16() -> bool:
-    from brats_seg.cpu import has_native_bf16
-
-    return has_native_bf16()
-
-
-def _measured_and_available(device: str, baseline_bytes: int | None) -> tuple[int | None, str | None]:
-    """The peak at the failure (above ``baseline_bytes`` on CPU) and the memory available, in words."""
-    try:
-        from brats_seg.lms.runtime.stats import device_peak_bytes
-
-        peak = device_peak_bytes(device)
-        measured = peak - baseline_bytes if device == "CPU" and baseline_bytes is not None else (
-            peak if device == "GPU" else None)
-    except Exception as e:  # a diagnosis aid: never hide the out-of-memory error behind another
-        log.debug("no peak measured at the failure: %s", e)
-        measured = None
-    if device == "GPU":
-        return measured, None
-    from brats_seg.lms.planner.units import format_gb
-    from brats_seg.training.oom import headroom, memory_facts
-
-    room, where = headroom(memory_facts())
-    return measured, f"{format_gb(room)} ({where.replace(' before the model was built', ' now')})"
 
 
 def inference_device() -> str:

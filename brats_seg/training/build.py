@@ -1,7 +1,8 @@
 """Building a run's model: the optimizer, the memory plan it trains under, the models and their compilation.
 
-:func:`preflight_plan` decides the run's backend and LMS strategy and plans it against
-``lms.limit`` before anything is built (the one place they are decided); :func:`build_models`
+:func:`preflight_plan` decides the run's LMS strategy (and, on a GPU ``backend=auto`` chose,
+whether it needs ``gpu_lms``) and plans it against ``lms.limit`` before anything is built, or
+takes the plan a resumed run was trained under; :func:`build_models`
 makes the training model (blocks run through the plan's wrapper) and the plain export model
 on the same layers; :func:`compile_models` does it under the distribution strategy with the
 optimizer and loss. TensorFlow and Keras are imported inside the functions, after
@@ -12,19 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 
 from brats_seg.backend import ResolvedBackend
 from brats_seg.choices import check_choice
-from brats_seg.config import TrainConfig, network_input_shape
+from brats_seg.config import LRScaling, LRSchedule, TrainConfig, network_input_shape
+from brats_seg.resolve import ResolvedRun
 
-__all__ = ["LR_SCHEDULES", "MemoryDecision", "build_models", "choose_lms", "compile_models", "make_optimizer", "preflight_plan",
+__all__ = ["build_models", "choose_lms", "compile_models", "make_optimizer", "per_replica", "preflight_plan",
            "training_metrics"]
 
 log = logging.getLogger(__name__)
-
-LR_SCHEDULES = ("cosine", "constant")  # trainer.lr_schedule
-
 
 def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
     """Adam with a per-step LR schedule (cosine with linear warm-up, or constant; with
@@ -38,9 +36,9 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
     import keras
 
     t = cfg.trainer
-    scaling = check_choice(getattr(cfg.distribute, "lr_scaling", "none"), ("none", "linear"), "distribute.lr_scaling")
+    scaling = check_choice(getattr(cfg.distribute, "lr_scaling", "none"), LRScaling, "distribute.lr_scaling")
     base_lr = t.learning_rate * (replicas if scaling == "linear" else 1)
-    if check_choice(t.lr_schedule, LR_SCHEDULES, "trainer.lr_schedule") == "constant":
+    if check_choice(t.lr_schedule, LRSchedule, "trainer.lr_schedule") == "constant":
         lr = base_lr
     elif t.time_budget_s:  # the cosine over the budget's time (brats_seg.training.budget)
         from brats_seg.training.budget import BudgetCosineDecay
@@ -57,23 +55,6 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
             warmup_steps=warmup,
         )
     return keras.optimizers.Adam(learning_rate=lr)
-
-
-@dataclass(frozen=True)
-class MemoryDecision:
-    """The backend and LMS strategy a run trains under, the plan they make, and why.
-
-    Attributes:
-        backend: the resolved backend, with ``name`` ``gpu_lms`` when LMS was added to a GPU run.
-        lms: ``off`` | ``auto`` | ``recompute`` | ``offload``: the strategy planned.
-        plan: its :class:`~brats_seg.lms.planner.plan.Plan` against ``lms.limit``.
-        reason: why these, in words (logged, and kept in the MLflow tags).
-    """
-
-    backend: ResolvedBackend
-    lms: str
-    plan: object
-    reason: str
 
 
 def choose_lms(cfg: TrainConfig, backend: ResolvedBackend) -> tuple[str, str]:
@@ -93,12 +74,33 @@ def choose_lms(cfg: TrainConfig, backend: ResolvedBackend) -> tuple[str, str]:
     return cfg.lms.name, f"lms={cfg.lms.name} as configured"
 
 
-def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend) -> MemoryDecision:
-    """Decide the run's backend and LMS strategy and plan it against ``lms.limit``, before
-    anything is built: the one place they are decided, logged once with the reason.
+def per_replica(cfg: TrainConfig, replicas: int) -> TrainConfig:
+    """``cfg`` with one replica's share of the global batch (what one device's memory must hold).
+
+    Raises:
+        ValueError: ``trainer.batch_size`` does not divide among the replicas.
+    """
+    t = cfg.trainer
+    if t.batch_size % replicas:
+        raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
+                         f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
+
+
+def preflight_plan(run: ResolvedRun, replicas: int = 1, stored=None) -> ResolvedRun:
+    """``run`` with its LMS strategy and memory plan against ``lms.limit``, decided before anything
+    is built and logged once with the reason.
 
     :func:`choose_lms` applies the config; then, on a GPU that ``backend=auto`` chose, a run
     whose plan without LMS does not fit becomes ``gpu_lms`` with ``lms=auto``.
+
+    Args:
+        run: the resolved run (its config holds the global batch).
+        replicas: how many replicas share the batch; each device's memory holds one share.
+        stored: the :class:`~brats_seg.lms.planner.plan.Plan` a resumed run was trained under
+            (its ``plan.json``): kept when it was made for this run's memory settings
+            (:func:`brats_seg.training.checkpoint.stored_plan` compares them), so a resumed run
+            trains under the plan it started with.
 
     Raises:
         ValueError: the run is predicted not to fit, with the numbers and the fix; or
@@ -107,7 +109,14 @@ def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend) -> MemoryDecision
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
     from brats_seg.lms.planner.preflight import plan_run
 
+    cfg, backend = per_replica(run.config, replicas), run.backend
     strategy, reason = choose_lms(cfg, backend)
+    if stored is not None:
+        if stored.strategy == "auto" and backend.name == "gpu" and backend.reason:
+            backend = dataclasses.replace(backend, name="gpu_lms")
+        log.info("backend %s, lms=%s: resuming under the run's plan.json (predicted peak %.2f GB within %.2f GB)",
+                 backend.name, stored.strategy, stored.predicted_peak_bytes / 1e9, stored.budget_bytes / 1e9)
+        return run.with_plan(backend, stored.strategy, stored, f"{reason}; the plan the run started with (plan.json)")
     try:
         try:
             plan = plan_run(cfg, backend.device, strategy)
@@ -126,7 +135,7 @@ def preflight_plan(cfg: TrainConfig, backend: ResolvedBackend) -> MemoryDecision
     log.info("backend %s, lms=%s (%s). Memory plan: predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB "
              "less %.1f%% for the planner's error)", backend.name, strategy, reason, plan.predicted_peak_bytes / 1e9,
              plan.budget_bytes / 1e9, plan.limit_bytes / 1e9, 100 * plan.margin)
-    return MemoryDecision(backend, strategy, plan, reason)
+    return run.with_plan(backend, strategy, plan, reason)
 
 
 def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):

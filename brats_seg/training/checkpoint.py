@@ -9,6 +9,7 @@ the saved weights are.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -16,7 +17,8 @@ from pathlib import Path
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.run_dir import RunFolder
 
-__all__ = ["check_resumable", "has_progress", "load_resume", "prepare_run_dir", "restore", "resume_position", "save_plan"]
+__all__ = ["check_resumable", "has_progress", "load_resume", "planned_for", "prepare_run_dir", "restore", "resume_position",
+           "save_plan", "stored_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +93,61 @@ def prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
     return run_dir
 
 
-def save_plan(plan, run_dir: Path) -> list[Path]:
-    return RunFolder(run_dir).write_plan(plan.format_table(), plan.to_json())
+def planned_for(run, replicas: int) -> dict:
+    """The settings a run's memory plan depends on beyond its model and input (which a resumed run
+    cannot change): ``lms.*``, the backend and precision, the batch one replica holds, a GPU cap."""
+    cfg = run.config
+    return {"lms": {k: str(v) if k in ("name", "limit") else v for k, v in dataclasses.asdict(cfg.lms).items()},
+            "backend": str(cfg.backend.name), "device": run.backend.device, "precision": str(cfg.backend.precision),
+            "replica_batch": cfg.trainer.batch_size // max(replicas, 1),
+            "gpu_memory_limit_mb": cfg.backend.gpu_memory_limit_mb}
+
+
+def save_plan(run, replicas: int, run_dir: Path) -> list[Path]:
+    """``plan.txt`` and ``plan.json`` (the plan and the settings it was made for, ``planned_for``):
+    written before the first step, read back on resume (:func:`stored_plan`)."""
+    record = {**run.plan.to_dict(), "planned_for": planned_for(run, replicas)}
+    return RunFolder(run_dir).write_plan(run.plan.format_table(), json.dumps(record, indent=2))
+
+
+def stored_plan(run_dir: str | Path, run, replicas: int):
+    """The :class:`~brats_seg.lms.planner.plan.Plan` a run with progress was trained under, if it
+    was made for this run's memory settings; None (planning again, and saying why) if they
+    changed since (``lms.limit=`` on the resuming command, another precision or replica count),
+    or the folder has no readable plan of this version."""
+    from brats_seg.lms.planner.plan import Plan
+
+    folder = RunFolder(Path(run_dir))
+    record = folder.read_plan()
+    if record is None:
+        log.warning("%s has progress but no readable plan.json: planning again", run_dir)
+        return None
+    before, now = record.get("planned_for"), planned_for(run, replicas)
+    if before is None:
+        log.info("%s: plan.json of an earlier version (no planned_for): planning again", run_dir)
+        return None
+    flat_before, flat_now = _flat(before), _flat(now)
+    changed = {k: (flat_before.get(k), flat_now.get(k)) for k in sorted(set(flat_before) | set(flat_now))
+               if flat_before.get(k) != flat_now.get(k)}
+    if changed:
+        log.warning("re-planning on purpose: %s changed since the run's plan.json was made; the new plan replaces it",
+                    ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+        return None
+    try:
+        return Plan.from_dict(record)
+    except ValueError as e:
+        log.warning("%s: %s; planning again", folder.plan_paths[1], e)
+        return None
+
+
+def _flat(record: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def restore(model, export_model, last: Path) -> None:

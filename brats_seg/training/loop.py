@@ -4,11 +4,14 @@
 the models is :mod:`brats_seg.training.build`'s, the run folder's start and resume
 :mod:`brats_seg.training.checkpoint`'s. Order matters:
 
-1. every config value is checked (:mod:`brats_seg.training.checks`), the ``distribute=``
-   strategy is made (:mod:`brats_seg.distribute.strategy`), and the backend and LMS
-   strategy are decided and planned for the per-replica batch
-   (:func:`~brats_seg.training.build.preflight_plan`, logged with the reason and tagged):
-   a bad value or a run that would not fit fails before anything is prepared or written;
+1. the run is resolved once (:func:`brats_seg.resolve.resolve_run`: every config value
+   checked, the model's outputs and the paths derived, the backend decided; ``train.py``
+   resolves before TensorFlow is imported and passes the result), the ``distribute=``
+   strategy is made (:mod:`brats_seg.distribute.strategy`), and the LMS strategy is decided
+   and planned for the per-replica batch (:func:`~brats_seg.training.build.preflight_plan`,
+   logged with the reason and tagged) -- or, on resume, the run's ``plan.json`` is read back
+   and kept unless the memory settings changed (then re-planned, and said): a bad value or a
+   run that would not fit fails before anything is prepared or written;
 2. the data layer prepares and validates every case, so corrupt or inconsistent data
    fails with its message before the run folder is written;
 3. the run folder gets ``config.json`` and ``split.json`` (evaluation reads these); a
@@ -32,7 +35,6 @@ This module imports TensorFlow: entry points import it after :func:`brats_seg.ba
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,27 +45,28 @@ import tensorflow as tf
 from brats_seg.backend import ResolvedBackend
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.data.dataset import prepare_dataset
-from brats_seg.data.labels import output_regions, resolve_model_outputs
+from brats_seg.data.labels import output_regions
 from brats_seg.data.patches import crops_per_case
 from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
 from brats_seg.distribute.strategy import make_strategy
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
+from brats_seg.oom import MemoryWatch, out_of_memory_guard
+from brats_seg.resolve import ResolvedRun, resolve_run
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name, training_metric_key
-from brats_seg.training.build import MemoryDecision, compile_models, preflight_plan, training_metrics
+from brats_seg.training.build import compile_models, preflight_plan, training_metrics
 from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves,
                                           load_state)
-from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_plan
-from brats_seg.training.checks import check_train_config
+from brats_seg.training.checkpoint import has_progress, load_resume, prepare_run_dir, save_plan, stored_plan
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
 from brats_seg.training.epochs import LoopOutcome, run_epochs
-from brats_seg.training.oom import MemoryRecordCallback, MemoryWatch, out_of_memory_guard, warn_about_dead_run
+from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
 from brats_seg.training.preemption import Preempted, PreemptionFlag
 from brats_seg.training.budget import TrainingClock
 from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_sliding_eval_step, make_train_step
 
-__all__ = ["TrainResult", "train", "resolve_paths"]
+__all__ = ["TrainResult", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +80,6 @@ class TrainResult:
     best_epoch: int
     epochs_done: int
     run_id: str | None
-
-
-def resolve_paths(cfg: TrainConfig) -> TrainConfig:
-    """Make data paths absolute (so the run folder's config works from any cwd)."""
-    cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
-    cfg.data.cache_dir = str(Path(cfg.data.cache_dir).expanduser().resolve())
-    cfg.run_dir = str(Path(cfg.run_dir).expanduser().resolve())
-    return cfg
 
 
 def _prepared_data(cfg: TrainConfig):
@@ -102,14 +97,14 @@ def _prepared_data(cfg: TrainConfig):
     return ds
 
 
-def _start_tracking(cfg: TrainConfig, decision: MemoryDecision, run_dir: Path, run_name: str, replicas: int,
-                    plan_files, tags: dict[str, str] | None):
+def _start_tracking(run: ResolvedRun, run_dir: Path, run_name: str, replicas: int, plan_files,
+                    tags: dict[str, str] | None):
     """The chief's tracked run, with its tags, the split and the plan."""
-    backend = decision.backend
+    cfg, backend = run.config, run.backend
     tracker = Tracker.start(
         cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
         tags={"backend": backend.name, "device": backend.device, "precision": backend.precision,
-              "lms": decision.lms, "lms_reason": decision.reason,
+              "lms": run.lms, "lms_reason": run.reason,
               "resolution": cfg.resolution.name, "data": cfg.data.name, "git_commit": git_commit(),
               "run_dir": str(run_dir), "distribute": cfg.distribute.name, "replicas": str(replicas),
               **(tags or {})},
@@ -152,12 +147,13 @@ def _model_desc(cfg: TrainConfig) -> str:
     return f"unet3d_d{m.depth}f{m.base_filters}{'' if m.in_channels == 4 else '_flair'}"
 
 
-def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: dict[str, str] | None = None,
-          name_suffix: str = "") -> TrainResult:
+def train(cfg: TrainConfig | ResolvedRun, backend: ResolvedBackend, extra_callbacks=(),
+          tags: dict[str, str] | None = None, name_suffix: str = "") -> TrainResult:
     """Train (or resume) the run described by ``cfg``.
 
     Args:
-        cfg: the full config; ``cfg.run_dir`` must be set.
+        cfg: the run as :func:`~brats_seg.resolve.resolve_run` resolved it (``train.py``), or a
+            plain config (code, tests), resolved here; ``run_dir`` must be set.
         backend: what :func:`brats_seg.backend.configure` resolved (TF already configured).
         extra_callbacks: more Keras callbacks (tests use one to interrupt a run).
         tags: more MLflow tags (a sweep's job number and overrides).
@@ -177,9 +173,9 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
             its last completed epoch. A run killed by the kernel is diagnosed on the next start
             (:mod:`brats_seg.training.oom`) and resumed.
     """
-    resolve_model_outputs(cfg)  # one sigmoid output per region of the layout (or WT only)
-    check_train_config(cfg)  # every value, in a second: nothing is prepared or written before
-    resolve_paths(cfg)
+    # every value checked, outputs and paths derived, in a second: nothing is prepared or written before
+    run = resolve_run(cfg, gpus=backend.n_gpus).with_backend(backend)
+    cfg = run.config
     strategy, cluster = make_strategy(cfg.distribute, backend.device)  # before any TensorFlow op runs
     is_chief = cluster is None or cluster.is_chief
     watch = MemoryWatch(cfg, backend.device)  # its record in the lock tells the next start why this one died
@@ -192,7 +188,7 @@ def train(cfg: TrainConfig, backend: ResolvedBackend, extra_callbacks=(), tags: 
             removed = remove_stale_temporaries(cfg.run_dir)
             if removed:
                 log.info("removed %d temporary file(s) a killed run left in %s", len(removed), cfg.run_dir)
-        return _train_in_folder(cfg, backend, strategy, cluster, extra_callbacks, tags, name_suffix, watch, logs)
+        return _train_in_folder(run, strategy, cluster, extra_callbacks, tags, name_suffix, watch, logs)
 
 
 class _RunLogHandler(logging.FileHandler):
@@ -229,20 +225,22 @@ def run_log(run_dir: Path):
         handler.close()
 
 
-def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, cluster, extra_callbacks,
-                     tags: dict[str, str] | None, name_suffix: str, watch: MemoryWatch,
-                     logs: contextlib.ExitStack) -> TrainResult:
+def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags: dict[str, str] | None,
+                     name_suffix: str, watch: MemoryWatch, logs: contextlib.ExitStack) -> TrainResult:
     """:func:`train` from the plan on, with the run folder locked: plan -> data -> run folder ->
     model -> resume -> tracking -> epochs."""
     is_chief = cluster is None or cluster.is_chief
-    decision = preflight_plan(_per_replica(cfg, strategy.num_replicas_in_sync), backend)  # it fits, or says what would
-    backend, plan = decision.backend, decision.plan
-    watch.planned(plan, decision.lms, strategy.num_replicas_in_sync)
+    cfg, replicas = run.config, strategy.num_replicas_in_sync
+    # a resumed run keeps the plan it started with (plan.json) unless its memory settings changed
+    stored = stored_plan(cfg.run_dir, run, replicas) if is_chief and has_progress(Path(cfg.run_dir)) else None
+    run = preflight_plan(run, replicas, stored)  # it fits, or says what would
+    backend, plan = run.backend, run.plan
+    watch.planned(plan, run.lms, replicas)
     ds = _prepared_data(cfg)  # fails here, with the data layer's message, before the run folder is written
     run_dir = prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
     if is_chief:  # training can start: the run folder is written from here on
         logs.enter_context(run_log(run_dir))
-    plan_files = save_plan(plan, run_dir) if is_chief else []
+    plan_files = save_plan(run, replicas, run_dir) if is_chief else []
 
     t = cfg.trainer
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
@@ -268,9 +266,8 @@ def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, clust
                  int(model.optimizer.iterations.numpy()))
 
     run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg), backend.name,
-                                             decision.lms) + name_suffix
-    tracker = (_start_tracking(cfg, decision, run_dir, run_name, strategy.num_replicas_in_sync, plan_files, tags)
-               if is_chief else NullTracker())
+                                             run.lms) + name_suffix
+    tracker = (_start_tracking(run, run_dir, run_name, replicas, plan_files, tags) if is_chief else NullTracker())
     checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model,
                                write=is_chief)
     callbacks = [MemoryStatsCallback(backend.device, offload_stats, baseline), checkpoint, TrackingCallback(tracker),
@@ -287,19 +284,6 @@ def _train_in_folder(cfg: TrainConfig, backend: ResolvedBackend, strategy, clust
     st = checkpoint.state
     return TrainResult(run_dir, float(st["best_value"] or 0.0), int(st["best_epoch"] or 0), int(st["epoch"]),
                        tracker.run_id)
-
-
-def _per_replica(cfg: TrainConfig, replicas: int) -> TrainConfig:
-    """``cfg`` with one replica's share of the global batch (what one device's memory must hold).
-
-    Raises:
-        ValueError: ``trainer.batch_size`` does not divide among the replicas.
-    """
-    t = cfg.trainer
-    if t.batch_size % replicas:
-        raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
-                         f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
 
 
 @dataclass

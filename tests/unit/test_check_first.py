@@ -84,7 +84,7 @@ def test_the_corrected_command_trains_in_the_same_run_dir(synthetic_root, tmp_pa
     ],
 )
 def test_a_bad_value_is_named_before_anything_is_written(tmp_path, key, value, message):
-    from brats_seg.training.checks import check_train_config
+    from brats_seg.checks import check_train_config
 
     cfg = _set(TrainConfig(resolution=dataclasses.replace(TINY), model=ModelConfig(depth=2, base_filters=4, out_channels=3),
                            run_dir=str(tmp_path / "run")), key, value)

@@ -24,8 +24,19 @@ def backend():
 
 
 def _cfg(strategy: str) -> TrainConfig:
-    return TrainConfig(resolution=SMALL, model=ModelConfig(depth=2, base_filters=4),
-                       trainer=TrainerConfig(batch_size=2), lms=LMSConfig(name=strategy, limit="1e12", size=0))
+    from brats_seg.data.labels import resolve_model_outputs
+
+    return resolve_model_outputs(TrainConfig(resolution=SMALL, model=ModelConfig(depth=2, base_filters=4),
+                                             trainer=TrainerConfig(batch_size=2),
+                                             lms=LMSConfig(name=strategy, limit="1e12", size=0)))
+
+
+def _run(cfg: TrainConfig, backend):
+    """``cfg`` (its outputs resolved) under ``backend``: what preflight_plan plans."""
+    from brats_seg.data.labels import resolve_model_outputs
+    from brats_seg.resolve import ResolvedRun
+
+    return ResolvedRun(resolve_model_outputs(cfg), backend)
 
 
 def _gradients(strategy, backend):
@@ -93,7 +104,7 @@ def test_run_predicted_not_to_fit_fails_before_building(backend, tmp_path):
     cfg.model = ModelConfig(depth=4, base_filters=16)
     cfg.lms.limit = "2GB"
     with pytest.raises(ValueError) as err:
-        preflight_plan(cfg, backend)
+        preflight_plan(_run(cfg, backend))
     msg = str(err.value)
     assert "2.00 GB" in msg and "lms=recompute" in msg and "resolution" in msg
 
@@ -102,7 +113,7 @@ def test_offload_on_cpu_is_refused_with_the_reason(backend):
     from brats_seg.training.build import preflight_plan
 
     with pytest.raises(ValueError, match="no separate device memory"):
-        preflight_plan(_cfg("offload"), backend)
+        preflight_plan(_run(_cfg("offload"), backend))
 
 
 def test_the_backend_and_lms_are_decided_in_one_place_with_the_reason(backend, caplog):
@@ -114,14 +125,14 @@ def test_the_backend_and_lms_are_decided_in_one_place_with_the_reason(backend, c
     from brats_seg.training.build import preflight_plan
 
     with caplog.at_level(logging.INFO, logger="brats_seg.training.build"):
-        cpu = preflight_plan(_cfg("off"), backend)
+        cpu = preflight_plan(_run(_cfg("off"), backend))
     assert (cpu.backend.name, cpu.lms, cpu.plan.strategy) == ("cpu_onednn", "off", "off")
     assert "lms=off as configured" in cpu.reason and cpu.reason in caplog.text
 
     gpu = dataclasses.replace(backend, name="gpu_lms", device="GPU")
     cfg = _cfg("off")
     cfg.backend.gpu_memory_limit_mb = 8000  # a GPU's size without asking one
-    lms = preflight_plan(cfg, gpu)
+    lms = preflight_plan(_run(cfg, gpu))
     assert (lms.backend.name, lms.lms, lms.plan.strategy) == ("gpu_lms", "auto", "auto")
     assert "backend=gpu_lms with lms=off" in lms.reason
 
@@ -132,11 +143,11 @@ def test_the_backend_and_lms_are_decided_in_one_place_with_the_reason(backend, c
     full.lms.limit = "7.5GB"  # off needs over 8 GB at full resolution; recomputing blocks fits
     full.backend.gpu_memory_limit_mb = 16000
     auto = dataclasses.replace(backend, name="gpu", device="GPU", reason="1 GPU(s) visible")
-    chosen = preflight_plan(full, auto)
+    chosen = preflight_plan(_run(full, auto))
     assert (chosen.backend.name, chosen.lms) == ("gpu_lms", "auto")
     assert "the plan without LMS does not fit" in chosen.reason and chosen.plan.predicted_peak_bytes < 7.5e9
     with pytest.raises(ValueError, match="strategy off predicts.*lms=auto"):  # backend=gpu asked: no silent change
-        preflight_plan(full, dataclasses.replace(auto, reason=""))
+        preflight_plan(_run(full, dataclasses.replace(auto, reason="")))
 
 
 def test_gpu_lms_without_gpu_points_to_cpu_onednn():

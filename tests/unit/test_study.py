@@ -373,7 +373,7 @@ def test_each_study_is_a_sweep_whose_jobs_compose_and_pass_the_checks(experiment
     from brats_seg.cli import to_config
     from brats_seg.config import register_configs
     from brats_seg.data.labels import resolve_model_outputs
-    from brats_seg.training.checks import check_train_config
+    from brats_seg.checks import check_train_config
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):

@@ -36,7 +36,9 @@ def _weights(run_dir):
     return model.get_weights(), [v.numpy() for v in model.optimizer.variables]
 
 
-def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_path, backend):
+def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_path, backend, caplog):
+    import logging
+
     import keras
 
     from brats_seg.training.loop import train
@@ -60,9 +62,11 @@ def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_
             self.trained.append(epoch + 1)
 
     counter = CountEpochs()
-    resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"), backend, extra_callbacks=[counter])  # same command
+    with caplog.at_level(logging.INFO, logger="brats_seg.training.build"):
+        resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"), backend, extra_callbacks=[counter])  # same command
     assert resumed.epochs_done == 2
     assert counter.trained == [2]  # continued from the last completed epoch, not from scratch
+    assert "resuming under the run's plan.json" in caplog.text  # the plan it started with, read back
 
     w_full, opt_full = _weights(tmp_path / "full")
     w_res, opt_res = _weights(tmp_path / "resumed")

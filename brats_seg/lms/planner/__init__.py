@@ -47,7 +47,6 @@ _HOME = {  # public name -> its module; imported on first use, so importing one 
     "capacity_run": "preflight",
     "compare_run": "preflight",
     "plan_run": "preflight",
-    "planning_device": "preflight",
     "compare_strategies": "search",
     "estimate_peak": "search",
     "plan_lms": "search",
@@ -59,17 +58,16 @@ _HOME = {  # public name -> its module; imported on first use, so importing one 
     "simulate": "timeline",
     "format_bytes": "units",
     "parse_limit": "units",
-    "STRATEGIES": "workload",
     "LMSOptions": "workload",
     "Workload": "workload",
 }
 
 __all__ = [
-    "POLICIES", "STRATEGIES", "BlockPlan", "Capacity", "InferenceEstimate", "LMSOptions", "MemoryFacts", "MemoryModel",
+    "POLICIES", "BlockPlan", "Capacity", "InferenceEstimate", "LMSOptions", "MemoryFacts", "MemoryModel",
     "NetworkCost", "OutOfMemoryError", "Plan", "PlanDoesNotFitError", "Setting", "Timeline", "Workload",
     "capacity_run", "compare_run", "compare_strategies", "compute_network_cost", "compute_step_flops",
     "estimate_inference", "estimate_peak", "find_capacity", "format_bytes", "memory_model_for", "parse_limit",
-    "plan_lms", "plan_lms_from_config", "plan_run", "planning_device", "settings_that_fit", "simulate",
+    "plan_lms", "plan_lms_from_config", "plan_run", "settings_that_fit", "simulate",
 ]
 
 

@@ -29,7 +29,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from brats_seg.choices import check_choice
+from brats_seg.choices import check_choice, choice_values
+from brats_seg.config import LMSStrategy
 from brats_seg.lms.planner.memory_model import MemoryModel
 from brats_seg.lms.planner.search import fits_with, largest_batch, largest_fitting, plan_lms, solve_plan
 from brats_seg.lms.planner.workload import LMSOptions, Workload
@@ -102,7 +103,7 @@ def largest_input(workload: Workload, mm: MemoryModel, strategy: str, options: L
 
 def largest_patch_allowed(grid_shape: Sequence[int], multiple: int) -> Shape:
     """The largest patch of ``grid_shape``: each axis rounded down to a multiple of ``multiple``
-    (``2**depth``), the rule of :func:`brats_seg.training.checks.check_patch_config`.
+    (``2**depth``), the rule of :func:`brats_seg.checks.check_patch_config`.
 
     Raises:
         ValueError: an axis shorter than ``multiple`` (no patch fits in it).
@@ -191,7 +192,7 @@ def find_capacity(find: str, workload: Workload, mm: MemoryModel, options: LMSOp
     check_choice(find, FINDS, "plan.find", hint="Leave it empty for a plan.")
     if options.limit_bytes is None:
         raise ValueError("plan.find needs a budget: set lms.limit (bytes, e.g. 8GB, or a share of memory, e.g. 0.9).")
-    strategies = ("off", "recompute", "offload", "auto") if options.allow_offload else ("off", "recompute", "auto")
+    strategies = [s for s in choice_values(LMSStrategy) if options.allow_offload or s != "offload"]
     out = {}
     for strategy in strategies:
         if find == "max_input":

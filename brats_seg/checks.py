@@ -1,7 +1,7 @@
-"""Every value of a training config checked before anything is prepared or written.
+"""Every value of a run's config checked before anything is prepared or written.
 
-:func:`check_train_config` runs first in :func:`brats_seg.training.loop.train`, in a
-fraction of a second: a typo (``trainer.lr_schedule=cosin``), a bad size
+:func:`check_train_config` runs once per start, where the run is resolved
+(:func:`brats_seg.resolve.resolve_run`), in a fraction of a second: a typo (``trainer.lr_schedule=cosin``), a bad size
 (``trainer.batch_size=-1``), a shape the U-Net cannot take (``resolution.shape=[50,50,50]``)
 or an unreadable ``lms.limit=16gigs`` fails here, naming the key and what to use, before data
 preparation and before the run folder gets its ``config.json``, so the corrected command
@@ -23,7 +23,7 @@ from brats_seg.config import (
     LRSchedule,
     OnError,
     Precision,
-    Tracker,
+    TrackerName,
     TrainConfig,
     check_distribute_config,
 )
@@ -43,8 +43,12 @@ def _fraction(value, key: str) -> None:
         raise ValueError(f"{key}={value!r}: use a share of the cases in [0, 1).")
 
 
-def check_train_config(cfg: TrainConfig) -> None:
+def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     """Check the values a training run uses; the first bad one raises, named as the user types it.
+
+    Args:
+        training: the run trains into ``run_dir`` (checked too); False for the planner's entry
+            points, which plan a config without a run folder.
 
     Raises:
         ValueError: an unknown choice (with the allowed values), a size that is not positive,
@@ -55,9 +59,10 @@ def check_train_config(cfg: TrainConfig) -> None:
     from brats_seg.data.dataset import GENERATED
     from brats_seg.lms.planner.units import parse_limit
 
-    if not cfg.run_dir:
+    if training and not cfg.run_dir:
         raise ValueError("run_dir is not set: pass run_dir=outputs/<name>.")
-    RunFolder.of(cfg.run_dir).check_can_hold_a_run()  # not a dataset, a home folder, another project's outputs
+    if training:
+        RunFolder.of(cfg.run_dir).check_can_hold_a_run()  # not a dataset, a home folder, another project's outputs
     d, t = cfg.data, cfg.trainer
     if not str(d.root).strip() and d.name not in GENERATED:
         raise ValueError(f"data.root is not set: pass data.root=/path/to/your/dataset (data={d.name}).")
@@ -91,7 +96,7 @@ def check_train_config(cfg: TrainConfig) -> None:
     check_choice(cfg.backend.precision, Precision, "backend.precision")
     check_choice(cfg.lms.name, LMSStrategy, "lms")
     parse_limit(cfg.lms.limit, device_bytes=1 << 40)  # its form; a fraction's bytes are the device's (the plan)
-    check_choice(cfg.tracking.name, Tracker, "tracking")
+    check_choice(cfg.tracking.name, TrackerName, "tracking")
     check_distribute_config(cfg.distribute)
 
 
