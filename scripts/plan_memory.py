@@ -10,7 +10,8 @@ Prints the plan table for the configured ``lms=`` strategy (``auto`` when lms=of
 for each strategy (off / recompute / offload / auto), the predicted peak and overhead.
 Exits 1 if the configured strategy does not fit ``lms.limit``, with what would fit. A plan
 fits when its predicted peak is at most ``lms.limit`` less the device preset's planning
-margin (the model's worst under-prediction in cross-validation: 10.8% on AVX2, 10.6% on AVX-512).
+margin (the model's worst under-prediction in cross-validation; 11.9% on every CPU kind with the
+shipped presets, 10% on a GPU: ``MemoryModel.planning_margin``).
 
 ``plan.find=max_input`` prints instead, per strategy, the largest input of the resolution's
 proportions (each axis a multiple of ``2**depth``) that fits ``lms.limit`` at the configured

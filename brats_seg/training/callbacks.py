@@ -314,7 +314,7 @@ class DeadRegionWarning(keras.callbacks.Callback):
             log.warning(
                 "region %s: the prediction has been empty in every %s case for %d epochs up to epoch %d, while "
                 "the reference holds %.2f mL per case on average: the %s output is not learning. Its mean "
-                "probability per epoch is prob_%s in history.csv (and MLflow); see README 'Training monitors'.",
+                "probability per epoch is prob_%s in history.csv (and MLflow); see docs/training.md, 'Training monitors'.",
                 r.upper(), which, self.empty_epochs[(prefix, r)], epoch + 1,
                 float(logs[f"{prefix}ref_vol_{r}"]), r.upper(), r,
             )

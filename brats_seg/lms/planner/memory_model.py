@@ -199,7 +199,9 @@ class MemoryModel:
             error: a plan fits when its predicted peak is at most ``(1 - planning_margin)
             * lms.limit``. Set by ``calibrate_memory.py`` to the worst under-prediction of
             its leave-one-configuration-out cross-validation (a configuration's peak
-            predicted by a fit that did not see it): 10.8% on AVX2, 10.6% on AVX-512.
+            predicted by a fit that did not see it): 11.9% in the shipped Sapphire Rapids
+            preset, which the other CPU kinds' presets take as their upper bound (the
+            withdrawn per-kind fits had 10.8% on AVX2, 10.6% on AVX-512).
             Without it ``lms=auto`` at full resolution, predicted 3% under its limit,
             measured 6% over it (the allocator pool of a plan mixing kept and rebuilt
             full-resolution blocks; one plan's RSS spread 7.9-9.3 GB over two runs).
