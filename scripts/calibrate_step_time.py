@@ -23,13 +23,10 @@ import datetime
 import functools
 import json
 import statistics
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
-from brats_seg.config import register_configs  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
 
 register_configs()
 

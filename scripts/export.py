@@ -18,13 +18,8 @@ previous export there is replaced. Exits 2 with a message on a bad run folder, c
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
-from brats_seg.config import register_configs  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
 
 register_configs()
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import hydra_entry  # noqa: E402
+from brats_seg.cli import hydra_entry
 
 USAGE = "python scripts/make_synthetic.py out=DIR [layout=brats2021|brats2023|brats2024|msd] [n_cases=10] [seed=0] [labels=true]"
 

@@ -27,13 +27,9 @@ volumes (``trainer.patch_size=null``) in the budget: patches are not needed for 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
-from brats_seg.config import register_configs  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
 
 register_configs()
 

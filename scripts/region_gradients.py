@@ -15,14 +15,9 @@ is driven to "empty" by the bulk of the volume before it can learn what it looks
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
-from brats_seg.config import register_configs  # noqa: E402
-from brats_seg.run_dir import RunFolder  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
+from brats_seg.run_dir import RunFolder
 
 register_configs()
 

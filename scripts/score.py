@@ -16,13 +16,8 @@ mask on another grid or with labels outside the layout's set.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from brats_seg.cli import hydra_entry, to_config, user_errors  # noqa: E402
-from brats_seg.config import register_configs  # noqa: E402
+from brats_seg.cli import hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
 
 register_configs()
 
