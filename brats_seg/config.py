@@ -27,7 +27,7 @@ LRSchedule = choice_type("LRSchedule", ("cosine", "constant"), __name__)
 BackendName = choice_type("BackendName", ("auto", "gpu", "gpu_lms", "cpu_onednn"), __name__)
 Precision = choice_type("Precision", ("fp32", "bf16", "fp16"), __name__)
 LMSStrategy = choice_type("LMSStrategy", ("off", "recompute", "offload", "auto"), __name__)
-Tracker = choice_type("Tracker", ("mlflow", "none"), __name__)
+TrackerName = choice_type("TrackerName", ("mlflow", "none"), __name__)
 DistributeName = choice_type("DistributeName", ("none", "mirrored", "multi_worker"), __name__)
 Collective = choice_type("Collective", ("auto", "ring", "nccl"), __name__)
 LRScaling = choice_type("LRScaling", ("none", "linear"), __name__)
@@ -40,7 +40,7 @@ ExportFormat = choice_type("ExportFormat", ("saved_model",), __name__)
 CHOICES = {  # config key -> its closed set
     "data.layout": Layout, "data.on_error": OnError, "model.norm": Norm, "model.upsample": Upsample,
     "model.regions": Regions, "trainer.lr_schedule": LRSchedule, "backend": BackendName,
-    "backend.precision": Precision, "lms": LMSStrategy, "tracking": Tracker, "distribute": DistributeName,
+    "backend.precision": Precision, "lms": LMSStrategy, "tracking": TrackerName, "distribute": DistributeName,
     "distribute.collective": Collective, "distribute.lr_scaling": LRScaling, "evaluate.mode": EvalMode,
     "evaluate.postprocess": PostprocessMode,
     "plan.format": PlanFormat, "benchmark.input": BenchmarkInput, "split": Split, "format": ExportFormat,
@@ -249,7 +249,7 @@ class LMSConfig:
 
 @dataclass
 class TrackingConfig:
-    name: Tracker = Tracker.mlflow  # mlflow | none
+    name: TrackerName = TrackerName.mlflow  # mlflow | none
     uri: str = "sqlite:///mlruns.db"  # relative sqlite paths are taken from the project root
     experiment: str = "brats-seg"
     system_metrics: bool = True
