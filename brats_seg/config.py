@@ -16,8 +16,9 @@ from brats_seg.choices import check_choice, choice_type
 from brats_seg.sweeps import sweep_dirname
 
 # Closed sets of values: a value outside one fails at composition, naming the allowed ones
-# (cli.config_error_line). Each is the one source of its set; the modules that act on a
-# value take the set from here (tests/unit/test_config_types.py checks they agree).
+# (cli.config_error_line). Each is the one source of its set: the modules that act on a value
+# import it from here (check_choice takes the Enum), and a table keyed by one covers exactly it
+# (tests/unit/test_config_types.py).
 Layout = choice_type("Layout", ("msd", "brats2021", "brats2023", "brats2024"), __name__)
 OnError = choice_type("OnError", ("raise", "skip"), __name__)
 Norm = choice_type("Norm", ("instance", "group", "batch"), __name__)

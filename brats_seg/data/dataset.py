@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brats_seg.choices import check_choice
-from brats_seg.config import DataConfig, ResolutionConfig
+from brats_seg.config import DataConfig, OnError, ResolutionConfig
 from brats_seg.data.cache import CacheEntry, prepare_cases
 from brats_seg.data.errors import DataError
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.splits import load_split, make_split, save_split
 
-__all__ = ["GENERATED", "ON_ERROR", "PreparedDataset", "PreparationFailed", "dataset_cache_dir", "prepare_dataset", "ensure_synthetic"]
+__all__ = ["GENERATED", "PreparedDataset", "PreparationFailed", "dataset_cache_dir", "prepare_dataset", "ensure_synthetic"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,6 @@ def dataset_cache_dir(data: DataConfig) -> Path:
     return Path(data.cache_dir).expanduser() / f"{data.name}_{hashlib.sha256(root.encode()).hexdigest()[:8]}"
 
 
-ON_ERROR = ("raise", "skip")  # data.on_error: what a bad case does to preparation
 # data.name values whose root is generated on first use: the synthetic set, the MNI gliomas (seed 0),
 # cases of another seed no run trains on (heldout), and each acquired as another scanner would (_shifted)
 MNI_GLIOMAS = ("mni_gliomas", "mni_gliomas_shifted", "mni_gliomas_heldout", "mni_gliomas_heldout_shifted")
@@ -102,7 +101,7 @@ def prepare_dataset(
         DatasetError: the dataset as a whole is unusable (root, dataset.json, no cases).
         PreparationFailed: bad cases with ``data.on_error=raise`` (the good ones are cached).
     """
-    check_choice(data.on_error, ON_ERROR, "data.on_error",
+    check_choice(data.on_error, OnError, "data.on_error",
                  hint="raise stops at the first bad case; skip prepares the rest and lists the bad ones.")
     t0 = time.perf_counter()
     if data.name in GENERATED:

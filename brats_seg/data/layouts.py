@@ -27,14 +27,14 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from brats_seg.choices import check_choice
+from brats_seg.choices import check_choice, choice_values
+from brats_seg.config import Layout
 from brats_seg.data.errors import CaseError, DatasetError
 from brats_seg.data.nifti import find_nifti, is_nifti, nifti_stem
 
 __all__ = [
     "CHANNELS",
     "Case",
-    "LAYOUTS",
     "case_file_paths",
     "MSD_CHANNELS",
     "case_from_dir",
@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 _BRATS2021 = ("_", ("flair", "t1", "t1ce", "t2"), "seg")
 _BRATS2023 = ("-", ("t2f", "t1n", "t1c", "t2w"), "seg")
 _SUFFIXES = {"brats2021": _BRATS2021, "brats2023": _BRATS2023, "brats2024": _BRATS2023}
-LAYOUTS = ("msd", "brats2021", "brats2023", "brats2024")
 CHANNELS = _BRATS2021[1]  # the project's channel order and names: flair, t1, t1ce, t2
 
 # Names a dataset.json may give each project channel (lower case), FLAIR, T1, T1ce, T2.
@@ -276,7 +275,7 @@ def discover_cases(root: str | Path, layout: str, require_labels: bool = True, o
 
     Args:
         root: the dataset folder.
-        layout: one of :data:`LAYOUTS`.
+        layout: one of :class:`brats_seg.config.Layout`.
         require_labels: a case without a label file is an error (training/evaluation).
         on_error: ``raise`` | ``skip``: what a bad case does.
 
@@ -288,7 +287,7 @@ def discover_cases(root: str | Path, layout: str, require_labels: bool = True, o
         DatasetError: root missing, dataset.json missing or malformed, no case found.
         CaseError: a bad case, with ``on_error=raise``.
     """
-    check_choice(layout, LAYOUTS, "data.layout", error=DatasetError)
+    check_choice(layout, Layout, "data.layout", error=DatasetError)
     if not str(root).strip():
         raise DatasetError("data.root is not set: pass data.root=/path/to/your/dataset.")
     root = Path(root).expanduser()
@@ -357,7 +356,7 @@ def case_file_paths(root: str | Path, case_id: str, layout: str, with_label: boo
         images = "imagesTr" if with_label else "imagesTs"
         files = {"image": root / images / f"{case_id}.nii.gz", "seg": root / "labelsTr" / f"{case_id}.nii.gz"}
     else:
-        raise ValueError(f"Unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}.")
+        raise ValueError(f"Unknown layout {layout!r}; expected one of {', '.join(choice_values(Layout))}.")
     if not with_label:
         del files["seg"]
     return files

@@ -8,16 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from brats_seg.choices import check_choice
-from brats_seg.config import TrainConfig
+from brats_seg.config import Split, TrainConfig
 from brats_seg.data.cache import CacheEntry, prepare_cases
 from brats_seg.data.errors import DataError, DatasetError
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.splits import load_split
 from brats_seg.run_dir import RunError, RunFolder
 
-__all__ = ["SPLITS", "prepare_run_entries", "split_case_ids"]
-
-SPLITS = ("val", "test", "all")
+__all__ = ["prepare_run_entries", "split_case_ids"]
 
 
 def prepare_run_entries(config: TrainConfig, case_ids: list[str], progress: bool) -> list[CacheEntry]:
@@ -57,7 +55,7 @@ def split_case_ids(run_dir: str | Path, split: str) -> list[str]:
     Raises:
         RunError: a bad split name, or no split.json.
     """
-    check_choice(split, SPLITS, "split", error=RunError)
+    check_choice(split, Split, "split", error=RunError)
     path = RunFolder(Path(run_dir).expanduser()).split_path
     if not path.is_file():
         raise RunError(f"{path} not found: the run does not say which cases it held out; train first: "

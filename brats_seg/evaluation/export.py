@@ -50,7 +50,7 @@ from pathlib import Path
 
 from brats_seg.backend import PRECISION_POLICIES
 from brats_seg.choices import check_choice
-from brats_seg.config import EvaluateConfig, TrainConfig, config_to_dict, network_input_shape
+from brats_seg.config import EvaluateConfig, ExportFormat, TrainConfig, config_to_dict, network_input_shape
 from brats_seg.data.labels import REGION_TITLES, label_table
 from brats_seg.data.layouts import CHANNELS
 from brats_seg.data.preprocess import describe_preprocessing
@@ -61,7 +61,6 @@ from brats_seg.run_dir import RunFolder
 
 __all__ = [
     "DESCRIPTION_FILE",
-    "EXPORT_FORMATS",
     "EXPORT_KIND",
     "INPUT_NAME",
     "OUTPUT_NAME",
@@ -76,7 +75,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-EXPORT_FORMATS = ("saved_model",)  # format=: TensorFlow SavedModel (TF Serving, tf.saved_model.load)
 DESCRIPTION_FILE = "preprocessing.json"  # beside the SavedModel: what the input must be
 EXPORT_KIND = "brats-seg export"  # preprocessing.json's "kind": tells an export from another folder
 EXPORT_VERSION = 1  # preprocessing.json's layout; a reader refuses a newer one
@@ -254,7 +252,7 @@ def export_run(run_dir: str | Path, output: str | Path | None = None, checkpoint
     """
     import keras
 
-    check_choice(fmt, EXPORT_FORMATS, "format", error=RunError)
+    check_choice(fmt, ExportFormat, "format", error=RunError)
     output = check_export_output(output if output is not None and str(output).strip() else default_export_dir(run_dir))
     config = config or load_run_config(run_dir)
     identity = RunFolder.of(run_dir).checkpoint_identity(checkpoint)  # before loading: the weights exported

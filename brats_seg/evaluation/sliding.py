@@ -27,7 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from brats_seg.choices import check_choice
+from brats_seg.choices import check_choice, choice_values
+from brats_seg.config import EvalMode
 
 __all__ = [
     "GAUSSIAN_SIGMA_SCALE",
@@ -40,7 +41,9 @@ __all__ = [
     "window_corners",
 ]
 
-MODES = ("whole", "sliding")  # evaluate.mode: the whole volume at once, or Gaussian-weighted windows
+# evaluate.mode (config.EvalMode): the whole volume at once, or Gaussian-weighted windows. Kept as
+# strings for brats_seg.evaluation.run, which still imports it; new code takes EvalMode.
+MODES = choice_values(EvalMode)
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +195,7 @@ def predict_volume(
     Raises:
         ValueError: bad mode, window, overlap, or an image that does not fit the model.
     """
-    check_choice(mode, MODES, "evaluate.mode")
+    check_choice(mode, EvalMode, "evaluate.mode")
     if not 0 <= overlap < 1:
         raise ValueError(f"evaluate.window_overlap={overlap}: use a fraction in [0, 1).")
     image = _check_image(model, image)

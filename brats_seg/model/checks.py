@@ -18,14 +18,12 @@ import numbers
 from typing import Sequence
 
 from brats_seg.choices import check_choice
-from brats_seg.config import ModelConfig
+from brats_seg.config import ModelConfig, Norm, Upsample
 
 __all__ = [
     "DTYPE_POLICIES",
     "IN_CHANNELS",
-    "NORMS",
     "PRECISION_ALIASES",
-    "UPSAMPLES",
     "check_batch_size",
     "check_depth",
     "check_input_shape",
@@ -35,8 +33,6 @@ __all__ = [
     "check_unet_config",
 ]
 
-NORMS = ("instance", "group", "batch")
-UPSAMPLES = ("transpose", "trilinear")
 IN_CHANNELS = (1, 4)  # FLAIR only | FLAIR, T1, T1ce, T2
 # Keras dtype policy -> the compute dtype of its layers (variables are float32 under each).
 DTYPE_POLICIES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
@@ -76,11 +72,11 @@ def check_model_config(cfg: ModelConfig) -> None:
             "0 means one output per region of data.layout and is resolved by "
             "brats_seg.data.labels.resolve_model_outputs before a model is built."
         )
-    check_choice(cfg.norm, NORMS, "model.norm", hint=f"({cfg.norm!r} is not a normalisation this U-Net builds; "
+    check_choice(cfg.norm, Norm, "model.norm", hint=f"({cfg.norm!r} is not a normalisation this U-Net builds; "
                  "instance and group norm keep no running statistics, so a recomputed block stays exact.)")
     if cfg.norm == "group" and (not isinstance(cfg.groups, int) or cfg.groups < 1):
         raise ValueError(f"model.groups must be an integer >= 1 for norm=group, got {cfg.groups!r}.")
-    check_choice(cfg.upsample, UPSAMPLES, "model.upsample")
+    check_choice(cfg.upsample, Upsample, "model.upsample")
     if cfg.region_parents:
         check_region_parents(cfg.region_parents, cfg.out_channels)
 

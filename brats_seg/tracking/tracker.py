@@ -39,17 +39,15 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 
 from brats_seg.choices import check_choice
-from brats_seg.config import TrackingConfig
+from brats_seg.config import TrackerName, TrackingConfig
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.faults import MlflowDiskFullFilter, disk_full_message
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
 from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri, ui_url
 
-__all__ = ["TRACKERS", "NullTracker", "Tracker"]
+__all__ = ["NullTracker", "Tracker"]
 
 log = logging.getLogger(__name__)
-
-TRACKERS = ("mlflow", "none")  # tracking=
 
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow error codes meaning "this call was refused", not "the store is gone".
@@ -110,7 +108,7 @@ class Tracker:
         Raises:
             ValueError: ``cfg.name`` is neither ``mlflow`` nor ``none``.
         """
-        check_choice(cfg.name, TRACKERS, "tracking", hint="(tracking=mlflow or tracking=none)")
+        check_choice(cfg.name, TrackerName, "tracking", hint="(tracking=mlflow or tracking=none)")
         tracker = cls(run_dir, run_name)
         if cfg.name == "none":
             log.info("tracking=none: nothing is sent to MLflow; the run folder %s keeps the run", tracker.run_dir)

@@ -11,17 +11,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from brats_seg.choices import check_choice
-from brats_seg.config import LMSConfig, ModelConfig, TrainConfig, augment_preset, network_input_shape
+from brats_seg.config import LMSConfig, LMSStrategy, ModelConfig, TrainConfig, augment_preset, network_input_shape
 from brats_seg.model.checks import check_batch_size, check_input_shape, check_model_config, check_policy
 from brats_seg.model.topology import UNetTopology, unet_topology
 
 if TYPE_CHECKING:
     from brats_seg.lms.planner.step_time import CpuTimeModel
 
-__all__ = ["FIXED_STRATEGIES", "LMSOptions", "OPTIMIZER_SLOTS", "STRATEGIES", "Workload", "pipeline_batches"]
+__all__ = ["FIXED_STRATEGIES", "LMSOptions", "OPTIMIZER_SLOTS", "Workload", "pipeline_batches"]
 
-STRATEGIES = ("off", "recompute", "offload", "auto")  # per plan (`lms=` config group)
-FIXED_STRATEGIES = ("off", "recompute", "offload")  # the same policy for every block that allows it
+FIXED_STRATEGIES = ("off", "recompute", "offload")  # LMSStrategy but auto: one policy for every block that allows it
 
 # Optimizer -> float32 slot variables per trainable weight.
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "sgd": 0, "sgd_momentum": 1}
@@ -144,7 +143,7 @@ class LMSOptions:
     time_model: CpuTimeModel | None = None
 
     def __post_init__(self) -> None:
-        check_choice(self.strategy, STRATEGIES, "lms strategy")
+        check_choice(self.strategy, LMSStrategy, "lms strategy")
         if self.strategy == "offload" and not self.allow_offload:
             raise ValueError(
                 "lms=offload needs a GPU (on CPU, host memory is the device); use lms=recompute or lms=auto."
