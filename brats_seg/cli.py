@@ -26,7 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["CONFIG_DIR", "child_args", "child_command", "compose_config", "config_error_line", "given_override", "hydra_entry", "to_config", "user_errors"]
+__all__ = ["CONFIG_DIR", "child_args", "child_command", "compose_config", "config_error_line",
+           "given_override", "hydra_entry", "to_config", "user_errors"]
 
 log = logging.getLogger(__name__)
 

@@ -396,6 +396,82 @@ class StudyScriptConfig:
         "backend.log_level", "backend.intra_op_threads", "backend.inter_op_threads", "plan.*", "benchmark.*"])
     mlflow: bool = True  # log the charts and study.json into each run's MLflow run (artifacts study/)
 
+@dataclass
+class MemoryCalibrationConfig:
+    """Config of ``scripts/calibrate_memory.py``: this CPU's memory preset measured, fitted and judged."""
+
+    runs: int = 2  # benchmark runs per calibration point; the largest counts (the planner is to err high)
+    validation_runs: int = 3  # benchmark runs per validation point
+    fit_only: bool = False  # refit and report from the measurements on file; measure nothing
+    timeout_s: int = 1800  # seconds one benchmark run may take before the calibration stops
+    out: str = ""  # the preset file; empty = brats_seg/lms/presets/cpu_<kind>.json of this CPU's kind
+    cross_validate: bool = False  # leave each calibration configuration out in turn, fit, report its error; writes nothing
+    rule: dict[str, float] = field(default_factory=dict)  # with cross_validate: other values of MemoryModel rules, e.g. {backward_release_lag_layers:100}
+    under_weight: Optional[float] = None  # with cross_validate: the fit's weight of under-prediction; null = the calibration's own
+    target_bias: Optional[float] = None  # with cross_validate: how far above the measurements the fit aims; null = the calibration's own
+
+
+@dataclass
+class ScalingScriptConfig:
+    """Config of ``scripts/scaling.py``: data-parallel workers against one process on the same cores."""
+
+    resolution: ResolutionConfig = field(default_factory=ResolutionConfig)  # the grid both set-ups train at (resolution=half, or its keys)
+    depth: int = 3  # model.depth of both set-ups
+    filters: int = 16  # model.base_filters of both set-ups
+    batch: int = 2  # the global batch, split over the workers (a multiple of workers)
+    steps: int = 8  # steps per epoch; the second of two epochs is timed (the first traces the step)
+    cases: int = 24  # synthetic cases written: enough for steps x batch
+    workers: int = 2  # training processes of the data-parallel set-up (distribute=multi_worker)
+    threads: int = 1  # intra-op threads per worker; the single process gets workers x threads
+    out: str = ""  # also write the result here as JSON; empty = print it only
+
+
+@dataclass
+class InferencePeakConfig:
+    """Config of ``scripts/measure_inference_peak.py``: whole-volume inference's first-call memory against the planner."""
+
+    shape: List[int] = field(default_factory=list)  # required: the network grid (x, y, z), each divisible by 2^depth, e.g. [96,112,80]
+    depth: int = 3  # U-Net depth of the measured model
+    filters: int = 8  # U-Net base filters of the measured model
+    mirror: bool = True  # test-time mirroring as evaluation runs it; false = one pass
+
+
+@dataclass
+class MniGliomasScriptConfig:
+    """Config of ``scripts/make_mni_gliomas.py``: the MNI152 glioma dataset (brats2021 layout) written ahead of training."""
+
+    out: str = "data/mni_gliomas"  # the dataset root; complete cases already there are kept
+    n_cases: int = 20  # cases 0..n_cases-1 (about 8 s each)
+    seed: int = 0  # the same seed writes the same files
+
+
+@dataclass
+class OfficialMetricsCheckConfig:
+    """Config of ``scripts/check_official_metrics.py``: score.py against the official BraTS evaluation code."""
+
+    work: str = "/tmp/brats_official_check"  # scratch folder: the designed cases, the official code fetched, their outputs
+    n_cases: int = 10  # designed cases per label convention (brats2024, brats2023, brats2021, msd)
+    official: str = ""  # a folder holding brats_evaluation/ (an unpacked wheel, a site-packages); empty = installed here, else <work>/be/unpacked
+    metrics_2023: str = ""  # a clone of rachitsaluja/BraTS-2023-Metrics; empty = <work>/ref2023, else lesion23_* are not checked
+    download: bool = False  # fetch what is missing: brats-evaluation with pip download --no-deps, the 2023 code with git clone
+    expected: str = ""  # write the official values of the small cases to this JSON (tests' data) instead of checking
+
+
+@dataclass
+class DemoSeedsScriptConfig(TrainConfig):
+    """Config of ``scripts/demo_seeds.py``: ``make demo``'s recipe (experiment=demo) over seeds; every train.py key is passed on."""
+
+    seeds: Any = field(default_factory=lambda: [0, 1, 2])  # the seeds, an arm each: a list ([0,1,2]) or one seed (3)
+    out: str = "outputs/demo_seeds"  # the arms' run folders <out>/seed<seed>, their logs and demo_seeds.json
+
+
+@dataclass
+class AugmentProfileConfig:
+    """Config of ``scripts/profile_augment.py``: each transform of the nnunet augmentation preset alone, on one volume."""
+
+    resolution: ResolutionConfig = field(default_factory=ResolutionConfig)  # random data of its network grid (resolution.shape)
+
+
 
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore, the ``or_else`` resolver that lets
@@ -418,6 +494,13 @@ def register_configs() -> None:
     cs.store(name="score_schema", node=ScoreScriptConfig)
     cs.store(name="step_time_schema", node=StepTimeCalibrationConfig)
     cs.store(name="study_schema", node=StudyScriptConfig)
+    cs.store(name="memory_calibration_schema", node=MemoryCalibrationConfig)
+    cs.store(name="scaling_schema", node=ScalingScriptConfig)
+    cs.store(name="inference_peak_schema", node=InferencePeakConfig)
+    cs.store(name="mni_gliomas_schema", node=MniGliomasScriptConfig)
+    cs.store(name="official_metrics_schema", node=OfficialMetricsCheckConfig)
+    cs.store(name="demo_seeds_schema", node=DemoSeedsScriptConfig)
+    cs.store(name="augment_profile_schema", node=AugmentProfileConfig)
 
 
 def config_to_dict(cfg) -> dict:

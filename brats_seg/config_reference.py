@@ -179,7 +179,8 @@ class _Walk:
             rows.append(FieldDoc(
                 key=full, name=f.name, type=_type_text(f),
                 default="" if hint in self.classes else _default(f),
-                comment=comments.get((cls.__name__, f.name), ""),
+                comment=next((comments[(c.__name__, f.name)] for c in cls.__mro__  # an inherited field: its base's words
+                              if (c.__name__, f.name) in comments), ""),
                 choices=tuple(str(m.value) for m in closed) if closed else (),
                 group=self.keys.get(hint, "") if hint in self.classes else "",
             ))

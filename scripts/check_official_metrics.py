@@ -28,12 +28,19 @@ axis's own voxel size (README "Metrics": SimpleITK's ``(k, j, i)`` array with th
 ``(i, j, k)`` spacing).
 
 ``expected=<json>`` instead writes the official values of a few small anisotropic cases
-(:func:`small_cases`) to ``<json>``, the test data of tests/unit/test_official_metrics.py.
+(:func:`brats_seg.evaluation.official_cases.small_case`) to ``<json>``, the test data of
+tests/unit/test_official_metrics.py. The cases are :mod:`brats_seg.evaluation.official_cases`'s.
 
 The 2023 code predates numpy 2 and pandas 2; three shims make it run unchanged
 (``np.Inf``, ``DataFrame.append``, ``DataFrame.replace`` on a frame with a column of arrays).
 Labels are mapped to its 1 NCR / 2 ED / 3 ET convention first; RC is scored as the ET of
 a file holding only RC.
+
+The official codes run in child processes of this script (``--child official|2023 <json>``,
+:func:`brats_seg.cli.child_command`), not as Hydra commands: each child must import the official
+code from the folder its parent found (first on its ``PYTHONPATH``: the unpacked package, the
+clone with its own vendored ``surface_distance``) rather than from anything installed, and the
+brats-seg package never imports that code.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import csv
 import io
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -50,216 +58,34 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
-import scipy.ndimage as ndi
-from nibabel import orientations as ornt
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from brats_seg.data.labels import LABELS, region_label_values  # noqa: E402
-from brats_seg.data.phantoms.synthetic import case_files, write_synthetic_dataset  # noqa: E402
-from brats_seg.files import atomic_dir, atomic_path, write_text_atomic  # noqa: E402
+from brats_seg.cli import child_args, child_command, hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
+from brats_seg.data.labels import region_label_values
+from brats_seg.evaluation.official_cases import SMALL_CASES, write_designed_cases, write_small_cases
+from brats_seg.files import atomic_dir, atomic_path, write_text_atomic
+
+register_configs()
+REPO = Path(__file__).resolve().parents[1]  # score.py is run here
 
 LAYOUTS = ("brats2024", "brats2023", "brats2021", "msd")
 BRATS_EVALUATION = "brats-evaluation==0.0.10"
 METRICS_2023 = "https://github.com/rachitsaluja/BraTS-2023-Metrics"
 OFFICIAL_CONFIG = Path("brats_evaluation") / "configs" / "config_gli.yaml"
 
-SHAPE = (72, 80, 56)  # voxels: small enough to score quickly, large enough for several lesions
-# Voxel sizes (x, y, z) mm of the cases, in turn; all but 1 mm differ on at least two axes.
-SPACINGS = ((1.0, 1.0, 1.0), (1.2, 0.9, 2.0), (0.9, 1.1, 1.5), (1.0, 1.0, 1.0), (0.8, 1.0, 3.0),
-            (1.5, 0.7, 1.1), (0.9375, 0.9375, 2.5))
-# How the files store the voxels, in turn: nibabel axis codes of the stored axes (i, j, k).
-STORAGES = ("RAS", "LPS", "ASL")
-
 # Tolerances of the comparison: values and distances (mm).
 TOL, TOL_MM = 1e-6, 1e-4
 
 
-# --- case design ------------------------------------------------------------------------
-
-def ball(shape, c, r, spacing):
-    zz = np.indices(shape).astype(float)
-    d = sum(((zz[i] - c[i]) * spacing[i] / r[i]) ** 2 for i in range(3))
-    return d <= 1.0
-
-
-def lesion(shape, c, r_mm, spacing, lab):
-    """WT ellipsoid: edema shell, core with ET rim and necrotic centre."""
-    out = np.zeros(shape, np.uint8)
-    out[ball(shape, c, r_mm, spacing)] = lab["edema"]
-    core = ball(shape, c, [x * 0.6 for x in r_mm], spacing)
-    out[core] = lab["et"]
-    out[ball(shape, c, [x * 0.35 for x in r_mm], spacing)] = lab["core"]
-    return out
-
-
-def paint(dst, src):
-    dst[src > 0] = src[src > 0]
-
-
-def perturb(label, rng):
-    """A plausible prediction of ``label``: per-label dilate/erode, a shift."""
-    out = np.zeros_like(label)
-    for v in sorted(np.unique(label))[1:]:
-        m = label == v
-        op = rng.integers(0, 3)
-        if op == 1:
-            m = ndi.binary_dilation(m)
-        elif op == 2:
-            m = ndi.binary_erosion(m)
-        out[m] = v
-    return np.roll(out, tuple(rng.integers(-1, 2, 3)), axis=(0, 1, 2))
-
-
-def design(i, layout, rng):
-    """Case ``i``: reference and prediction ``(x, y, z)`` in RAS, and the voxel size."""
-    t = LABELS[layout]
-    lab = {"edema": t.edema, "core": t.core, "et": t.enhancing}
-    spacing = SPACINGS[i % len(SPACINGS)]
-    ref = np.zeros(SHAPE, np.uint8)
-    pred = np.zeros(SHAPE, np.uint8)
-    s = i % 10
-    if s in (0, 1, 2, 5, 6, 9):
-        centres = [(20, 22, 18), (50, 55, 36), (52, 20, 20)][: 2 + (s % 2)]
-        for c in centres:
-            r = rng.uniform(6, 11, 3)
-            paint(ref, lesion(SHAPE, c, r, spacing, lab))
-        pred = perturb(ref, rng)
-        if s in (1, 6):  # a missed lesion
-            pred[40:, 40:, :] = 0
-        if s in (2, 6, 9):  # false positives: one large, one small blob
-            paint(pred, lesion(SHAPE, (60, 60, 10), (5, 5, 5), spacing, lab))
-            pred[5:7, 70:72, 45:47] = lab["et"]
-        if s in (5, 9):  # reference lesions under the 50 mm3 threshold, one found, one missed
-            ref[64:66, 8:10, 48:50] = lab["edema"]
-            pred[64:66, 8:10, 48:50] = lab["edema"]
-            ref[10:12, 66:68, 4:6] = lab["et"]
-    elif s == 3:  # lesions 2-3 voxels apart: merged by the 2023 dilation
-        paint(ref, lesion(SHAPE, (25, 40, 28), (7, 7, 7), spacing, lab))
-        paint(ref, lesion(SHAPE, (42, 40, 28), (7, 7, 7), spacing, lab))
-        pred = perturb(ref, rng)
-        pred[33:35, 37:43, 25:31] = lab["edema"]  # predicted as one lesion
-    elif s == 4:  # empty prediction
-        paint(ref, lesion(SHAPE, (30, 30, 25), (9, 8, 7), spacing, lab))
-    elif s == 7:  # empty reference, false positives
-        paint(pred, lesion(SHAPE, (30, 30, 25), (6, 6, 6), spacing, lab))
-    # s == 8: both empty
-    if t.cavity is not None:
-        if s in (0, 2, 3, 5):
-            ref[5:15, 60:70, 5:12] = t.cavity
-            pred[6:15, 60:71, 5:12] = t.cavity
-        if s in (1, 6):
-            ref[5:15, 60:70, 5:12] = t.cavity  # missed cavity
-        if s in (7, 9):
-            pred[60:66, 5:12, 40:50] = t.cavity  # false-positive cavity
-    return ref, pred, spacing
-
-
-def fold_cavity(labels):
-    """brats2024 -> brats2023: the resection cavity (4) becomes necrosis (1)."""
-    return np.where(labels == 4, 1, labels).astype(np.uint8)
-
-
-# The small cases of the CI test: voxel size (x, y, z) mm and storage; see small_case.
-SMALL_SHAPE = (30, 34, 20)
-SMALL_CASES = (((1.2, 0.9, 2.0), "LPS"), ((0.8, 1.1, 1.6), "RAS"), ((1.5, 0.7, 1.1), "ASL"))
-
-
-def small_case(index: int, layout: str):
-    """Small case ``index`` of :data:`SMALL_CASES` in ``layout`` (brats2024 or brats2023):
-    reference and prediction ``(x, y, z)`` in RAS, voxel size, storage. No random numbers:
-    the cases are the same on every machine and numpy version.
-
-    Three reference lesions (each with edema, ET and necrosis, so WT, TC and ET have three
-    lesions) and a small one the prediction misses; the prediction moves one lesion by a
-    voxel along x, grows one, moves and shrinks one, adds a false-positive lesion; the
-    resection cavity is predicted one voxel off along y (folded into label 1 in brats2023).
-    """
-    spacing, storage = SMALL_CASES[index]
-    lab = {"edema": 2, "core": 1, "et": 3}
-    ref = np.zeros(SMALL_SHAPE, np.uint8)
-    pred = np.zeros(SMALL_SHAPE, np.uint8)
-    lesions = (((8, 9, 6), (6.0, 5.0, 5.0)), ((20, 23, 12), (7.0, 6.5, 6.0)), ((22, 8, 6), (4.5, 5.0, 4.5)))
-    moves = (((1, 0, 0), 1.0), ((0, 0, 0), 1.15), ((0, 1, 1), 0.85))  # centre shift (voxels), radius scale
-    for (c, r), (shift, scale) in zip(lesions, moves):
-        paint(ref, lesion(SMALL_SHAPE, c, r, spacing, lab))
-        paint(pred, lesion(SMALL_SHAPE, tuple(a + b for a, b in zip(c, shift)), tuple(x * scale for x in r),
-                           spacing, lab))
-    paint(ref, lesion(SMALL_SHAPE, (5, 28, 15), (3.0, 3.0, 3.0), spacing, lab))  # missed
-    paint(pred, lesion(SMALL_SHAPE, (26, 29, 4), (3.5, 3.5, 3.5), spacing, lab))  # false positive
-    ref[2:6, 24:29, 14:18] = np.where(ref[2:6, 24:29, 14:18] == 0, 4, ref[2:6, 24:29, 14:18])
-    pred[2:6, 25:30, 14:18] = np.where(pred[2:6, 25:30, 14:18] == 0, 4, pred[2:6, 25:30, 14:18])
-    if layout == "brats2023":
-        ref, pred = fold_cavity(ref), fold_cavity(pred)
-    elif layout != "brats2024":
-        raise ValueError(f"small cases are brats2024 or brats2023, not {layout!r}")
-    return ref, pred, spacing, storage
-
-
-# --- files ------------------------------------------------------------------------------
-
-def save(path: Path, data_ras: np.ndarray, spacing, storage: str, dtype=np.uint8) -> None:
-    """Write ``data_ras`` ``(x, y, z)`` (voxel size ``spacing``) stored as ``storage`` (e.g.
-    ``LPS``: i runs to the left, j to the back, k up), qform and sform both set."""
-    affine = np.diag([*spacing, 1.0])
-    affine[:3, 3] = -np.asarray(spacing) * (np.asarray(data_ras.shape[:3]) - 1) / 2  # centred
-    img = nib.Nifti1Image(np.asarray(data_ras, dtype=dtype), affine)
-    if storage != "RAS":
-        img = img.as_reoriented(ornt.ornt_transform(ornt.axcodes2ornt("RAS"), ornt.axcodes2ornt(tuple(storage))))
-    stored = img.affine
-    img = nib.Nifti1Image(np.asarray(img.dataobj, dtype=dtype), stored)
-    img.set_qform(stored, code=1)
-    img.set_sform(stored, code=1)
-    with atomic_path(path) as tmp:  # read by score.py and the official code
-        nib.save(img, str(tmp))
-
-
-def write_small_cases(root: Path, preds: Path, layout: str) -> list[dict]:
-    """The small cases as a BraTS-layout dataset (label files; the images are zeros, scoring
-    never reads them) and ``<preds>/<case_id>.nii.gz`` masks; returns their file table."""
-    cases = []
-    for i in range(len(SMALL_CASES)):
-        ref, pred, spacing, storage = small_case(i, layout)
-        files = case_files(root, layout, i)
-        for key, path in files.items():
-            if key != "seg":
-                save(path, np.zeros(SMALL_SHAPE), spacing, storage, dtype=np.int16)
-        save(files["seg"], ref, spacing, storage)
-        cid = files["seg"].parent.name
-        save(preds / f"{cid}.nii.gz", pred, spacing, storage)
-        cases.append({"case_id": cid, "ref": str(files["seg"]), "pred": str(preds / f"{cid}.nii.gz"),
-                      "voxel_mm": list(spacing), "storage": storage})
-    return cases
-
-
-def build(work: Path, layout: str, n: int) -> tuple[Path, Path, list[dict]]:
-    root, preds = work / layout / "ref", work / layout / "pred"
-    source = "brats2024" if layout == "brats2023" else layout
-    ids = write_synthetic_dataset(root, layout, n_cases=n, seed=1)  # images; the labels are replaced
-    rng = np.random.default_rng(7)
-    cases = []
-    for i, cid in enumerate(ids):
-        ref, pred, spacing = design(i, source, rng)
-        if layout == "brats2023":
-            ref, pred = fold_cavity(ref), fold_cavity(pred)
-        storage = STORAGES[i % len(STORAGES)]
-        seg = case_files(root, layout, i)["seg"]
-        save(seg, ref, spacing, storage)
-        save(preds / f"{cid}.nii.gz", pred, spacing, storage)
-        cases.append({"case_id": cid, "ref": str(seg), "pred": str(preds / f"{cid}.nii.gz"),
-                      "voxel_mm": list(spacing), "storage": storage})
-    return root, preds, cases
-
-
 # --- the official codes: where they are --------------------------------------------------
 
-def find_official(work: Path, args: dict, download: bool) -> Path:
-    """The folder holding the ``brats_evaluation`` package (put first on ``sys.path``)."""
-    if "official" in args:
-        folder = Path(args["official"]).expanduser().resolve()
+def find_official(work: Path, official: str, download: bool) -> Path:
+    """The folder holding the ``brats_evaluation`` package (first on the child's ``PYTHONPATH``)."""
+    if official:
+        folder = Path(official).expanduser().resolve()
         if not (folder / "brats_evaluation").is_dir():
-            raise SystemExit(f"error: official={folder} holds no brats_evaluation/ folder: pass an unpacked "
-                             f"{BRATS_EVALUATION} wheel or the site-packages it is installed in.")
+            raise FileNotFoundError(f"official={folder} holds no brats_evaluation/ folder: pass an unpacked "
+                                    f"{BRATS_EVALUATION} wheel or the site-packages it is installed in.")
         return folder
     installed = subprocess.run([sys.executable, "-c", "import brats_evaluation, os; "
                                 "print(os.path.dirname(os.path.dirname(brats_evaluation.__file__)))"],
@@ -270,8 +96,9 @@ def find_official(work: Path, args: dict, download: bool) -> Path:
     unpacked = be / "unpacked"  # whole or absent: an interrupted unpacking is never taken for the package
     if not (unpacked / "brats_evaluation").is_dir():
         if not download:
-            raise SystemExit(f"error: brats-evaluation is not installed here, and not in {unpacked}: pass official="
-                             f"<folder holding brats_evaluation/>, or download=true to fetch {BRATS_EVALUATION} with pip.")
+            raise FileNotFoundError(f"brats-evaluation is not installed here, and not in {unpacked}: pass official="
+                                    f"<folder holding brats_evaluation/>, or download=true to fetch {BRATS_EVALUATION} "
+                                    "with pip.")
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(be), BRATS_EVALUATION],
                        check=True)
         with atomic_dir(unpacked) as tmp:
@@ -279,19 +106,19 @@ def find_official(work: Path, args: dict, download: bool) -> Path:
     return unpacked
 
 
-def find_2023(work: Path, args: dict, download: bool) -> Path | None:
+def find_2023(work: Path, metrics_2023: str, download: bool) -> Path | None:
     """A clone of BraTS-2023-Metrics, or None (its comparison is then skipped)."""
-    if "metrics_2023" in args and (Path(args["metrics_2023"]) / "metrics.py").is_file():
-        return Path(args["metrics_2023"]).resolve()
+    if metrics_2023 and (Path(metrics_2023) / "metrics.py").is_file():
+        return Path(metrics_2023).resolve()
     clone = work / "ref2023"
     if (clone / "metrics.py").is_file():
         return clone
     if not download:
         return None
-    source = args.get("metrics_2023", METRICS_2023)
+    source = metrics_2023 or METRICS_2023
     with atomic_dir(clone) as tmp:  # an interrupted clone is never taken for a whole one
         if subprocess.run(["git", "clone", "-q", source, str(tmp)]).returncode != 0:
-            raise SystemExit(f"error: could not clone {source}; pass metrics_2023=<a local clone of "
+            raise ValueError(f"could not clone {source}; pass metrics_2023=<a local clone of "
                              "rachitsaluja/BraTS-2023-Metrics>.")
     return clone
 
@@ -363,12 +190,12 @@ def _config_differences(official_ev, layout: str) -> list[str]:
 
 
 def run_official(official: Path, cfg: str, cases: str, out: str, layout: str) -> None:
-    """brats-evaluation on the file paths (what it does), and, for comparison, panoptica on
-    nibabel's (x, y, z) arrays with each axis's own voxel size."""
+    """In the child (``official`` first on its ``PYTHONPATH``): brats-evaluation on the file paths
+    (what it does), and, for comparison, panoptica on nibabel's (x, y, z) arrays with each axis's
+    own voxel size."""
     import contextlib
     import warnings
 
-    sys.path.insert(0, str(official))
     warnings.filterwarnings("ignore")
     from brats_evaluation.evaluation import evaluate_single_exam
     from panoptica import Panoptica_Evaluator
@@ -394,13 +221,15 @@ def run_official(official: Path, cfg: str, cases: str, out: str, layout: str) ->
     write_text_atomic(out, json.dumps(res, default=float))
 
 
-def run_2023(work: Path, cases: str, out: str, layout: str) -> None:
+def run_2023(cases: str, out: str, layout: str) -> None:
+    """In the child (the clone first on its ``PYTHONPATH``: its own ``metrics`` and vendored
+    ``surface_distance``): the BraTS 2023 lesion-wise code on the files, labels mapped to its
+    convention."""
     import tempfile
     import warnings
 
     import pandas as pd
 
-    sys.path.insert(0, str(work))  # the clone: its own vendored surface_distance first
     warnings.filterwarnings("ignore")
     np.Inf = np.inf
     pd.DataFrame.append = lambda self, other: pd.concat([self, other])
@@ -488,13 +317,19 @@ def score(preds: Path, root: Path, layout: str) -> None:
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "score.py"), f"pred_dir={preds}", f"ref_dir={root}",
                            f"data={layout}"], cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"error: score.py failed on {preds}:\n{done.stdout}{done.stderr}")
+        raise ValueError(f"score.py failed on {preds}:\n{done.stdout}{done.stderr}")
+
+
+def _child(role: str, first_on_path: Path, **args) -> None:
+    """This script as a child running ``role`` with ``first_on_path`` ahead of site-packages."""
+    path = os.pathsep.join(p for p in (str(first_on_path), os.environ.get("PYTHONPATH", "")) if p)
+    subprocess.run(child_command(Path(__file__).resolve(), role, **args), check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "PYTHONPATH": path})
 
 
 def run_official_subprocess(official: Path, cfg: Path, cases_json: Path, out: Path, layout: str) -> dict:
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "_official", f"official={official}",
-                    f"cfg={cfg}", f"cases={cases_json}", f"out={out}", f"layout={layout}"], check=True,
-                   stdout=subprocess.DEVNULL)
+    _child("official", official, official=str(official), cfg=str(cfg), cases=str(cases_json), out=str(out),
+           layout=layout)
     return json.loads(out.read_text())
 
 
@@ -535,35 +370,26 @@ def write_expected(path: Path, work: Path, official: Path, argv: list[str]) -> i
     return 1 if failed else 0
 
 
-def main(argv: list[str]) -> int:
-    args = dict(a.split("=", 1) for a in argv if "=" in a)
-    if argv and argv[0] == "_official":
-        run_official(Path(args["official"]), args["cfg"], args["cases"], args["out"], args["layout"])
-        return 0
-    if argv and argv[0] == "_2023":
-        run_2023(Path(args["clone"]), args["cases"], args["out"], args["layout"])
-        return 0
-    work = Path(args.get("work", "/tmp/brats_official_check")).resolve()
-    download = args.get("download", "false").lower() in ("1", "true", "yes")
-    official = find_official(work, args, download)
-    if "expected" in args:
-        return write_expected(Path(args["expected"]), work, official, argv)
-    clone_2023 = find_2023(work, args, download)
-    n = int(args.get("n_cases", 10))
-    me = [sys.executable, str(Path(__file__).resolve())]
+def check(conf, argv: list[str]) -> int:
+    """The check (or, ``expected=``, the test data) of :class:`brats_seg.config.OfficialMetricsCheckConfig`;
+    exit status 1 if a value or the evaluator's configuration differs beyond the tolerances."""
+    work = Path(conf.work).expanduser().resolve()
+    official = find_official(work, conf.official, conf.download)
+    if conf.expected:
+        return write_expected(Path(conf.expected), work, official, argv)
+    clone_2023 = find_2023(work, conf.metrics_2023, conf.download)
     failed = False
     if clone_2023 is None:
         print("no clone of BraTS-2023-Metrics (pass metrics_2023=<clone> or download=true): lesion23_* not checked")
     for layout in LAYOUTS:
-        root, preds, cases = build(work, layout, n)
+        root, preds, cases = write_designed_cases(work, layout, conf.n_cases)
         wd = work / layout
         write_text_atomic(wd / "cases.json", json.dumps(cases))
         score(preds, root, layout)
         result = run_official_subprocess(official, official_config(official, work, layout),
                                          wd / "cases.json", wd / "official.json", layout)
         if clone_2023 is not None:
-            subprocess.run([*me, "_2023", f"clone={clone_2023}", f"cases={wd / 'cases.json'}",
-                            f"out={wd / 'ref2023.json'}", f"layout={layout}"], check=True, stdout=subprocess.DEVNULL)
+            _child("2023", clone_2023, cases=str(wd / "cases.json"), out=str(wd / "ref2023.json"), layout=layout)
         if layout == LAYOUTS[0]:
             print("versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()))
         sizes = sorted({tuple(c["voxel_mm"]) for c in cases})
@@ -588,5 +414,29 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+@hydra_entry("../configs", "check_official_metrics")
+def main(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    conf = to_config(cfg)
+    with user_errors("the check"):
+        status = check(conf, list(HydraConfig.get().overrides.task))
+    if status:
+        raise SystemExit(status)
+
+
+def child(role: str, args: dict) -> None:
+    """A child process :func:`_child` started: one official code's values, written to ``args["out"]``."""
+    if role == "official":
+        run_official(Path(args["official"]), args["cfg"], args["cases"], args["out"], args["layout"])
+    elif role == "2023":
+        run_2023(args["cases"], args["out"], args["layout"])
+    else:
+        sys.exit(f"error: unknown child role {role!r}")
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    if (request := child_args()) is not None:
+        child(*request)
+    else:
+        main()

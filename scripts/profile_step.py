@@ -19,105 +19,29 @@ after one warm-up step, and prints:
   the norms and the loss show with their share.
 
 Percentages are of the summed op time. Run on an otherwise idle machine.
+
+The command line is the benchmark's (``configs/benchmark.yaml``, checked here before the child
+starts). The child is this script again (``--child profile <json>``, :func:`brats_seg.cli.child_command`),
+not a Hydra command: ``ONEDNN_VERBOSE`` must be set before TensorFlow loads and its lines must go to
+the child's own stdout; it composes the same config from the overrides its parent passes.
+The work is :mod:`brats_seg.benchmark.profile`'s.
 """
 
 from __future__ import annotations
 
-import collections
-import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from hydra.core.hydra_config import HydraConfig
 
-MARK = "PROFILE_STEPS"
+from brats_seg.cli import child_args, child_command, compose_config, hydra_entry, to_config, user_errors
+from brats_seg.config import register_configs
 
-
-def _child(overrides: list[str], logdir: str) -> None:
-    """Build the step as the benchmark does, measure SGEMM, then profile ``benchmark.steps`` steps."""
-    from hydra import compose, initialize_config_dir
-
-    from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        conf = to_config(compose(config_name="benchmark", overrides=overrides))
-    from benchmark import build_benchmark_step, measure_sgemm_flops
-
-    from brats_seg.resolve import resolve_run
-
-    conf = resolve_run(conf, training=False).config  # outputs derived, values checked: once
-    step, run_once = build_benchmark_step(conf, Path(tempfile.mkdtemp(dir=logdir)))
-    import tensorflow as tf
-
-    sgemm = measure_sgemm_flops()
-    run_once()  # trace, warm up
-    run_once()
-    print(f"{MARK} BEGIN", flush=True)
-    tf.profiler.experimental.start(logdir)
-    times = []
-    for _ in range(max(conf.benchmark.steps, 1)):
-        t0 = time.perf_counter()
-        run_once()
-        times.append(time.perf_counter() - t0)
-    tf.profiler.experimental.stop()
-    print(f"{MARK} END", flush=True)
-    print(f"{MARK} RESULT " + json.dumps({"step_s": times, "sgemm_flops_per_s": sgemm, "flops": step["flops"]}),
-          flush=True)
-
-
-def _onednn_times(lines: list[str]) -> dict[str, float]:
-    """Seconds per ``kind impl`` (reorders: ``reorder src->dst``) from profile_exec lines."""
-    out: dict[str, float] = collections.defaultdict(float)
-    for line in lines:
-        if not line.startswith("onednn_verbose") or ",exec," not in line:
-            continue
-        parts = line.strip().split(",")
-        try:
-            ms = float(parts[-1])
-            i = parts.index("exec")
-            kind, impl, prop = parts[i + 2], parts[i + 3], parts[i + 4]
-        except (ValueError, IndexError):
-            continue
-        if kind == "reorder":
-            mds = [p for p in parts if p.startswith(("src:", "dst:"))]
-            label = "reorder " + " -> ".join(m.split(":")[1] + ":" + m.split(":")[3] for m in mds[:2])
-        else:
-            label = f"{kind} {prop} {impl}"
-        out[label] += ms / 1000.0
-    return dict(out)
-
-
-def _tf_op_times(logdir: str) -> dict[str, float]:
-    """Seconds per TensorFlow op type summed over the host threads of the trace."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    out: dict[str, float] = collections.defaultdict(float)
-    for path in Path(logdir).rglob("*.xplane.pb"):
-        space = xplane_pb2.XSpace()
-        space.ParseFromString(path.read_bytes())
-        for plane in space.planes:
-            if not plane.name.startswith("/host:CPU"):
-                continue
-            names = {k: m.name for k, m in plane.event_metadata.items()}
-            for line in plane.lines:
-                if "TraceMe" in line.name or "python" in line.name.lower():
-                    continue
-                for event in line.events:
-                    name = names.get(event.metadata_id, "")
-                    # TF op events are "name:Type"; "Scope::Event" ones (ExecutorState::Process,
-                    # Iterator::Prefetch, ...) enclose ops or are tf.data's and would count twice.
-                    if ":" not in name or "::" in name:
-                        continue
-                    out[name.rsplit(":", 1)[1]] += event.duration_ps / 1e12
-    return dict(out)
+register_configs()
+REPO = Path(__file__).resolve().parents[1]  # the child runs here, as the benchmark's points do
 
 
 def _print_table(title: str, times: dict[str, float], total: float, top: int = 40) -> None:
@@ -126,25 +50,24 @@ def _print_table(title: str, times: dict[str, float], total: float, top: int = 4
         print(f"  {seconds:8.2f} s  {100 * seconds / total:5.1f}%  {label}")
 
 
-def main(argv: list[str]) -> None:
-    if argv and argv[0] == "--child":
-        _child(argv[2:], argv[1])
-        return
-    with tempfile.TemporaryDirectory() as logdir:
+@hydra_entry("../configs", "benchmark")
+def main(cfg) -> None:
+    from brats_seg.benchmark.profile import read_profile
+
+    to_config(cfg)  # the overrides are checked here; the child composes them again
+    overrides = list(HydraConfig.get().overrides.task)
+    with user_errors(), tempfile.TemporaryDirectory() as logdir:
         env = {**os.environ, "ONEDNN_VERBOSE": "profile_exec", "TF_CPP_MIN_LOG_LEVEL": "2"}
-        proc = subprocess.run([sys.executable, __file__, "--child", logdir, *argv], capture_output=True, text=True,
-                              env=env, cwd=REPO)
+        proc = subprocess.run(child_command(Path(__file__).resolve(), "profile", overrides=overrides, logdir=logdir),
+                              capture_output=True, text=True, env=env, cwd=REPO)
         if proc.returncode != 0:
             sys.exit(f"profiling failed:\n{proc.stderr[-3000:]}")
-        lines = proc.stdout.splitlines()
-        begin, end = lines.index(f"{MARK} BEGIN"), lines.index(f"{MARK} END")
-        result = json.loads(next(line for line in lines if line.startswith(f"{MARK} RESULT")).split(" ", 2)[2])
-        onednn = _onednn_times(lines[begin:end])
-        tf_ops = _tf_op_times(logdir)
+        result = read_profile(proc.stdout, logdir)
+    onednn, tf_ops = result["onednn"], result["tf_ops"]
     steps = len(result["step_s"])
     step_s = sum(result["step_s"]) / steps
     flops = result["flops"]
-    print(f"{' '.join(argv)}")
+    print(f"{' '.join(overrides)}")
     print(f"step {step_s:.2f} s ({', '.join(f'{t:.2f}' for t in result['step_s'])}), {flops / 1e12:.2f} TFLOP: "
           f"{flops / step_s / 1e9:.0f} GFLOP/s; SGEMM 4096^2 float32, same threads: "
           f"{result['sgemm_flops_per_s'] / 1e9:.0f} GFLOP/s -> {flops / step_s / result['sgemm_flops_per_s']:.0%}")
@@ -157,5 +80,17 @@ def main(argv: list[str]) -> None:
                  op_total / steps)
 
 
+def child(role: str, args: dict) -> None:
+    """The profiled step, in the child process ``main`` started."""
+    from brats_seg.benchmark.profile import profile_child
+
+    if role != "profile":
+        sys.exit(f"error: unknown child role {role!r}")
+    profile_child(compose_config("benchmark", args["overrides"]), args["logdir"])
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if (request := child_args()) is not None:
+        child(*request)
+    else:
+        main()

@@ -13,6 +13,8 @@ Two subpackages, one rule between them:
 
 Arrows point from runtime to planner (the wrapper takes the planner's policy names), never
 back. ``presets/cpu_<kind>.json`` are the calibrated coefficients per CPU kind that
-``scripts/calibrate_memory.py`` writes and :mod:`brats_seg.lms.planner.memory_model` reads.
+:mod:`brats_seg.lms.calibration` (``scripts/calibrate_memory.py``) measures, fits and writes and
+:mod:`brats_seg.lms.planner.memory_model` reads; the calibration runs the benchmark in processes
+of its own, so it imports no TensorFlow either.
 Nothing is imported here, so importing the planner never pulls in TensorFlow.
 """

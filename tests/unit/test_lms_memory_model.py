@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from brats_seg.lms.calibration import predict  # the calibration's own prediction, as it fitted
 from brats_seg.lms.planner.memory_model import (
     BASE_PRESETS,
     CPU_MEMORY_MODELS,
@@ -32,8 +32,6 @@ from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig, estimate, netw
 # +17.6% before its third run; docs/lms_calibration.md). Every point, fitted or not,
 # is within the preset's planning margin, the share of lms.limit a plan keeps free.
 UNDER, OVER = -0.08, 0.30
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from calibrate_memory import predict  # noqa: E402  the script's own prediction, as it fitted
 PRESET_FILES = sorted(PRESET_DIR.glob("cpu_*.json"))
 POINTS = [(f, key) for f in PRESET_FILES for key, e in json.loads(f.read_text())["points"].items()
           if not key.endswith("lms=auto")]

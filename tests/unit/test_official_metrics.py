@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,7 @@ from brats_seg.evaluation.scoring import score_masks
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = REPO / "tests" / "data" / "official_metrics" / "anisotropic_cases.json"
-sys.path.insert(0, str(REPO / "scripts"))
-from check_official_metrics import SMALL_CASES, write_small_cases  # noqa: E402  the cases the values are of
+from brats_seg.evaluation.official_cases import SMALL_CASES, write_small_cases  # the cases the values are of
 
 DOC = json.loads(EXPECTED.read_text())
 TOL, TOL_MM = 1e-6, 1e-4  # values; distances (mm)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
 from brats_seg.plots import plot_benchmark_sweep, plot_resolution_study
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _record(shape, precision, strategy, voxels_per_s, measured, predicted, flops, sgemm):
@@ -46,8 +41,7 @@ def test_resolution_chart_has_a_group_per_resolution(tmp_path):
 
 
 def test_sweep_files_name_their_axes(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    from benchmark import _sweep_spec
+    from brats_seg.benchmark.sweep import load_sweep_spec as _sweep_spec
 
     path, spec = _sweep_spec("readme")
     assert path.name == "readme.yaml" and set(spec["axes"]) == {"resolution.shape", "backend.precision", "lms"}

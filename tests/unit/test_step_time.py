@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ from brats_seg.lms.planner.step_time import (UNCALIBRATED_FACTOR, CpuTimeModel, 
                                              cpu_time_model, fit_coefficients, load_time_presets, step_features)
 from brats_seg.lms.planner.workload import LMSOptions, Workload
 
-REPO = Path(__file__).resolve().parents[2]
 SHAPE = (64, 64, 48)
 
 
@@ -130,8 +128,7 @@ def test_the_cpu_options_carry_this_cpus_model():
 
 
 def test_onednn_verbose_lines_are_summed_per_primitive_kind():
-    sys.path.insert(0, str(REPO / "scripts"))
-    from benchmark import onednn_profile
+    from brats_seg.benchmark.onednn import onednn_profile
 
     text = "\n".join([
         "onednn_verbose,v1,info,cpu,runtime:threadpool",
