@@ -28,7 +28,14 @@
     evaluate           a run's held-out split end to end: evaluate_run, continuing where a stopped
                        evaluation left off (each case's record in eval/<split>/cases/)
     study              a sweep's runs grouped into arms, mean ± std over seeds, time to a given
-                       validation Dice: compute_study (plain values; scripts/study.py reads the runs)
+                       validation Dice: compute_study (plain values)
+    study_run          a study's run folders found, evaluated where a set is missing, read, written,
+                       drawn and logged: run_study (scripts/study.py), and run_logged, the one way
+                       a driver runs a command into a log
+    demo_seeds         make demo's recipe trained and evaluated per seed, mean ± std:
+                       run_demo_seeds (scripts/demo_seeds.py)
+    official_cases     the designed multi-lesion cases score.py is checked on against the official
+                       BraTS code (scripts/check_official_metrics.py; the small ones are test data)
     export             a run's model as a TensorFlow SavedModel that serves without brats_seg
                        (signature serving_default: image -> probabilities) and its
                        preprocessing.json: export_run, describe_export

@@ -7,7 +7,6 @@ import json
 import math
 import random
 import statistics
-import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -15,14 +14,13 @@ import pytest
 
 from brats_seg.config import DataConfig, ResolutionConfig, StudyScriptConfig, TrainConfig
 from brats_seg.files import is_temporary, write_text_atomic
+from brats_seg.evaluation import study_run as study_script  # what scripts/study.py runs
 from brats_seg.evaluation.study import compute_time_to_reach, compute_timeline
 from brats_seg.run_dir import RunFolder
 from brats_seg.sweeps import sweep_dirname
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
-sys.path.insert(0, str(REPO / "scripts"))
-import study as study_script  # noqa: E402  (scripts/study.py)
 
 REGIONS = ("wt", "tc", "et")
 HALF = ResolutionConfig(name="half", spacing_mm=2.0, shape=[96, 112, 80])

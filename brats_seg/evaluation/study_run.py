@@ -1,0 +1,272 @@
+"""A study's analysis run end to end: its run folders found, evaluated where a set is missing,
+read, compared, written, drawn and logged (``scripts/study.py``).
+
+:func:`run_study` finds every run folder under the study's folder (a training run's config and
+state), runs ``scripts/evaluate.py`` for a finished run that lacks a requested set (one after
+another, each logged to ``<dir>/logs/``), reads the summaries, and hands plain values to
+:func:`brats_seg.evaluation.study.compute_study`; it writes ``study.json``, draws the charts of
+:mod:`brats_seg.plots.study` and logs both into each run's MLflow run. Its report (the Markdown
+tables, what was not evaluated, what failed) is the command's output, so it is printed to
+stdout and stderr as an entry point's would be. :func:`run_logged` is also how
+``scripts/demo_seeds.py`` runs its commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from brats_seg.cli import CONFIG_DIR
+
+__all__ = ["SETS", "StepFailed", "eval_name", "evaluate_missing", "find_runs", "log_to_mlflow", "parse_sets",
+           "read_records", "run_logged", "run_study"]
+
+REPO = CONFIG_DIR.parent  # commands run here (the repository: train.py, scripts/)
+EVALUATE = REPO / "scripts" / "evaluate.py"  # what evaluates a run's missing set
+
+# name -> (split, on): evaluate.py writes eval/<split>[@<on>]/summary.json
+SETS = {"test": ("test", ""), "matched": ("test", ""), "val": ("val", ""),
+        "shifted": ("test", "mni_gliomas_shifted"), "heldout": ("all", "mni_gliomas_heldout"),
+        "heldout_shifted": ("all", "mni_gliomas_heldout_shifted")}
+SPLITS = ("val", "test", "all")
+
+
+class StepFailed(SystemExit):
+    """A command of a study failed (its exit status and log named); a SystemExit for the drivers
+    that stop there, caught by the study, which goes on with the other runs."""
+
+
+def run_logged(cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` in the repository with its output appended to ``log``; its wall time in seconds.
+
+    Raises:
+        StepFailed: the command exited non-zero (the status and the log named).
+    """
+    print("  " + " ".join(cmd[1:]), flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with open(log, "a") as f:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise StepFailed(f"error: {Path(cmd[1]).name} failed (exit {proc.returncode}); see {log}")
+    return time.time() - t0
+
+
+def parse_sets(names) -> dict[str, tuple[str, str]]:
+    """``{set name: (split, on)}`` of ``sets=`` (a name, ``a,b`` quoted, or a list); an unknown
+    name raises ValueError naming the known ones."""
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    out = {}
+    for name in names:
+        split, at, on = str(name).partition("@")
+        if name in SETS:
+            out[name] = SETS[name]
+        elif at and split in SPLITS and on:
+            out[name] = (split, on)
+        else:
+            raise ValueError(f"sets: {name!r} is not a set; use {', '.join(SETS)} or <split>@<data config> "
+                             f"with split in {', '.join(SPLITS)} (e.g. all@mni_gliomas_heldout).")
+    if not out:
+        raise ValueError("sets is empty: name at least one, e.g. sets=test")
+    return out
+
+
+def eval_name(split: str, on: str) -> str:
+    """The folder evaluate.py writes a set to (``eval/<name>``)."""
+    return f"{split}@{on}" if on else split
+
+
+def find_runs(root: Path) -> tuple[list[tuple], list[str]]:
+    """``([(run folder, its TrainConfig, its state)], skipped)`` under ``root``, sorted: every
+    folder holding a training run's config and state; a run folder's own subfolders (eval/,
+    checkpoints/) are not searched. Skipped (with the reason): a config without a state (no epoch
+    done yet) or files that cannot be read."""
+    from brats_seg.run_dir import RunError, RunFolder
+
+    runs, skipped = [], []
+    for here, subdirs, _ in os.walk(root):
+        folder = RunFolder(Path(here))
+        if not folder.has_config():
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d != "logs")
+            continue
+        subdirs[:] = []
+        try:
+            state = folder.read_state()
+            if state is None:
+                skipped.append(f"{folder.root}: no epoch done yet")
+            else:
+                runs.append((folder, folder.read_config(), state))
+        except RunError as e:
+            skipped.append(f"{folder.root}: {e}")
+    return sorted(runs, key=lambda r: str(r[0].root)), sorted(skipped)
+
+
+def _hydra_value(text: str) -> str:
+    """``text`` as a Hydra override value: as it is if plain, else quoted (``=``, ``,``, brackets)."""
+    if re.fullmatch(r"[\w./+\-~:@%]+", text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _name(folder, root: Path) -> str:
+    return folder.root.relative_to(root).as_posix()
+
+
+def evaluate_missing(runs: list[tuple], root: Path, sets: dict, conf) -> tuple[list[dict], list[dict]]:
+    """Evaluate each finished run's missing sets (``conf.evaluate``), or list them: ``(missing, failed)``."""
+    from brats_seg.config import flatten_config
+    from brats_seg.evaluation.study import compute_finished
+
+    missing, failed = [], []
+    for folder, cfg, state in runs:
+        finished, why = compute_finished(flatten_config(cfg), state)
+        for name, (split, on) in sets.items():
+            if folder.summary_json(eval_name(split, on)).is_file():
+                continue
+            command = [sys.executable, str(EVALUATE), f"run_dir={_hydra_value(str(folder.root))}",
+                       f"split={split}", *([f"on={on}"] if on else []), f"evaluate.overlays={str(conf.overlays).lower()}",
+                       *conf.evaluate_args]
+            entry = {"run": _name(folder, root), "set": name, "command": " ".join(command[1:])}
+            if not finished:
+                missing.append(dict(entry, why=f"not finished: {why}"))
+                continue
+            if not conf.evaluate:
+                missing.append(dict(entry, why="evaluate=false"))
+                continue
+            print(f"{entry['run']}: evaluating {name}", flush=True)
+            log = root / "logs" / f"{entry['run'].replace('/', '_')}.{name}.log"
+            try:
+                run_logged(command, log)
+            except StepFailed as e:
+                print(e.code, file=sys.stderr, flush=True)
+                failed.append(dict(entry, log=str(log)))
+    return missing, failed
+
+
+def read_records(runs: list[tuple], root: Path, sets: dict, thresholds: list[float]):
+    """``(records, configs, regions)`` of the runs (:func:`brats_seg.evaluation.study.compute_run_record`),
+    their evaluations read again (the ones just made included)."""
+    import math
+
+    from brats_seg.config import flatten_config, network_input_shape
+    from brats_seg.data.labels import region_names
+    from brats_seg.evaluation.study import compute_run_record
+
+    regions = [r for r in region_names(runs[0][1].data.layout)
+               if all(r in region_names(cfg.data.layout) for _, cfg, _ in runs)]
+    records, configs = [], {}
+    for folder, cfg, state in runs:
+        name = _name(folder, root)
+        summaries = {}
+        for set_name, (split, on) in sets.items():
+            path = folder.summary_json(eval_name(split, on))
+            summaries[set_name] = json.loads(path.read_text()) if path.is_file() else None
+        configs[name] = flatten_config(cfg)
+        records.append(compute_run_record(
+            name, configs[name], state, summaries, regions, thresholds,
+            voxels_per_step=cfg.trainer.batch_size * math.prod(network_input_shape(cfg)),
+            volume_voxels=math.prod(cfg.resolution.shape)))
+    return records, configs, regions
+
+
+def log_to_mlflow(runs: list[tuple], files: list[Path]) -> int:
+    """Log ``files`` into each tracked run's MLflow run (artifacts ``study/``); the runs logged.
+
+    A store that cannot be opened or written is reported once and left alone, a run the store
+    no longer has is reported and passed over: the files on disk are the study's result. A
+    sqlite store that is not there (the runs trained elsewhere) is not created."""
+    from brats_seg.tracking import open_store, resolve_tracking_uri
+
+    clients: dict[str, object] = {}
+    logged = 0
+    for folder, _, _ in runs:
+        record = folder.read_tracking()
+        if not isinstance(record, dict) or not record.get("run_id") or not record.get("tracking_uri"):
+            continue
+        uri = resolve_tracking_uri(str(record["tracking_uri"]))
+        if uri not in clients:
+            clients[uri] = _open_store(uri, open_store)
+        if clients[uri] is None:
+            continue
+        try:
+            for path in files:
+                clients[uri].log_artifact(record["run_id"], str(path), "study")
+            logged += 1
+        except Exception as e:  # noqa: BLE001 - tracking never fails the study
+            gone = getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"
+            print(f"warning: cannot log the study into MLflow run {record['run_id']} of {folder.root} at {uri} "
+                  f"({type(e).__name__}: {str(e)[:300]}); "
+                  + ("the store no longer has it." if gone else "the store is left alone; the files stay in the "
+                                                                 "study's folder."), file=sys.stderr)
+            if not gone:
+                clients[uri] = None
+    return logged
+
+
+def _open_store(uri: str, open_store):
+    """A client of the store at ``uri``, or None after one warning."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        print(f"warning: the MLflow store {uri} is not on this machine; the study is not logged there.",
+              file=sys.stderr)
+        return None
+    try:
+        return open_store(uri)
+    except Exception as e:  # noqa: BLE001 - tracking never fails the study
+        print(f"warning: cannot log the study to MLflow at {uri} ({type(e).__name__}: {str(e)[:300]}); "
+              "the files stay in the study's folder.", file=sys.stderr)
+        return None
+
+
+def run_study(conf) -> int:
+    """The study of ``conf.dir``: evaluate, compute, write, draw, print, log. Exit status: 1 if an
+    evaluation failed (everything else is still written), else 0."""
+    from brats_seg.files import write_text_atomic
+    from brats_seg.evaluation.study import compute_study, format_study_markdown
+    from brats_seg.plots.study import plot_study
+
+    if not str(conf.dir).strip():
+        raise ValueError("dir is not set: pass dir=<the study's folder> (e.g. dir=outputs/patches_vs_whole).")
+    root = Path(conf.dir).expanduser().resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"dir={conf.dir}: no such folder; run the study's sweep first "
+                                "(python train.py -m experiment=<study>) or pass the sweep's folder.")
+    sets = parse_sets(conf.sets)
+    runs, skipped = find_runs(root)
+    if not runs:
+        raise ValueError(f"no run folder under {root} (a training run's folder with its config and state); "
+                         "run the study's sweep first: python train.py -m experiment=<study>")
+    print(f"{len(runs)} run(s) under {root}", flush=True)
+    missing, failed = evaluate_missing(runs, root, sets, conf)
+    records, configs, regions = read_records(runs, root, sets, list(conf.thresholds))
+    study = compute_study(records, configs, list(sets), regions, list(conf.thresholds), list(conf.ignore))
+    study.update(dir=str(root), set_definitions={n: {"split": s, "on": on} for n, (s, on) in sets.items()},
+                 missing=missing, failed_evaluations=failed, skipped=skipped)
+    path = write_text_atomic(root / "study.json", json.dumps(study, indent=1, default=str) + "\n")
+    figures = plot_study(study, root, title=root.name)
+
+    print(f"\n{root.name}: arms by {', '.join(study['arm_keys']) or '(one arm)'}; "
+          f"mean ± std over seeds; training time excludes validation\n")
+    print(format_study_markdown(study))
+    for note in study["notes"]:
+        print(f"\nnote: {note}")
+    if skipped:
+        print("\nnot in the study:\n" + "\n".join(f"  {s}" for s in skipped))
+    if missing:
+        print("\nnot evaluated:\n" + "\n".join(f"  {m['run']} ({m['set']}; {m['why']}): python {m['command']}"
+                                              for m in missing))
+    if conf.mlflow:
+        logged = log_to_mlflow(runs, [*figures, path])
+        if logged:
+            print(f"\nlogged the charts and study.json to {logged} MLflow run(s), artifacts study/")
+    print(f"\nwrote {path}\n" + "\n".join(f"      {p}" for p in figures))
+    if failed:
+        print(f"error: {len(failed)} evaluation(s) failed: " + "; ".join(f"{f['run']} ({f['set']}): see {f['log']}"
+                                                                          for f in failed), file=sys.stderr)
+        return 1
+    return 0
