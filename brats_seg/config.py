@@ -90,6 +90,8 @@ __all__ = [
     "BenchmarkConfig",
     "PrepareConfig",
     "TrainConfig",
+    "PlanMemoryConfig",
+    "BenchmarkScriptConfig",
     "EvaluateScriptConfig",
     "PredictScriptConfig",
     "ExportScriptConfig",
@@ -106,7 +108,7 @@ class DataConfig:
     name: str = "synthetic"  # config name; `synthetic` generates a brats2021-layout dataset
     layout: Layout = Layout.brats2021  # msd | brats2021 | brats2023 | brats2024: how files and labels are laid out
     root: str = "data/synthetic"  # dataset folder; relative paths are taken from the cwd
-    cache_dir: str = "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>/<resolution>/
+    cache_dir: str = "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>_<8 hex of the root's hash>/<resolution>/
     on_error: OnError = OnError["raise"]  # raise | skip: what a bad case does to preparation
     num_workers: int = 2  # parallel case preparation (processes); 2 = the cores of a small box
     prefetch_batches: int = 1  # training batches made ahead of the step; each costs memory (planned); 1 hides loading when a step takes longer than making a batch
@@ -318,10 +320,23 @@ class TrainConfig:
     lms: LMSConfig = field(default_factory=LMSConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     distribute: DistributeConfig = field(default_factory=DistributeConfig)
-    plan: PlanConfig = field(default_factory=PlanConfig)
-    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     run_dir: str = ""  # empty = Hydra's output dir for this run
     run_name: str = ""  # empty = derived from data/resolution/model/backend
+
+
+@dataclass
+class PlanMemoryConfig(TrainConfig):
+    """Config of ``scripts/plan_memory.py``: the run ``train.py`` would make, and how to plan it."""
+
+    plan: PlanConfig = field(default_factory=PlanConfig)
+
+
+@dataclass
+class BenchmarkScriptConfig(TrainConfig):
+    """Config of ``scripts/benchmark.py`` (and ``scripts/profile_step.py``): the run ``train.py``
+    would make, and how to time its step."""
+
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
 
 
 @dataclass
@@ -406,7 +421,7 @@ class MemoryCalibrationConfig:
     timeout_s: int = 1800  # seconds one benchmark run may take before the calibration stops
     out: str = ""  # the preset file; empty = brats_seg/lms/presets/cpu_<kind>.json of this CPU's kind
     cross_validate: bool = False  # leave each calibration configuration out in turn, fit, report its error; writes nothing
-    rule: dict[str, float] = field(default_factory=dict)  # with cross_validate: other values of MemoryModel rules, e.g. {backward_release_lag_layers:100}
+    rule: dict[str, float] = field(default_factory=dict)  # with cross_validate: other values of MemoryModel rules, each given as +rule.<field>=<value> (e.g. +rule.backward_release_lag_layers=100)
     under_weight: Optional[float] = None  # with cross_validate: the fit's weight of under-prediction; null = the calibration's own
     target_bias: Optional[float] = None  # with cross_validate: how far above the measurements the fit aims; null = the calibration's own
 
@@ -487,6 +502,8 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="plan_memory_schema", node=PlanMemoryConfig)
+    cs.store(name="benchmark_schema", node=BenchmarkScriptConfig)
     cs.store(name="prepare_schema", node=PrepareConfig)
     cs.store(name="evaluate_schema", node=EvaluateScriptConfig)
     cs.store(name="predict_schema", node=PredictScriptConfig)

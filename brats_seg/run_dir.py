@@ -72,8 +72,10 @@ def upgrade_config_dict(stored: dict) -> dict:
     (:func:`~brats_seg.config.config_from_dict`). Where a default changed meaning, the old
     behaviour is written out here: runs from before ``model.regions`` had independent
     sigmoids, runs from before ``trainer.batch_dice`` a per-sample Dice. Keys that were removed are dropped: ``lms.enabled`` (IBM's switch, which
-    ``lms=off`` already says and nothing read) and ``evaluate`` (the first versions kept the
-    inference settings in the training config; they are ``scripts/evaluate.py``'s now).
+    ``lms=off`` already says and nothing read), ``evaluate`` (the first versions kept the
+    inference settings in the training config; they are ``scripts/evaluate.py``'s now) and
+    ``plan`` and ``benchmark`` (``scripts/plan_memory.py``'s and ``scripts/benchmark.py``'s own
+    groups, which training never read).
     """
     if isinstance(stored.get("model"), dict):
         stored["model"].setdefault("regions", "independent")
@@ -81,7 +83,8 @@ def upgrade_config_dict(stored: dict) -> dict:
         stored["trainer"].setdefault("batch_dice", False)
     if isinstance(stored.get("lms"), dict):
         stored["lms"].pop("enabled", None)
-    stored.pop("evaluate", None)
+    for removed in ("evaluate", "plan", "benchmark"):
+        stored.pop(removed, None)
     return stored
 
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # Keys that may change between a run and its resumption (length, patience, logging).
 _RESUME_MUTABLE = {"trainer.epochs", "trainer.early_stopping_patience", "trainer.val_every", "trainer.time_budget_s",
                    "run_name",
-                   "run_dir", "data.num_workers", "data.on_error", "tracking.", "backend.", "plan.", "benchmark.",
+                   "run_dir", "data.num_workers", "data.on_error", "tracking.", "backend.",
                    "lms.", "distribute."}
 
 

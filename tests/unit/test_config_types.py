@@ -57,7 +57,8 @@ def test_a_composed_config_round_trips_through_config_json_and_mlflow_params(tmp
     assert isinstance(cfg.backend.precision, Precision) and cfg.backend.precision == "bf16"
     cfg.run_dir = str(tmp_path / "run")
     folder = RunFolder.of(cfg.run_dir)
-    folder.write_config(resolve_model_outputs(cfg))
+    cfg = resolve_model_outputs(cfg)  # a copy with the outputs resolved, as training writes it
+    folder.write_config(cfg)
     stored = json.loads(folder.config_path.read_text())
     assert stored["backend"]["precision"] == "bf16" and stored["data"]["on_error"] == "skip"
     assert stored["lms"]["name"] == "recompute" and stored["model"]["norm"] == "group"
