@@ -118,7 +118,7 @@ class DataConfig:
     allow_crop: bool = False  # a brain box larger than resolution.shape: error (False) or warn+crop
     # Only for data=synthetic: generated on first use when `root` holds no cases.
     synthetic_cases: int = 40
-    synthetic_seed: int = 0
+    synthetic_seed: int = 0  # seed of the generated cases (data=synthetic): another seed, other phantoms
 
 
 #: configs/resolution as (name, spacing in mm, network shape x, y, z), finest first: what a
@@ -134,14 +134,14 @@ STANDARD_RESOLUTIONS = (
 
 @dataclass
 class ResolutionConfig:
-    name: str = "half"
+    name: str = "half"  # the resolution's name (configs/resolution/): cache folders and run names carry it
     spacing_mm: float = 2.0  # isotropic target spacing
     shape: List[int] = field(default_factory=lambda: [96, 112, 80])  # network input (x, y, z), RAS
 
 
 @dataclass
 class ModelConfig:
-    name: str = "unet3d"
+    name: str = "unet3d"  # the architecture (configs/model/); unet3d is the one there is
     depth: int = 3  # down-sampling steps; shape divisible by 2**depth (tiny allows 3; 4 at half/full, as in the experiments)
     base_filters: int = 16  # filters at level 0, doubled per level (Çiçek et al. use 32)
     norm: Norm = Norm.instance  # instance | group | batch (batch is unsafe with recompute)
@@ -160,25 +160,25 @@ class AugmentationConfig:
     moreDA) unless said; a probability is per case unless its name says per channel."""
 
     p_rotation: float = 0.2  # rotate about x, y and z, each by an angle in +-rotation_deg
-    rotation_deg: float = 30.0
+    rotation_deg: float = 30.0  # largest rotation, degrees, about each axis
     p_scale: float = 0.2  # zoom in or out, the same factor on every axis
-    scale_range: List[float] = field(default_factory=lambda: [0.7, 1.4])
-    order_data: int = 1  # image interpolation (spatial, low resolution); nnU-Net: 3, ~3x the time a case (README)
+    scale_range: List[float] = field(default_factory=lambda: [0.7, 1.4])  # [low, high] zoom factor
+    order_data: int = 1  # image interpolation (spatial, low resolution); nnU-Net: 3, ~3x the time a case (docs/training.md)
     p_noise: float = 0.1  # additive Gaussian noise, variance drawn from noise_variance (z-scored units)
-    noise_variance: List[float] = field(default_factory=lambda: [0.0, 0.1])
+    noise_variance: List[float] = field(default_factory=lambda: [0.0, 0.1])  # [low, high] of the noise variance
     p_blur: float = 0.2  # Gaussian blur, sigma from blur_sigma (voxels), each channel with p_blur_per_channel
-    p_blur_per_channel: float = 0.5
-    blur_sigma: List[float] = field(default_factory=lambda: [0.5, 1.0])
+    p_blur_per_channel: float = 0.5  # within a blurred case, the chance each channel is blurred
+    blur_sigma: List[float] = field(default_factory=lambda: [0.5, 1.0])  # [low, high] of the blur's sigma, voxels
     p_brightness: float = 0.15  # multiply by a factor from brightness_range
-    brightness_range: List[float] = field(default_factory=lambda: [0.75, 1.25])
+    brightness_range: List[float] = field(default_factory=lambda: [0.75, 1.25])  # [low, high] multiplier
     p_contrast: float = 0.15  # stretch about the mean by a factor from contrast_range
-    contrast_range: List[float] = field(default_factory=lambda: [0.75, 1.25])
+    contrast_range: List[float] = field(default_factory=lambda: [0.75, 1.25])  # [low, high] contrast factor
     p_low_res: float = 0.25  # down by a zoom from low_res_zoom and back up (thick slices, another scanner)
-    p_low_res_per_channel: float = 0.5
-    low_res_zoom: List[float] = field(default_factory=lambda: [0.5, 1.0])
+    p_low_res_per_channel: float = 0.5  # within such a case, the chance each channel is degraded
+    low_res_zoom: List[float] = field(default_factory=lambda: [0.5, 1.0])  # [low, high] of the down-sampling zoom
     p_gamma: float = 0.3  # gamma from gamma_range on the image rescaled to [0, 1], its mean and std kept
     p_gamma_inverted: float = 0.1  # the same on the inverted image
-    gamma_range: List[float] = field(default_factory=lambda: [0.7, 1.5])
+    gamma_range: List[float] = field(default_factory=lambda: [0.7, 1.5])  # [low, high] gamma
     mirror_axes: List[int] = field(default_factory=lambda: [0, 1, 2])  # each mirrored with p 0.5
 
     def __post_init__(self) -> None:
@@ -203,12 +203,12 @@ class AugmentationConfig:
 @dataclass
 class TrainerConfig:
     epochs: int = 120  # with the rest of the defaults: the demo; over seeds 0-2 held-out WT 0.868, ET >= 0.77 on 2 CPU cores (README)
-    batch_size: int = 2
-    seed: int = 0
+    batch_size: int = 2  # the global batch: volumes (or patches) per step, split over replicas under distribute=
+    seed: int = 0  # weights, data order and augmentation: a run is a function of its seed
     steps_per_epoch: Optional[int] = None  # cap on steps; None = one pass over the train split
     learning_rate: float = 3e-3  # Adam peak LR (after warm-up, cosine decay)
     lr_schedule: LRSchedule = LRSchedule.cosine  # cosine | constant
-    warmup_epochs: int = 1
+    warmup_epochs: int = 1  # epochs of linear warm-up from 0 to learning_rate (cosine schedule)
     early_stopping_patience: int = 0  # epochs without val-Dice gain before stopping; 0 = off
     augment: Any = "light"  # none | light (L-R flip, intensity scale/shift) | nnunet (brats_seg.data.augment); true/false = light/none
     augmentation: AugmentationConfig = field(default_factory=lambda: AugmentationConfig())  # the nnunet preset's ranges
@@ -254,8 +254,8 @@ class LMSConfig:
 class TrackingConfig:
     name: TrackerName = TrackerName.mlflow  # mlflow | none
     uri: str = "sqlite:///mlruns.db"  # relative sqlite paths are taken from the project root
-    experiment: str = "brats-seg"
-    system_metrics: bool = True
+    experiment: str = "brats-seg"  # the MLflow experiment the runs are logged under
+    system_metrics: bool = True  # MLflow system metrics (CPU, memory, GPU) beside the training curves
 
 
 @dataclass
@@ -359,7 +359,7 @@ class PredictScriptConfig:
     export: str = ""  # an exported model's folder (scripts/export.py) instead of run_dir: predicts as the run would
     input: str = ""  # required: a case folder, an MSD 4D file, a .txt list of either, or a dataset root
     output: str = ""  # required: folder for <case_id>.nii.gz masks
-    checkpoint: str = "best"
+    checkpoint: str = "best"  # best | last: which of the run's checkpoints predicts
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
 
