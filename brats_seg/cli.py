@@ -26,17 +26,17 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["CONFIG_DIR", "child_args", "child_command", "compose_config", "config_error_line",
-           "given_override", "hydra_entry", "to_config", "user_errors"]
+__all__ = ["child_args", "child_command", "compose_config", "config_error_line", "given_override", "hydra_entry",
+           "project_dir", "to_config", "user_errors"]
 
 log = logging.getLogger(__name__)
 
 #: Exit status of a ``multi_worker`` run whose cluster lost (or never got) a worker.
 EXIT_CLUSTER_FAILURE = 3
 
-#: The configs/ folder the entry points compose (``hydra_entry("../configs", ...)``): beside the
-#: package in the repository (an editable install).
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+#: The repository beside the package (an editable install): where :func:`project_dir` looks
+#: outside an entry point.
+_REPOSITORY = Path(__file__).resolve().parents[1]
 
 #: Each entry point's config file -> its schema in :mod:`brats_seg.config`, for the near-miss
 #: hints of a bad key; a file not named here composes ``TrainConfig`` (train, plan_memory, benchmark).
@@ -316,12 +316,26 @@ def user_errors(stage: str = "the command"):
         raise
 
 
-def compose_config(config_name: str, overrides=()):
-    """The dataclass config ``configs/<config_name>.yaml`` composes with ``overrides``.
+def project_dir() -> Path:
+    """The folder holding ``configs/``, ``scripts/`` and ``train.py``: the running entry point's
+    (its config folder's parent, e.g. the image's WORKDIR, where the package is installed
+    elsewhere), else the repository beside the package (an editable install; the tests)."""
+    with contextlib.suppress(ValueError, AttributeError):  # not inside an entry point
+        from hydra.core.hydra_config import HydraConfig
+
+        for source in HydraConfig.get().runtime.config_sources:
+            if source.provider == "main" and source.schema == "file":
+                return Path(source.path).parent
+    return _REPOSITORY
+
+
+def compose_config(config_name: str, overrides=(), config_dir: str | Path | None = None):
+    """The dataclass config ``<config_dir>/<config_name>.yaml`` composes with ``overrides``
+    (``config_dir``: default ``configs/`` of :func:`project_dir`).
 
     For code that derives a config from overrides it recorded or was given (a calibration
     point, the step a profile measures), not for a user's command (that is :func:`hydra_entry`'s).
-    Works outside a Hydra app and inside one (whose config folder is :data:`CONFIG_DIR`).
+    Works outside a Hydra app and inside one (which composes from its own config folder).
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -331,7 +345,7 @@ def compose_config(config_name: str, overrides=()):
     register_configs()
     if GlobalHydra.instance().is_initialized():  # inside an entry point: its config folder is ours
         return to_config(compose(config_name=config_name, overrides=list(overrides)))
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir or project_dir() / "configs"), version_base="1.3"):
         return to_config(compose(config_name=config_name, overrides=list(overrides)))
 
 

@@ -5,17 +5,17 @@
     python scripts/calibrate_memory.py fit_only=true    # refit from the measurements on file
     python scripts/calibrate_memory.py fit_only=true out=brats_seg/lms/presets/cpu_avx512.json
     python scripts/calibrate_memory.py runs=3 validation_runs=4
-    python scripts/calibrate_memory.py cross_validate=true ['rule={backward_release_lag_layers:100}']
+    python scripts/calibrate_memory.py cross_validate=true [+rule.backward_release_lag_layers=100]
 
 Every point is ``scripts/benchmark.py`` in a fresh subprocess (its own peak RSS), four training
 steps, ``runs`` times on the calibration grid and ``validation_runs`` times on the validation grid;
 a point's measurement is the largest of its runs. The fit adjusts the host CPU's preset on the
 calibration grid only and reports its error on the validation grid; the preset's planning margin
 comes from a leave-one-configuration-out cross-validation of that fit (``cross_validate=true``
-runs that alone on the file, with other ``rule`` values or objective, ``under_weight`` and
-``target_bias``, and writes nothing). Writes ``brats_seg/lms/presets/cpu_<kind>.json`` (``out``
-to change), which the planner reads; measurements are saved after every run, so an interrupted
-calibration continues where it stopped. The grids, the fit and the report are
+runs that alone on the file, with other values of the model's rules, ``+rule.<field>=<value>``,
+or another objective, ``under_weight`` and ``target_bias``, and writes nothing). Writes
+``brats_seg/lms/presets/cpu_<kind>.json`` (``out`` to change), which the planner reads;
+measurements are saved after every run, so an interrupted calibration continues where it stopped. The grids, the fit and the report are
 :mod:`brats_seg.lms.calibration`'s.
 """
 

@@ -86,7 +86,7 @@ def child(role: str, args: dict) -> None:
 
     if role != "profile":
         sys.exit(f"error: unknown child role {role!r}")
-    profile_child(compose_config("benchmark", args["overrides"]), args["logdir"])
+    profile_child(compose_config("benchmark", args["overrides"], config_dir=REPO / "configs"), args["logdir"])
 
 
 if __name__ == "__main__":

@@ -14,14 +14,11 @@ import logging
 import subprocess
 from pathlib import Path
 
-from brats_seg.cli import CONFIG_DIR
+from brats_seg.cli import project_dir
 
-__all__ = ["SWEEP_DIR", "load_sweep_spec", "read_jsonl", "run_sweep"]
+__all__ = ["load_sweep_spec", "read_jsonl", "run_sweep"]
 
 log = logging.getLogger(__name__)
-
-SWEEP_DIR = CONFIG_DIR / "benchmark_sweeps"  # the named sweeps (benchmark.sweep=<name>)
-REPO = CONFIG_DIR.parent  # the children run here; default results under outputs/benchmark/<sweep>/
 
 
 def load_sweep_spec(name: str) -> tuple[Path, dict]:
@@ -33,11 +30,12 @@ def load_sweep_spec(name: str) -> tuple[Path, dict]:
     """
     import yaml
 
+    sweeps = project_dir() / "configs" / "benchmark_sweeps"  # the named sweeps
     path = Path(name).expanduser()
     if not path.suffix:
-        path = SWEEP_DIR / f"{name}.yaml"
+        path = sweeps / f"{name}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in SWEEP_DIR.glob("*.yaml")))
+        known = ", ".join(sorted(p.stem for p in sweeps.glob("*.yaml")))
         raise ValueError(f"benchmark.sweep={name!r}: no {path}; use one of {known} or a YAML file with base: and axes:.")
     spec = yaml.safe_load(path.read_text()) or {}
     if not isinstance(spec.get("axes"), dict) or not spec["axes"]:
@@ -68,7 +66,8 @@ def run_sweep(conf, overrides: list[str], command: list[str]) -> Path:
     # a profiled run (benchmark.onednn_verbose=true: its steps are slowed by the printing) is kept
     # apart from the timed one, in profile.jsonl beside it
     default = "profile.jsonl" if conf.benchmark.onednn_verbose else "results.jsonl"
-    out = Path(conf.benchmark.out or REPO / "outputs" / "benchmark" / path.stem / default)
+    root = project_dir()  # the points run here; results by default under its outputs/benchmark/<sweep>/
+    out = Path(conf.benchmark.out or root / "outputs" / "benchmark" / path.stem / default)
     out.parent.mkdir(parents=True, exist_ok=True)
     base = [*spec.get("base", []), *(o for o in overrides if not o.startswith(("benchmark.sweep=", "benchmark.out=")))]
     keys = list(spec["axes"])
@@ -80,7 +79,7 @@ def run_sweep(conf, overrides: list[str], command: list[str]) -> Path:
             continue
         cmd = [*command, *base, *(f"{k}={v}" for k, v in combo.items()), "benchmark.sgemm=true"]
         log.info("[%d/%d] %s", i, len(combos), " ".join(f"{k}={v}" for k, v in combo.items()))
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
         if proc.returncode != 0:  # e.g. bf16 refused on a CPU without it: said, and the sweep goes on
             log.info("  failed: %s", proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode)
             continue

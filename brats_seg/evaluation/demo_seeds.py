@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from brats_seg.evaluation.study_run import EVALUATE, REPO, run_logged
+from brats_seg.cli import project_dir
+from brats_seg.evaluation.study_run import run_logged
 
 __all__ = ["METRICS", "REGIONS", "format_demo_seeds", "run_arm", "run_demo_seeds", "train_overrides"]
 
@@ -28,7 +29,6 @@ log = logging.getLogger(__name__)
 
 REGIONS = ("wt", "tc", "et")
 METRICS = {"dice": "Dice", "lesion23_dice": "lesion-wise Dice (2023)"}
-TRAIN = REPO / "train.py"
 OWN_KEYS = ("seeds", "out")  # the driver's own keys; every other override is train.py's
 SET_PER_ARM = ("run_dir", "trainer.seed")  # what each arm sets itself
 
@@ -63,13 +63,14 @@ def run_arm(run_dir: Path, seed: int, passed: list[str]) -> dict:
     if state is None or int(state.get("epoch", 0)) < folder.read_config().trainer.epochs:
         experiment = [] if any(o.startswith("experiment=") for o in passed) else ["experiment=demo"]
         t0 = time.time()
-        run_logged([sys.executable, str(TRAIN), *experiment, f"trainer.seed={seed}", "tracking=none",
+        run_logged([sys.executable, str(project_dir() / "train.py"), *experiment, f"trainer.seed={seed}", "tracking=none",
                     f"run_dir={run_dir}", *passed], logfile)
         timing["train_s"] = timing.get("train_s", 0.0) + time.time() - t0  # summed over resumed starts
         write_text_atomic(timing_path, json.dumps(timing) + "\n")
     if not folder.summary_json("test").is_file():
         t0 = time.time()
-        run_logged([sys.executable, str(EVALUATE), f"run_dir={run_dir}", "split=test"], logfile)
+        run_logged([sys.executable, str(project_dir() / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=test"],
+                   logfile)
         timing["evaluate_s"] = time.time() - t0
         write_text_atomic(timing_path, json.dumps(timing) + "\n")
     summary = json.loads(folder.summary_json("test").read_text())

@@ -21,13 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from brats_seg.cli import CONFIG_DIR
+from brats_seg.cli import project_dir
 
 __all__ = ["SETS", "StepFailed", "eval_name", "evaluate_missing", "find_runs", "log_to_mlflow", "parse_sets",
            "read_records", "run_logged", "run_study"]
-
-REPO = CONFIG_DIR.parent  # commands run here (the repository: train.py, scripts/)
-EVALUATE = REPO / "scripts" / "evaluate.py"  # what evaluates a run's missing set
 
 # name -> (split, on): evaluate.py writes eval/<split>[@<on>]/summary.json
 SETS = {"test": ("test", ""), "matched": ("test", ""), "val": ("val", ""),
@@ -42,7 +39,8 @@ class StepFailed(SystemExit):
 
 
 def run_logged(cmd: list[str], log: Path) -> float:
-    """Run ``cmd`` in the repository with its output appended to ``log``; its wall time in seconds.
+    """Run ``cmd`` in the project folder (:func:`brats_seg.cli.project_dir`) with its output appended
+    to ``log``; its wall time in seconds.
 
     Raises:
         StepFailed: the command exited non-zero (the status and the log named).
@@ -51,7 +49,7 @@ def run_logged(cmd: list[str], log: Path) -> float:
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with open(log, "a") as f:
-        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, cwd=project_dir(), stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise StepFailed(f"error: {Path(cmd[1]).name} failed (exit {proc.returncode}); see {log}")
     return time.time() - t0
@@ -129,7 +127,8 @@ def evaluate_missing(runs: list[tuple], root: Path, sets: dict, conf) -> tuple[l
         for name, (split, on) in sets.items():
             if folder.summary_json(eval_name(split, on)).is_file():
                 continue
-            command = [sys.executable, str(EVALUATE), f"run_dir={_hydra_value(str(folder.root))}",
+            command = [sys.executable, str(project_dir() / "scripts" / "evaluate.py"),
+                       f"run_dir={_hydra_value(str(folder.root))}",
                        f"split={split}", *([f"on={on}"] if on else []), f"evaluate.overlays={str(conf.overlays).lower()}",
                        *conf.evaluate_args]
             entry = {"run": _name(folder, root), "set": name, "command": " ".join(command[1:])}

@@ -40,7 +40,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from brats_seg.cli import CONFIG_DIR
+from brats_seg.cli import project_dir
 
 __all__ = ["AIM", "CALIBRATION", "FITTED", "FITTED_BF16", "TARGET_BIAS", "UNDER_WEIGHT", "VALIDATION", "calibrate",
            "cross_validate", "fit", "measure", "predict", "report"]
@@ -168,7 +168,7 @@ def predict(overrides: list[str], strategy: str, memory_model) -> int:
 def _measure(benchmark: list[str], overrides: list[str], timeout: int) -> dict:
     """One benchmark run in a fresh process (its own peak RSS): its JSON line."""
     proc = subprocess.run([*benchmark, *COMMON, *overrides], capture_output=True, text=True, timeout=timeout,
-                          cwd=CONFIG_DIR.parent)
+                          cwd=project_dir())
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark failed ({' '.join(overrides)}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -362,8 +362,8 @@ def calibrate(conf, benchmark: list[str]) -> Path | None:
         base = base_preset(record.get("kind", isa))
         for name, value in conf.rule.items():
             if not hasattr(base, name):
-                raise ValueError(f"rule.{name}: not a MemoryModel field (rule={{<field>:<value>}}, "
-                                 "e.g. rule={backward_release_lag_layers:100}).")
+                raise ValueError(f"rule.{name}: not a MemoryModel field (+rule.<field>=<value>, "
+                                 "e.g. +rule.backward_release_lag_layers=100).")
             base = dataclasses.replace(base, **{name: type(getattr(base, name))(float(value))})
         cross_validate(record, base,
                        under_weight=UNDER_WEIGHT if conf.under_weight is None else conf.under_weight,

@@ -360,7 +360,7 @@ def test_installs_non_editable_without_dev_extra_constrained_by_the_lock(dockerf
 
 def test_entry_points_and_configs_sit_in_workdir_without_the_package_source(dockerfile):
     """Hydra reads configs/ beside train.py (../configs beside scripts/); a brats_seg/ folder in
-    WORKDIR would shadow the installed package (scripts put their parent folder on sys.path)."""
+    WORKDIR would shadow the installed package (``python train.py`` puts WORKDIR first on sys.path)."""
     workdir = PurePosixPath(workdir_at_cmd(dockerfile))
     destinations = copied(dockerfile)
     for source in ("train.py", "configs", "scripts"):
