@@ -39,9 +39,10 @@ EXIT_CLUSTER_FAILURE = 3
 _REPOSITORY = Path(__file__).resolve().parents[1]
 
 #: Each entry point's config file -> its schema in :mod:`brats_seg.config`, for the near-miss
-#: hints of a bad key; a file not named here composes ``TrainConfig`` (train, plan_memory, benchmark).
+#: hints of a bad key; a file not named here composes ``TrainConfig``.
 _ENTRY_SCHEMAS = {
-    "train": "TrainConfig", "evaluate": "EvaluateScriptConfig", "predict": "PredictScriptConfig",
+    "train": "TrainConfig", "plan_memory": "PlanMemoryConfig", "benchmark": "BenchmarkScriptConfig",
+    "evaluate": "EvaluateScriptConfig", "predict": "PredictScriptConfig",
     "score": "ScoreScriptConfig", "export": "ExportScriptConfig", "prepare": "PrepareConfig",
     "study": "StudyScriptConfig", "calibrate_step_time": "StepTimeCalibrationConfig",
     "calibrate_memory": "MemoryCalibrationConfig", "scaling": "ScalingScriptConfig",
