@@ -48,7 +48,7 @@ _ENTRY_SCHEMAS = {
     "calibrate_memory": "MemoryCalibrationConfig", "scaling": "ScalingScriptConfig",
     "measure_inference_peak": "InferencePeakConfig", "make_mni_gliomas": "MniGliomasScriptConfig",
     "check_official_metrics": "OfficialMetricsCheckConfig", "demo_seeds": "DemoSeedsScriptConfig",
-    "profile_augment": "AugmentProfileConfig",
+    "profile_augment": "AugmentProfileConfig", "region_gradients": "RegionGradientsConfig",
 }
 
 

@@ -487,6 +487,15 @@ class AugmentProfileConfig:
     resolution: ResolutionConfig = field(default_factory=ResolutionConfig)  # random data of its network grid (resolution.shape)
 
 
+@dataclass
+class RegionGradientsConfig:
+    """Config of ``scripts/region_gradients.py``: which way the loss pushes each region's output, on a run's cases."""
+
+    run_dir: str = ""  # required: the training run whose model and cached cases are read
+    split: str = "test"  # train | val | test: the cases of the run's split file
+    checkpoint: str = "best"  # init (freshly initialised with the run's seed, as training starts) | best | last
+    backend: BackendConfig = field(default_factory=BackendConfig)  # where the model runs
+
 
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore, the ``or_else`` resolver that lets
@@ -518,6 +527,7 @@ def register_configs() -> None:
     cs.store(name="official_metrics_schema", node=OfficialMetricsCheckConfig)
     cs.store(name="demo_seeds_schema", node=DemoSeedsScriptConfig)
     cs.store(name="augment_profile_schema", node=AugmentProfileConfig)
+    cs.store(name="region_gradients_schema", node=RegionGradientsConfig)
 
 
 def config_to_dict(cfg) -> dict:

@@ -76,12 +76,14 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
     } for c, name in enumerate(regions)]
 
 
-@hydra_entry("../configs", "evaluate")
+@hydra_entry("../configs", "region_gradients")
 def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.backend import configure
 
     with user_errors():
+        if not conf.run_dir.strip():
+            raise ValueError("run_dir is not set: pass run_dir=<the training run's folder> (e.g. outputs/<run>).")
         configure(conf.backend)
         rows = region_gradients(conf.run_dir, conf.split, conf.checkpoint)
     print(f"\n{conf.run_dir}, checkpoint {conf.checkpoint}, {rows[0]['cases']} {conf.split} case(s); "
