@@ -89,6 +89,7 @@ __all__ = [
     "PlanConfig",
     "BenchmarkConfig",
     "PrepareConfig",
+    "MakeSyntheticConfig",
     "TrainConfig",
     "PlanMemoryConfig",
     "BenchmarkScriptConfig",
@@ -340,6 +341,17 @@ class BenchmarkScriptConfig(TrainConfig):
 
 
 @dataclass
+class MakeSyntheticConfig:
+    """Config of ``scripts/make_synthetic.py``: a synthetic BraTS-like dataset."""
+
+    out: str = "???"  # required (Hydra's ???): dataset root to write (created if needed); relative = from the cwd
+    layout: Layout = Layout.brats2021  # msd | brats2021 | brats2023 | brats2024: file names and label values
+    n_cases: int = 10  # cases 0..n_cases-1; case i is the same whatever n_cases is
+    seed: int = 0  # case i is drawn from np.random.default_rng([seed, i])
+    labels: bool = True  # false: an unlabelled test set (no seg files; msd: imagesTs/ and "test")
+
+
+@dataclass
 class EvaluateScriptConfig:
     """Config of ``scripts/evaluate.py``."""
 
@@ -514,6 +526,7 @@ def register_configs() -> None:
     cs.store(name="plan_memory_schema", node=PlanMemoryConfig)
     cs.store(name="benchmark_schema", node=BenchmarkScriptConfig)
     cs.store(name="prepare_schema", node=PrepareConfig)
+    cs.store(name="make_synthetic_schema", node=MakeSyntheticConfig)
     cs.store(name="evaluate_schema", node=EvaluateScriptConfig)
     cs.store(name="predict_schema", node=PredictScriptConfig)
     cs.store(name="export_schema", node=ExportScriptConfig)

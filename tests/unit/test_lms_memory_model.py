@@ -93,7 +93,7 @@ def test_presets_are_base_rules_plus_the_fitted_fields(tmp_path):
     with pytest.raises(ValueError, match="cpu_avx2.json is not a memory calibration"):
         load_preset("avx2", tmp_path)
     (tmp_path / "cpu_avx2.json").write_text('{"fit": ')  # a torn file
-    with pytest.raises(ValueError, match="calibrate_memory.py --fit-only"):
+    with pytest.raises(ValueError, match="calibrate_memory.py fit_only=true"):
         load_preset("avx2", tmp_path)
 
 

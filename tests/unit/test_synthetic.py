@@ -334,6 +334,9 @@ def test_cli_writes_where_asked_and_nothing_else(tmp_path):
 
 def test_cli_without_out_says_what_to_do(tmp_path):
     proc = _run_cli("n_cases=1", cwd=tmp_path)
-    assert proc.returncode != 0
-    assert "`out` is required" in proc.stderr and "out=DIR" in proc.stderr
+    assert proc.returncode == 2  # as every entry point's user error (it exited 1 with its own usage line)
+    assert "error: out is required: pass out=" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    proc = _run_cli("out=ds", "layout=brats2025", cwd=tmp_path)
+    assert proc.returncode == 2 and "layout='brats2025'" in proc.stderr and "Did you mean 'brats2024'" in proc.stderr
     assert list(tmp_path.iterdir()) == []

@@ -307,7 +307,7 @@ def _read_preset(kind: str, preset_dir: Path) -> MemoryModel | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(
             f"{path} is not a memory calibration (fit.fields of MemoryModel): {e}. Re-run "
-            f"scripts/calibrate_memory.py --fit-only, or delete the file to plan with the base preset."
+            f"scripts/calibrate_memory.py fit_only=true, or delete the file to plan with the base preset."
         ) from e
 
 

@@ -1,0 +1,102 @@
+"""Every `python train.py ...` and `python scripts/<name>.py ...` command in README.md and docs/*.md
+composes as written: the entry point exists, its config takes every key=value given (no unknown
+key, no value outside a closed set, no value of the wrong type), and its experiment and group
+options exist. Composition is what fails first when a key is renamed or a script's command line
+changes; running each command (minutes to hours) is the slow tests' and the studies' business."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+COMMAND = re.compile(r"(?:^|\s|`)(?:\S*/)?python3? ((?:scripts/[a-z_0-9]+|train)\.py)((?:[ \t]+[^\s`#|][^\s`|]*)*)")
+ENTRY = re.compile(r'@hydra_entry\("(?:\.\./)?configs", "([a-z_]+)"\)')
+HYDRA_FLAGS = ("--multirun", "--cfg", "--help", "--hydra-help", "--info", "--resolve", "--package")
+PLACEHOLDER = re.compile(r"[<>$]|\.\.\.|\[$|\]$")
+
+
+def _unbracket(word: str) -> str:
+    """``[key=value`` and ``value]`` of an optional argument the page brackets, without the
+    brackets; a list value (``shape=[64,64,64]``) keeps its own."""
+    word = re.sub(r"^\[(?=[\w.+~]+=)", "", word)
+    while word.endswith("]") and word.count("]") > word.count("["):
+        word = word[:-1]
+    return word
+
+
+def _commands() -> list[tuple[str, int, str, list[str], bool]]:
+    """``(page, line, script, overrides, refused)`` of every command the pages show (a line continued
+    with a backslash is joined; an argument holding a placeholder such as ``<run>``, ``$res`` or
+    ``...`` is skipped); ``refused``: the page shows it failing (its next line starts ``error:``)."""
+    out = []
+    for page in DOCS:
+        lines = page.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            line, number = lines[i], i + 1
+            while line.rstrip().endswith("\\") and i + 1 < len(lines):
+                i += 1
+                line = line.rstrip()[:-1] + " " + lines[i].strip()
+            i += 1
+            for match in COMMAND.finditer(line):
+                try:
+                    words = shlex.split(match.group(2).split(" #")[0])
+                except ValueError:
+                    words = match.group(2).split()
+                words = [_unbracket(w) for w in words]  # [optional=args] as the pages mark them
+                args = [w for w in words if "=" in w and not w.startswith(("-", "hydra.", "+hydra")) and
+                        not PLACEHOLDER.search(w.split("=", 1)[1]) and not PLACEHOLDER.search(w.split("=", 1)[0])]
+                refused = i < len(lines) and lines[i].strip().startswith("error:")
+                flags = [w for w in words if w.startswith("--") and w.split("=")[0] not in HYDRA_FLAGS]
+                out.append((page.relative_to(REPO).as_posix(), number, match.group(1), args + flags, refused))
+    return out
+
+
+COMMANDS = _commands()
+
+
+def test_the_pages_show_commands_of_every_main_entry_point():
+    shown = {script for _, _, script, _, _ in COMMANDS}
+    for script in ("train.py", "scripts/evaluate.py", "scripts/predict.py", "scripts/plan_memory.py",
+                   "scripts/export.py", "scripts/prepare_data.py", "scripts/benchmark.py", "scripts/study.py"):
+        assert script in shown, script
+
+
+@pytest.mark.parametrize("page, line, script, overrides, refused", COMMANDS,
+                         ids=[f"{p}:{n}:{s}" for p, n, s, _, _ in COMMANDS])
+def test_a_documented_command_composes_as_written(page, line, script, overrides, refused):
+    from hydra import compose, initialize_config_dir
+
+    from brats_seg.cli import to_config
+    from brats_seg.config import register_configs
+
+    path = REPO / script
+    assert path.is_file(), f"{page}:{line}: {script} does not exist"
+    source = path.read_text()
+    entry = ENTRY.search(source)
+    if entry is None:  # a script without options (config_reference.py): shown without any, reads no argv
+        assert not overrides and "sys.argv" not in source and "argparse" not in source, f"{page}:{line}: {script}"
+        return
+    flags = [o for o in overrides if o.startswith("--")]
+    assert not flags, f"{page}:{line}: python {script} {' '.join(flags)}: an option of the argparse era; use key=value"
+    sweep = [o for o in overrides if "," in o.split("=", 1)[1] and not o.split("=", 1)[1].startswith("[")]
+    overrides = [o for o in overrides if o not in sweep] + [f"{o.split('=', 1)[0]}={o.split('=', 1)[1].split(',')[0]}"
+                                                            for o in sweep]  # a -m sweep: its first job
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        try:
+            to_config(compose(config_name=entry.group(1), overrides=overrides))
+            error = None
+        except SystemExit:
+            error = "refused (see stderr)"
+        except Exception as e:  # noqa: BLE001 - Hydra's several errors; the message is the point
+            error = f"{type(e).__name__}: {e}"
+    if refused:  # the page shows this command's error: it must still be one
+        assert error, f"{page}:{line}: python {script} {' '.join(overrides)} is shown failing but composes"
+    elif error:
+        pytest.fail(f"{page}:{line}: python {script} {' '.join(overrides)}: {error}")
