@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from brats_seg.choices import check_choice
 from brats_seg.config import BackendConfig, BackendName, Precision
+from brats_seg.model.checks import PRECISION_POLICIES  # backend.precision -> Keras policy
 
 __all__ = [
     "PRECISION_POLICIES",
@@ -38,8 +39,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PRECISION_POLICIES = {Precision.fp32.value: "float32", Precision.bf16.value: "mixed_bfloat16",
-                      Precision.fp16.value: "mixed_float16"}  # backend.precision -> Keras policy
 
 
 class BackendError(RuntimeError):

@@ -16,7 +16,7 @@ runs that alone on the file, with other values of the model's rules, ``+rule.<fi
 or another objective, ``under_weight`` and ``target_bias``, and writes nothing). Writes
 ``brats_seg/lms/presets/cpu_<kind>.json`` (``out`` to change), which the planner reads;
 measurements are saved after every run, so an interrupted calibration continues where it stopped. The grids, the fit and the report are
-:mod:`brats_seg.lms.calibration`'s.
+:mod:`brats_seg.benchmark.memory_calibration`'s.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ BENCHMARK = Path(__file__).resolve().with_name("benchmark.py")  # each measureme
 
 @hydra_entry("../configs", "calibrate_memory")
 def main(cfg) -> None:
-    from brats_seg.lms.calibration import calibrate
+    from brats_seg.benchmark.memory_calibration import calibrate
 
     conf = to_config(cfg)
     with user_errors("the calibration"):

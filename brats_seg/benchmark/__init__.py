@@ -16,6 +16,10 @@
                profile_augment (scripts/profile_augment.py)
     scaling    data-parallel workers against one process on the same cores: measure_scaling
                (scripts/scaling.py)
+    memory_calibration
+               the planner's CPU memory preset measured (benchmark points in processes of
+               their own), fitted and judged on points not fitted: calibrate, predict
+               (scripts/calibrate_memory.py)
 
 Each measurement that needs a process of its own (its own peak RSS, oneDNN's environment set
 before TensorFlow loads, a worker of a cluster) is started by its caller with the command it is

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from brats_seg.benchmark.onednn import capture_stdout, onednn_profile
 from brats_seg.choices import check_choice
+from brats_seg.config import BenchmarkInput
 
 __all__ = ["build_benchmark_step", "make_input", "measure_pipeline", "measure_sgemm_flops", "plan_benchmark",
            "run_benchmark"]
@@ -172,7 +173,7 @@ def run_benchmark(conf, overrides: list[str]) -> dict:
     from brats_seg.backend import configure
     from brats_seg.resolve import resolve_run
 
-    check_choice(conf.benchmark.input, ("memory", "pipeline"), "benchmark.input")
+    check_choice(conf.benchmark.input, BenchmarkInput, "benchmark.input")
     run = resolve_run(conf, training=False)  # outputs derived, values checked, backend decided: once
     conf = run.config
     if conf.benchmark.onednn_verbose:  # read by oneDNN when TensorFlow loads it: before configure imports it

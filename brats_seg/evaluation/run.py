@@ -15,13 +15,12 @@ import logging
 from pathlib import Path
 
 from brats_seg.choices import check_choice
-from brats_seg.config import BackendConfig, EvaluateConfig, ModelConfig, TrainConfig
+from brats_seg.config import BackendConfig, EvalMode, EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.labels import output_regions
-from brats_seg.evaluation.sliding import MODES, resolve_window
+from brats_seg.evaluation.sliding import resolve_window
 from brats_seg.run_dir import RunError, RunFolder
 
 __all__ = [
-    "MODES",
     "RunError",
     "check_evaluate_config",
     "inference_settings",
@@ -107,7 +106,7 @@ def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None,
     Raises:
         RunError: naming the bad key and value.
     """
-    check_choice(cfg.mode, MODES, "evaluate.mode", error=RunError)
+    check_choice(cfg.mode, EvalMode, "evaluate.mode", error=RunError)
     if not 0 < cfg.threshold < 1:
         raise RunError(f"evaluate.threshold={cfg.threshold}: use a probability in (0, 1), e.g. 0.5.")
     if not 0 <= cfg.window_overlap < 1:

@@ -27,12 +27,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from brats_seg.choices import check_choice, choice_values
+from brats_seg.choices import check_choice
 from brats_seg.config import EvalMode
 
 __all__ = [
     "GAUSSIAN_SIGMA_SCALE",
-    "MODES",
     "default_window",
     "gaussian_importance_map",
     "predict_volume",
@@ -40,10 +39,6 @@ __all__ = [
     "sliding_window_starts",
     "window_corners",
 ]
-
-# evaluate.mode (config.EvalMode): the whole volume at once, or Gaussian-weighted windows. Kept as
-# strings for brats_seg.evaluation.run, which still imports it; new code takes EvalMode.
-MODES = choice_values(EvalMode)
 
 log = logging.getLogger(__name__)
 

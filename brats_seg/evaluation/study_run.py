@@ -21,7 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from brats_seg.choices import choice_values
 from brats_seg.cli import project_dir
+from brats_seg.config import Split
 
 __all__ = ["SETS", "StepFailed", "eval_name", "evaluate_missing", "find_runs", "log_to_mlflow", "parse_sets",
            "read_records", "run_logged", "run_study"]
@@ -30,7 +32,6 @@ __all__ = ["SETS", "StepFailed", "eval_name", "evaluate_missing", "find_runs", "
 SETS = {"test": ("test", ""), "matched": ("test", ""), "val": ("val", ""),
         "shifted": ("test", "mni_gliomas_shifted"), "heldout": ("all", "mni_gliomas_heldout"),
         "heldout_shifted": ("all", "mni_gliomas_heldout_shifted")}
-SPLITS = ("val", "test", "all")
 
 
 class StepFailed(SystemExit):
@@ -65,11 +66,11 @@ def parse_sets(names) -> dict[str, tuple[str, str]]:
         split, at, on = str(name).partition("@")
         if name in SETS:
             out[name] = SETS[name]
-        elif at and split in SPLITS and on:
+        elif at and split in choice_values(Split) and on:
             out[name] = (split, on)
         else:
             raise ValueError(f"sets: {name!r} is not a set; use {', '.join(SETS)} or <split>@<data config> "
-                             f"with split in {', '.join(SPLITS)} (e.g. all@mni_gliomas_heldout).")
+                             f"with split in {', '.join(choice_values(Split))} (e.g. all@mni_gliomas_heldout).")
     if not out:
         raise ValueError("sets is empty: name at least one, e.g. sets=test")
     return out

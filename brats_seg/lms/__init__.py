@@ -13,8 +13,8 @@ Two subpackages, one rule between them:
 
 Arrows point from runtime to planner (the wrapper takes the planner's policy names), never
 back. ``presets/cpu_<kind>.json`` are the calibrated coefficients per CPU kind that
-:mod:`brats_seg.lms.calibration` (``scripts/calibrate_memory.py``) measures, fits and writes and
-:mod:`brats_seg.lms.planner.memory_model` reads; the calibration runs the benchmark in processes
-of its own, so it imports no TensorFlow either.
+:mod:`brats_seg.benchmark.memory_calibration` (``scripts/calibrate_memory.py``, a measurement of
+this machine, above the planner) measures, fits and writes and
+:mod:`brats_seg.lms.planner.memory_model` reads.
 Nothing is imported here, so importing the planner never pulls in TensorFlow.
 """

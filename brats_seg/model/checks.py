@@ -18,12 +18,12 @@ import numbers
 from typing import Sequence
 
 from brats_seg.choices import check_choice
-from brats_seg.config import ModelConfig, Norm, Upsample
+from brats_seg.config import ModelConfig, Norm, Precision, Upsample
 
 __all__ = [
     "DTYPE_POLICIES",
     "IN_CHANNELS",
-    "PRECISION_ALIASES",
+    "PRECISION_POLICIES",
     "check_batch_size",
     "check_depth",
     "check_input_shape",
@@ -36,7 +36,9 @@ __all__ = [
 IN_CHANNELS = (1, 4)  # FLAIR only | FLAIR, T1, T1ce, T2
 # Keras dtype policy -> the compute dtype of its layers (variables are float32 under each).
 DTYPE_POLICIES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
-PRECISION_ALIASES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}  # backend.precision
+# backend.precision -> the Keras dtype policy it trains under (the one table; backend.py applies it)
+PRECISION_POLICIES = {Precision.fp32.value: "float32", Precision.bf16.value: "mixed_bfloat16",
+                      Precision.fp16.value: "mixed_float16"}
 
 
 def check_unet_config(cfg: ModelConfig, input_shape: Sequence[int]) -> None:
@@ -126,7 +128,7 @@ def check_policy(policy: str) -> str:
     Raises:
         ValueError: an unknown policy, with the known ones.
     """
-    policy = PRECISION_ALIASES.get(policy, policy)
+    policy = PRECISION_POLICIES.get(policy, policy)
     return check_choice(policy, DTYPE_POLICIES, "dtype policy", hint="(or fp32, fp16, bf16)")
 
 

@@ -58,7 +58,7 @@ def _auto_limit(overrides) -> int:
     the host preset's off and recompute predictions, so that the plan must recompute some blocks
     and can. (Half-way for the limit itself left the budget under recompute's prediction on a
     CPU whose off and recompute differ by less than the margin: AVX2.)"""
-    from brats_seg.lms.calibration import predict
+    from brats_seg.benchmark.memory_calibration import predict
     from brats_seg.lms.planner.memory_model import memory_model_for
 
     mm = memory_model_for("CPU")

@@ -22,11 +22,9 @@ def _tables() -> dict[str, tuple[str, dict]]:
     """The tables keyed by a closed set, which map each value to what it means and so cannot be the
     Enum itself: by table, its config key and the table. (The modules that only check a value take
     the Enum of brats_seg/config.py, so there is no copy of a set left to compare.)"""
-    from brats_seg.backend import PRECISION_POLICIES
-    from brats_seg.model.checks import PRECISION_ALIASES
+    from brats_seg.model.checks import PRECISION_POLICIES
 
-    return {"backend.PRECISION_POLICIES": ("backend.precision", PRECISION_POLICIES),
-            "model.checks.PRECISION_ALIASES": ("backend.precision", PRECISION_ALIASES)}
+    return {"model.checks.PRECISION_POLICIES": ("backend.precision", PRECISION_POLICIES)}
 
 
 @pytest.mark.parametrize("table", sorted(_tables()))

@@ -100,3 +100,17 @@ def test_a_documented_command_composes_as_written(page, line, script, overrides,
         assert error, f"{page}:{line}: python {script} {' '.join(overrides)} is shown failing but composes"
     elif error:
         pytest.fail(f"{page}:{line}: python {script} {' '.join(overrides)}: {error}")
+
+
+def test_the_code_map_names_every_module():
+    """docs/development.md's code map names each module and package of brats_seg/ (a new module
+    without its line fails here)."""
+    page = (REPO / "docs" / "development.md").read_text()
+    block = page[page.index("## Code map"):page.index("## GPU acceptance")]
+    words = set(re.findall(r"[a-z_0-9]+", block))
+    package = REPO / "brats_seg"
+    missing = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                     if p.stem != "__init__" and "presets" not in p.parts and p.stem not in words)
+    missing += sorted(str(p.relative_to(package)) for p in package.iterdir()
+                      if p.is_dir() and (p / "__init__.py").is_file() and p.name not in words)
+    assert not missing, f"docs/development.md's code map does not name: {', '.join(missing)}"

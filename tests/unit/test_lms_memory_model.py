@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from brats_seg.lms.calibration import predict  # the calibration's own prediction, as it fitted
+from brats_seg.benchmark.memory_calibration import predict  # the calibration's own prediction, as it fitted
 from brats_seg.lms.planner.memory_model import (
     BASE_PRESETS,
     CPU_MEMORY_MODELS,

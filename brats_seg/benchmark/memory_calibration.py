@@ -349,7 +349,7 @@ def calibrate(conf, benchmark: list[str]) -> Path | None:
     tuned = conf.rule or conf.under_weight is not None or conf.target_bias is not None
     if tuned and not conf.cross_validate:
         raise ValueError("rule, under_weight and target_bias only go with cross_validate=true (a preset is fitted "
-                         "with the rules of BASE_PRESETS and the objective in brats_seg/lms/calibration.py).")
+                         "with the rules of BASE_PRESETS and the objective in brats_seg/benchmark/memory_calibration.py).")
     isa = cpu_kind()  # the kind of kernels oneDNN runs here (capped by ONEDNN_MAX_CPU_ISA if set)
     path = Path(conf.out) if conf.out else PRESET_DIR / f"cpu_{isa}.json"
     try:
