@@ -290,7 +290,7 @@ def user_errors(stage: str = "the command"):
     from brats_seg.locks import LockedError
     from brats_seg.lms.planner.advice import OutOfMemoryError
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
-    from brats_seg.signals import Interrupted, stop_on_signals
+    from brats_seg.signals import EXIT_PREEMPTED, Interrupted, Preempted, stop_on_signals
 
     try:
         with stop_on_signals(stage):
@@ -300,13 +300,10 @@ def user_errors(stage: str = "the command"):
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None
     except Interrupted as e:  # what was finished is kept; the same command continues
-        from brats_seg.training.preemption import EXIT_PREEMPTED
-
         sys.stderr.write(f"{e}\n")
         raise SystemExit(EXIT_PREEMPTED) from None
     except Exception as e:  # the two training outcomes that are not bugs (no TensorFlow import here)
         from brats_seg.distribute.cluster import ClusterFailure
-        from brats_seg.training.preemption import EXIT_PREEMPTED, Preempted
 
         if isinstance(e, Preempted):  # saved; the same command resumes
             sys.stderr.write(f"{e}\n")

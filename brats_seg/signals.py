@@ -5,12 +5,14 @@ and keep what they finished (a cache entry, a case's prediction and its metrics)
 right answer to a signal there is to stop now rather than finish the case: while
 :func:`stop_on_signals` is entered, SIGTERM or SIGINT raises :class:`Interrupted` in the
 main thread, the ``with`` blocks unwind (temporary files removed, locks released), and the
-entry point exits with :data:`~brats_seg.training.preemption.EXIT_PREEMPTED`. Running the
+entry point exits with :data:`EXIT_PREEMPTED`. Running the
 same command again continues where it stopped. The stage says how far it got with
 :func:`report_progress` (``3 of 8 cases``), and the message of :class:`Interrupted` repeats it.
 
 The training loop has its own, gentler handler (:mod:`brats_seg.training.preemption`: finish
-the step, save, exit), installed inside this one while it runs.
+the step, save, exit), installed inside this one while it runs; it ends in :class:`Preempted`.
+Both outcomes of a signal, and their exit status, are declared here, below every entry point's
+glue (``cli.user_errors``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,31 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["Interrupted", "report_progress", "stop_on_signals"]
+__all__ = ["EXIT_PREEMPTED", "Interrupted", "Preempted", "report_progress", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
+
+#: Exit status of a run stopped by SIGTERM/SIGINT after saving (sysexits' EX_TEMPFAIL:
+#: "try again later"); a job script can requeue on it.
+EXIT_PREEMPTED = 75
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after saving; re-running the command resumes.
+
+    Attributes:
+        signal_name: ``SIGTERM`` or ``SIGINT``.
+        where: what was done and saved (``step 3 of epoch 2``, ``epoch 2``).
+        run_dir: the run folder holding the checkpoint.
+    """
+
+    def __init__(self, signal_name: str, where: str, run_dir: str) -> None:
+        self.signal_name, self.where, self.run_dir = signal_name, where, run_dir
+        super().__init__(
+            f"{signal_name}: training stopped after {where}, saved in {run_dir}. "
+            "Re-run the same command to resume from there."
+        )
+
 
 
 class Interrupted(Exception):

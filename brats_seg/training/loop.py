@@ -62,7 +62,8 @@ from brats_seg.training.checkpoint import has_progress, load_resume, prepare_run
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
 from brats_seg.training.epochs import LoopOutcome, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
-from brats_seg.training.preemption import Preempted, PreemptionFlag
+from brats_seg.signals import Preempted
+from brats_seg.training.preemption import PreemptionFlag
 from brats_seg.training.budget import TrainingClock
 from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_sliding_eval_step, make_train_step
 

@@ -4,8 +4,8 @@ SLURM sends SIGTERM at preemption and at the time limit (``--signal`` can send i
 a user presses Ctrl-C (SIGINT). Either asks the training loop to stop after the current
 step: every worker learns of it at the same step (the flag is summed over replicas inside
 the step), the chief saves a checkpoint with the position in the epoch, the MLflow run is
-marked KILLED and the process exits with :data:`EXIT_PREEMPTED`. Re-running the same
-command resumes at that step. A second Ctrl-C stops at once (KeyboardInterrupt; the last
+marked KILLED, :class:`~brats_seg.signals.Preempted` is raised and the process exits with
+:data:`brats_seg.signals.EXIT_PREEMPTED`. Re-running the same command resumes at that step. A second Ctrl-C stops at once (KeyboardInterrupt; the last
 completed epoch or saved step stays the resume point).
 
 Under submitit (``hydra/launcher=slurm|local``), SLURM's warning signal is SIGUSR2, whose
@@ -19,31 +19,9 @@ import logging
 import signal
 import threading
 
-__all__ = ["EXIT_PREEMPTED", "Preempted", "PreemptionFlag"]
+__all__ = ["PreemptionFlag"]
 
 log = logging.getLogger(__name__)
-
-#: Exit status of a run stopped by SIGTERM/SIGINT after saving (sysexits' EX_TEMPFAIL:
-#: "try again later"); a job script can requeue on it.
-EXIT_PREEMPTED = 75
-
-
-class Preempted(Exception):
-    """Training stopped on a signal after saving; re-running the command resumes.
-
-    Attributes:
-        signal_name: ``SIGTERM`` or ``SIGINT``.
-        where: what was done and saved (``step 3 of epoch 2``, ``epoch 2``).
-        run_dir: the run folder holding the checkpoint.
-    """
-
-    def __init__(self, signal_name: str, where: str, run_dir: str) -> None:
-        self.signal_name, self.where, self.run_dir = signal_name, where, run_dir
-        super().__init__(
-            f"{signal_name}: training stopped after {where}, saved in {run_dir}. "
-            "Re-run the same command to resume from there."
-        )
-
 
 class PreemptionFlag:
     """While entered, SIGTERM, SIGINT (and SIGUSR2 where a launcher handles it) set

@@ -190,7 +190,7 @@ def test_a_patch_run_stopped_mid_epoch_resumes_exactly_and_evaluates_whole_volum
     from brats_seg.backend import configure
     from brats_seg.evaluation.evaluate import evaluate_run
     from brats_seg.training.loop import train
-    from brats_seg.training.preemption import Preempted
+    from brats_seg.signals import Preempted
 
     backend = configure(BackendConfig(name="cpu_onednn"))
     root = synthetic_root["brats2021"]

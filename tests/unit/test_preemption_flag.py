@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from brats_seg.training.preemption import EXIT_PREEMPTED, Preempted, PreemptionFlag
+from brats_seg.signals import EXIT_PREEMPTED, Preempted
+from brats_seg.training.preemption import PreemptionFlag
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
