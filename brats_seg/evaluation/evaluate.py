@@ -244,15 +244,26 @@ def _plot_cases(table: MetricsTable, path: Path, title: str) -> None:
     plot_case_scores(table.case_ids, dice, hd95, path, title=title, penalty_mm=INF_DISTANCE_MM)
 
 
-def _log_to_mlflow(run_dir: Path, config: TrainConfig, split: str, summary: dict, out: Path) -> None:
-    """Log summary statistics (the mean of each column in ``Eval <split>/<column>``, the median
-    and std after it: :func:`~brats_seg.tracking.names.evaluation_metric_key`) and the eval folder
-    (artifacts ``eval/<split>``) to the run's MLflow run; never fails the evaluation."""
+def _metrics_columns(path: Path) -> dict[str, list]:
+    """``metrics.csv`` as ``{column: values}`` (undefined values NaN), for MLflow's table artifact."""
+    table = MetricsTable.load_csv(path)
+    return {"case_id": list(table.case_ids), **{c: table.values(c).tolist() for c in table.columns[1:]}}
+
+
+def _log_to_mlflow(run_dir: Path, config: TrainConfig, name: str, summary: dict, out: Path, split: str,
+                   case_ids: list[str]) -> None:
+    """Log to the run's MLflow run: summary statistics (the mean of each column in
+    ``Eval <name>/<column>``, the median and std after it:
+    :func:`~brats_seg.tracking.names.evaluation_metric_key`), the cases scored as the dataset input
+    ``<data.name>/eval/<split>`` (context ``evaluation``: :mod:`brats_seg.tracking.datasets`), the
+    eval folder (artifacts ``eval/<name>``) and ``metrics.csv`` as the table artifact
+    ``eval/<name>/metrics_table.json`` (shown as a table by MLflow's UI); never fails the evaluation."""
     try:
         from brats_seg.tracking import Tracker, evaluation_metric_key
+        from brats_seg.tracking.datasets import evaluated_input
 
         metrics = {
-            evaluation_metric_key(split, column, stat): value
+            evaluation_metric_key(name, column, stat): value
             for column, stats in summary.items() if isinstance(stats, dict)
             for stat, value in stats.items() if stat in ("mean", "median", "std") and math.isfinite(value)
         }
@@ -260,7 +271,9 @@ def _log_to_mlflow(run_dir: Path, config: TrainConfig, split: str, summary: dict
         tracker = Tracker.resume(run_dir, dataclasses.replace(config.tracking, system_metrics=False))
         with tracker:
             tracker.log_metrics(metrics, step=0)
-            tracker.log_artifacts(out, f"eval/{split}")
+            tracker.log_datasets([evaluated_input(config.data, config.resolution, split, case_ids)])
+            tracker.log_artifacts(out, f"eval/{name}")
+            tracker.log_table(_metrics_columns(out / "metrics.csv"), f"eval/{name}/metrics_table.json")
             postprocess = RunFolder(run_dir).postprocess_path
             if postprocess.is_file():  # the rules the masks were written with, and their val scores
                 tracker.log_artifact(postprocess)
@@ -322,7 +335,7 @@ def evaluate_run(
         config, name = dataclasses.replace(config, data=data), f"{split}@{data.name}"
     with hold_lock(eval_dir(run_dir, name), f"evaluation of the {name} split in"):  # one evaluation writes it
         summary = _evaluate_cases(run_dir, name, checkpoint, eval_cfg, progress, model, config, case_ids, own)
-    _log_to_mlflow(run_dir, config, name, summary, eval_dir(run_dir, name))  # the lock file gone first
+    _log_to_mlflow(run_dir, config, name, summary, eval_dir(run_dir, name), split, case_ids)  # the lock gone first
     return summary
 
 

@@ -412,8 +412,15 @@ class _FakeTracker:
     def log_artifacts(self, folder, artifact_path=None):
         self.calls.append(("artifacts", Path(folder), artifact_path))
 
+    def log_datasets(self, inputs):
+        self.calls.append(("datasets", list(inputs)))
+
+    def log_table(self, columns, artifact_file):
+        self.calls.append(("table", dict(columns), artifact_file))
+
 
 def test_wt_only_model_scores_wt_and_logs_to_mlflow(evaluated, monkeypatch):
+    from brats_seg.tracking import datasets  # noqa: F401 - imported while brats_seg.tracking is itself
     from brats_seg.tracking.names import evaluation_metric_key
 
     monkeypatch.setitem(sys.modules, "brats_seg.tracking", types.SimpleNamespace(
@@ -439,11 +446,19 @@ def test_wt_only_model_scores_wt_and_logs_to_mlflow(evaluated, monkeypatch):
         assert set(np.unique(mask)) == {0, edema}
 
     kinds = [c[0] for c in _FakeTracker.calls]
-    assert kinds == ["resume", "metrics", "artifacts", "end"]
+    assert kinds == ["resume", "metrics", "datasets", "artifacts", "table", "end"]
     metrics = _FakeTracker.calls[1][1]
     assert metrics["Eval test/dice_wt"] == pytest.approx(summary["dice_wt"]["mean"])
     assert "eval test median/hd95_wt" in metrics and "Eval test/dice_tc" not in metrics  # NaN not logged
-    assert _FakeTracker.calls[2][1:] == (run_dir / "eval" / "test", "eval/test")
+    (scored,) = _FakeTracker.calls[2][1]  # the split it scored, an MLflow dataset input
+    assert scored.dataset.name == f"{evaluated.layout}/eval/test"
+    assert {t.key: t.value for t in scored.tags} == {"mlflow.data.context": "evaluation"}
+    assert json.loads(scored.dataset.profile)["cases"] == len(evaluated.test_ids)
+    assert _FakeTracker.calls[3][1:] == (run_dir / "eval" / "test", "eval/test")
+    table, artifact = _FakeTracker.calls[4][1:]  # metrics.csv as MLflow's table artifact
+    assert artifact == "eval/test/metrics_table.json"
+    assert list(table) == columns and table["case_id"] == [row["case_id"] for row in rows]
+    assert table["dice_wt"] == pytest.approx([float(row["dice_wt"]) for row in rows])
 
 
 def test_split_all_is_every_case_of_split_json(brats_eval):
