@@ -257,6 +257,7 @@ class TrackingConfig:
     uri: str = "sqlite:///mlruns.db"  # relative sqlite paths are taken from the project root
     experiment: str = "brats-seg"  # the MLflow experiment the runs are logged under
     system_metrics: bool = True  # MLflow system metrics (CPU, memory, GPU) beside the training curves
+    register_as: str = ""  # a Model Registry name: the best model, logged at the end of training, is registered under it; "" = not registered
 
 
 @dataclass

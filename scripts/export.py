@@ -13,7 +13,11 @@ must be (spacing, orientation, grid, crop, normalisation) and how the output bec
 (threshold, paint order), with the run's config and the brats_seg version it came from. Load it
 with ``tf.saved_model.load(output)`` or serve it with TF Serving; ``scripts/predict.py
 export=<output>`` predicts with it as with the run. The folder appears complete or not at all; a
-previous export there is replaced. Exits 2 with a message on a bad run folder, checkpoint or output.
+previous export there is replaced. When the run has an MLflow run (``mlflow.json``), the export is
+also logged into it as an MLflow model (``runs:/<run_id>/model`` for the best checkpoint,
+``model_last`` for the last) that ``mlflow.pyfunc.load_model`` loads without brats_seg, and
+registered as the run's ``tracking.register_as`` if set (:mod:`brats_seg.evaluation.mlflow_model`);
+a failure there is a warning. Exits 2 with a message on a bad run folder, checkpoint or output.
 """
 
 from __future__ import annotations
@@ -39,13 +43,20 @@ def main(cfg) -> None:
     with user_errors("export"):
         configure(conf.backend)
     from brats_seg.evaluation.export import DESCRIPTION_FILE, export_run
+    from brats_seg.evaluation.mlflow_model import log_export_to_run
 
     with user_errors("export"):
         folder = export_run(conf.run_dir, output, conf.checkpoint, conf.format, run)
+    logged = log_export_to_run(conf.run_dir, folder, conf.checkpoint, run)  # never raises: a failure is a warning
     print(f"\nexported {conf.run_dir} (checkpoint {conf.checkpoint}, {conf.backend.precision}) to {folder}")
     print(f"  SavedModel          {folder}  (signature serving_default: image -> probabilities)")
     print(f"  {DESCRIPTION_FILE:<18}  {folder / DESCRIPTION_FILE}")
     print(f"  predict with it:    python scripts/predict.py export={folder} input=<case> output=<folder>")
+    if logged is not None:
+        print(f"  MLflow model        {logged.run_uri}  ({logged.model_uri}): "
+              f"mlflow.pyfunc.load_model('{logged.run_uri}').predict(volume)")
+        if logged.version is not None:
+            print(f"  registered          {run.tracking.register_as!r} version {logged.version}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@
                        preprocessing.json: export_run, describe_export
     exported           an export read back for prediction: read_export (no TensorFlow) and
                        ExportedModel, which stands where the Keras model stands in predict
+    mlflow_model       the export logged to the run's MLflow run as an MLflow pyfunc model that
+                       loads, serves and registers without brats_seg: log_best_model (training's
+                       end), log_export_to_run (scripts/export.py)
 
 A case is scored by scoring.score_case, which calls metrics for the legacy columns and
 lesionwise for the lesion-wise ones; lesionwise runs panoptica_metrics and lesion23, which

@@ -38,7 +38,8 @@ the steps from :func:`brats_seg.data.preprocess.describe_preprocessing`, the thr
 mirroring from :class:`brats_seg.config.EvaluateConfig`. The folder is written with
 :func:`brats_seg.files.atomic_dir`: a killed export leaves the previous export, or a ``.tmp-``
 folder, never a folder that looks complete. TensorFlow and Keras are imported inside functions,
-after ``brats_seg.backend.configure``. Reading an export back: :mod:`brats_seg.evaluation.exported`.
+after ``brats_seg.backend.configure``. Reading an export back: :mod:`brats_seg.evaluation.exported`;
+as an MLflow model of the run (``mlflow.pyfunc``): :mod:`brats_seg.evaluation.mlflow_model`.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def describe_inference(config: TrainConfig) -> dict:
 
 
 def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, checkpoint_identity: dict,
-                    policy: str) -> dict:
+                    policy: str, warn_unchosen: bool = True) -> dict:
     """The content of ``preprocessing.json`` for a run's model (TensorFlow-free).
 
     Args:
@@ -138,6 +139,8 @@ def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, c
         checkpoint: which checkpoint was exported (``best``, ``last`` or a path).
         checkpoint_identity: its ``{"size", "sha256"}`` (:meth:`RunFolder.checkpoint_identity`).
         policy: the Keras dtype policy the graph was traced under (``float32``, ``mixed_bfloat16``).
+        warn_unchosen: warn when the run has no post-processing chosen yet (False at the end of
+            training, before any evaluation could choose it).
     """
     table = label_table(config.data.layout)
     names = run_regions(config)
@@ -171,7 +174,7 @@ def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, c
             "test_time_mirroring": defaults.mirror,
             "mirroring_rule": "brats_seg's predict.py averages the probabilities with those of the input "
                               "flipped along x (axis 1), flipped back (evaluate.mirror)",
-            "chosen": _chosen_postprocessing(config, run_dir, checkpoint_identity),
+            "chosen": _chosen_postprocessing(config, run_dir, checkpoint_identity, warn_unchosen),
             "chosen_rule": "then, on the painted label map (null: nothing): each region's connected components "
                            "(26-connected) under min_component_mm3 leave it and the regions inside it; a region "
                            "under relabel_below_mm3 in total takes the label of the region holding it (ET -> "
@@ -188,7 +191,8 @@ def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, c
     }
 
 
-def _chosen_postprocessing(config: TrainConfig, run_dir: str | Path, checkpoint_identity: dict) -> dict | None:
+def _chosen_postprocessing(config: TrainConfig, run_dir: str | Path, checkpoint_identity: dict,
+                           warn_unchosen: bool = True) -> dict | None:
     """The run's ``postprocess.json`` (rules, what they were chosen for and their validation means), or None."""
     from brats_seg.evaluation.postprocess import PostprocessError, rules_of_record
 
@@ -199,7 +203,7 @@ def _chosen_postprocessing(config: TrainConfig, run_dir: str | Path, checkpoint_
     except PostprocessError as e:
         raise RunError(str(e)) from None
     if rules is None:
-        log.warning("the run %s has no post-processing chosen (scripts/evaluate.py chooses it on the val split): "
+        (log.warning if warn_unchosen else log.debug)("the run %s has no post-processing chosen (scripts/evaluate.py chooses it on the val split): "
                     "the export holds none, and its masks are written as thresholded", run_dir)
         return None
     validation = record.get("validation") or {}
@@ -230,7 +234,7 @@ def _provenance() -> dict:
 
 
 def export_run(run_dir: str | Path, output: str | Path | None = None, checkpoint: str = "best",
-               fmt: str = "saved_model", config: TrainConfig | None = None) -> Path:
+               fmt: str = "saved_model", config: TrainConfig | None = None, warn_unchosen: bool = True) -> Path:
     """Export a run's model: a SavedModel plus ``preprocessing.json``, in one atomic folder.
 
     Call after ``brats_seg.backend.configure``: the model is traced under the dtype policy
@@ -242,6 +246,7 @@ def export_run(run_dir: str | Path, output: str | Path | None = None, checkpoint
         checkpoint: ``best`` | ``last`` | a ``.keras`` file.
         fmt: ``saved_model``.
         config: the run's config (read from ``config.json`` if None).
+        warn_unchosen: warn when the run has no post-processing chosen yet (see :func:`describe_export`).
 
     Returns:
         The export folder.
@@ -258,7 +263,7 @@ def export_run(run_dir: str | Path, output: str | Path | None = None, checkpoint
     identity = RunFolder.of(run_dir).checkpoint_identity(checkpoint)  # before loading: the weights exported
     model = _model_at_network_input(load_run_model(run_dir, checkpoint, config), config)
     policy = keras.mixed_precision.global_policy().name
-    description = describe_export(config, run_dir, checkpoint, identity, policy)
+    description = describe_export(config, run_dir, checkpoint, identity, policy, warn_unchosen)
     with atomic_dir(output) as folder:
         _write_saved_model(model, config, folder)
         write_text_atomic(folder / DESCRIPTION_FILE, json.dumps(description, indent=1) + "\n")

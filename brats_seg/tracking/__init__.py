@@ -13,6 +13,11 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
   ``mlflow.start_run``/``end_run`` for MLflow's user, source and git tags and its system
   metrics, an ``MlflowClient`` with the run's id for params, tags, per-epoch metrics and
   artifacts. A store that fails is reported once and left alone; training goes on.
+* :mod:`~brats_seg.tracking.pyfunc_model` is MLflow's "models from code" file of a logged model
+  (the SavedModel export behind ``mlflow.pyfunc``): MLflow copies it into the model and runs it
+  where the model loads, so it imports mlflow, numpy and tensorflow only, and nothing in brats_seg
+  imports it (:mod:`brats_seg.evaluation.mlflow_model` logs the model through
+  :meth:`Tracker.log_model` and registers it with :meth:`Tracker.register_model`).
 * :mod:`~brats_seg.tracking.faults` words a store whose disk is full (the file, the free space,
   once) and keeps MLflow's own tracebacks of it out of the log.
 * :mod:`~brats_seg.tracking.names` makes the run's name and git tag, chooses the metric keys
