@@ -8,8 +8,11 @@ How a :class:`Tracker` talks to MLflow:
   network and GPUs into ``system/*`` and stops with the run). Both use MLflow's global tracking
   URI, which the tracker therefore sets.
 * Every logging call goes through an ``MlflowClient`` with the run's id: params, tags and metrics
-  in one ``log_batch`` each (the client splits large batches itself), artifacts and text. No
-  call depends on which thread holds MLflow's active run.
+  in one ``log_batch`` each (the client splits large batches itself), artifacts and text, the
+  data splits as dataset inputs (``log_inputs``; :mod:`~brats_seg.tracking.datasets` builds them)
+  and tables (``log_table``). No call depends on which thread holds MLflow's active run, except
+  logging a model (:meth:`Tracker.log_model`: ``mlflow.pyfunc.log_model`` logs into the thread's
+  active run, which must be the tracker's); the Model Registry is reached through the same client.
 * ``mlflow.json`` in the run folder (its path and format belong to
   :class:`~brats_seg.run_dir.RunFolder`) names the run: re-running training with the same
   ``run_dir`` reopens it (:meth:`Tracker.start`), and evaluation logs into it (:meth:`Tracker.resume`).
@@ -29,14 +32,22 @@ in the thread (a notebook's own) gets the tracker's run nested under it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import os
+import posixpath
+import tempfile
 import time
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import DatasetInput, LoggedModelStatus, Metric, Param, RunTag
+from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+from mlflow.exceptions import MlflowException
 
 from brats_seg.choices import check_choice
 from brats_seg.config import TrackerName, TrackingConfig
@@ -60,6 +71,21 @@ def _short(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+@contextlib.contextmanager
+def _no_progress_bars():
+    """MLflow's artifact progress bars (tqdm, on stderr) off for the block: a run's log is not a terminal."""
+    name = MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name
+    before = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 class Tracker:
     """One run's tracking in MLflow, or nothing (``tracking=none``, or the store is unusable).
 
@@ -71,6 +97,8 @@ class Tracker:
         run_id: the MLflow run id, or None when nothing is sent to MLflow.
         run_dir: the run's output folder.
         tracking_uri: the resolved tracking URI, or None with ``tracking=none``.
+        register_as: ``tracking.register_as``: the Model Registry name the run's model is registered
+            under (:meth:`register_model`), or ``""``.
     """
 
     def __init__(self, run_dir: Path, run_name: str = "") -> None:
@@ -85,6 +113,8 @@ class Tracker:
         self._warned: set[str] = set()
         self._logged_params: dict[str, str] = {}  # what the MLflow run already holds (params are immutable)
         self._restore_status: str | None = None  # set by resume(): end() puts this status back
+        self._stage = "evaluation"  # resume()'s caller: end() tags its status as <stage>.status
+        self.register_as = ""
         self._run_active = False  # our run is on MLflow's active-run stack: end() takes it off
         self._ended = False
         self._mlflow_disk_full = MlflowDiskFullFilter()  # attached while the store is in use
@@ -110,6 +140,7 @@ class Tracker:
         """
         check_choice(cfg.name, TrackerName, "tracking", hint="(tracking=mlflow or tracking=none)")
         tracker = cls(run_dir, run_name)
+        tracker.register_as = cfg.register_as
         if cfg.name == "none":
             log.info("tracking=none: nothing is sent to MLflow; the run folder %s keeps the run", tracker.run_dir)
             return tracker
@@ -124,21 +155,23 @@ class Tracker:
         return tracker
 
     @classmethod
-    def resume(cls, run_dir: Path, fallback: TrackingConfig | None = None) -> Tracker:
+    def resume(cls, run_dir: Path, fallback: TrackingConfig | None = None, stage: str = "evaluation") -> Tracker:
         """Reopen the training run ``mlflow.json`` names (e.g. to log evaluation into it).
 
         Without ``mlflow.json`` nothing is sent. :meth:`end` puts the run's previous status back
         (evaluation does not change whether training finished) and records its own status as
-        the tag ``evaluation.status``.
+        the tag ``<stage>.status``.
 
         Args:
             run_dir: the training run's output folder.
             fallback: settings ``mlflow.json`` does not hold: ``name=none`` disables MLflow,
                 ``system_metrics`` (default off), ``uri`` if the file lacks one, ``experiment``
                 if the recorded run no longer exists and a new one must be created.
+            stage: what reopens the run (``evaluation``, ``export``): names the status tag.
         """
         cfg = fallback or TrackingConfig(system_metrics=False)
         tracker = cls(run_dir)
+        tracker._stage, tracker.register_as = stage, cfg.register_as
         saved = tracker._read_saved()
         if saved is None or cfg.name == "none":
             log.info("no MLflow run to reopen (%s); nothing is sent to MLflow",
@@ -270,6 +303,79 @@ class Tracker:
         self._call("log text", lambda: self._client.log_text(self.run_id, text, artifact_file), artifacts=True,
                    target=self._artifact_target(artifact_file))
 
+    def log_datasets(self, inputs: Sequence[DatasetInput]) -> None:
+        """Log dataset inputs (:mod:`~brats_seg.tracking.datasets`) that the run does not hold yet.
+
+        A reopened run already holds its splits: an input whose dataset (name and digest) the run
+        has is not sent again, whichever store it is (MLflow's SQL store would drop it; not every
+        store does).
+        """
+        if inputs:
+            self._call("log datasets", lambda: self._send_datasets(list(inputs)))
+
+    def log_table(self, columns: dict[str, list], artifact_file: str) -> None:
+        """Save ``{column: values}`` as MLflow's table artifact ``artifact_file`` (``.json``), which
+        the UI's artifact view shows as a table. Logged again, the table replaces the one there
+        (``MlflowClient.log_table`` alone appends the new rows to it)."""
+        self._call("log a table", lambda: self._send_table(columns, artifact_file), artifacts=True,
+                   target=self._artifact_target(artifact_file))
+
+    @property
+    def sending(self) -> bool:
+        """Whether calls reach MLflow: a run is open and its store and artifact store answered so far."""
+        return self._client is not None and self.run_id is not None and self._artifacts_ok
+
+    def find_model(self, name: str, tags: dict[str, str]) -> str | None:
+        """The URI (``models:/<id>``) of a complete model this run logged as ``name`` whose tags
+        include ``tags``; None if there is none, or MLflow is off."""
+        found: list[str | None] = []
+        self._call("search the run's models", lambda: found.append(self._find_model(name, tags)))
+        return found[0] if found else None
+
+    def log_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example=None,
+                  pip_requirements: Sequence[str] = (), tags: dict[str, str] | None = None,
+                  step: int = 0) -> str | None:
+        """Log an MLflow ``pyfunc`` model into the run, from code (``mlflow.pyfunc.log_model``).
+
+        Args:
+            name: the model's name in the run (``runs:/<run_id>/<name>``).
+            python_model: the models-from-code file (it calls ``mlflow.models.set_model``).
+            artifacts: ``{key: local file or folder}`` copied into the model.
+            signature: an ``mlflow.models.ModelSignature``.
+            input_example: an input MLflow stores (and predicts once, to check serving); None: none.
+            pip_requirements: the model's environment (``pip`` lines).
+            tags: the logged model's tags.
+            step: the training step (epoch) the model is of: the run's metrics at that step are
+                linked to the model.
+
+        Returns:
+            The model's URI (``models:/<model_id>``), or None if it was not logged (MLflow off, or
+            the call failed: said once, as for every call).
+        """
+        if self._client is not None and not self._active_here():
+            self._warn_once("model:thread", f"model {name!r} not logged: MLflow run {self.run_id} is not the active "
+                                            "run of this thread (mlflow.pyfunc.log_model logs into that one).")
+            return None
+        logged: list[str] = []
+        self._call(f"log the model {name!r}", lambda: logged.append(self._send_model(
+            name, python_model, artifacts, signature, input_example, pip_requirements, tags, step)),
+            artifacts=True, target=self._artifact_target(name))
+        return logged[0] if logged else None
+
+    def register_model(self, model_uri: str, name: str) -> str | None:
+        """Register the logged model ``model_uri`` (``models:/<id>``) in the Model Registry as ``name``.
+
+        The registered model is created if new; a version of ``name`` that already holds this
+        model is kept rather than made again. A name the registry refuses is said once, by name,
+        and the model stays logged in the run.
+
+        Returns:
+            The version (``"1"``), or None if it was not registered.
+        """
+        versions: list[str | None] = []
+        self._call(f"register the model as {name!r}", lambda: versions.append(self._send_registration(model_uri, name)))
+        return versions[0] if versions else None
+
     def end(self, status: str = "FINISHED") -> None:
         """End the run: FINISHED, FAILED or KILLED. Later calls do nothing."""
         if self._ended:
@@ -281,7 +387,7 @@ class Tracker:
             status = "FAILED"
         final = status
         if self._restore_status is not None:  # resume(): evaluation's outcome is a tag, not the run's status
-            self._call("set tags", lambda: self._send_tags({"evaluation.status": status}))
+            self._call("set tags", lambda: self._send_tags({f"{self._stage}.status": status}))
             final = self._restore_status
         try:
             self._close_run(final)
@@ -342,6 +448,80 @@ class Tracker:
         if new:
             self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in new.items()])
             self._logged_params.update(new)
+
+    def _send_datasets(self, inputs: list[DatasetInput]) -> None:
+        held = self._client.get_run(self.run_id).inputs
+        held = {(d.dataset.name, d.dataset.digest) for d in (getattr(held, "dataset_inputs", None) or [])}
+        new = [d for d in inputs if (d.dataset.name, d.dataset.digest) not in held]
+        if new:
+            self._client.log_inputs(self.run_id, datasets=new)
+
+    def _send_table(self, columns: dict[str, list], artifact_file: str) -> None:
+        import pandas as pd  # MLflow's own dependency, and what its tables are made of
+
+        frame = pd.DataFrame(columns)
+        folder, name = posixpath.split(artifact_file)
+        if artifact_file not in {f.path for f in self._client.list_artifacts(self.run_id, folder or None)}:
+            self._client.log_table(self.run_id, data=frame, artifact_file=artifact_file)  # marks it a table
+            return
+        with tempfile.TemporaryDirectory() as tmp:  # already a table: replaced, in the format log_table writes
+            path = Path(tmp) / name
+            frame.to_json(path, orient="split", index=False, date_format="iso")
+            self._client.log_artifact(self.run_id, str(path), folder or None)
+
+    def _active_here(self) -> bool:
+        active = mlflow.active_run()
+        return active is not None and active.info.run_id == self.run_id
+
+    def _find_model(self, name: str, tags: dict[str, str]) -> str | None:
+        token = None
+        while True:
+            page = self._client.search_logged_models(
+                experiment_ids=[self.experiment_id], filter_string=f"name = '{name}'", page_token=token)
+            for model in page:
+                if (model.source_run_id == self.run_id and model.status == LoggedModelStatus.READY
+                        and all(model.tags.get(k) == v for k, v in tags.items())):
+                    return f"models:/{model.model_id}"
+            if not page.token:
+                return None
+            token = page.token
+
+    def _send_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example,
+                    pip_requirements: Sequence[str], tags: dict[str, str] | None, step: int) -> str:
+        mlflow.set_tracking_uri(self.tracking_uri)  # mlflow.pyfunc.log_model's client uses the global URI
+        with _no_progress_bars(), warnings.catch_warnings():
+            if input_example is None:  # left out on purpose (and said by the caller): not MLflow's advice too
+                warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
+            info = mlflow.pyfunc.log_model(
+                name=name, python_model=str(python_model), artifacts={k: str(v) for k, v in artifacts.items()},
+                signature=signature, input_example=input_example, pip_requirements=list(pip_requirements),
+                tags=tags, step=int(step))
+        return info.model_uri
+
+    def _send_registration(self, model_uri: str, name: str) -> str | None:
+        model_id = model_uri.removeprefix("models:/")
+        try:
+            try:
+                self._client.create_registered_model(name)
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            held = [v for v in self._client.search_model_versions(f"name = '{name}'")  # (the SQL registry
+                    if v.source == model_uri or getattr(v, "model_id", None) == model_id]  # leaves model_id empty)
+            version = held[0] if held else self._client.create_model_version(
+                name, source=model_uri, run_id=self.run_id, model_id=model_id, await_creation_for=0)
+        except MlflowException as exc:
+            if exc.error_code not in (*_REJECTED, "PERMISSION_DENIED"):
+                raise  # the registry is unreachable: as any failed call
+            self._warn_once(f"register:{name}", (
+                f"the Model Registry at {self.tracking_uri} refused to register the model as {name!r} "
+                f"({_short(exc)}); the model stays logged in run {self.run_id} as {model_uri}. Set "
+                f"tracking.register_as= to a name the registry takes, or register it with "
+                f"mlflow.register_model({model_uri!r}, '<name>')."))
+            return None
+        log.info("%s %s as %r version %s in the Model Registry at %s", "already registered" if held else "registered",
+                 model_uri, name, version.version, self.tracking_uri)
+        return str(version.version)
 
     def _send_tags(self, tags: dict) -> None:
         items = {mlflow_key(k): mlflow_value(v, MAX_TAG_CHARS) for k, v in tags.items()}
@@ -416,6 +596,7 @@ class NullTracker:
     """
 
     run_id: str | None = None
+    register_as = ""
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         pass
@@ -434,6 +615,25 @@ class NullTracker:
 
     def log_text(self, text: str, artifact_file: str) -> None:
         pass
+
+    def log_datasets(self, inputs) -> None:
+        pass
+
+    def log_table(self, columns: dict[str, list], artifact_file: str) -> None:
+        pass
+
+    sending = False
+
+    def find_model(self, name: str, tags: dict[str, str]) -> str | None:
+        return None
+
+    def log_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example=None,
+                  pip_requirements: Sequence[str] = (), tags: dict[str, str] | None = None,
+                  step: int = 0) -> str | None:
+        return None
+
+    def register_model(self, model_uri: str, name: str) -> str | None:
+        return None
 
     def end(self, status: str = "FINISHED") -> None:
         pass

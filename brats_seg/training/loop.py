@@ -49,12 +49,14 @@ from brats_seg.data.labels import output_regions
 from brats_seg.data.patches import crops_per_case
 from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
 from brats_seg.distribute.strategy import make_strategy
+from brats_seg.evaluation.mlflow_model import log_best_model
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.oom import MemoryWatch, out_of_memory_guard
 from brats_seg.resolve import ResolvedRun, resolve_run
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name, training_metric_key
+from brats_seg.tracking.datasets import split_inputs
 from brats_seg.training.build import compile_models, preflight_plan, training_metrics
 from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves,
                                           load_state)
@@ -100,7 +102,8 @@ def _prepared_data(cfg: TrainConfig):
 
 def _start_tracking(run: ResolvedRun, run_dir: Path, run_name: str, replicas: int, plan_files,
                     tags: dict[str, str] | None):
-    """The chief's tracked run, with its tags, the split and the plan."""
+    """The chief's tracked run, with its tags, the split (``split.json``, and each split as an MLflow
+    dataset input: :mod:`brats_seg.tracking.datasets`) and the plan."""
     cfg, backend = run.config, run.backend
     tracker = Tracker.start(
         cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
@@ -110,21 +113,30 @@ def _start_tracking(run: ResolvedRun, run_dir: Path, run_name: str, replicas: in
               "run_dir": str(run_dir), "distribute": cfg.distribute.name, "replicas": str(replicas),
               **(tags or {})},
     )
-    tracker.log_artifact(RunFolder(run_dir).split_path)
+    folder = RunFolder(run_dir)
+    tracker.log_artifact(folder.split_path)
+    tracker.log_datasets(split_inputs(cfg.data, cfg.resolution, folder.read_split()))
     for path in plan_files:
         tracker.log_artifact(path, "plan")
     return tracker
 
 
 def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) -> None:
-    """Log the final artifacts and the best value, and end the tracked run."""
+    """Log the final artifacts and the best value, then, if training finished, the best checkpoint as
+    the run's MLflow model (registered as ``tracking.register_as`` if set:
+    :mod:`brats_seg.evaluation.mlflow_model`), last, so that nothing waits on it; end the tracked run."""
     folder = RunFolder(run_dir)
-    if is_chief and folder.checkpoint_file("best").is_file():
-        tracker.log_artifact(folder.checkpoint_file("best"), "checkpoints")
-    if is_chief and folder.history_path.is_file():
-        tracker.log_artifact(folder.history_path)
-    tracker.log_metrics({training_metric_key("best_val_dice_mean"): state["best_value"] or 0.0}, step=state["epoch"])
-    tracker.end(status)
+    try:
+        if is_chief and folder.checkpoint_file("best").is_file():
+            tracker.log_artifact(folder.checkpoint_file("best"), "checkpoints")
+        if is_chief and folder.history_path.is_file():
+            tracker.log_artifact(folder.history_path)
+        tracker.log_metrics({training_metric_key("best_val_dice_mean"): state["best_value"] or 0.0},
+                            step=state["epoch"])
+        if is_chief and status == "FINISHED":
+            log_best_model(tracker, run_dir, step=state["best_epoch"] or 0)
+    finally:
+        tracker.end(status)
 
 
 def _train_dataset_fn(cfg: TrainConfig, train_dirs, initial_epoch: int, initial_step: int):

@@ -3,9 +3,11 @@
 ``mlflow server`` on 127.0.0.1 (a free port) serves a store holding one tiny run of
 ``train.py`` and ``scripts/evaluate.py``; headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``, driven by selenium) opens the experiment from the link training logs,
-finds the run by its name, opens it, and checks what a user looks for first: the
-model-training view, the metric sections led by Dice, the evaluation and Loss, a per-epoch
-Dice chart drawn, and an evaluation overlay PNG shown from the artifacts. Screenshots of each
+finds the run by its name, and checks what a user looks for first: in the runs list, the
+datasets the run trained on and its logged model; on the run's page, the model-training view,
+the metric sections led by Dice, the evaluation and Loss, a per-epoch Dice chart drawn, and an
+evaluation overlay PNG shown from the artifacts; under Models, the model training registered
+(``tracking.register_as``). Screenshots of each
 page are saved under the test's tmp dir (their paths are printed: ``pytest -s``).
 
 ``.ci/run`` installs Chromium, so in CI (``CI`` set) a missing browser fails the test; a
@@ -31,6 +33,7 @@ from brats_seg.tracking.store import LOCAL_UI, ui_url
 REPO = Path(__file__).resolve().parents[2]
 PAGE_TIMEOUT_S = 90  # the first page of a cold server on 2 busy cores takes ~10-20 s
 SERVER_START_S = 180
+REGISTERED = "brats-ui-test"  # tracking.register_as of the test's run
 
 
 def _browser() -> tuple[str, str]:
@@ -120,7 +123,7 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
     _run([str(REPO / "train.py"), "resolution=tiny", "data=synthetic", f"data.root={tmp_path / 'synthetic'}",
           "data.synthetic_cases=5", f"data.cache_dir={tmp_path / 'cache'}", "model.depth=2", "model.base_filters=4",
           "trainer.epochs=2", "trainer.batch_size=1", f"run_dir={run_dir}", f"tracking.uri={uri}",
-          "tracking.system_metrics=false"], cwd=tmp_path)
+          "tracking.system_metrics=false", f"tracking.register_as={REGISTERED}"], cwd=tmp_path)
     _run([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}"], cwd=tmp_path)
     tracked = json.loads((run_dir / "mlflow.json").read_text())
     overlay = sorted((run_dir / "eval" / "test" / "overlays").glob("*.png"))[0].name
@@ -144,11 +147,20 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
         browser = _chromium(chromium, driver, tmp_path / "chromium-profile")
         wait = WebDriverWait(browser, PAGE_TIMEOUT_S)
 
-        # The experiment's page: the model-training view lists the run.
+        # The experiment's page: the model-training view lists the run, with the datasets it
+        # trained on (the train split first, named with its digest; the other splits behind "+2")
+        # and the model it logged.
         browser.get(ui_url(uri, tracked["experiment_id"], server=base))
         run_link = wait.until(ec.element_to_be_clickable((By.LINK_TEXT, tracked["run_name"])))
+        row = f"[role='row'][row-id='{tracked['run_id']}']"
+        datasets = wait.until(lambda _: browser.find_elements(
+            By.CSS_SELECTOR, f"{row} [col-id='attributes.`Dataset`'] [data-testid='open-dataset-drawer']"))
+        models = browser.find_elements(By.CSS_SELECTOR, f"{row} [col-id='attributes.`Models`'] a[href*='/models/']")
         shot("experiment")
         assert _view(browser) == "model training"
+        assert datasets[0].get_attribute("textContent").startswith("synthetic/train ("), datasets[0].get_attribute(
+            "textContent")
+        assert [m.get_attribute("textContent") for m in models] == ["model"]
         run_link.click()
 
         # The run's metric charts: sections led by Dice, the evaluation and Loss; a Dice chart drawn.
@@ -175,6 +187,12 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
             " && i.naturalHeight === arguments[1] && i.getBoundingClientRect().width > 200).length", *size))
         shot("overlay")
         assert shown == 1
+
+        # The Model Registry lists the model training registered.
+        browser.get(f"{base}/#/models")
+        wait.until(ec.element_to_be_clickable((By.LINK_TEXT, REGISTERED)))
+        wait.until(ec.presence_of_element_located((By.LINK_TEXT, "Version 1")))  # the run's model, its first version
+        shot("registry")
 
         # The run's own link, as training logs it, opens in the model-training view too.
         browser.get(_logged_link(run_dir, tracked["run_id"]).replace(LOCAL_UI, base))
