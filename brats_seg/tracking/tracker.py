@@ -51,6 +51,7 @@ from mlflow.exceptions import MlflowException
 
 from brats_seg.choices import check_choice
 from brats_seg.config import TrackerName, TrackingConfig
+from brats_seg.files import write_text_atomic
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.faults import MlflowDiskFullFilter, disk_full_message
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
@@ -466,7 +467,7 @@ class Tracker:
             return
         with tempfile.TemporaryDirectory() as tmp:  # already a table: replaced, in the format log_table writes
             path = Path(tmp) / name
-            frame.to_json(path, orient="split", index=False, date_format="iso")
+            write_text_atomic(path, frame.to_json(orient="split", index=False, date_format="iso"))
             self._client.log_artifact(self.run_id, str(path), folder or None)
 
     def _active_here(self) -> bool:
