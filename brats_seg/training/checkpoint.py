@@ -126,7 +126,7 @@ def stored_plan(run_dir: str | Path, run, replicas: int):
     if before is None:
         log.info("%s: plan.json of an earlier version (no planned_for): planning again", run_dir)
         return None
-    flat_before, flat_now = _flat(before), _flat(now)
+    flat_before, flat_now = flatten_config(before), flatten_config(now)
     changed = {k: (flat_before.get(k), flat_now.get(k)) for k in sorted(set(flat_before) | set(flat_now))
                if flat_before.get(k) != flat_now.get(k)}
     if changed:
@@ -138,16 +138,6 @@ def stored_plan(run_dir: str | Path, run, replicas: int):
     except ValueError as e:
         log.warning("%s: %s; planning again", folder.plan_paths[1], e)
         return None
-
-
-def _flat(record: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in record.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def restore(model, export_model, last: Path) -> None:
