@@ -143,13 +143,44 @@ def test_mirrored_on_two_logical_cpus_with_recompute_matches_one_device(tmp_path
     assert "inside a tf.function" not in proc.stderr  # no eager strategy.run
 
 
-def _train_cmd(tmp_path, run_dir, uri, *extra):
-    return [sys.executable, str(REPO / "train.py"), "resolution=tiny", "data=synthetic",
-            f"data.root={tmp_path / 'synthetic'}", "data.synthetic_cases=10", f"data.cache_dir={tmp_path / 'cache'}",
-            "model.depth=2", "model.base_filters=4", "trainer.epochs=3", "trainer.batch_size=2", "trainer.seed=4",
+def _overrides(base, uri, filters="4"):
+    """The runs compared with one another: data and cache under ``base`` (the reference run writes them)."""
+    return ["resolution=tiny", "data=synthetic", f"data.root={base / 'synthetic'}", "data.synthetic_cases=10",
+            f"data.cache_dir={base / 'cache'}", "model.depth=2", f"model.base_filters={filters}", "trainer.epochs=3",
+            "trainer.batch_size=2", "trainer.seed=4",
             "trainer.batch_dice=false",  # a per-sample loss: the batch Dice is taken per replica (README, Known limits)
-            "backend=cpu_onednn", "backend.intra_op_threads=1", f"tracking.uri={uri}",
-            "tracking.system_metrics=false", f"run_dir={run_dir}", *extra]
+            "backend=cpu_onednn", "backend.intra_op_threads=1", f"tracking.uri={uri}", "tracking.system_metrics=false"]
+
+
+def _train_cmd(base, run_dir, uri, *extra):
+    return [sys.executable, str(REPO / "train.py"), *_overrides(base, uri), f"run_dir={run_dir}", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """One process trained uninterrupted (``<base>/single``), against which the distributed and
+    preempted runs of this module are compared; it also writes their data and cache in ``<base>``.
+    One intra-op thread, as each worker has (module doc: the norms' statistics depend on it)."""
+    base = tmp_path_factory.mktemp("reference")
+    single = subprocess.run(_train_cmd(base, base / "single", f"sqlite:///{base / 'single.db'}"), cwd=base,
+                            capture_output=True, text=True, timeout=900)
+    assert single.returncode == 0, single.stderr[-4000:]
+    return base
+
+
+def assert_same_training(single_dir: Path, run_dir: Path) -> dict[str, float]:
+    """``run_dir`` ended as the uninterrupted single process did: weights and Adam's moments
+    (:func:`compare_weights`), then loss, validation loss and validation Dice per epoch."""
+    figures = compare_weights(single_dir, run_dir)
+    print(f"{run_dir.name}: weights against the single process:", figures)  # pytest -s shows the figures
+    hist_single = json.loads((single_dir / "state.json").read_text())["history"]
+    hist = json.loads((run_dir / "state.json").read_text())["history"]
+    assert [h["epoch"] for h in hist] == [1, 2, 3]
+    for a, b in zip(hist_single, hist):
+        for key in ("loss", "val_loss"):
+            assert b[key] == pytest.approx(a[key], rel=RTOL, abs=ATOL), (key, a[key], b[key])
+        assert b["val_dice_mean"] == pytest.approx(a["val_dice_mean"], abs=DICE_ATOL)
+    return figures
 
 
 class Worker:
@@ -268,22 +299,17 @@ def compare_weights(single_dir: Path, other_dir: Path) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_two_workers_preempted_killed_and_resumed_end_as_one_process(tmp_path):
+def test_two_workers_preempted_killed_and_resumed_end_as_one_process(reference, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    # one intra-op thread, as each worker has (module doc: the norms' statistics depend on it)
-    single = subprocess.run(_train_cmd(tmp_path, tmp_path / "single", uri), cwd=tmp_path,
-                            capture_output=True, text=True, timeout=900)  # also writes the data and the cache
-    assert single.returncode == 0, single.stderr[-4000:]
-
     ports = free_local_ports(2)
     workers = f"distribute.workers=[127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}]"
     run_dir = tmp_path / "mw"
 
     def start(other_run_dir=None):
         dirs = [run_dir, other_run_dir or run_dir]
-        return [Worker(_train_cmd(tmp_path, dirs[i], uri, "distribute=multi_worker", workers, f"distribute.index={i}"),
+        return [Worker(_train_cmd(reference, dirs[i], uri, "distribute=multi_worker", workers, f"distribute.index={i}"),
                        tmp_path) for i in range(2)]
 
     # 1. SIGTERM to both (what SLURM does at preemption): both save-and-stop, promptly
@@ -321,15 +347,7 @@ def test_two_workers_preempted_killed_and_resumed_end_as_one_process(tmp_path):
     codes = [w.finish(timeout=600) for w in ws]
     assert codes == [0, 0], [w.output()[-3000:] for w in ws]
     assert not elsewhere.exists() or not any(elsewhere.iterdir())
-    figures = compare_weights(tmp_path / "single", run_dir)
-    print("weights against the single process:", figures)  # pytest -s shows the measured figures
-    hist_single = json.loads((tmp_path / "single" / "state.json").read_text())["history"]
-    hist_mw = json.loads((run_dir / "state.json").read_text())["history"]
-    assert [h["epoch"] for h in hist_mw] == [1, 2, 3]
-    for a, b in zip(hist_single, hist_mw):
-        for key in ("loss", "val_loss"):
-            assert b[key] == pytest.approx(a[key], rel=RTOL, abs=ATOL), (key, a[key], b[key])
-        assert b["val_dice_mean"] == pytest.approx(a["val_dice_mean"], abs=DICE_ATOL)
+    assert_same_training(reference / "single", run_dir)
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs(client.get_experiment_by_name("brats-seg").experiment_id,
                               filter_string=f"tags.run_dir = '{run_dir}'")
@@ -363,3 +381,143 @@ def test_sweep_through_submitit_local_gives_one_mlflow_run_per_job(tmp_path):
     assert {r.data.params["model.base_filters"] for r in runs} == {"4", "6"}
     assert all(r.info.status == "FINISHED" for r in runs)
     assert len({r.data.tags["run_dir"] for r in runs}) == 4  # a run folder per job
+
+
+# ---------------------------------------------------------------------------------------
+# Under a real SLURM: a one-node cluster started by the test (tests/integration/slurm_cluster.py)
+# ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A running one-node SLURM cluster; skips with the reason where none can start, except
+    under ``CI`` (``.ci/run`` installs slurm-wlm and munge and runs as root), where it fails."""
+    from tests.integration.slurm_cluster import SlurmCluster, why_no_cluster
+
+    why = why_no_cluster()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}: CI must run the SLURM tests")
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _wait_for_text(path: Path, text: str, timeout: float, cluster, job_id: str) -> None:
+    """Until ``text`` is in the file ``path``; fails early if the job has ended."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        state = cluster.job(job_id).get("JobState", "")
+        if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            break
+        time.sleep(0.2)
+    seen = path.read_text(errors="replace")[-4000:] if path.exists() else "(no file)"
+    raise AssertionError(f"{text!r} not seen in {path} (job {job_id}: {cluster.job(job_id)}):\n{seen}")
+
+
+def _only_mlflow_run(uri: str, run_dir: Path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs(client.get_experiment_by_name("brats-seg").experiment_id,
+                              filter_string=f"tags.run_dir = '{run_dir}'")
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return client, runs[0]
+
+
+@pytest.mark.slow
+def test_sbatch_two_workers_preempted_requeued_and_resumed_end_as_one_process(reference, slurm, tmp_path):
+    """scripts/slurm/train_multi_worker.sbatch for real: two srun tasks on the node train one run;
+    SIGTERM to the batch shell (as ``--signal=B:TERM@120`` or a preemption sends it) saves, the
+    job requeues itself, and the requeued job (same id, same run_dir) resumes and ends as the
+    uninterrupted single process did."""
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    from tests.integration.slurm_cluster import free_port_pair
+
+    run_dir, port = tmp_path / "mw", free_port_pair()
+    log = tmp_path / "slurm.out"
+    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}",
+                       str(REPO / "scripts" / "slurm" / "train_multi_worker.sbatch"), *_overrides(reference, uri),
+                       cwd=REPO, env={"PYTHON": sys.executable, "RUN_DIR": str(run_dir), "PORT": str(port)})
+    # the workers found each other from SLURM's variables: the node's name, the k-th task on PORT+k
+    _wait_for_text(log, f"worker 0 of 2 ({slurm.node}:{port}, chief), cluster from SLURM", 300, slurm, job)
+    _wait_for_text(log, "epoch 2/3: training from step 1", 600, slurm, job)
+
+    slurm.run("scancel", "--signal=TERM", "--batch", job)
+    t0 = time.monotonic()
+    fields = slurm.wait_job(job, lambda f: f["JobState"] == "PENDING" and int(f["Restarts"]) >= 1,
+                            "requeued (PENDING, Restarts 1)", timeout=300)
+    assert time.monotonic() - t0 < 120, "a step, the save and the requeue took too long"
+    out = log.read_text()
+    assert out.count("training stopped after step") == 2, out[-4000:]  # both workers saved and stopped
+    assert f"requeueing job {job}" in out
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["epoch"] == 2 or (state["epoch"] == 1 and state["step"] >= 1)  # stopped in epoch 2, saved
+
+    fields = slurm.wait_job(job, lambda f: f["JobState"] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"),
+                            "the requeued job's end", timeout=900)
+    out = log.read_text()
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (
+        fields, out[-4000:])
+    assert f"resuming {run_dir} from epoch" in out  # the requeued job resumed, not restarted
+    assert_same_training(reference / "single", run_dir)
+    client, run = _only_mlflow_run(uri, run_dir)  # one MLflow run for the job, through its requeue
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["distribute"] == "multi_worker" and run.data.tags["replicas"] == "2"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "Dice/val_mean")] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(reference, slurm, tmp_path):
+    """``python train.py -m hydra/launcher=slurm``: two jobs side by side on the node, one MLflow
+    run each; SIGUSR2 (SLURM's warning signal under submitit) to one saves, submitit requeues it,
+    and the requeued job resumes and ends as the uninterrupted single process did."""
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1",
+           "hydra.launcher.timeout_min=30", f"hydra.launcher.submitit_folder={tmp_path / 'submitit' / '%j'}",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}", f"run_dir={runs}/${{hydra:job.num}}",
+           *_overrides(reference, uri, filters="4,6")]
+    log = tmp_path / "launcher.log"
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                    env={**slurm.env, "PYTHONUNBUFFERED": "1"})
+    try:
+        end = time.monotonic() + 300  # the sweep is one job array; -r lists its tasks one by one
+        while not (ids := slurm.run("squeue", "-h", "-r", "-o", "%i").stdout.split()) and time.monotonic() < end:
+            assert launcher.poll() is None, log.read_text()[-4000:]
+            time.sleep(0.5)
+        array = ids[0].split("_")[0]
+        job0 = f"{array}_0"  # the array's task 0 is the sweep's job 0 (model.base_filters=4)
+        assert sorted(ids) == [job0, f"{array}_1"]
+        _wait_for_text(runs / "0" / "train.log", "epoch 2/3: training from step 1", 600, slurm, job0)
+        assert slurm.job(f"{array}_1")["JobState"] == "RUNNING"  # both jobs side by side, a CPU each
+
+        slurm.run("scancel", "--signal=USR2", job0)
+        slurm.wait_job(job0, lambda f: f["JobState"] == "PENDING" and int(f["Restarts"]) >= 1,
+                       "requeued by submitit (PENDING, Restarts 1)", timeout=300)
+        state = json.loads((runs / "0" / "state.json").read_text())
+        assert state["epoch"] == 2 or (state["epoch"] == 1 and state["step"] >= 1)  # saved before the requeue
+        assert launcher.wait(timeout=900) == 0, log.read_text()[-4000:]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    job_log = (runs / "0" / "train.log").read_text()
+    assert "passing SIGUSR2 on to the launcher (requeue)" in job_log
+    assert f"resuming {runs / '0'} from epoch" in job_log
+    for job in (job0, f"{array}_1"):  # the result is written before the job's process has ended
+        fields = slurm.wait_job(job, lambda f: f["JobState"] not in ("RUNNING", "COMPLETING"), "its end", timeout=120)
+        assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), fields
+    assert slurm.job(job0)["Restarts"] == "1" and slurm.job(f"{array}_1")["Restarts"] == "0"
+    assert_same_training(reference / "single", runs / "0")  # base_filters=4: the reference's settings
+    for num, filters in (("0", "4"), ("1", "6")):
+        client, run = _only_mlflow_run(uri, runs / num)
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["sweep_overrides"] == f"model.base_filters={filters}"
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "Dice/val_mean")] == [1, 2, 3]
