@@ -10,7 +10,9 @@ completed epoch or saved step stays the resume point).
 
 Under submitit (``hydra/launcher=slurm|local``), SLURM's warning signal is SIGUSR2, whose
 handler (submitit's) requeues the job: while training, SIGUSR2 too asks for the save, and
-:meth:`PreemptionFlag.pass_on` then hands it to that handler, which requeues and exits.
+:meth:`PreemptionFlag.pass_on` then hands it to that handler, which requeues and exits. A
+SIGUSR2 after a SIGTERM (submitit's own preemption drill sends both) is passed on too: the
+save is the same, and without it the job would end unrequeued.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class PreemptionFlag:
     def __init__(self) -> None:
         self.signal_name: str | None = None
         self._previous: dict[int, object] = {}
-        self._received: int | None = None
+        self._usr2_received = False
         self._usr2 = None  # submitit's handler, kept for pass_on()
 
     @property
@@ -43,12 +45,13 @@ class PreemptionFlag:
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        if signum == signal.SIGUSR2:
+            self._usr2_received = True  # whenever it comes: pass_on() gives it to the launcher after the save
         if self.signal_name is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         if self.signal_name is None:
             log.warning("%s received: finishing the current step, then saving a checkpoint "
                         "(Ctrl-C again to stop at once)", name)
-            self._received = signum
         self.signal_name = self.signal_name or name
 
     def __enter__(self) -> PreemptionFlag:
@@ -62,9 +65,10 @@ class PreemptionFlag:
         return self
 
     def pass_on(self) -> None:
-        """After saving: give a SIGUSR2 to the launcher's handler it was meant for (submitit
-        requeues the job and exits). Nothing for SIGTERM/SIGINT."""
-        if self._received == signal.SIGUSR2 and callable(self._usr2):
+        """After saving: give a SIGUSR2 received (first or after another signal) to the
+        launcher's handler it was meant for (submitit requeues the job and exits). Nothing for
+        SIGTERM/SIGINT alone."""
+        if self._usr2_received and callable(self._usr2):
             log.info("passing SIGUSR2 on to the launcher (requeue)")
             self._usr2(signal.SIGUSR2, None)
 

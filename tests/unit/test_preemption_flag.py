@@ -44,6 +44,25 @@ def test_sigusr2_is_saved_first_then_passed_to_the_launchers_handler():
         signal.signal(signal.SIGUSR2, previous)
 
 
+def test_sigusr2_after_a_sigterm_still_reaches_the_launcher_after_the_save():
+    # submitit's preemption drill (Job._interrupt) sends SIGTERM, then SIGUSR2: one save, then the requeue
+    calls = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
+    try:
+        with PreemptionFlag() as flag:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert flag.signal_name == "SIGTERM" and calls == []
+            flag.pass_on()
+        assert calls == [signal.SIGUSR2]
+        with PreemptionFlag() as flag:  # SIGTERM alone: nothing for the launcher
+            os.kill(os.getpid(), signal.SIGTERM)
+            flag.pass_on()
+        assert calls == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
 def test_sigusr2_is_left_alone_without_a_launcher_handler():
     previous = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
     try:
