@@ -66,6 +66,7 @@ import numpy as np
 import pytest
 
 from brats_seg.distribute.cluster import free_local_ports
+from tests.integration.slurm_cluster import SlurmCluster, free_port_pair, why_no_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_PREEMPTED, EXIT_CLUSTER_FAILURE = 75, 3
@@ -351,18 +352,21 @@ def test_two_workers_one_killed_then_resumed_without_shared_files_end_as_one_pro
 # Under a real SLURM: a one-node cluster started by the test (tests/integration/slurm_cluster.py)
 # ---------------------------------------------------------------------------------------
 
+# Decided before any fixture runs (the reference run takes ~30 s): where no cluster can start,
+# the SLURM tests skip with the reason, except under CI, where the fixture fails.
+_NO_SLURM = why_no_cluster()
+needs_slurm = pytest.mark.skipif(bool(_NO_SLURM) and not os.environ.get("CI"), reason=str(_NO_SLURM))
+
+
 @pytest.fixture
 def slurm(tmp_path_factory):
     """A running one-node SLURM cluster of the test's own (its jobs are cancelled, the daemons
     stopped after it; a start takes ~4 s); skips with the reason where none can start, except
     under ``CI`` (``.ci/run`` installs slurm-wlm and munge and runs as root), where it fails."""
-    from tests.integration.slurm_cluster import SlurmCluster, why_no_cluster
-
-    why = why_no_cluster()
-    if why:
+    if _NO_SLURM:
         if os.environ.get("CI"):
-            pytest.fail(f"{why}: CI must run the SLURM tests")
-        pytest.skip(why)
+            pytest.fail(f"{_NO_SLURM}: CI must run the SLURM tests")
+        pytest.skip(_NO_SLURM)
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         cluster.start()
@@ -396,14 +400,13 @@ def _only_mlflow_run(uri: str, run_dir: Path):
 
 
 @pytest.mark.slow
-def test_sbatch_two_workers_preempted_requeued_and_resumed_end_as_one_process(reference, slurm, tmp_path):
+@needs_slurm
+def test_sbatch_two_workers_preempted_requeued_and_resumed_end_as_one_process(slurm, reference, tmp_path):
     """scripts/slurm/train_multi_worker.sbatch for real: two srun tasks on the node train one run;
     SIGTERM to the batch shell (as ``--signal=B:TERM@120`` or a preemption sends it) saves, the
     job requeues itself, and the requeued job (same id, same run_dir) resumes and ends as the
     uninterrupted single process did."""
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    from tests.integration.slurm_cluster import free_port_pair
-
     run_dir, port = tmp_path / "mw", free_port_pair()
     log = tmp_path / "slurm.out"
     job = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}",
@@ -440,7 +443,8 @@ def test_sbatch_two_workers_preempted_requeued_and_resumed_end_as_one_process(re
 
 
 @pytest.mark.slow
-def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(reference, slurm, tmp_path):
+@needs_slurm
+def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(slurm, reference, tmp_path):
     """``python train.py -m hydra/launcher=slurm``: two jobs side by side on the node, one MLflow
     run each; SIGUSR2 (SLURM's warning signal under submitit) to one saves, submitit requeues it,
     and the requeued job resumes and ends as the uninterrupted single process did."""
