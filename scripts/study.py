@@ -22,10 +22,13 @@ and the training time to reach each of ``thresholds``), the charts of
 ``<set>_metrics.png``; ``resolution_study.png`` when the arms differ in resolution), prints the
 Markdown tables, and logs the charts and study.json into each run's MLflow run (artifacts
 ``study/``; a store that fails is reported once and skipped). Re-running it is cheap: what is
-evaluated is read back. The work is :func:`brats_seg.evaluation.study_run.run_study`'s.
+evaluated is read back. Exit status 1 if an evaluation failed (everything else is still
+written). The work is :func:`brats_seg.evaluation.study_run.run_study`'s; this prints its report.
 """
 
 from __future__ import annotations
+
+import sys
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
 from brats_seg.config import register_configs
@@ -35,13 +38,15 @@ register_configs()
 
 @hydra_entry("../configs", "study")
 def main(cfg) -> None:
-    from brats_seg.evaluation.study_run import run_study
+    from brats_seg.evaluation.study_run import format_report, run_study
 
     conf = to_config(cfg)
     with user_errors("the study"):
-        status = run_study(conf)
-    if status:
-        raise SystemExit(status)
+        outcome = run_study(conf)
+    print(format_report(outcome))
+    if outcome.failed:
+        print(outcome.failure(), file=sys.stderr)
+        raise SystemExit(outcome.status)
 
 
 if __name__ == "__main__":

@@ -5,28 +5,32 @@ read, compared, written, drawn and logged (``scripts/study.py``).
 state), runs ``scripts/evaluate.py`` for a finished run that lacks a requested set (one after
 another, each logged to ``<dir>/logs/``), reads the summaries, and hands plain values to
 :func:`brats_seg.evaluation.study.compute_study`; it writes ``study.json``, draws the charts of
-:mod:`brats_seg.plots.study` and logs both into each run's MLflow run. Its report (the Markdown
-tables, what was not evaluated, what failed) is the command's output, so it is printed to
-stdout and stderr as an entry point's would be. :func:`run_logged` is also how
-``scripts/demo_seeds.py`` runs its commands.
+:mod:`brats_seg.plots.study` and logs both into each run's MLflow run. Progress and warnings
+are logged; the report (the Markdown tables, what was not evaluated, what failed) is returned
+(:class:`StudyOutcome`, :func:`format_report`) for ``scripts/study.py`` to print.
+:func:`run_logged` is also how ``scripts/demo_seeds.py`` runs its commands.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from brats_seg.choices import choice_values
 from brats_seg.cli import project_dir
 from brats_seg.config import Split
 
-__all__ = ["SETS", "StepFailed", "eval_name", "evaluate_missing", "find_runs", "log_to_mlflow", "parse_sets",
-           "read_records", "run_logged", "run_study"]
+__all__ = ["SETS", "StepFailed", "StudyOutcome", "eval_name", "evaluate_missing", "find_runs", "format_report",
+           "log_to_mlflow", "parse_sets", "read_records", "run_logged", "run_study"]
+
+log = logging.getLogger(__name__)
 
 # name -> (split, on): evaluate.py writes eval/<split>[@<on>]/summary.json
 SETS = {"test": ("test", ""), "matched": ("test", ""), "val": ("val", ""),
@@ -39,20 +43,20 @@ class StepFailed(SystemExit):
     that stop there, caught by the study, which goes on with the other runs."""
 
 
-def run_logged(cmd: list[str], log: Path) -> float:
+def run_logged(cmd: list[str], log_file: Path) -> float:
     """Run ``cmd`` in the project folder (:func:`brats_seg.cli.project_dir`) with its output appended
-    to ``log``; its wall time in seconds.
+    to ``log_file``; its wall time in seconds.
 
     Raises:
         StepFailed: the command exited non-zero (the status and the log named).
     """
-    print("  " + " ".join(cmd[1:]), flush=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log.info("  %s", " ".join(cmd[1:]))
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with open(log, "a") as f:
+    with open(log_file, "a") as f:
         proc = subprocess.run(cmd, cwd=project_dir(), stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        raise StepFailed(f"error: {Path(cmd[1]).name} failed (exit {proc.returncode}); see {log}")
+        raise StepFailed(f"error: {Path(cmd[1]).name} failed (exit {proc.returncode}); see {log_file}")
     return time.time() - t0
 
 
@@ -139,13 +143,13 @@ def evaluate_missing(runs: list[tuple], root: Path, sets: dict, conf) -> tuple[l
             if not conf.evaluate:
                 missing.append(dict(entry, why="evaluate=false"))
                 continue
-            print(f"{entry['run']}: evaluating {name}", flush=True)
-            log = root / "logs" / f"{entry['run'].replace('/', '_')}.{name}.log"
+            log.info("%s: evaluating %s", entry["run"], name)
+            log_file = root / "logs" / f"{entry['run'].replace('/', '_')}.{name}.log"
             try:
-                run_logged(command, log)
+                run_logged(command, log_file)
             except StepFailed as e:
-                print(e.code, file=sys.stderr, flush=True)
-                failed.append(dict(entry, log=str(log)))
+                log.error("%s", e.code)
+                failed.append(dict(entry, log=str(log_file)))
     return missing, failed
 
 
@@ -200,10 +204,10 @@ def log_to_mlflow(runs: list[tuple], files: list[Path]) -> int:
             logged += 1
         except Exception as e:  # noqa: BLE001 - tracking never fails the study
             gone = getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"
-            print(f"warning: cannot log the study into MLflow run {record['run_id']} of {folder.root} at {uri} "
-                  f"({type(e).__name__}: {str(e)[:300]}); "
-                  + ("the store no longer has it." if gone else "the store is left alone; the files stay in the "
-                                                                 "study's folder."), file=sys.stderr)
+            log.warning("cannot log the study into MLflow run %s of %s at %s (%s: %s); %s", record["run_id"],
+                        folder.root, uri, type(e).__name__, str(e)[:300],
+                        "the store no longer has it." if gone else
+                        "the store is left alone; the files stay in the study's folder.")
             if not gone:
                 clients[uri] = None
     return logged
@@ -212,22 +216,44 @@ def log_to_mlflow(runs: list[tuple], files: list[Path]) -> int:
 def _open_store(uri: str, open_store):
     """A client of the store at ``uri``, or None after one warning."""
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        print(f"warning: the MLflow store {uri} is not on this machine; the study is not logged there.",
-              file=sys.stderr)
+        log.warning("the MLflow store %s is not on this machine; the study is not logged there.", uri)
         return None
     try:
         return open_store(uri)
     except Exception as e:  # noqa: BLE001 - tracking never fails the study
-        print(f"warning: cannot log the study to MLflow at {uri} ({type(e).__name__}: {str(e)[:300]}); "
-              "the files stay in the study's folder.", file=sys.stderr)
+        log.warning("cannot log the study to MLflow at %s (%s: %s); the files stay in the study's folder.",
+                    uri, type(e).__name__, str(e)[:300])
         return None
 
 
-def run_study(conf) -> int:
-    """The study of ``conf.dir``: evaluate, compute, write, draw, print, log. Exit status: 1 if an
-    evaluation failed (everything else is still written), else 0."""
+@dataclass
+class StudyOutcome:
+    """What :func:`run_study` did: the study (as written to ``path``), its charts, the MLflow runs
+    it was logged into, and the evaluations that failed (then the exit status is 1)."""
+
+    study: dict
+    path: Path
+    figures: list[Path]
+    logged: int = 0
+    failed: list[dict] = field(default_factory=list)
+
+    @property
+    def status(self) -> int:
+        return 1 if self.failed else 0
+
+    def failure(self) -> str | None:
+        """The error line naming each failed evaluation and its log; None if none failed."""
+        if not self.failed:
+            return None
+        return (f"error: {len(self.failed)} evaluation(s) failed: "
+                + "; ".join(f"{f['run']} ({f['set']}): see {f['log']}" for f in self.failed))
+
+
+def run_study(conf) -> StudyOutcome:
+    """The study of ``conf.dir``: evaluate, compute, write, draw, log. Everything is written even
+    when an evaluation failed (``outcome.failed``, ``outcome.status`` 1)."""
+    from brats_seg.evaluation.study import compute_study
     from brats_seg.files import write_text_atomic
-    from brats_seg.evaluation.study import compute_study, format_study_markdown
     from brats_seg.plots.study import plot_study
 
     if not str(conf.dir).strip():
@@ -241,7 +267,7 @@ def run_study(conf) -> int:
     if not runs:
         raise ValueError(f"no run folder under {root} (a training run's folder with its config and state); "
                          "run the study's sweep first: python train.py -m experiment=<study>")
-    print(f"{len(runs)} run(s) under {root}", flush=True)
+    log.info("%d run(s) under %s", len(runs), root)
     missing, failed = evaluate_missing(runs, root, sets, conf)
     records, configs, regions = read_records(runs, root, sets, list(conf.thresholds))
     study = compute_study(records, configs, list(sets), regions, list(conf.thresholds), list(conf.ignore))
@@ -249,24 +275,26 @@ def run_study(conf) -> int:
                  missing=missing, failed_evaluations=failed, skipped=skipped)
     path = write_text_atomic(root / "study.json", json.dumps(study, indent=1, default=str) + "\n")
     figures = plot_study(study, root, title=root.name)
+    logged = log_to_mlflow(runs, [*figures, path]) if conf.mlflow else 0
+    return StudyOutcome(study, path, list(figures), logged, failed)
 
-    print(f"\n{root.name}: arms by {', '.join(study['arm_keys']) or '(one arm)'}; "
-          f"mean ± std over seeds; training time excludes validation\n")
-    print(format_study_markdown(study))
-    for note in study["notes"]:
-        print(f"\nnote: {note}")
-    if skipped:
-        print("\nnot in the study:\n" + "\n".join(f"  {s}" for s in skipped))
-    if missing:
-        print("\nnot evaluated:\n" + "\n".join(f"  {m['run']} ({m['set']}; {m['why']}): python {m['command']}"
-                                              for m in missing))
-    if conf.mlflow:
-        logged = log_to_mlflow(runs, [*figures, path])
-        if logged:
-            print(f"\nlogged the charts and study.json to {logged} MLflow run(s), artifacts study/")
-    print(f"\nwrote {path}\n" + "\n".join(f"      {p}" for p in figures))
-    if failed:
-        print(f"error: {len(failed)} evaluation(s) failed: " + "; ".join(f"{f['run']} ({f['set']}): see {f['log']}"
-                                                                          for f in failed), file=sys.stderr)
-        return 1
-    return 0
+
+def format_report(outcome: StudyOutcome) -> str:
+    """The study's report as ``scripts/study.py`` prints it: the arms, the Markdown tables, the
+    notes, what is not in the study or not evaluated, where it was logged and written."""
+    from brats_seg.evaluation.study import format_study_markdown
+
+    study, root = outcome.study, Path(outcome.study["dir"])
+    parts = [f"\n{root.name}: arms by {', '.join(study['arm_keys']) or '(one arm)'}; "
+             "mean ± std over seeds; training time excludes validation\n",
+             format_study_markdown(study)]
+    parts += [f"\nnote: {note}" for note in study["notes"]]
+    if study["skipped"]:
+        parts.append("\nnot in the study:\n" + "\n".join(f"  {s}" for s in study["skipped"]))
+    if study["missing"]:
+        parts.append("\nnot evaluated:\n" + "\n".join(f"  {m['run']} ({m['set']}; {m['why']}): python {m['command']}"
+                                                       for m in study["missing"]))
+    if outcome.logged:
+        parts.append(f"\nlogged the charts and study.json to {outcome.logged} MLflow run(s), artifacts study/")
+    parts.append(f"\nwrote {outcome.path}\n" + "\n".join(f"      {p}" for p in outcome.figures))
+    return "\n".join(parts)

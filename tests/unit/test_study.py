@@ -77,10 +77,17 @@ def make_run(root: Path, name: str, *, seed: int = 0, patch=None, resolution: Re
     return folder
 
 
-def _run(root: Path, **kw) -> tuple[int, dict]:
+def _outcome(root: Path, **kw):
     conf = StudyScriptConfig(dir=str(root), **{"evaluate": False, "mlflow": False, **kw})
-    status = study_script.run_study(conf)
-    return status, json.loads((root / "study.json").read_text())
+    return study_script.run_study(conf)
+
+
+def _run(root: Path, **kw) -> tuple[int, dict]:
+    """The exit status and study.json as written (the returned study must be what was written)."""
+    outcome = _outcome(root, **kw)
+    written = json.loads((root / "study.json").read_text())
+    assert written == json.loads(json.dumps(outcome.study, default=str))
+    return outcome.status, written
 
 
 @pytest.fixture
@@ -98,16 +105,18 @@ def _fabricated(root: Path, run: str, set_name: str, key: str) -> float:
     return json.loads(RunFolder(root / run).summary_json(set_name).read_text())[key]["mean"]
 
 
-def test_runs_are_pooled_over_seeds_into_arms_named_by_the_key_that_differs(patches, capsys):
-    status, study = _run(patches)
+def test_runs_are_pooled_over_seeds_into_arms_named_by_the_key_that_differs(patches):
+    outcome = _outcome(patches)
+    status, study = outcome.status, json.loads((patches / "study.json").read_text())
     assert status == 0
     assert study["arm_keys"] == ["trainer.patch_size"] and study["differing_keys"] == ["trainer.patch_size"]
     assert [a["label"] for a in study["arms"]] == ["whole", "patch 48x48x48"]
     assert [a["seeds"] for a in study["arms"]] == [[0, 1, 2], [0, 1, 2]]
     assert study["arms"][1]["runs"] == [f"patch_size-48x48x48_seed-{s}" for s in range(3)]
     assert {r["arm"] for r in study["runs"] if r["config"]["trainer.patch_size"] is None} == {"whole"}
-    out = capsys.readouterr().out
-    assert "| whole | 3 |" in out and "| patch 48x48x48 | 3 |" in out  # the Markdown table
+    report = study_script.format_report(outcome)
+    assert "| whole | 3 |" in report and "| patch 48x48x48 | 3 |" in report  # the Markdown table
+    assert f"wrote {patches / 'study.json'}" in report and outcome.failure() is None
 
 
 def test_mean_and_std_over_seeds_per_metric_region_and_set(patches):
@@ -270,8 +279,10 @@ def test_a_failed_evaluation_is_reported_and_the_study_still_written(tmp_path, m
         raise study_script.StepFailed(f"error: evaluate.py failed (exit 2); see {log}")
 
     monkeypatch.setattr(study_script, "run_logged", failing)
-    status, study = _run(root, evaluate=True)
-    assert status == 1 and study["failed_evaluations"][0]["run"] == "seed-0"
+    outcome = _outcome(root, evaluate=True)
+    study = json.loads((root / "study.json").read_text())
+    assert outcome.status == 1 and study["failed_evaluations"][0]["run"] == "seed-0"
+    assert "1 evaluation(s) failed: seed-0 (test): see" in outcome.failure()
 
 
 def test_resolution_arms_are_ordered_coarse_to_fine_and_get_their_chart(tmp_path):
@@ -289,7 +300,7 @@ def test_resolution_arms_are_ordered_coarse_to_fine_and_get_their_chart(tmp_path
     assert (root / "resolution_study.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_the_study_logs_its_charts_into_each_tracked_run(patches, tmp_path, capsys):
+def test_the_study_logs_its_charts_into_each_tracked_run(patches, tmp_path):
     from mlflow import MlflowClient
 
     from brats_seg.config import TrackingConfig
@@ -302,21 +313,22 @@ def test_the_study_logs_its_charts_into_each_tracked_run(patches, tmp_path, caps
         with Tracker.start(TrackingConfig(uri=uri, experiment="study", system_metrics=False), run_dir, run_dir.name,
                            {}, {}) as tracker:
             run_ids.append(tracker.run_id)
-    status, _ = _run(patches, mlflow=True)
-    assert status == 0
+    outcome = _outcome(patches, mlflow=True)
+    assert outcome.status == 0 and outcome.logged == 2
     client = MlflowClient(tracking_uri=uri)
     for run_id in run_ids:
         names = {Path(a.path).name for a in client.list_artifacts(run_id, "study")}
         assert {"study.json", "val_dice_vs_time.png", "throughput.png", "test_metrics.png"} <= names
-    assert "logged the charts and study.json to 2 MLflow run(s)" in capsys.readouterr().out
+    assert "logged the charts and study.json to 2 MLflow run(s)" in study_script.format_report(outcome)
 
 
-def test_a_store_that_fails_is_reported_once_and_the_study_goes_on(patches, capsys):
+def test_a_store_that_fails_is_reported_once_and_the_study_goes_on(patches, caplog):
     for run_dir in sorted(p for p in patches.iterdir() if p.is_dir())[:2]:
         RunFolder(run_dir).write_tracking({"run_id": "abc", "tracking_uri": "http://127.0.0.1:9"})
-    status, study = _run(patches, mlflow=True)
-    err = capsys.readouterr().err
-    assert status == 0 and study["arms"] and err.count("cannot log the study to MLflow") == 1
+    with caplog.at_level("WARNING", logger="brats_seg.evaluation.study_run"):
+        status, study = _run(patches, mlflow=True)
+    warned = [r for r in caplog.records if "cannot log the study to MLflow" in r.getMessage()]
+    assert status == 0 and study["arms"] and len(warned) == 1 and warned[0].levelname == "WARNING"
 
 
 def test_bad_arguments_end_in_a_message(tmp_path):
