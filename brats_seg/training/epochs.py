@@ -146,8 +146,10 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
             callbacks.on_test_end()
             logs["val_s"] = time.perf_counter() - started  # the validation pass, seconds
         callbacks.on_epoch_end(epoch, logs)
-        log.info("epoch %d/%d: %s", epoch + 1, epochs,
-                 ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k.endswith(PROGRESS_KEYS)))
+        # the chief's figures are the run's (history.csv, MLflow); another worker's may differ after a
+        # mid-epoch resume (it does not hold the chief's partial sums), so it says them at DEBUG only
+        log.log(logging.INFO if is_chief else logging.DEBUG, "epoch %d/%d: %s", epoch + 1, epochs,
+                ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k.endswith(PROGRESS_KEYS)))
         model.stop_training = bool(chief_value(strategy, tf.constant(float(bool(model.stop_training)))).numpy())
         if model.stop_training or spent or epoch + 1 == epochs:  # done: a signal now has nothing left to save
             break

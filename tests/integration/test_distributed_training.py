@@ -56,6 +56,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -435,6 +436,9 @@ def test_sbatch_two_workers_preempted_requeued_and_resumed_end_as_one_process(sl
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (
         fields, out[-4000:])
     assert f"resuming {run_dir} from epoch" in out  # the requeued job resumed, not restarted
+    # srun --label: each worker's lines start with its number; the epoch's figures are the chief's alone
+    assert re.search(r"^0: epoch 3/3: loss", out, re.M) and re.search(r"^1: epoch 3/3: training from step", out, re.M)
+    assert not re.search(r"^1: epoch \d/3: loss", out, re.M)
     assert_same_training(reference / "single", run_dir)
     client, run = _only_mlflow_run(uri, run_dir)  # one MLflow run for the job, through its requeue
     assert run.info.status == "FINISHED"
