@@ -97,7 +97,26 @@ def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     check_choice(cfg.lms.name, LMSStrategy, "lms")
     parse_limit(cfg.lms.limit, device_bytes=1 << 40)  # its form; a fraction's bytes are the device's (the plan)
     check_choice(cfg.tracking.name, TrackerName, "tracking")
+    check_register_as(cfg.tracking.name, cfg.tracking.register_as)
     check_distribute_config(cfg.distribute)
+
+
+def check_register_as(tracker: str, name: str) -> None:
+    """``tracking.register_as``: refused before training, not at its end, where the model is
+    registered: without MLflow tracking, or a name the Model Registry refuses (its own rules)."""
+    if not name:
+        return
+    if str(tracker) != "mlflow":
+        raise ValueError(f"tracking.register_as={name!r} registers the run's MLflow model, but tracking={tracker}: "
+                         "use tracking=mlflow, or drop tracking.register_as.")
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_name  # the registry's own rule, not a copy of it
+
+    try:
+        _validate_model_name(name)
+    except MlflowException as e:
+        raise ValueError(f"tracking.register_as={name!r}: the Model Registry refuses this name ({e.message}); "
+                         "choose another, e.g. brats-demo.") from None
 
 
 def _patch_options(shape, multiple: int) -> str:

@@ -81,6 +81,10 @@ def test_the_corrected_command_trains_in_the_same_run_dir(synthetic_root, tmp_pa
         ("data.num_workers", 0, r"data\.num_workers=0"),
         ("tracking.name", "wandb", r"tracking='wandb': use mlflow or none"),
         ("distribute.name", "horovod", r"distribute='horovod'"),
+        # refused at the start, not after training, where the model is registered
+        ("tracking.register_as", "team/model", r"tracking\.register_as='team/model': the Model Registry refuses "
+                                               r"this name \(.*cannot contain '/'"),
+        ("tracking.register_as", "..", r"tracking\.register_as='\.\.': the Model Registry refuses"),
     ],
 )
 def test_a_bad_value_is_named_before_anything_is_written(tmp_path, key, value, message):
@@ -91,6 +95,17 @@ def test_a_bad_value_is_named_before_anything_is_written(tmp_path, key, value, m
     with pytest.raises(ValueError, match=message) as err:
         check_train_config(cfg)
     assert "\n" not in str(err.value)
+
+
+def test_register_as_without_mlflow_tracking_is_refused_and_a_good_name_passes(tmp_path):
+    from brats_seg.checks import check_train_config
+
+    cfg = TrainConfig(resolution=dataclasses.replace(TINY), model=ModelConfig(depth=2, base_filters=4, out_channels=3),
+                      tracking=TrackingConfig(name="none", register_as="brats-demo"), run_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"register_as='brats-demo'.*tracking=none: use tracking=mlflow"):
+        check_train_config(cfg)
+    cfg.tracking.name = "mlflow"
+    check_train_config(cfg)
 
 
 def test_data_root_unset_says_so_not_no_cases_under_the_cwd(tmp_path, backend):
