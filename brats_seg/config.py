@@ -281,7 +281,7 @@ class EvaluateConfig:
     overlays: bool = True  # a PNG per case: three slices with reference and prediction contours
     window: List[int] = field(default_factory=list)  # sliding window (x,y,z); empty = half the network grid
     window_overlap: float = 0.5  # sliding mode: fraction of the window shared by neighbours
-    mirror: bool = True  # average with the L-R mirrored prediction (test-time mirroring, as nnU-Net)
+    mirror: bool = True  # average with the L-R mirrored prediction (test-time mirroring, as nnU-Net); the mirrored pass runs after the first: about twice the time, one pass's memory plus the probabilities
     postprocess: PostprocessMode = PostprocessMode.auto  # auto: the run's postprocess.json (chosen on the val split by evaluate.py when missing or stale) | none
 
 
@@ -462,6 +462,7 @@ class InferencePeakConfig:
     depth: int = 3  # U-Net depth of the measured model
     filters: int = 8  # U-Net base filters of the measured model
     mirror: bool = True  # test-time mirroring as evaluation runs it; false = one pass
+    precision: Precision = Precision.fp32  # fp32 | bf16: the model's dtype policy, as evaluate.py backend.precision= runs it
 
 
 @dataclass

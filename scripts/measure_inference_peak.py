@@ -3,8 +3,9 @@
 
     python scripts/measure_inference_peak.py 'shape=[96,112,80]' depth=3 filters=8
     python scripts/measure_inference_peak.py 'shape=[128,160,112]' depth=4 filters=8 mirror=false
+    python scripts/measure_inference_peak.py 'shape=[192,224,160]' depth=4 filters=6 precision=bf16
 
-Builds the U-Net (random weights, float32, oneDNN as ``backend=cpu_onednn``), runs
+Builds the U-Net (random weights, oneDNN as ``backend=cpu_onednn``, ``precision=fp32|bf16``), runs
 ``brats_seg.evaluation.sliding.predict_volume`` on a random float16 image of the shape (as the
 cache holds it) with test-time mirroring, and prints one JSON line: the RSS peak of that first
 call above the RSS before it (the traced graph, oneDNN's primitives, the activations: what an
@@ -30,7 +31,8 @@ def main(cfg) -> None:
 
     conf = to_config(cfg)
     with user_errors():
-        result = measure_inference_peak(tuple(conf.shape), conf.depth, conf.filters, mirror=conf.mirror)
+        result = measure_inference_peak(tuple(conf.shape), conf.depth, conf.filters, mirror=conf.mirror,
+                                        precision=conf.precision)
     print(json.dumps(result))
 
 

@@ -8,11 +8,14 @@ the image is ``(x, y, z, 4)``.
 
 from __future__ import annotations
 
+import time
+
 __all__ = ["measure_inference_peak"]
 
 
-def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int, mirror: bool = True) -> dict:
-    """Build a U-Net (random weights, float32, ``backend=cpu_onednn``), run whole-volume inference
+def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int, mirror: bool = True,
+                           precision: str = "fp32") -> dict:
+    """Build a U-Net (random weights, ``backend=cpu_onednn`` at ``precision``), run whole-volume inference
     twice on a random float16 image of ``shape`` (as the cache holds it), and return the record:
     ``first_call_peak_bytes`` (the RSS peak of the first call above the RSS before it),
     ``allocator_peak_bytes`` (TensorFlow's allocator peak of the second), ``estimate_forward_bytes``
@@ -26,9 +29,11 @@ def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int
         raise ValueError(f"shape=[{','.join(map(str, shape))}]: give the network grid as [x,y,z], each side a positive multiple of "
                          f"2^depth = {2**depth} (e.g. shape=[96,112,80]).")
     from brats_seg.backend import configure
-    from brats_seg.config import BackendConfig, ModelConfig
+    from brats_seg.choices import check_choice
+    from brats_seg.config import BackendConfig, ModelConfig, Precision
 
-    configure(BackendConfig(name="cpu_onednn"))
+    check_choice(precision, Precision, "precision")
+    backend = configure(BackendConfig(name="cpu_onednn", precision=precision))
     import numpy as np
     import tensorflow as tf
 
@@ -45,14 +50,21 @@ def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int
     image = np.random.default_rng(0).standard_normal((*shape, 4)).astype(np.float16)
     base = current_rss_bytes()
     reset_peak_rss()
+    started = time.perf_counter()
     predict_volume(model, image, mirror=mirror)
+    first_s = time.perf_counter() - started
     first = peak_rss_bytes() - base
     tf.config.experimental.reset_memory_stats("CPU:0")
     current = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    started = time.perf_counter()
     predict_volume(model, image, mirror=mirror)
+    second_s = time.perf_counter() - started
     allocator = tf.config.experimental.get_memory_info("CPU:0")["peak"] - current
-    est = estimate_inference(Workload(cfg, shape, 1, "float32"), memory_model_for("CPU"), mirror=mirror, scoring=False)
+    est = estimate_inference(Workload(cfg, shape, 1, backend.policy), memory_model_for("CPU"), mirror=mirror,
+                             scoring=False)
     return {"cpu": cpu_model_name(), "cpu_kind": cpu_kind(), "shape": list(shape), "depth": depth,
-            "filters": filters, "mirror": mirror, "first_call_peak_bytes": int(first),
+            "filters": filters, "mirror": mirror, "precision": precision, "policy": backend.policy,
+            "first_call_peak_bytes": int(first),
             "allocator_peak_bytes": int(allocator), "estimate_forward_bytes": int(est.forward_bytes),
+            "first_call_s": round(first_s, 2), "second_call_s": round(second_s, 2),
             "ratio": round(first / est.forward_bytes, 3)}
