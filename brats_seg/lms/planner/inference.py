@@ -97,8 +97,10 @@ def estimate_inference(workload: Workload, memory_model: MemoryModel, mirror: bo
                + net.persistent["bf16_scratch_bytes"])
     host_image = net.tensor_bytes["batch_image"]  # the float16 image on the host; TensorFlow holds a copy
     activations = forward_only_bytes(net, with_loss=False) - net.tensor_bytes["labels"]  # no labels, no loss
-    forward = (runtime + host_image + mm.activation_factor * activations
-               + mm.inference_scratch_bytes_per_voxel * voxels)  # outside the allocator (AVX2)
+    # outside the allocator at the first call: the kind's allowance (AVX2, Zen 4/5 in float32), or
+    # under bfloat16 the training step's scratch already in ``runtime`` when that is larger
+    outside = max(0.0, mm.inference_scratch_bytes_per_voxel * voxels - net.persistent["bf16_scratch_bytes"])
+    forward = runtime + host_image + mm.activation_factor * activations + outside
     if mirror:  # the first pass's probabilities wait through the second; then the mean of both
         forward = max(forward + mm.activation_factor * probs, runtime + host_image + 3 * probs)
     back = runtime + probs + 2 * resampled * FLOAT32_BYTES + native * (regions + 1) * FLOAT32_BYTES

@@ -173,6 +173,11 @@ class MemoryModel:
             read 0.71-1.12 of the estimate (one point moves ~20% between runs), the worst
             inside the planning margin. An allowance, not a fit judged on held-out points,
             until the AVX2 preset is calibrated again (docs/measurements/inference_first_call_avx2).
+            On the AVX-512 Zen 5 in float32 (mirrored passes one after the other): -90 to +51
+            bytes a voxel at 96x112x80 to full resolution (6-16 filters), so 51; held out,
+            288x336x240 at 6 and 10 filters (+47 and +61 B a voxel) are then predicted at +1.7%
+            and -3.6% (docs/measurements/inference_first_call_zen5/). Under bfloat16 the larger
+            of it and the training step's bf16 scratch counts (the latter, on that CPU).
         training_loop_bytes: what a training process holds beyond the benchmark's step
             and the pipeline batches the plan counts (``Workload.input_batches > 0``): the
             input pipeline's threads and buffers, the validation function's graph. Measured
@@ -268,7 +273,11 @@ BASE_PRESETS: dict[str, dict[str, float]] = {
     "avx512_amx": {"bf16_scratch_bytes_per_voxel_beyond": 54.0},
     # the larger of the per-voxel rule and 16.3 B a voxel and base filter: the Zen 5's largest below 2x
     # (full resolution, 6-24 filters; 288x336x240, 8 filters), its 2x run held out
-    "avx512": {"bf16_scratch_bytes_per_voxel_filter": 16.3},
+    "avx512": {"bf16_scratch_bytes_per_voxel_filter": 16.3,
+               # float32 inference's first call beyond the forward estimate: the largest excess a voxel
+               # at full resolution and below on a Zen 5 (6-16 filters), 288x336x240 held out
+               # (docs/measurements/inference_first_call_zen5/)
+               "inference_scratch_bytes_per_voxel": 51.0},
     "avx2": {"conv_weight_grad_scratch": 1.0, "runtime_bytes_per_conv_filter": 120_000, "rebuild_runtime_bytes": 0,
              "inference_scratch_bytes_per_voxel": 130.0},
 }
