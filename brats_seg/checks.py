@@ -109,14 +109,15 @@ def check_register_as(tracker: str, name: str) -> None:
     if str(tracker) != "mlflow":
         raise ValueError(f"tracking.register_as={name!r} registers the run's MLflow model, but tracking={tracker}: "
                          "use tracking=mlflow, or drop tracking.register_as.")
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils.validation import _validate_model_name  # the registry's own rule, not a copy of it
-
-    try:
-        _validate_model_name(name)
-    except MlflowException as e:
-        raise ValueError(f"tracking.register_as={name!r}: the Model Registry refuses this name ({e.message}); "
-                         "choose another, e.g. brats-demo.") from None
+    # the registry's rule (MLflow's _validate_model_name, not public API: the copy is
+    # held to it by tests/unit/test_check_first.py): not blank, no '/' or ':', and a name that stays
+    # itself as a path ('.' and names beginning with '..' do not)
+    why = ("it is blank" if not name.strip() else
+           "names cannot contain '/' or ':'" if "/" in name or ":" in name else
+           "it would resolve to another name as a path" if name == "." or name.startswith("..") else None)
+    if why:
+        raise ValueError(f"tracking.register_as={name!r}: the Model Registry refuses this name ({why}); "
+                         "choose another, e.g. brats-demo.")
 
 
 def _patch_options(shape, multiple: int) -> str:

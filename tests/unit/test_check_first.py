@@ -97,6 +97,29 @@ def test_a_bad_value_is_named_before_anything_is_written(tmp_path, key, value, m
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["brats-demo", "team/model", "a:b", "", "  ", ".", "..", "..x", "x..", "a.b",
+                                  "BraTS 2023 (whole)", "models", "m-1_2"])
+def test_the_register_as_rule_agrees_with_the_registrys_own(name):
+    """checks.check_register_as copies MLflow's rule (its validator is not public API, which the
+    package does not import): this holds the copy to it."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_name
+
+    from brats_seg.checks import check_register_as
+
+    try:
+        _validate_model_name(name)
+        mlflow_takes = True
+    except MlflowException:
+        mlflow_takes = False
+    try:
+        check_register_as("mlflow", name)
+        ours = True
+    except ValueError:
+        ours = False
+    assert ours == mlflow_takes or (name == "" and ours), name  # "" is register_as off, not a name
+
+
 def test_register_as_without_mlflow_tracking_is_refused_and_a_good_name_passes(tmp_path):
     from brats_seg.checks import check_train_config
 
