@@ -67,6 +67,7 @@ import numpy as np
 import pytest
 
 from brats_seg.distribute.cluster import free_local_ports
+from tests.conftest import skip_outside_ci
 from tests.integration.slurm_cluster import SlurmCluster, free_port_pair, why_no_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -303,10 +304,18 @@ def compare_weights(single_dir: Path, other_dir: Path) -> dict[str, float]:
     return figures
 
 
-@pytest.mark.slow
-def test_two_workers_one_killed_then_resumed_without_shared_files_end_as_one_process(reference, tmp_path):
+def _only_mlflow_run(uri: str, run_dir: Path):
     from mlflow.tracking import MlflowClient
 
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs(client.get_experiment_by_name("brats-seg").experiment_id,
+                              filter_string=f"tags.run_dir = '{run_dir}'")
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return client, runs[0]
+
+
+@pytest.mark.slow
+def test_two_workers_one_killed_then_resumed_without_shared_files_end_as_one_process(reference, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     ports = free_local_ports(2)
     workers = f"distribute.workers=[127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}]"
@@ -341,12 +350,10 @@ def test_two_workers_one_killed_then_resumed_without_shared_files_end_as_one_pro
     assert codes == [0, 0], [w.output()[-3000:] for w in ws]
     assert not elsewhere.exists() or not any(elsewhere.iterdir())
     assert_same_training(reference / "single", run_dir)
-    client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs(client.get_experiment_by_name("brats-seg").experiment_id,
-                              filter_string=f"tags.run_dir = '{run_dir}'")
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # one run for the job, the chief's
-    assert runs[0].data.tags["distribute"] == "multi_worker" and runs[0].data.tags["replicas"] == "2"
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "Dice/val_mean")] == [1, 2, 3]
+    client, run = _only_mlflow_run(uri, run_dir)  # one run for the job, the chief's
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["distribute"] == "multi_worker" and run.data.tags["replicas"] == "2"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "Dice/val_mean")] == [1, 2, 3]
 
 
 # ---------------------------------------------------------------------------------------
@@ -365,9 +372,7 @@ def slurm(tmp_path_factory):
     stopped after it; a start takes ~4 s); skips with the reason where none can start, except
     under ``CI`` (``.ci/run`` installs slurm-wlm and munge and runs as root), where it fails."""
     if _NO_SLURM:
-        if os.environ.get("CI"):
-            pytest.fail(f"{_NO_SLURM}: CI must run the SLURM tests")
-        pytest.skip(_NO_SLURM)
+        skip_outside_ci(_NO_SLURM)
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         cluster.start()
@@ -388,16 +393,6 @@ def _wait_for_text(path: Path, text: str, timeout: float, cluster, job_id: str) 
         time.sleep(0.2)
     seen = path.read_text(errors="replace")[-4000:] if path.exists() else "(no file)"
     raise AssertionError(f"{text!r} not seen in {path} (job {job_id}: {cluster.job(job_id)}):\n{seen}")
-
-
-def _only_mlflow_run(uri: str, run_dir: Path):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs(client.get_experiment_by_name("brats-seg").experiment_id,
-                              filter_string=f"tags.run_dir = '{run_dir}'")
-    assert len(runs) == 1, [r.info.run_name for r in runs]
-    return client, runs[0]
 
 
 @pytest.mark.slow

@@ -17,7 +17,6 @@ machine without it skips with the reason.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -27,6 +26,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import skip_outside_ci
 
 from brats_seg.tracking.store import LOCAL_UI, ui_url
 
@@ -42,9 +43,7 @@ def _browser() -> tuple[str, str]:
     if chromium and driver:
         return chromium, driver
     why = "no Chromium/ChromeDriver on PATH (Debian: apt-get install chromium chromium-driver; .ci/run does it)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{why}: CI must run the browser test")
-    pytest.skip(why)
+    skip_outside_ci(why)  # raises: a skip, or under CI a failure
 
 
 def _run(args: list[str], cwd: Path) -> None:

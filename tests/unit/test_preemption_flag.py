@@ -31,36 +31,38 @@ def test_a_second_ctrl_c_stops_at_once():
     assert flag.signal_name == "SIGINT"
 
 
-def test_sigusr2_is_saved_first_then_passed_to_the_launchers_handler():
+@pytest.fixture
+def launcher_calls():
+    """A launcher's SIGUSR2 handler (as submitit installs one) that records its calls; the
+    previous handler comes back after the test."""
     calls = []
     previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
     try:
-        with PreemptionFlag() as flag:
-            os.kill(os.getpid(), signal.SIGUSR2)
-            assert flag.requested and calls == []  # the launcher does not requeue mid-step
-            flag.pass_on()
-        assert calls == [signal.SIGUSR2]
+        yield calls
     finally:
         signal.signal(signal.SIGUSR2, previous)
 
 
-def test_sigusr2_after_a_sigterm_still_reaches_the_launcher_after_the_save():
+def test_sigusr2_is_saved_first_then_passed_to_the_launchers_handler(launcher_calls):
+    with PreemptionFlag() as flag:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert flag.requested and launcher_calls == []  # the launcher does not requeue mid-step
+        flag.pass_on()
+    assert launcher_calls == [signal.SIGUSR2]
+
+
+def test_sigusr2_after_a_sigterm_still_reaches_the_launcher_after_the_save(launcher_calls):
     # submitit's preemption drill (Job._interrupt) sends SIGTERM, then SIGUSR2: one save, then the requeue
-    calls = []
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
-    try:
-        with PreemptionFlag() as flag:
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGUSR2)
-            assert flag.signal_name == "SIGTERM" and calls == []
-            flag.pass_on()
-        assert calls == [signal.SIGUSR2]
-        with PreemptionFlag() as flag:  # SIGTERM alone: nothing for the launcher
-            os.kill(os.getpid(), signal.SIGTERM)
-            flag.pass_on()
-        assert calls == [signal.SIGUSR2]
-    finally:
-        signal.signal(signal.SIGUSR2, previous)
+    with PreemptionFlag() as flag:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert flag.signal_name == "SIGTERM" and launcher_calls == []
+        flag.pass_on()
+    assert launcher_calls == [signal.SIGUSR2]
+    with PreemptionFlag() as flag:  # SIGTERM alone: nothing for the launcher
+        os.kill(os.getpid(), signal.SIGTERM)
+        flag.pass_on()
+    assert launcher_calls == [signal.SIGUSR2]
 
 
 def test_sigusr2_is_left_alone_without_a_launcher_handler():
