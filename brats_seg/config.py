@@ -115,7 +115,8 @@ class DataConfig:
     prefetch_batches: int = 1  # training batches made ahead of the step; each costs memory (planned); 1 hides loading when a step takes longer than making a batch
     val_fraction: float = 0.15  # share of cases used for model selection
     test_fraction: float = 0.2  # share held out for the final score, never trained on
-    split_seed: int = 0  # the split is a pure function of (case ids, seed)
+    split_seed: int = 0  # the split is a pure function of (case ids, seed, and each case's regions when stratified)
+    stratify: bool = True  # val and test keep each group's share of cases, grouped by the regions a label holds (e.g. no ET): post-processing then sees them on val
     allow_crop: bool = False  # a brain box larger than resolution.shape: error (False) or warn+crop
     # Only for data=synthetic: generated on first use when `root` holds no cases.
     synthetic_cases: int = 40
@@ -492,6 +493,7 @@ class DemoSeedsScriptConfig(TrainConfig):
 
     seeds: Any = field(default_factory=lambda: [0, 1, 2])  # the seeds, an arm each: a list ([0,1,2]) or one seed (3)
     out: str = "outputs/demo_seeds"  # the arms' run folders <out>/seed<seed>, their logs and demo_seeds.json
+    heldout: str = "synthetic_heldout"  # a configs/data set with the run's case ids, never seen while the recipe was chosen: scored as split=all on=<it>; empty = none
 
 
 @dataclass

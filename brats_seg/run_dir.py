@@ -71,7 +71,8 @@ def upgrade_config_dict(stored: dict) -> dict:
     Keys added since a run was written take their defaults when the dataclasses are filled
     (:func:`~brats_seg.config.config_from_dict`). Where a default changed meaning, the old
     behaviour is written out here: runs from before ``model.regions`` had independent
-    sigmoids, runs from before ``trainer.batch_dice`` a per-sample Dice. Keys that were removed are dropped: ``lms.enabled`` (IBM's switch, which
+    sigmoids, runs from before ``trainer.batch_dice`` a per-sample Dice, runs from before
+    ``data.stratify`` a plain random split. Keys that were removed are dropped: ``lms.enabled`` (IBM's switch, which
     ``lms=off`` already says and nothing read), ``evaluate`` (the first versions kept the
     inference settings in the training config; they are ``scripts/evaluate.py``'s now) and
     ``plan`` and ``benchmark`` (``scripts/plan_memory.py``'s and ``scripts/benchmark.py``'s own
@@ -81,6 +82,8 @@ def upgrade_config_dict(stored: dict) -> dict:
         stored["model"].setdefault("regions", "independent")
     if isinstance(stored.get("trainer"), dict):
         stored["trainer"].setdefault("batch_dice", False)
+    if isinstance(stored.get("data"), dict):
+        stored["data"].setdefault("stratify", False)
     if isinstance(stored.get("lms"), dict):
         stored["lms"].pop("enabled", None)
     for removed in ("evaluate", "plan", "benchmark"):

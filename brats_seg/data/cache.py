@@ -4,7 +4,7 @@ Layout under ``<cache_root>`` (one per dataset root and resolution)::
 
     <case_id>/image.npy     float16 (X, Y, Z, 4)  z-scored FLAIR, T1, T1ce, T2
     <case_id>/regions.npy   uint8   (X, Y, Z, R)  the layout's regions: WT, TC, ET[, RC] (absent unlabelled)
-    <case_id>/meta.json     files, fingerprint, original grid, PreprocessRecord
+    <case_id>/meta.json     files, fingerprint, original grid, PreprocessRecord, voxels per region
 
 An entry is built in a temporary folder renamed into place (:func:`brats_seg.files.atomic_dir`),
 so a crash never leaves a half entry that is later read; it is valid only if its ``meta.json``
@@ -37,11 +37,11 @@ import numpy as np
 
 from brats_seg.data.case_io import load_case_image, load_case_label
 from brats_seg.data.errors import CaseError
-from brats_seg.data.labels import labels_to_regions
+from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.layouts import Case
 from brats_seg.data.prep_memory import out_of_memory_error, workers_that_fit
 from brats_seg.data.preprocess import preprocess_case
-from brats_seg.files import DiskFullError, atomic_dir, is_temporary
+from brats_seg.files import DiskFullError, atomic_dir, is_temporary, write_text_atomic
 from brats_seg.locks import LockedError, hold_lock, remove_stale_temporaries
 from brats_seg.data.workers import WorkerStopped, run_in_workers
 from brats_seg.signals import report_progress
@@ -54,6 +54,7 @@ __all__ = [
     "CacheEntry",
     "compute_fingerprint",
     "load_entry_meta",
+    "region_voxels",
     "build_entry",
     "prepare_cases",
 ]
@@ -88,6 +89,29 @@ class CacheEntry:
     @property
     def meta(self) -> dict:
         return json.loads((self.path / META_FILE).read_text())
+
+
+def _count_regions(regions: np.ndarray, layout: str) -> dict[str, int]:
+    """Voxels of each region of a ``(x, y, z, R)`` regions array, by the layout's region names."""
+    return {name: int(np.count_nonzero(regions[..., i])) for i, name in enumerate(region_names(layout))}
+
+
+def region_voxels(entry: CacheEntry) -> dict[str, int]:
+    """Voxels of each region on the network grid (``{"WT": n, "TC": n, "ET": n}``); ``{}`` unlabelled.
+
+    Recorded in ``meta.json`` when the entry is built; an entry built before that is counted
+    from its ``regions.npy`` once, and the count added to its ``meta.json`` (rewritten
+    atomically: the entry stays valid throughout), so a split of 1,251 full-resolution cases
+    does not read 25 GB each time it is made.
+    """
+    meta = entry.meta
+    if "region_voxels" in meta:
+        return dict(meta["region_voxels"])
+    if not entry.has_label:
+        return {}
+    counts = _count_regions(np.load(entry.regions_path, mmap_mode="r"), meta["layout"])
+    write_text_atomic(entry.path / META_FILE, json.dumps({**meta, "region_voxels": counts}, indent=1))
+    return counts
 
 
 def compute_fingerprint(case: Case, spacing_mm: float, shape, allow_crop: bool) -> str:
@@ -130,6 +154,7 @@ def build_entry(case: Case, cache_root: Path, spacing_mm: float, shape, allow_cr
         case.case_id, image, ref.spacing_mm, spacing_mm, shape, label=label, allow_crop=allow_crop
     )
     grid_src = label_vol if label_vol is not None else ref
+    regions = None if out_label is None else labels_to_regions(out_label, case.layout)
     meta = {
         "case_id": case.case_id,
         "layout": case.layout,
@@ -142,14 +167,15 @@ def build_entry(case: Case, cache_root: Path, spacing_mm: float, shape, allow_cr
         "original_shape": list(grid_src.original_shape),
         "record": record.to_dict(),
         "has_label": out_label is not None,
+        "region_voxels": {} if regions is None else _count_regions(regions, case.layout),  # the split's strata
     }
     final = Path(cache_root) / case.case_id
     with atomic_dir(final) as tmp:
         with open(tmp / IMAGE_FILE, "wb") as f:
             np.save(_Stream(f), out_image.astype(np.float16))
-        if out_label is not None:
+        if regions is not None:
             with open(tmp / REGIONS_FILE, "wb") as f:
-                np.save(_Stream(f), labels_to_regions(out_label, case.layout))
+                np.save(_Stream(f), regions)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))  # last: marks the entry complete
     return final
 

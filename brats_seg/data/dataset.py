@@ -16,12 +16,13 @@ from pathlib import Path
 
 from brats_seg.choices import check_choice
 from brats_seg.config import DataConfig, OnError, ResolutionConfig
-from brats_seg.data.cache import CacheEntry, prepare_cases
+from brats_seg.data.cache import CacheEntry, prepare_cases, region_voxels
 from brats_seg.data.errors import DataError
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.splits import load_split, make_split, save_split
 
-__all__ = ["GENERATED", "PreparedDataset", "PreparationFailed", "dataset_cache_dir", "prepare_dataset", "ensure_synthetic"]
+__all__ = ["GENERATED", "PreparedDataset", "PreparationFailed", "compute_strata", "dataset_cache_dir", "prepare_dataset",
+           "ensure_synthetic"]
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,11 @@ def dataset_cache_dir(data: DataConfig) -> Path:
     return Path(data.cache_dir).expanduser() / f"{data.name}_{hashlib.sha256(root.encode()).hexdigest()[:8]}"
 
 
-# data.name values whose root is generated on first use: the synthetic set, the MNI gliomas (seed 0),
-# cases of another seed no run trains on (heldout), and each acquired as another scanner would (_shifted)
+# data.name values whose root is generated on first use: the synthetic set and its cases of another seed
+# no run trains on (synthetic_heldout), the MNI gliomas (seed 0), cases of another seed no run trains on
+# (heldout), and each acquired as another scanner would (_shifted)
 MNI_GLIOMAS = ("mni_gliomas", "mni_gliomas_shifted", "mni_gliomas_heldout", "mni_gliomas_heldout_shifted")
-GENERATED = ("synthetic", *MNI_GLIOMAS)
+GENERATED = ("synthetic", "synthetic_heldout", *MNI_GLIOMAS)
 
 
 def ensure_synthetic(data: DataConfig) -> None:
@@ -88,6 +90,16 @@ def ensure_synthetic(data: DataConfig) -> None:
     from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
 
     write_synthetic_dataset(Path(data.root), data.layout, data.synthetic_cases, data.synthetic_seed)
+
+
+def compute_strata(entries: list[CacheEntry]) -> dict[str, str]:
+    """Each case's stratum: the regions its label map holds on the network grid, upper case in the
+    layout's order (``"WT TC ET"``, ``"WT TC"`` for a tumour without enhancement, ``"none"``)."""
+    strata = {}
+    for e in entries:
+        present = [name.upper() for name, n in region_voxels(e).items() if n > 0]
+        strata[e.case_id] = " ".join(present) or "none"
+    return strata
 
 
 def prepare_dataset(
@@ -120,8 +132,10 @@ def prepare_dataset(
     if not entries:
         raise DataError(f"no case of {data.root} could be prepared; see the messages above.")
 
-    split_path = base / f"split_seed{data.split_seed}.json"
-    split = make_split([e.case_id for e in entries], data.val_fraction, data.test_fraction, data.split_seed)
+    # a file per kind of split, so runs with and without data.stratify never rewrite each other's
+    split_path = base / f"split_seed{data.split_seed}{'_stratified' if data.stratify else ''}.json"
+    split = make_split([e.case_id for e in entries], data.val_fraction, data.test_fraction, data.split_seed,
+                       strata=compute_strata(entries) if data.stratify else None)
     if not split_path.is_file() or load_split(split_path) != split:
         save_split(split, split_path)
     return PreparedDataset(

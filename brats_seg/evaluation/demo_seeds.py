@@ -2,7 +2,9 @@
 
 For each seed (an arm, its own run folder ``<out>/seed<seed>``): ``train.py experiment=demo
 trainer.seed=<seed>`` (with the train.py overrides given), then ``scripts/evaluate.py`` on the
-held-out test split (post-processing chosen on the val split, as ``make demo`` does). An arm
+held-out test split (post-processing chosen on the val split, as ``make demo`` does) and on
+``heldout`` (default ``data=synthetic_heldout``: 40 phantoms of another generator seed, under the
+run's case ids), which no choice of the recipe ever looked at. An arm
 trained to the end and evaluated is not run again; an interrupted one resumes from its run
 folder. :func:`run_demo_seeds` returns per seed and as mean ± std over seeds: legacy Dice and
 BraTS 2023 lesion-wise Dice per region (and before post-processing), the test cases whose ET is
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 
 REGIONS = ("wt", "tc", "et")
 METRICS = {"dice": "Dice", "lesion23_dice": "lesion-wise Dice (2023)"}
-OWN_KEYS = ("seeds", "out")  # the driver's own keys; every other override is train.py's
+OWN_KEYS = ("seeds", "out", "heldout")  # the driver's own keys; every other override is train.py's
 SET_PER_ARM = ("run_dir", "trainer.seed")  # what each arm sets itself
 
 
@@ -50,8 +52,29 @@ def train_overrides(overrides: list[str]) -> list[str]:
     return passed
 
 
-def run_arm(run_dir: Path, seed: int, passed: list[str]) -> dict:
-    """Train and evaluate one seed (what is done is kept); its time, means and ET errors."""
+def _scores(folder, split: str) -> dict:
+    """Means per region of ``eval/<split>`` (and before post-processing), and the cases whose ET
+    is wrong on either side."""
+    summary = json.loads(folder.summary_json(split).read_text())
+    before = (summary.get("postprocess") or {}).get("unprocessed_mean") or {}
+    out = {"n_cases": summary["n_cases"], "postprocess": (summary.get("postprocess") or {}).get("described", "none")}
+    for m in METRICS:
+        for r in REGIONS:
+            out[f"{m}_{r}"] = summary[f"{m}_{r}"]["mean"]
+            out[f"{m}_{r}_unprocessed"] = before.get(f"{m}_{r}", out[f"{m}_{r}"])
+    with open(folder.metrics_csv(split), newline="") as f:
+        rows = list(csv.DictReader(f))
+    out["et_false"] = [r["case_id"] for r in rows if float(r["lesions_ref_et"] or 0) == 0
+                       and float(r["lesions_pred_et"] or 0) > 0]
+    out["et_missed"] = [r["case_id"] for r in rows if float(r["lesions_ref_et"] or 0) > 0
+                        and float(r["lesions_pred_et"] or 0) == 0]
+    out["without_et"] = sum(float(r["lesions_ref_et"] or 0) == 0 for r in rows)
+    return out
+
+
+def run_arm(run_dir: Path, seed: int, passed: list[str], heldout: str = "") -> dict:
+    """Train and evaluate one seed (what is done is kept); its time, means and ET errors, and
+    under ``"heldout"`` the same on ``split=all on=<heldout>`` when ``heldout`` names a data set."""
     from brats_seg.files import write_text_atomic
     from brats_seg.run_dir import RunFolder
 
@@ -73,21 +96,14 @@ def run_arm(run_dir: Path, seed: int, passed: list[str]) -> dict:
                    logfile)
         timing["evaluate_s"] = time.time() - t0
         write_text_atomic(timing_path, json.dumps(timing) + "\n")
-    summary = json.loads(folder.summary_json("test").read_text())
-    before = (summary.get("postprocess") or {}).get("unprocessed_mean") or {}
     out = {"seed": seed, "train_s": round(timing.get("train_s", float("nan")), 1),
-           "evaluate_s": round(timing.get("evaluate_s", float("nan")), 1), "n_cases": summary["n_cases"],
-           "postprocess": (summary.get("postprocess") or {}).get("described", "none")}
-    for m in METRICS:
-        for r in REGIONS:
-            out[f"{m}_{r}"] = summary[f"{m}_{r}"]["mean"]
-            out[f"{m}_{r}_unprocessed"] = before.get(f"{m}_{r}", out[f"{m}_{r}"])
-    with open(folder.metrics_csv("test"), newline="") as f:
-        rows = list(csv.DictReader(f))
-    out["et_false"] = [r["case_id"] for r in rows if float(r["lesions_ref_et"] or 0) == 0
-                       and float(r["lesions_pred_et"] or 0) > 0]
-    out["et_missed"] = [r["case_id"] for r in rows if float(r["lesions_ref_et"] or 0) > 0
-                        and float(r["lesions_pred_et"] or 0) == 0]
+           "evaluate_s": round(timing.get("evaluate_s", float("nan")), 1), **_scores(folder, "test")}
+    if heldout:
+        split = f"all@{heldout}"
+        if not folder.summary_json(split).is_file():
+            run_logged([sys.executable, str(project_dir() / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=all",
+                        f"on={heldout}"], logfile)
+        out["heldout"] = {"set": heldout, **_scores(folder, split)}
     return out
 
 
@@ -101,6 +117,18 @@ def _seeds(value) -> list[int]:
     if not seeds:
         raise ValueError("seeds is empty: give at least one, e.g. seeds=[0,1,2].")
     return seeds
+
+
+def compute_means(runs: list[dict]) -> dict:
+    """``{"dice_wt": {"mean", "std"}, ...}`` over the seeds' rows (std 0 for one seed)."""
+    means = {}
+    for m in METRICS:
+        for r in REGIONS:
+            for key in (f"{m}_{r}", f"{m}_{r}_unprocessed"):
+                values = [run[key] for run in runs]
+                means[key] = {"mean": statistics.mean(values),
+                              "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+    return means
 
 
 def run_demo_seeds(conf, overrides: list[str]) -> dict:
@@ -121,33 +149,41 @@ def run_demo_seeds(conf, overrides: list[str]) -> dict:
     seeds, passed = _seeds(conf.seeds), train_overrides(overrides)
     out = Path(conf.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    runs = [run_arm(out / f"seed{s}", s, passed) for s in seeds]
-    means = {}
-    for m in METRICS:
-        for r in REGIONS:
-            for key in (f"{m}_{r}", f"{m}_{r}_unprocessed"):
-                values = [run[key] for run in runs]
-                means[key] = {"mean": statistics.mean(values),
-                              "std": statistics.stdev(values) if len(values) > 1 else 0.0}
-    result = {"cpu": cpu_model_name(), "cpu_kind": cpu_kind(), "overrides": passed, "runs": runs, "means": means}
+    runs = [run_arm(out / f"seed{s}", s, passed, conf.heldout) for s in seeds]
+    result = {"cpu": cpu_model_name(), "cpu_kind": cpu_kind(), "overrides": passed, "runs": runs,
+              "means": compute_means(runs)}
+    if conf.heldout:
+        result["heldout_means"] = compute_means([run["heldout"] for run in runs])
     write_text_atomic(out / "demo_seeds.json", json.dumps(result, indent=1) + "\n")
     return result
 
 
-def format_demo_seeds(result: dict) -> str:
-    """The Markdown table of :func:`run_demo_seeds`'s result: a row per seed, then mean ± std."""
-    runs, means, passed = result["runs"], result["means"], result["overrides"]
+def _table(title: str, runs: list[dict], means: dict, train_s: list[float] | None) -> list[str]:
     columns = [(m, r) for m in METRICS for r in REGIONS]
-    lines = [f"{result['cpu']} ({result['cpu_kind']}); make demo's recipe{' with ' + ' '.join(passed) if passed else ''}; "
-             f"held-out test split ({runs[0]['n_cases']} cases), native 1 mm grid", "",
+    lines = [title, "",
              "| seed | " + " | ".join(f"{METRICS[m]} {r.upper()}" for m, r in columns)
-             + " | ET on a case without ET | ET missed | training |",
-             "|---" * (len(columns) + 4) + "|"]
-    for run in runs:
+             + " | ET on a case without ET | ET missed |" + (" training |" if train_s else ""),
+             "|---" * (len(columns) + 3 + bool(train_s)) + "|"]
+    for i, run in enumerate(runs):
         cells = [f"{run[f'{m}_{r}']:.3f} ({run[f'{m}_{r}_unprocessed']:.3f})" for m, r in columns]
         lines.append(f"| {run['seed']} | " + " | ".join(cells) + f" | {', '.join(run['et_false']) or '-'} | "
-                     f"{', '.join(run['et_missed']) or '-'} | {run['train_s'] / 60:.1f} min |")
+                     f"{', '.join(run['et_missed']) or '-'} |" + (f" {train_s[i] / 60:.1f} min |" if train_s else ""))
     lines.append("| mean ± std | " + " | ".join(f"{means[f'{m}_{r}']['mean']:.3f} ± {means[f'{m}_{r}']['std']:.3f}"
-                                              for m, r in columns) + " | | | |")
+                                              for m, r in columns) + " | | |" + (" |" if train_s else ""))
+    return lines
+
+
+def format_demo_seeds(result: dict) -> str:
+    """The Markdown tables of :func:`run_demo_seeds`'s result: a row per seed, then mean ± std; the
+    test split's, then the held-out set's."""
+    runs, passed = result["runs"], result["overrides"]
+    recipe = f"make demo's recipe{' with ' + ' '.join(passed) if passed else ''}"
+    lines = _table(f"{result['cpu']} ({result['cpu_kind']}); {recipe}; test split ({runs[0]['n_cases']} cases, "
+                   f"{runs[0].get('without_et', '?')} without ET), native 1 mm grid",
+                   runs, result["means"], [run["train_s"] for run in runs])
+    if result.get("heldout_means"):
+        held = [{"seed": run["seed"], **run["heldout"]} for run in runs]
+        lines += [""] + _table(f"{held[0]['set']}: {held[0]['n_cases']} cases ({held[0]['without_et']} without ET) "
+                               "that no choice of the recipe looked at", held, result["heldout_means"], None)
     lines += ["", "(in brackets: before post-processing)"]
     return "\n".join(lines)

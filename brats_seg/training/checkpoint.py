@@ -64,9 +64,11 @@ def check_resumable(run_dir: Path, cfg: TrainConfig, progress: bool | None = Non
     if not (has_progress(run_dir) if progress is None else progress):
         log.warning("run_dir %s had no completed step: its config is replaced (%s)", run_dir, lines)
         return
+    hint = (" Runs from before data.stratify split at random: add data.stratify=false to resume one."
+            if "data.stratify" in diff and old.get("data.stratify") is False else "")
     raise ValueError(
         f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
-        "command resumes it; for a new experiment pass a new run_dir=."
+        f"command resumes it; for a new experiment pass a new run_dir=.{hint}"
     )
 
 

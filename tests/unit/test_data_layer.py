@@ -9,8 +9,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from brats_seg.data.cache import load_entry_meta
-from brats_seg.data.dataset import prepare_dataset
+from brats_seg.data.cache import load_entry_meta, region_voxels
+from brats_seg.data.dataset import compute_strata, prepare_dataset
 from brats_seg.data.errors import CaseError, DataError
 from brats_seg.data.labels import LABELS, check_label_map, labels_to_regions, output_regions, regions_to_labels
 from brats_seg.data.layouts import discover_cases
@@ -293,6 +293,73 @@ def test_split_is_deterministic_and_disjoint():
     # adding a case keeps most of the test set where it was
     d = make_split(ids + ["case999"], 0.15, 0.2, seed=3)
     assert len(set(d["test"]) & set(a["test"])) >= 7
+
+
+def _strata(n: int, without_et: int, empty: int = 0) -> dict[str, str]:
+    ids = [f"case{i:03d}" for i in range(n)]
+    return {c: "none" if i < empty else "WT TC" if i < empty + without_et else "WT TC ET" for i, c in enumerate(ids)}
+
+
+@pytest.mark.parametrize("n, without_et, empty", [(40, 8, 0), (40, 3, 0), (12, 3, 0), (40, 8, 2), (1251, 150, 4), (5, 1, 0)])
+def test_stratified_split_gives_val_and_test_each_groups_share(n, without_et, empty):
+    strata = _strata(n, without_et, empty)
+    ids = sorted(strata)
+    plain = make_split(ids, 0.15, 0.2, seed=3)
+    split = make_split(ids, 0.15, 0.2, seed=3, strata=strata)
+    for part in ("train", "val", "test"):  # the same sizes as the random split's
+        assert len(split[part]) == len(plain[part]), part
+    assert sorted(split["train"] + split["val"] + split["test"]) == ids
+    for group in set(strata.values()):
+        members = {c for c, g in strata.items() if g == group}
+        counts = {part: len(members & set(split[part])) for part in ("train", "val", "test")}
+        assert counts == split["strata"][group]
+        if len(members) >= 3:  # a group of three or more is in every part
+            assert min(counts.values()) >= 1, (group, counts)
+        for part in ("val", "test"):  # and in proportion: within one case of its share
+            assert abs(counts[part] - len(split[part]) * len(members) / n) < 1 + 1e-9, (group, part, counts)
+    assert make_split(list(reversed(ids)), 0.15, 0.2, seed=3, strata=strata) == split
+    assert make_split(ids, 0.15, 0.2, seed=4, strata=strata)["test"] != split["test"]
+
+
+def test_a_random_split_of_the_demo_can_leave_val_without_a_case_lacking_et():
+    # why the split is stratified: 40 cases, 8 without enhancing tumour, 6 in val: a random split
+    # leaves none of the 8 in val about one time in four (C(32,6)/C(40,6) = 0.24); a stratified one never
+    strata = _strata(40, 8)
+    unlucky = [s for s in range(20) if not {c for c, g in strata.items() if g == "WT TC"} & set(make_split(sorted(strata), 0.15, 0.2, s)["val"])]
+    assert unlucky  # some seeds do leave val without such a case
+    for s in unlucky:
+        val = make_split(sorted(strata), 0.15, 0.2, s, strata=strata)["val"]
+        assert sum(strata[c] == "WT TC" for c in val) >= 1
+
+
+def test_a_case_without_a_stratum_is_refused():
+    with pytest.raises(ValueError, match=r"case001.*no stratum"):
+        make_split(["case000", "case001"], 0.15, 0.2, seed=0, strata={"case000": "WT"})
+
+
+def test_the_split_is_stratified_by_the_regions_each_cached_case_holds(synthetic_root, tmp_path):
+    ds = prepare_dataset(data_config(synthetic_root["brats2021"], "brats2021", tmp_path), TINY, progress=False)
+    assert ds.split_path.name == "split_seed0_stratified.json"
+    for e in ds.entries:
+        regions = np.load(e.regions_path)
+        expected = {name: int(regions[..., i].sum()) for i, name in enumerate(("wt", "tc", "et"))}
+        assert e.meta["region_voxels"] == expected  # recorded when the entry was built
+    strata = compute_strata(ds.entries)
+    assert sum(ds.split["strata"][g][p] for g in ds.split["strata"] for p in ("train", "val", "test")) == 3
+    assert set(ds.split["strata"]) == set(strata.values())
+    # an entry cached before the count was recorded is counted from regions.npy once and keeps it
+    entry = ds.entries[0]
+    meta = json.loads((entry.path / "meta.json").read_text())
+    counts = meta.pop("region_voxels")
+    (entry.path / "meta.json").write_text(json.dumps(meta))
+    assert region_voxels(entry) == counts
+    assert json.loads((entry.path / "meta.json").read_text())["region_voxels"] == counts
+    assert load_entry_meta(entry.path)["fingerprint"] == meta["fingerprint"]  # still a valid entry
+    again = prepare_dataset(data_config(synthetic_root["brats2021"], "brats2021", tmp_path), TINY, progress=False)
+    assert again.n_built == 0 and again.split == ds.split
+    plain = prepare_dataset(data_config(synthetic_root["brats2021"], "brats2021", tmp_path, stratify=False), TINY,
+                            progress=False)
+    assert plain.split_path.name == "split_seed0.json" and "strata" not in plain.split
 
 
 def test_incomplete_entry_is_never_read(synthetic_root, tmp_path):

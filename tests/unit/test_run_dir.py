@@ -40,7 +40,7 @@ def test_an_old_config_without_the_newer_keys_is_upgraded(tmp_path):
     that run trained: independent sigmoids, and today's defaults for what it could not say."""
     stored = config_to_dict(TrainConfig())
     del stored["model"]["regions"], stored["model"]["region_parents"], stored["data"]["prefetch_batches"]
-    del stored["trainer"]["batch_dice"]
+    del stored["trainer"]["batch_dice"], stored["data"]["stratify"]
     stored["plan"] = {"format": "table"}  # the plan_memory.py group runs of 2025-2026 carried (dropped on reading)
     run = RunFolder.of(tmp_path)
     run.config_path.write_text(json.dumps(stored))
@@ -48,6 +48,7 @@ def test_an_old_config_without_the_newer_keys_is_upgraded(tmp_path):
     assert cfg.model.regions == "independent" and cfg.model.region_parents == [-1, -1, -1]
     assert cfg.trainer.batch_dice is False and TrainConfig().trainer.batch_dice is True  # per-sample Dice, as it trained
     assert cfg.data.prefetch_batches == DataConfig().prefetch_batches
+    assert cfg.data.stratify is False and DataConfig().stratify is True  # its split was a random one
 
 
 def test_unreadable_files_are_named(tmp_path):
@@ -100,6 +101,19 @@ def test_training_reads_an_old_config_as_evaluation_does(tmp_path):
     check_resumable(tmp_path, same)  # the run as it trained: resumes
     with pytest.raises(ValueError, match=r"model.regions: 'independent' -> 'nested'"):
         check_resumable(tmp_path, resolve_model_outputs(TrainConfig(model=ModelConfig(regions="nested"))))
+
+
+def test_a_run_from_before_the_stratified_split_says_how_to_resume(tmp_path):
+    from brats_seg.data.labels import resolve_model_outputs
+    from brats_seg.training.checkpoint import check_resumable
+
+    stored = config_to_dict(resolve_model_outputs(TrainConfig()))
+    del stored["data"]["stratify"]
+    RunFolder.of(tmp_path).config_path.write_text(json.dumps(stored))
+    RunFolder.of(tmp_path).write_state({"epoch": 1, "step": 0})
+    with pytest.raises(ValueError, match=r"data.stratify: False -> True.*add data.stratify=false to resume"):
+        check_resumable(tmp_path, resolve_model_outputs(TrainConfig()))
+    check_resumable(tmp_path, resolve_model_outputs(TrainConfig(data=DataConfig(stratify=False))))
 
 
 def test_evaluation_raises_the_run_folders_error():
