@@ -6,9 +6,12 @@ registers it before any config is composed.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
-__all__ = ["sweep_dirname"]
+__all__ = ["MAX_DIRNAME", "sweep_dirname"]
+
+MAX_DIRNAME = 120  # characters: a longer name keeps its first part and ends in 8 hex of the whole (file systems allow 255)
 
 
 def sweep_dirname(overrides, exclude=()) -> str:
@@ -19,7 +22,9 @@ def sweep_dirname(overrides, exclude=()) -> str:
     sorted, a list's items joined by ``x``, no ``=``, ``,`` or brackets, so that the folder is stable
     (the same command names the same folders: a finished job is resumed, not redone) and can be
     passed as ``run_dir=`` unquoted. Hydra's own ``override_dirname`` keeps ``=`` and a list's
-    brackets and commas, which an override such as ``run_dir=`` cannot take unquoted.
+    brackets and commas, which an override such as ``run_dir=`` cannot take unquoted. A name
+    longer than :data:`MAX_DIRNAME` (many fixed keys, long paths) keeps its first part and ends in
+    8 hex of the whole name, still the same for the same overrides.
     """
     items = []
     for line in overrides:
@@ -33,4 +38,7 @@ def sweep_dirname(overrides, exclude=()) -> str:
         value = "x".join(v.strip(" '\"") for v in value.strip("[]").split(",")) if value.startswith("[") else value
         value = re.sub(r"[^A-Za-z0-9.+-]+", "-", value.strip("'\"")).strip("-") or "empty"
         parts.append(f"{name if short.count(name) == 1 else key}-{value}")
-    return "_".join(sorted(parts)) or "defaults"
+    name = "_".join(sorted(parts)) or "defaults"
+    if len(name) > MAX_DIRNAME:
+        name = f"{name[:MAX_DIRNAME - 9]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return name

@@ -446,13 +446,18 @@ def test_sbatch_two_workers_preempted_requeued_and_resumed_end_as_one_process(sl
 def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(slurm, reference, tmp_path):
     """``python train.py -m hydra/launcher=slurm``: two jobs side by side on the node, one MLflow
     run each; SIGUSR2 (SLURM's warning signal under submitit) to one saves, submitit requeues it,
-    and the requeued job resumes and ends as the uninterrupted single process did."""
+    and the requeued job resumes and ends as the uninterrupted single process did. Nothing pins
+    the folders (as the README's sweep): the jobs land in multirun/<their values>, submitit's logs
+    in multirun/.submitit/<job id>, and the same command again continues the same two folders."""
+    from brats_seg.sweeps import sweep_dirname
+
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    runs = tmp_path / "runs"
-    cmd = [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1",
-           "hydra.launcher.timeout_min=30", f"hydra.launcher.submitit_folder={tmp_path / 'submitit' / '%j'}",
-           f"hydra.sweep.dir={tmp_path / 'sweep'}", f"run_dir={runs}/${{hydra:job.num}}",
-           *_overrides(reference, uri, filters="4,6")]
+    typed = ["hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30", *_overrides(reference, uri, filters="4,6")]
+    cmd = [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=slurm", *typed]
+    folder_of = {f: tmp_path / "multirun" / sweep_dirname([o.replace("=4,6", f"={f}") for o in typed],
+                                                          ["run_dir", "tracking", "tracking.uri", "tracking.experiment"])
+                 for f in ("4", "6")}
+    runs = {"0": folder_of["4"], "1": folder_of["6"]}
     log = tmp_path / "launcher.log"
     with open(log, "w") as out:
         launcher = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True,
@@ -465,30 +470,31 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
         array = ids[0].split("_")[0]
         job0 = f"{array}_0"  # the array's task 0 is the sweep's job 0 (model.base_filters=4)
         assert sorted(ids) == [job0, f"{array}_1"]
-        _wait_for_text(runs / "0" / "train.log", "epoch 2/3: training from step 1", 600, slurm, job0)
+        _wait_for_text(runs["0"] / "train.log", "epoch 2/3: training from step 1", 600, slurm, job0)
         assert slurm.job(f"{array}_1")["JobState"] == "RUNNING"  # both jobs side by side, a CPU each
 
         slurm.run("scancel", "--signal=USR2", job0)
         slurm.wait_job(job0, lambda f: f["JobState"] == "PENDING" and int(f["Restarts"]) >= 1,
                        "requeued by submitit (PENDING, Restarts 1)", timeout=300)
-        state = json.loads((runs / "0" / "state.json").read_text())
+        state = json.loads((runs["0"] / "state.json").read_text())
         assert state["epoch"] == 2 or (state["epoch"] == 1 and state["step"] >= 1)  # saved before the requeue
         assert launcher.wait(timeout=900) == 0, log.read_text()[-4000:]
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-    job_log = (runs / "0" / "train.log").read_text()
+    assert sorted((tmp_path / "multirun" / ".submitit").glob(f"{array}_0/*_log.out"))  # submitit's logs, found where said
+    job_log = (runs["0"] / "train.log").read_text()
     assert "passing SIGUSR2 on to the launcher (requeue)" in job_log
-    assert f"resuming {runs / '0'} from epoch" in job_log
+    assert f"resuming {runs['0']} from epoch" in job_log
     for job in (job0, f"{array}_1"):  # the result is written before the job's process has ended
         fields = slurm.wait_job(job, lambda f: f["JobState"] not in ("RUNNING", "COMPLETING"), "its end", timeout=120)
         assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), fields
     assert slurm.job(job0)["Restarts"] == "1" and slurm.job(f"{array}_1")["Restarts"] == "0"
-    assert_same_training(reference / "single", runs / "0")  # base_filters=4: the reference's settings
+    assert_same_training(reference / "single", runs["0"])  # base_filters=4: the reference's settings
     names = set()
     for num, filters in (("0", "4"), ("1", "6")):  # one MLflow run per job, named and tagged with its values
-        client, run = _only_mlflow_run(uri, runs / num)
+        client, run = _only_mlflow_run(uri, runs[num])
         assert run.info.status == "FINISHED"
         assert run.data.tags["sweep_overrides"] == f"model.base_filters={filters}"
         assert run.data.params["model.base_filters"] == filters
@@ -496,3 +502,12 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
         assert [m.step for m in client.get_metric_history(run.info.run_id, "Dice/val_mean")] == [1, 2, 3]
         names.add(run.info.run_name)
     assert len(names) == 2
+
+    # the same command again: the same two folders, each finished run passed over, no third folder
+    again = subprocess.run(cmd, cwd=tmp_path, env={**slurm.env, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert sorted(p for p in (tmp_path / "multirun").iterdir() if p.is_dir() and not p.name.startswith(".")) \
+        == sorted(runs.values())
+    for folder in runs.values():
+        assert "already has 3/3 epochs: nothing to train" in (folder / "train.log").read_text()

@@ -354,6 +354,42 @@ def test_job_folders_are_named_by_their_overrides_without_characters_an_override
     assert sweep_dirname(overrides, ["experiment"]) == name
 
 
+def test_a_long_job_folder_name_is_capped_and_still_names_one_job():
+    from brats_seg.sweeps import MAX_DIRNAME
+
+    long = [f"data.root=/cluster/projects/glioma/{'x' * 150}", "model.base_filters=16"]
+    name = sweep_dirname(long)
+    assert len(name) == MAX_DIRNAME and name.startswith("base_filters-16_root-cluster-projects")
+    assert sweep_dirname(long) == name != sweep_dirname([long[0], "model.base_filters=32"])
+
+
+def test_a_plain_sweep_names_its_job_folders_by_their_values_so_the_same_command_continues_them():
+    """``python train.py -m hydra/launcher=slurm model.base_filters=16,32`` (the README's sweep): each
+    job's folder is multirun/<its values>, the same on every launch (Hydra's default, multirun/<date>/<time>/<n>,
+    was another folder each time, so a sweep never resumed); where it is tracked and a pinned run_dir= are
+    not part of the name."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register = __import__("brats_seg.config", fromlist=["register_configs"]).register_configs
+    register()
+    typed = ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "model.base_filters=16,32", "resolution=full",
+             "tracking.uri=http://mlflow.example:5000"]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        launches = []
+        for _ in range(2):
+            jobs = _jobs({}, typed)
+            launches.append([OmegaConf.select(compose("train", overrides=job, return_hydra_config=True), "hydra.sweep")
+                             for job in jobs])
+        first, again = launches
+        assert [(j.dir, j.subdir) for j in first] == [(j.dir, j.subdir) for j in again]
+        assert [j.dir for j in first] == ["multirun", "multirun"]
+        assert [j.subdir for j in first] == ["base_filters-16_resolution-full", "base_filters-32_resolution-full"]
+        pinned = compose("train", overrides=["model.base_filters=16", "run_dir=outputs/a", "tracking=none"],
+                         return_hydra_config=True)
+        assert pinned.hydra.sweep.subdir == "base_filters-16"
+
+
 def _jobs(sweep_params, typed: list[str]) -> list[list[str]]:
     """The jobs ``python train.py -m <typed>`` launches (Hydra's basic sweeper: its params, then the
     command line's overrides, a key given on both taking the command line's value)."""
