@@ -102,6 +102,63 @@ def test_a_documented_command_composes_as_written(page, line, script, overrides,
         pytest.fail(f"{page}:{line}: python {script} {' '.join(overrides)}: {error}")
 
 
+def _shown_commands() -> list[tuple[str, int, str, bool]]:
+    """``(page, line, text, in_block)`` of every ``python train.py``/``python scripts/*.py`` command a page
+    shows: a code block's line (continued lines joined) from the command on, or an inline code span."""
+    out = []
+    for page in DOCS:
+        lines = page.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            line, number = lines[i], i + 1
+            while line.rstrip().endswith("\\") and i + 1 < len(lines):
+                i += 1
+                line = line.rstrip()[:-1] + " " + lines[i].strip()
+            i += 1
+            if line.startswith("    "):
+                match = COMMAND.search(line)
+                if match:
+                    out.append((page.relative_to(REPO).as_posix(), number, line[match.start():], True))
+                continue
+            for span in re.findall(r"`([^`]+)`", line):
+                if COMMAND.search(span):
+                    out.append((page.relative_to(REPO).as_posix(), number, span, False))
+    return out
+
+
+SHELL_TRAPS = (
+    (re.compile(r"<[^\s<>]*>"), "an <angle-bracket> placeholder, which bash reads as a redirection"),
+    (re.compile(r"[^\s|]\|[^\s|]"), "alternatives joined by |, which bash reads as a pipe"),
+    (re.compile(r"(?:^|\s)\[[\w.+~]+="), "an [optional=argument] in brackets, which bash passes on as written"),
+)
+
+
+@pytest.mark.parametrize("page, line, text, in_block", _shown_commands(),
+                         ids=[f"{p}:{n}" for p, n, _, _ in _shown_commands()])
+def test_a_documented_command_pasted_into_bash_is_the_command_the_page_means(page, line, text, in_block):
+    """A command pasted into bash runs as written: no placeholder or alternative that the shell reads
+    as its own syntax (``outputs/<run>`` is a redirection, ``layout=a|b`` a pipe, ``[split=test]`` a
+    word with brackets); a code block's command has no ``...`` for the reader to fill in. A real pipe
+    (``2>&1 | grep x``) has spaces around it. Quoted text and a trailing ``# comment`` are not the shell's."""
+    bare = re.sub(r"'[^']*'|\"[^\"]*\"", "''", text)
+    bare = re.split(r"(?:^|\s)#", bare, maxsplit=1)[0]
+    for pattern, what in SHELL_TRAPS:
+        found = pattern.search(bare)
+        assert not found, f"{page}:{line}: {found.group(0).strip()!r} is {what}: {text.strip()}"
+    if in_block:
+        assert not re.search(r"(?:^|\s)\.\.\.(?:\s|$)", bare), f"{page}:{line}: '...' in a command to paste: {text.strip()}"
+
+
+def test_the_shell_check_catches_each_trap():
+    for text in ("python scripts/export.py run_dir=outputs/<run>", "python scripts/make_synthetic.py layout=brats2021|msd",
+                 "python scripts/evaluate.py run_dir=outputs/full [split=val]"):
+        with pytest.raises(AssertionError):
+            test_a_documented_command_pasted_into_bash_is_the_command_the_page_means("page", 1, text, True)
+    for text in ("python scripts/benchmark.py resolution=half 2>&1 | grep Extending",
+                 "python train.py 'trainer.patch_size=[48,48,48]'   # or [64,64,64] | whole <run>"):
+        test_a_documented_command_pasted_into_bash_is_the_command_the_page_means("page", 1, text, True)
+
+
 def test_the_code_map_names_every_module():
     """docs/development.md's code map names each module and package of brats_seg/ (a new module
     without its line fails here)."""
