@@ -53,10 +53,12 @@ def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     Raises:
         ValueError: an unknown choice (with the allowed values), a size that is not positive,
             a shape not divisible by ``2**model.depth`` (with the nearest that are), an
-            unreadable ``lms.limit``, ``data.root`` unset for a dataset that is not generated, a
+            unreadable ``lms.limit``, ``data.root`` unset, missing or without the layout's cases
+            for a dataset that is not generated (training only), a
             ``run_dir`` holding another program's files (:class:`~brats_seg.run_dir.RunError`).
     """
     from brats_seg.data.dataset import GENERATED
+    from brats_seg.data.layouts import check_dataset_root
     from brats_seg.lms.planner.units import parse_limit
 
     if training and not cfg.run_dir:
@@ -66,6 +68,8 @@ def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     d, t = cfg.data, cfg.trainer
     if not str(d.root).strip() and d.name not in GENERATED:
         raise ValueError(f"data.root is not set: pass data.root=/path/to/your/dataset (data={d.name}).")
+    if training and d.name not in GENERATED:  # a second, not TensorFlow's start-up, before a missing folder is said
+        check_dataset_root(d.root, d.layout)
     check_choice(d.on_error, OnError, "data.on_error")
     _positive_int(d.num_workers, "data.num_workers")
     _positive_int(d.prefetch_batches, "data.prefetch_batches", minimum=0)

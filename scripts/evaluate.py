@@ -39,6 +39,7 @@ def main(cfg) -> None:
 
     with user_errors("evaluation"):
         run = check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
+        other = _data_config(conf.on) if conf.on else None
         conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
         # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
         conf.backend.precision = inference_precision(run, given_override("backend.precision"), conf.backend)
@@ -53,7 +54,6 @@ def main(cfg) -> None:
     from brats_seg.evaluation.table import format_summary_table
 
     with user_errors("evaluation"):
-        other = _data_config(conf.on) if conf.on else None
         summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate, data=other)
     layout = load_run_config(conf.run_dir).data.layout
     out = eval_dir(conf.run_dir, f"{conf.split}@{conf.on}" if conf.on else conf.split)
@@ -92,13 +92,21 @@ def _data_config(name: str):
     from omegaconf import OmegaConf
 
     from brats_seg.config import DataConfig
+    from brats_seg.data.dataset import GENERATED
+    from brats_seg.data.layouts import check_dataset_root
 
     folder = Path(__file__).resolve().parents[1] / "configs" / "data"
     path = folder / f"{name}.yaml"
     if not path.is_file():
         names = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
         raise ValueError(f"on={name}: no such data config; use one of {names}.")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path)))
+    data = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path)))
+    if data.name not in GENERATED:  # generated ones are written on first use
+        if not str(data.root).strip():
+            raise ValueError(f"on={name}: configs/data/{name}.yaml sets no root; copy it with root: set to the "
+                             "other dataset's folder and pass on=<its name>.")
+        check_dataset_root(data.root, data.layout, key=f"root in configs/data/{name}.yaml")
+    return data
 
 
 if __name__ == "__main__":

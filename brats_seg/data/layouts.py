@@ -38,6 +38,7 @@ __all__ = [
     "case_file_paths",
     "MSD_CHANNELS",
     "case_from_dir",
+    "check_dataset_root",
     "discover_cases",
     "folder_naming",
     "image_channels",
@@ -312,6 +313,28 @@ def discover_cases(root: str | Path, layout: str, require_labels: bool = True, o
     if dupes:
         raise DatasetError(f"{root}: case ids {dupes} occur more than once (e.g. in both HGG/ and LGG/); rename one.")
     return sorted(cases, key=lambda c: c.case_id), skipped
+
+
+def check_dataset_root(root: str | Path, layout: str, key: str = "data.root") -> None:
+    """What can be said of a dataset root in milliseconds, before anything heavy starts: it is
+    set, it is a folder, and it holds the layout's cases (``dataset.json`` for msd, a case folder
+    named as the layout names them for BraTS). Bad cases are :func:`discover_cases`'s, which
+    reports all of them at once.
+
+    Raises:
+        DatasetError: naming ``key`` and the folder, and what to do.
+    """
+    check_choice(layout, Layout, "data.layout", error=DatasetError)
+    if not str(root).strip():
+        raise DatasetError(f"{key} is not set: pass {key}=/path/to/your/dataset.")
+    folder = Path(root).expanduser()
+    if not folder.is_dir():
+        raise DatasetError(f"data root {folder} does not exist or is not a folder: check {key}=.")
+    if layout == "msd" and (folder / "dataset.json").is_file():
+        return
+    if layout != "msd" and _discover_brats(folder, layout):
+        return
+    raise DatasetError(_no_cases_message(folder, layout))
 
 
 def _no_cases_message(root: Path, layout: str) -> str:

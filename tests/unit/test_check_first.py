@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,43 @@ def test_data_root_unset_says_so_not_no_cases_under_the_cwd(tmp_path, backend):
     with pytest.raises(ValueError, match=r"data\.root is not set: pass data\.root=") as err:
         train(cfg, backend)
     assert "no cases" not in str(err.value) and not (tmp_path / "run").exists()
+
+
+# Runs an entry point as `python <script>` does, and says on stderr at exit whether TensorFlow was imported.
+_WATCH_TF = ("import atexit, runpy, sys; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
+             "atexit.register(lambda: print('tensorflow imported:', 'tensorflow' in sys.modules, file=sys.stderr)); "
+             "runpy.run_path(script, run_name='__main__')")
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("train.py", ["data=brats2021", "data.root={tmp}/nowhere"], r"error: data root .*/nowhere does not exist or is not a folder: check data\.root=\.$"),
+    ("train.py", ["data=brats2023", "data.root={synthetic}"],
+     r"error: no cases found under .* for layout brats2023 .*try data=brats2021"),
+    ("train.py", ["data=msd", "data.root={tmp}"], r"error: no cases found under .* for layout msd \(expected dataset\.json"),
+    ("scripts/evaluate.py", ["run_dir={tmp}/none"], r"error: run folder .*/none does not exist"),
+])
+def test_a_path_that_can_be_checked_without_tensorflow_fails_before_it_is_imported(synthetic_root, tmp_path, script,
+                                                                                   args, message):
+    """A missing or wrong data.root (a missing run folder for evaluation) is said in about a second
+    (0.9-1.4 s on an AMD EPYC Zen 5), where TensorFlow's import alone takes 5-16 s and prints its
+    own lines first (one an alarming 'CUDA error'). Decisive: TensorFlow is never imported; the
+    time bound is loose (10x the Zen 5's figure, for the slowest CPU kind on a busy machine)."""
+    import time
+
+    filled = [a.format(tmp=tmp_path, synthetic=synthetic_root["brats2021"]) for a in args]
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _WATCH_TF, str(REPO / script), *filled, f"run_dir={tmp_path}/run"
+                           if script == "train.py" else "split=test", "tracking=none" if script == "train.py" else
+                           "checkpoint=best"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - t0
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "tensorflow imported: False" in lines, proc.stderr[-2000:]
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    assert len(errors) == 1 and re.search(message, lines[errors[0]]), proc.stderr[-2000:]
+    assert not any(re.match(r"[IWEF]\d{4} ", line) for line in lines[:errors[0]]), proc.stderr[-2000:]  # no TF/absl line
+    assert seconds < 12, f"{seconds:.1f} s"
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_folder_without_a_completed_step_takes_a_changed_config(tmp_path, caplog):
