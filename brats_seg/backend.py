@@ -187,7 +187,7 @@ def decide_backend(cfg: BackendConfig, gpus: int, cpuinfo: str | None = None, *,
     if name in ("gpu", "gpu_lms") and not gpus and require_gpu:
         raise BackendError(
             f"backend={name} needs a GPU, and none is visible here. Use backend=cpu_onednn "
-            "(with lms=recompute to fit a RAM budget), or check the CUDA install (pip install '.[gpu]')."
+            "(with lms=recompute to fit a RAM budget), or check the CUDA install (pip install -c requirements.lock '.[gpu]')."
         )
     device = "GPU" if name != "cpu_onednn" else "CPU"
     check_precision(str(cfg.precision), device, cpuinfo)

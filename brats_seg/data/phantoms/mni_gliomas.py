@@ -133,7 +133,7 @@ def _templates() -> tuple[dict[str, np.ndarray], np.ndarray]:
     try:
         import nilearn.datasets
     except ImportError as e:  # pragma: no cover - a dependency
-        raise RuntimeError("the MNI glioma generator needs nilearn (pip install 'nilearn>=0.10,<1')") from e
+        raise RuntimeError("the MNI glioma generator needs nilearn, a dependency of brats-seg: reinstall it (pip install -c requirements.lock -e .)") from e
     folder = Path(nilearn.datasets.__file__).parent / "data"
     maps, affine = {}, None
     for key, name in _TEMPLATES.items():
