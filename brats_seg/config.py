@@ -234,7 +234,7 @@ class BackendConfig:
     name: BackendName = BackendName.auto  # auto | gpu | gpu_lms | cpu_onednn
     precision: Precision = Precision.fp32  # fp32 | bf16 | fp16 (fp16 only on GPU)
     intra_op_threads: int = 0  # 0 = physical cores
-    inter_op_threads: int = 2  # two ops at a time: as fast as one at full resolution (8.2-8.7 s a step either way) and a steadier memory peak (one thread: 1.16-1.92 GB over four runs of one configuration, two: 1.17-1.43 GB; docs/lms_calibration.md)
+    inter_op_threads: int = 2  # two ops at a time: one was not faster, and its memory peak at full resolution was higher (docs/lms_calibration.md)
     onednn: bool = True  # TF_ENABLE_ONEDNN_OPTS on CPU
     memory_growth: bool = True  # GPU: allocate as needed instead of all at start
     xla: bool = False  # GPU only; forced off with LMS (XLA drops host placements)
