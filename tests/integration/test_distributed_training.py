@@ -449,15 +449,19 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
     and the requeued job resumes and ends as the uninterrupted single process did. Nothing pins
     the folders (as the README's sweep): the jobs land in multirun/<their values>, submitit's logs
     in multirun/.submitit/<job id>, and the same command again continues the same two folders."""
-    from brats_seg.sweeps import sweep_dirname
-
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     typed = ["hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30", *_overrides(reference, uri, filters="4,6")]
     cmd = [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=slurm", *typed]
-    folder_of = {f: tmp_path / "multirun" / sweep_dirname([o.replace("=4,6", f"={f}") for o in typed],
-                                                          ["run_dir", "tracking", "tracking.uri", "tracking.experiment"])
-                 for f in ("4", "6")}
-    runs = {"0": folder_of["4"], "1": folder_of["6"]}
+
+    def job_folders() -> dict[str, Path]:  # the sweep's job number -> its run folder, multirun/<its values>
+        found = {}
+        for num, filters in (("0", "4"), ("1", "6")):
+            match = sorted((tmp_path / "multirun").glob(f"*base_filters-{filters}_*"))
+            assert len(match) <= 1, match
+            if match:
+                found[num] = match[0]
+        return found
+
     log = tmp_path / "launcher.log"
     with open(log, "w") as out:
         launcher = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True,
@@ -470,6 +474,11 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
         array = ids[0].split("_")[0]
         job0 = f"{array}_0"  # the array's task 0 is the sweep's job 0 (model.base_filters=4)
         assert sorted(ids) == [job0, f"{array}_1"]
+        end = time.monotonic() + 300  # Hydra makes each job's folder as the job starts
+        while len(runs := job_folders()) < 2 and time.monotonic() < end:
+            time.sleep(0.5)
+        assert len(runs) == 2, sorted((tmp_path / "multirun").iterdir())
+        assert "tracking" not in runs["0"].name and "uri" not in runs["0"].name  # where it is tracked is not its name
         _wait_for_text(runs["0"] / "train.log", "epoch 2/3: training from step 1", 600, slurm, job0)
         assert slurm.job(f"{array}_1")["JobState"] == "RUNNING"  # both jobs side by side, a CPU each
 
@@ -507,6 +516,7 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
     again = subprocess.run(cmd, cwd=tmp_path, env={**slurm.env, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
                            timeout=900)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert job_folders() == runs
     assert sorted(p for p in (tmp_path / "multirun").iterdir() if p.is_dir() and not p.name.startswith(".")) \
         == sorted(runs.values())
     for folder in runs.values():
