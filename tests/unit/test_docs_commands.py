@@ -119,10 +119,11 @@ def _shown_commands() -> list[tuple[str, int, str, bool]]:
                 match = COMMAND.search(line)
                 if match:
                     out.append((page.relative_to(REPO).as_posix(), number, line[match.start():], True))
-                continue
-            for span in re.findall(r"`([^`]+)`", line):
-                if COMMAND.search(span):
-                    out.append((page.relative_to(REPO).as_posix(), number, span, False))
+        text = re.sub(r"(?m)^    .*$", "", page.read_text())  # code blocks blanked, lines kept
+        for span in re.finditer(r"`([^`]+)`", text):  # an inline span, continued on the next line or not
+            if COMMAND.search(span.group(1)):
+                out.append((page.relative_to(REPO).as_posix(), text.count("\n", 0, span.start()) + 1,
+                            " ".join(span.group(1).split()), False))
     return out
 
 
