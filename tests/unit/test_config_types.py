@@ -75,24 +75,28 @@ def _group_options() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("group,option", _group_options(), ids=[f"{g}={o}" for g, o in _group_options()])
-def test_every_config_option_composes_and_passes_the_checks(tmp_path, group, option):
+def test_every_config_option_composes_and_passes_the_checks(tmp_path, synthetic_root, group, option):
     """Each option of each train.py group (the others at their defaults) composes against the
     typed schema and passes the semantic checks: a YAML value outside a closed set (an unquoted
-    ``off`` read as false, a misspelt choice) fails here, not on a user's machine."""
+    ``off`` read as false, a misspelt choice) fails here, not on a user's machine. A dataset that
+    is not generated gets a folder of its layout's cases as data.root (the checks look for them)."""
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
     from brats_seg.config import register_configs
+    from brats_seg.data.dataset import GENERATED
     from brats_seg.data.labels import resolve_model_outputs
     from brats_seg.checks import check_train_config
 
     register_configs()
-    overrides = [f"{group}={option}", f"run_dir={tmp_path / 'run'}", "data.root=/data/somewhere"]
+    overrides = [f"{group}={option}", f"run_dir={tmp_path / 'run'}"]
     if group == "distribute" and option == "multi_worker":
         overrides.append("distribute.workers=[localhost:12345]")
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = to_config(compose("train", overrides=overrides))
     assert dataclasses.is_dataclass(cfg)
+    if cfg.data.name not in GENERATED:
+        cfg.data.root = str(synthetic_root[str(cfg.data.layout)])
     check_train_config(resolve_model_outputs(cfg))
 
 
