@@ -29,6 +29,19 @@ def _unbracket(word: str) -> str:
     return word
 
 
+def _joined_lines(lines: list[str]):
+    """``(number, line, next index)`` of a page's lines, a line continued with a backslash joined
+    to the next (``number`` is the first's, 1-based)."""
+    i = 0
+    while i < len(lines):
+        line, number = lines[i], i + 1
+        while line.rstrip().endswith("\\") and i + 1 < len(lines):
+            i += 1
+            line = line.rstrip()[:-1] + " " + lines[i].strip()
+        i += 1
+        yield number, line, i
+
+
 def _commands() -> list[tuple[str, int, str, list[str], bool]]:
     """``(page, line, script, overrides, refused)`` of every command the pages show (a line continued
     with a backslash is joined; an argument holding a placeholder such as ``<run>``, ``$res`` or
@@ -36,13 +49,7 @@ def _commands() -> list[tuple[str, int, str, list[str], bool]]:
     out = []
     for page in DOCS:
         lines = page.read_text().splitlines()
-        i = 0
-        while i < len(lines):
-            line, number = lines[i], i + 1
-            while line.rstrip().endswith("\\") and i + 1 < len(lines):
-                i += 1
-                line = line.rstrip()[:-1] + " " + lines[i].strip()
-            i += 1
+        for number, line, i in _joined_lines(lines):
             for match in COMMAND.finditer(line):
                 try:
                     words = shlex.split(match.group(2).split(" #")[0])
@@ -107,14 +114,7 @@ def _shown_commands() -> list[tuple[str, int, str, bool]]:
     shows: a code block's line (continued lines joined) from the command on, or an inline code span."""
     out = []
     for page in DOCS:
-        lines = page.read_text().splitlines()
-        i = 0
-        while i < len(lines):
-            line, number = lines[i], i + 1
-            while line.rstrip().endswith("\\") and i + 1 < len(lines):
-                i += 1
-                line = line.rstrip()[:-1] + " " + lines[i].strip()
-            i += 1
+        for number, line, _ in _joined_lines(page.read_text().splitlines()):
             if line.startswith("    "):
                 match = COMMAND.search(line)
                 if match:
