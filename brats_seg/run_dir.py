@@ -37,7 +37,7 @@ from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.data.errors import DataError
 from brats_seg.files import write_text_atomic
 
-__all__ = ["CHECKPOINTS", "RunError", "RunFolder", "upgrade_config_dict"]
+__all__ = ["CHECKPOINTS", "OLD_BEHAVIOUR", "RunError", "RunFolder", "upgrade_config_dict"]
 
 CHECKPOINTS = ("best", "last")  # checkpoints/<name>.keras
 
@@ -65,6 +65,11 @@ class RunError(DataError):
     unreadable files, a bad ``evaluate.*`` value); the message says what to do."""
 
 
+#: Keys whose default changed meaning, with the value a run written before the key existed had
+#: (what upgrade_config_dict writes out, and what such a run needs on the command line to resume).
+OLD_BEHAVIOUR = {"model.regions": "independent", "trainer.batch_dice": False, "data.stratify": False}
+
+
 def upgrade_config_dict(stored: dict) -> dict:
     """A stored ``config.json`` brought to this version's keys (in place; returned).
 
@@ -78,12 +83,10 @@ def upgrade_config_dict(stored: dict) -> dict:
     ``plan`` and ``benchmark`` (``scripts/plan_memory.py``'s and ``scripts/benchmark.py``'s own
     groups, which training never read).
     """
-    if isinstance(stored.get("model"), dict):
-        stored["model"].setdefault("regions", "independent")
-    if isinstance(stored.get("trainer"), dict):
-        stored["trainer"].setdefault("batch_dice", False)
-    if isinstance(stored.get("data"), dict):
-        stored["data"].setdefault("stratify", False)
+    for key, old in OLD_BEHAVIOUR.items():
+        group, name = key.split(".")
+        if isinstance(stored.get(group), dict):
+            stored[group].setdefault(name, old)
     if isinstance(stored.get("lms"), dict):
         stored["lms"].pop("enabled", None)
     for removed in ("evaluate", "plan", "benchmark"):

@@ -127,17 +127,15 @@ def _looks_like_case_dir(folder: Path, layout: str) -> bool:
     return any(find_nifti(folder, f"{folder.name}{sep}{s}") for s in (*modalities, seg))
 
 
-def _discover_brats(root: Path, layout: str) -> list[Path]:
-    """Case folders at depth 1, or depth 2 (BraTS 2018/19 HGG/ and LGG/ sub-folders)."""
-    found = []
+def _case_dirs(root: Path, layout: str):
+    """Case folders at depth 1, or depth 2 (BraTS 2018/19 HGG/ and LGG/ sub-folders), in order,
+    found one at a time (a check that needs one stops at the first)."""
     for child in sorted(p for p in root.iterdir() if p.is_dir()):
         if _looks_like_case_dir(child, layout):
-            found.append(child)
+            yield child
         else:
-            found.extend(
-                g for g in sorted(p for p in child.iterdir() if p.is_dir()) if _looks_like_case_dir(g, layout)
-            )
-    return found
+            yield from (g for g in sorted(p for p in child.iterdir() if p.is_dir()) if _looks_like_case_dir(g, layout))
+
 
 
 def folder_naming(folder: Path, layout: str) -> str | None:
@@ -288,17 +286,12 @@ def discover_cases(root: str | Path, layout: str, require_labels: bool = True, o
         DatasetError: root missing, dataset.json missing or malformed, no case found.
         CaseError: a bad case, with ``on_error=raise``.
     """
-    check_choice(layout, Layout, "data.layout", error=DatasetError)
-    if not str(root).strip():
-        raise DatasetError("data.root is not set: pass data.root=/path/to/your/dataset.")
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise DatasetError(f"data root {root} does not exist or is not a folder: check data.root=.")
+    root = _dataset_folder(root, layout)
     if layout == "msd":
         cases, skipped = _discover_msd(root, require_labels, on_error)
     else:
         cases, skipped = [], []
-        for folder in _discover_brats(root, layout):
+        for folder in _case_dirs(root, layout):
             try:
                 cases.append(case_from_dir(folder, layout, require_label=require_labels))
             except CaseError as e:
@@ -324,17 +317,23 @@ def check_dataset_root(root: str | Path, layout: str, key: str = "data.root") ->
     Raises:
         DatasetError: naming ``key`` and the folder, and what to do.
     """
+    folder = _dataset_folder(root, layout, key)
+    if layout == "msd" and (folder / "dataset.json").is_file():
+        return
+    if layout != "msd" and next(_case_dirs(folder, layout), None) is not None:
+        return
+    raise DatasetError(_no_cases_message(folder, layout))
+
+
+def _dataset_folder(root: str | Path, layout: str, key: str = "data.root") -> Path:
+    """``root`` as a folder, checked: a known layout, set, an existing folder (``key`` names it)."""
     check_choice(layout, Layout, "data.layout", error=DatasetError)
     if not str(root).strip():
         raise DatasetError(f"{key} is not set: pass {key}=/path/to/your/dataset.")
     folder = Path(root).expanduser()
     if not folder.is_dir():
         raise DatasetError(f"data root {folder} does not exist or is not a folder: check {key}=.")
-    if layout == "msd" and (folder / "dataset.json").is_file():
-        return
-    if layout != "msd" and _discover_brats(folder, layout):
-        return
-    raise DatasetError(_no_cases_message(folder, layout))
+    return folder
 
 
 def _no_cases_message(root: Path, layout: str) -> str:
@@ -346,7 +345,7 @@ def _no_cases_message(root: Path, layout: str) -> str:
     }[layout]
     hint = ""
     for other in ("brats2021", "brats2023"):
-        if _SUFFIXES[other] != _SUFFIXES.get(layout) and _discover_brats(root, other):
+        if _SUFFIXES[other] != _SUFFIXES.get(layout) and next(_case_dirs(root, other), None) is not None:
             hint = f" The files look like the {other} layout: try data={other} (or data=brats2024 for post-treatment labels)."
     if (root / "dataset.json").is_file() and layout != "msd":
         hint = " There is a dataset.json: try data=msd."

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from brats_seg.config import TrainConfig, flatten_config
-from brats_seg.run_dir import RunFolder
+from brats_seg.run_dir import OLD_BEHAVIOUR, RunFolder
 
 __all__ = ["check_resumable", "has_progress", "load_resume", "planned_for", "prepare_run_dir", "restore", "resume_position",
            "save_plan", "stored_plan"]
@@ -64,8 +64,10 @@ def check_resumable(run_dir: Path, cfg: TrainConfig, progress: bool | None = Non
     if not (has_progress(run_dir) if progress is None else progress):
         log.warning("run_dir %s had no completed step: its config is replaced (%s)", run_dir, lines)
         return
-    hint = (" Runs from before data.stratify split at random: add data.stratify=false to resume one."
-            if "data.stratify" in diff and old.get("data.stratify") is False else "")
+    # a run from before a key whose default changed: the value that resumes it (OLD_BEHAVIOUR)
+    restore = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in OLD_BEHAVIOUR.items()
+               if k in diff and old.get(k) == v]
+    hint = f" A run from before these keys existed: add {' '.join(restore)} to resume it." if restore else ""
     raise ValueError(
         f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
         f"command resumes it; for a new experiment pass a new run_dir=.{hint}"
