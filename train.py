@@ -29,16 +29,16 @@ log = logging.getLogger("train")
 
 
 def run(conf: TrainConfig, extra_callbacks=(), tags=None, name_suffix: str = "") -> float:
-    """Resolve the run once (every value checked, in a second, before TensorFlow is imported),
-    configure the backend it decided, then train."""
+    """Resolve the run once (every value checked, the backend, replicas, LMS strategy and plan
+    decided, in a second, before TensorFlow is imported), apply the backend it decided, then train."""
     from brats_seg.backend import configure
     from brats_seg.resolve import resolve_run
 
     resolved = resolve_run(conf)
-    backend = configure(resolved.config.backend)
+    configure(resolved.backend)
     from brats_seg.training.loop import train
 
-    result = train(resolved.with_backend(backend), backend, extra_callbacks, tags=tags, name_suffix=name_suffix)
+    result = train(resolved, extra_callbacks, tags=tags, name_suffix=name_suffix)
     print(f"best val Dice (mean of regions) {result.best_val_dice:.4f} at epoch {result.best_epoch}; "
           f"run folder {result.run_dir}")
     print(f"evaluate: python scripts/evaluate.py run_dir={result.run_dir}")

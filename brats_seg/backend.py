@@ -3,12 +3,13 @@
 oneDNN, thread pools, the GPU allocator and the log level only take effect if set before
 TensorFlow is imported. Entry points therefore call :func:`configure` before anything
 imports tensorflow; it sets the environment, then imports TensorFlow and applies the
-runtime switches (threads, memory growth, mixed-precision policy), and returns what it
-resolved. Which backend, device and precision a run uses is decided in one function,
-:func:`decide_backend` (``auto`` picks a GPU if one is visible, else ``cpu_onednn``, and says
-why): :func:`configure` calls it with the GPUs TensorFlow sees, and code that must decide
-before TensorFlow is imported (the planner's entry points, evaluation's precision) calls it
-with :func:`visible_gpus`.
+runtime switches (threads, memory growth, mixed-precision policy). Which backend, device,
+precision and XLA a process uses is decided in one function, :func:`decide_backend` (``auto``
+picks a GPU if one is visible, else ``cpu_onednn``, and says why), called once per start by
+:func:`brats_seg.resolve.resolve_run` (training, planning) or
+:func:`brats_seg.resolve.resolve_inference` (evaluate, predict, export) before TensorFlow is
+imported. :func:`configure` applies that decision and checks that TensorFlow agrees (a GPU
+decided on ``nvidia-smi``'s word must be one TensorFlow sees); it decides nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from brats_seg.choices import check_choice
 from brats_seg.config import BackendConfig, BackendName, Precision
@@ -29,6 +30,7 @@ __all__ = [
     "BackendError",
     "ResolvedBackend",
     "check_precision",
+    "concrete_backend",
     "configure",
     "configure_environment",
     "decide_backend",
@@ -47,7 +49,7 @@ class BackendError(RuntimeError):
 
 @dataclass(frozen=True)
 class ResolvedBackend:
-    """What :func:`configure` set up.
+    """The backend decided for a process (:func:`decide_backend`); :func:`configure` applies it.
 
     Attributes:
         name: cpu_onednn | gpu | gpu_lms (never auto).
@@ -57,6 +59,10 @@ class ResolvedBackend:
         n_gpus: visible GPUs.
         intra_op_threads, inter_op_threads: thread pools.
         reason: why ``auto`` chose this backend (empty otherwise).
+        xla: XLA auto-clustering on (``backend.xla=true`` on a GPU, without LMS: XLA would drop
+            the host placements of recomputed or offloaded blocks).
+        settings: the ``backend`` group it was decided from (what :func:`configure` applies:
+            oneDNN, log level, memory growth, a GPU cap).
     """
 
     name: str
@@ -67,6 +73,8 @@ class ResolvedBackend:
     intra_op_threads: int
     inter_op_threads: int
     reason: str = ""
+    xla: bool = False
+    settings: BackendConfig = field(default_factory=BackendConfig, compare=False, repr=False)
 
 
 def physical_cores() -> int:
@@ -76,20 +84,20 @@ def physical_cores() -> int:
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
-def configure_environment(cfg: BackendConfig) -> None:
-    """Set the environment switches that TensorFlow reads at import. Imports nothing heavy."""
-    check_choice(cfg.precision, Precision, "backend.precision", error=BackendError)
-    check_choice(cfg.name, BackendName, "backend", error=BackendError)
+def configure_environment(backend: ResolvedBackend) -> None:
+    """Set the environment switches of ``backend`` that TensorFlow reads at import. Imports nothing heavy."""
+    cfg = backend.settings
     if "tensorflow" in sys.modules:
-        log.warning("TensorFlow was imported before backend.configure: oneDNN/thread/log switches may not apply")
+        if _applied is None:
+            log.warning("TensorFlow was imported before backend.configure: oneDNN/thread/log switches may not apply")
+        return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", str(cfg.log_level))
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if cfg.onednn else "0"
-    if cfg.name == "cpu_onednn":
+    if backend.device == "CPU":
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # a CPU run stays on the CPU even on a GPU box
-    threads = cfg.intra_op_threads or physical_cores()
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(backend.intra_op_threads))
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    if cfg.xla and cfg.name == "gpu":
+    if backend.xla:
         os.environ.setdefault("TF_XLA_FLAGS", "--tf_xla_auto_jit=2")
 
 
@@ -162,14 +170,25 @@ def visible_gpus() -> int:
     return min(gpus, len([v for v in visible.split(",") if v.strip()])) if visible else gpus
 
 
-def decide_backend(cfg: BackendConfig, gpus: int, cpuinfo: str | None = None, *,
+def concrete_backend(name: str, gpus: int) -> tuple[str, str]:
+    """``(name, reason)``: ``auto`` made concrete (a GPU if one is visible, else ``cpu_onednn``,
+    and why); any other name as it is, with no reason."""
+    name = str(getattr(name, "value", name))
+    if name != "auto":
+        return name, ""
+    return ("gpu", f"{gpus} GPU(s) visible") if gpus else ("cpu_onednn", "no GPU visible")
+
+
+def decide_backend(cfg: BackendConfig, gpus: int | None = None, cpuinfo: str | None = None, *,
                    require_gpu: bool = True) -> ResolvedBackend:
-    """The backend, device and precision policy a process runs under, and why: the one place
-    they are decided.
+    """The backend, device, precision policy and XLA a process runs under, and why: the one
+    place they are decided (a run's LMS may still turn ``gpu`` into ``gpu_lms``, without XLA:
+    :func:`brats_seg.resolve.resolve_run`).
 
     Args:
-        cfg: the ``backend`` group.
-        gpus: the GPUs visible (:func:`visible_gpus`, or TensorFlow's list in :func:`configure`).
+        cfg: the ``backend`` group (its values checked by :func:`brats_seg.checks.check_train_config`
+            for a run; their names checked here too, for the inferring commands).
+        gpus: the GPUs visible; None counts them (:func:`visible_gpus`).
         cpuinfo: ``/proc/cpuinfo`` text to judge bf16 support by (tests); None reads the host's.
         require_gpu: False to decide for a GPU this machine lacks (planning a GPU run on a laptop:
             ``scripts/plan_memory.py backend=gpu_lms``).
@@ -178,47 +197,62 @@ def decide_backend(cfg: BackendConfig, gpus: int, cpuinfo: str | None = None, *,
         BackendError: an unknown name or precision; ``gpu``/``gpu_lms`` without a visible GPU; a
             precision the device cannot train in (:func:`check_precision`).
     """
-    check_choice(cfg.precision, Precision, "backend.precision", error=BackendError)
+    precision = str(check_choice(cfg.precision, Precision, "backend.precision", error=BackendError))
     name = str(check_choice(cfg.name, BackendName, "backend", error=BackendError))
-    reason = ""
-    if name == "auto":
-        name = "gpu" if gpus else "cpu_onednn"
-        reason = f"{gpus} GPU(s) visible" if gpus else "no GPU visible"
+    gpus = visible_gpus() if gpus is None else gpus
+    name, reason = concrete_backend(name, gpus)
     if name in ("gpu", "gpu_lms") and not gpus and require_gpu:
         raise BackendError(
             f"backend={name} needs a GPU, and none is visible here. Use backend=cpu_onednn "
             "(with lms=recompute to fit a RAM budget), or check the CUDA install (pip install -c requirements.lock '.[gpu]')."
         )
     device = "GPU" if name != "cpu_onednn" else "CPU"
-    check_precision(str(cfg.precision), device, cpuinfo)
-    return ResolvedBackend(name=name, device=device, precision=str(cfg.precision),
-                           policy=PRECISION_POLICIES[str(cfg.precision)], n_gpus=gpus,
-                           intra_op_threads=cfg.intra_op_threads or physical_cores(),
-                           inter_op_threads=cfg.inter_op_threads, reason=reason)
+    check_precision(precision, device, cpuinfo)
+    return ResolvedBackend(name=name, device=device, precision=precision, policy=PRECISION_POLICIES[precision],
+                           n_gpus=gpus, intra_op_threads=cfg.intra_op_threads or physical_cores(),
+                           inter_op_threads=cfg.inter_op_threads, reason=reason,
+                           xla=bool(cfg.xla) and name == "gpu", settings=cfg)
 
 
-def configure(cfg: BackendConfig) -> ResolvedBackend:
-    """Set the environment, import TensorFlow, apply threads/memory growth/precision.
+#: The backend :func:`configure` last applied (a second call in one process re-applies the policy only).
+_applied: ResolvedBackend | None = None
+
+
+def configure(backend: ResolvedBackend) -> ResolvedBackend:
+    """Apply the decided ``backend``: set the environment, import TensorFlow, apply threads,
+    memory growth, a GPU cap and the precision policy; then check TensorFlow agrees.
+
+    Returns:
+        ``backend``, as decided.
 
     Raises:
-        BackendError: ``gpu``/``gpu_lms`` without a visible GPU, or a precision the chosen
-            device cannot train in (:func:`check_precision`).
+        BackendError: the decision is a GPU run but TensorFlow sees no GPU (``nvidia-smi`` lists
+            one, TensorFlow's CUDA libraries do not load it).
     """
-    configure_environment(cfg)
+    global _applied
+    if backend == _applied and "tensorflow" in sys.modules:
+        return backend  # applied already (train.py configured before train() checks)
+    configure_environment(backend)
     import keras
     import tensorflow as tf
 
-    threads = cfg.intra_op_threads or physical_cores()
+    cfg = backend.settings
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(cfg.inter_op_threads)
+        tf.config.threading.set_intra_op_parallelism_threads(backend.intra_op_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(backend.inter_op_threads)
     except RuntimeError:
-        log.warning("TensorFlow already initialised; thread pools left as they are")
+        if _applied is None:
+            log.warning("TensorFlow already initialised; thread pools left as they are")
     gpus = tf.config.list_physical_devices("GPU")
-    resolved = decide_backend(cfg, len(gpus))  # the decision, from what TensorFlow sees
-    if resolved.reason:
-        log.info("backend=auto chose %s (%s)", resolved.name, resolved.reason)
-    if gpus and cfg.gpu_memory_limit_mb > 0:
+    if backend.device == "GPU" and not gpus:
+        raise BackendError(
+            f"backend {backend.name} was decided for {backend.n_gpus} GPU(s) (nvidia-smi), but TensorFlow sees "
+            "none: its CUDA libraries did not load. Check the CUDA install (pip install -c requirements.lock "
+            "'.[gpu]'), or use backend=cpu_onednn.")
+    if backend.device == "GPU" and len(gpus) != backend.n_gpus:
+        log.warning("nvidia-smi lists %d GPU(s), TensorFlow sees %d: distribute=mirrored uses TensorFlow's",
+                    backend.n_gpus, len(gpus))
+    if gpus and cfg.gpu_memory_limit_mb > 0 and _applied is None:
         tf.config.set_logical_device_configuration(
             gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cfg.gpu_memory_limit_mb)])
         log.info("GPU 0 limited to %d MB (backend.gpu_memory_limit_mb)", cfg.gpu_memory_limit_mb)
@@ -228,7 +262,8 @@ def configure(cfg: BackendConfig) -> ResolvedBackend:
                 tf.config.experimental.set_memory_growth(gpu, True)
             except RuntimeError:
                 log.warning("GPUs already initialised; memory growth left as it is")
-    keras.mixed_precision.set_global_policy(resolved.policy)
-    log.info("backend %s on %s, policy %s, %d intra-op threads", resolved.name, resolved.device, resolved.policy,
-             resolved.intra_op_threads)
-    return resolved
+    keras.mixed_precision.set_global_policy(backend.policy)
+    log.info("backend %s on %s, policy %s, %d intra-op threads%s", backend.name, backend.device, backend.policy,
+             backend.intra_op_threads, ", XLA auto-clustering" if backend.xla else "")
+    _applied = backend
+    return backend

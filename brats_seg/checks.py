@@ -6,7 +6,7 @@
 or an unreadable ``lms.limit=16gigs`` fails here, naming the key and what to use, before data
 preparation and before the run folder gets its ``config.json``, so the corrected command
 runs in the same ``run_dir``. The memory plan is the next check
-(:func:`brats_seg.training.build.preflight_plan`), also before anything is written.
+(made by :func:`brats_seg.resolve.resolve_run` after these checks), also before anything is written.
 
 Pure Python (no TensorFlow or MLflow import): ``train.py`` runs it before the backend is
 configured, so a bad value fails in about a second. The closed sets are the config's own

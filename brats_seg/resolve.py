@@ -2,20 +2,27 @@
 
 :func:`resolve_run` is called once per start, by the entry points (``train.py``,
 ``scripts/plan_memory.py``, ``scripts/benchmark.py``, ``scripts/profile_step.py``) and by
-:func:`brats_seg.training.loop.train` when code hands it a plain config. It returns a frozen
-:class:`ResolvedRun` holding
+:func:`brats_seg.training.loop.train` when code hands it a plain config;
+:func:`resolve_inference` is its twin for the commands that infer (evaluate, predict, export,
+the studies). Each returns a frozen decision, taken before TensorFlow is imported, that the
+rest of the process reads and nothing re-derives:
 
 - ``config``: a copy of the user's config with its derived values filled in -- the model's
   outputs and region parents (:func:`brats_seg.data.labels.resolve_model_outputs`) and absolute
   data, cache and run paths -- every value checked once (:func:`brats_seg.checks.check_train_config`);
-- ``backend``: the backend, device and precision policy, and why
-  (:func:`brats_seg.backend.decide_backend`, the one place they are decided);
+- ``backend``: the backend, device, precision policy and XLA, and why
+  (:func:`brats_seg.backend.decide_backend`, the one place they are decided; applied by
+  :func:`brats_seg.backend.configure`);
+- ``replicas`` (and whether this process is the chief): from ``distribute`` and the GPUs visible
+  (:func:`brats_seg.distribute.resolve.planned_replicas`); training checks that TensorFlow's
+  strategy agrees;
+- for training, the LMS strategy (:func:`brats_seg.lms.planner.preflight.lms_strategy`, the one
+  rule) and its memory plan for one replica's share of the batch, or the plan a resumed run
+  started with (its ``plan.json``, :func:`stored_plan`); on a GPU that ``backend=auto`` chose, a
+  run whose plan without LMS does not fit becomes ``gpu_lms`` with ``lms=auto`` (and without XLA).
 
-and, once training knows how many replicas share the batch, the LMS strategy and its memory
-plan (:meth:`ResolvedRun.with_plan`: planned by :func:`brats_seg.training.build.preflight_plan`,
-or read back from the run folder's ``plan.json`` on resume). The user's config object is never
-written into. Pure Python: nothing here imports TensorFlow, so a start resolves (and a bad
-value fails) in about a second.
+The user's config object is never written into. Pure Python: nothing here imports TensorFlow,
+so a start resolves (and a bad value fails) in about a second.
 """
 
 from __future__ import annotations
@@ -26,15 +33,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from brats_seg.backend import ResolvedBackend, decide_backend, visible_gpus
+from brats_seg.backend import ResolvedBackend, decide_backend
 from brats_seg.checks import check_train_config
-from brats_seg.config import TrainConfig
+from brats_seg.config import BackendConfig, TrainConfig, flatten_config
 from brats_seg.data.labels import resolve_model_outputs
+from brats_seg.distribute.resolve import planned_replicas
+from brats_seg.lms.planner.preflight import lms_strategy
+from brats_seg.run_dir import RunFolder, has_progress
 
 if TYPE_CHECKING:
     from brats_seg.lms.planner.plan import Plan
 
-__all__ = ["ResolvedRun", "resolve_paths", "resolve_run"]
+__all__ = ["ResolvedRun", "per_replica", "planned_for", "resolve_inference", "resolve_paths", "resolve_run",
+           "stored_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +57,18 @@ class ResolvedRun:
     Attributes:
         config: the run's config with its derived values (model outputs, region parents,
             absolute paths); what training writes to ``config.json``. Read it, do not edit it.
-        backend: backend, device, precision and Keras policy, with ``reason`` when ``auto`` chose.
-        lms: the LMS strategy planned (``off``/``recompute``/``offload``/``auto``); empty until planned.
-        plan: the memory plan the run trains under; None until planned.
+        backend: backend, device, precision, Keras policy and XLA, with ``reason`` when ``auto`` chose.
+        replicas: how many replicas share the global batch (each device's memory holds one share).
+        chief: this process writes the run folder (False for the other workers of ``multi_worker``).
+        lms: the LMS strategy (``off``/``recompute``/``offload``/``auto``).
+        plan: the memory plan the run trains under; None when not resolved for training.
         reason: why this backend and LMS strategy, in words (logged, and kept in the MLflow tags).
     """
 
     config: TrainConfig
     backend: ResolvedBackend
+    replicas: int = 1
+    chief: bool = True
     lms: str = ""
     plan: Plan | None = None
     reason: str = ""
@@ -62,23 +77,6 @@ class ResolvedRun:
     def device(self) -> str:
         """``CPU`` or ``GPU``: where the run computes and what its memory must fit."""
         return self.backend.device
-
-    def with_backend(self, backend: ResolvedBackend) -> ResolvedRun:
-        """The run under the backend :func:`brats_seg.backend.configure` set up (TensorFlow's view of
-        the GPUs, which may differ from ``nvidia-smi``'s).
-
-        Raises:
-            ValueError: the configured device is not the one the run was resolved for.
-        """
-        if backend.device != self.backend.device:
-            raise ValueError(f"the run was resolved for {self.backend.device} ({self.backend.reason or self.backend.name}) "
-                             f"but TensorFlow set up {backend.device} ({backend.reason or backend.name}): "
-                             "name the backend (backend=cpu_onednn or backend=gpu) to decide it.")
-        return dataclasses.replace(self, backend=backend)
-
-    def with_plan(self, backend: ResolvedBackend, lms: str, plan: Plan, reason: str) -> ResolvedRun:
-        """The run with its LMS strategy and memory plan decided."""
-        return dataclasses.replace(self, backend=backend, lms=lms, plan=plan, reason=reason)
 
 
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
@@ -93,18 +91,21 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
 def resolve_run(cfg: TrainConfig | ResolvedRun, *, training: bool = True, gpus: int | None = None,
                 cpuinfo: str | None = None) -> ResolvedRun:
     """The run ``cfg`` describes on this machine, every value checked: the one place its derived
-    values and its backend are decided. A :class:`ResolvedRun` is returned as it is.
+    values, its backend, its replicas and (training) its LMS strategy and plan are decided. A
+    :class:`ResolvedRun` is returned as it is.
 
     Args:
         cfg: the user's config (not written into).
-        training: the run trains here, into ``run_dir`` (checked; a GPU backend needs a visible GPU);
-            False for the planner's entry points, which plan for a device without needing it.
+        training: the run trains here, into ``run_dir`` (checked; a GPU backend needs a visible GPU;
+            the memory plan is made, or read back on resume); False for the planner's entry points,
+            which plan for a device without needing it.
         gpus: the GPUs visible; None counts them (:func:`brats_seg.backend.visible_gpus`,
             TensorFlow's count if it is imported, else ``nvidia-smi``'s).
         cpuinfo: ``/proc/cpuinfo`` text to judge bf16 support by (tests); None reads the host's.
 
     Raises:
-        ValueError: a bad config value, named as the user types it.
+        ValueError: a bad config value, named as the user types it; a run predicted not to fit,
+            with the numbers and the fix; ``lms=offload`` on a CPU-only run.
         BackendError: a backend or precision this machine cannot run.
     """
     if isinstance(cfg, ResolvedRun):
@@ -112,10 +113,145 @@ def resolve_run(cfg: TrainConfig | ResolvedRun, *, training: bool = True, gpus: 
     config = resolve_model_outputs(cfg)
     check_train_config(config, training=training)  # on the paths as given: an unset data.root is named
     config = resolve_paths(config)
-    backend = decide_backend(config.backend, visible_gpus() if gpus is None else gpus, cpuinfo, require_gpu=training)
-    log.info("run resolved: backend %s on %s (%s), precision %s (policy %s), %d output(s)%s",
-             backend.name, backend.device, backend.reason or "as configured", backend.precision, backend.policy,
-             config.model.out_channels,
+    backend = decide_backend(config.backend, gpus, cpuinfo, require_gpu=training)
+    strategy, reason = lms_strategy(config.lms.name, backend.name, backend.device)
+    replicas, chief = planned_replicas(config.distribute, backend.device, backend.n_gpus) if training else (1, True)
+    run = ResolvedRun(config, backend, replicas, chief, strategy, reason=reason)
+    if training:
+        stored = stored_plan(config.run_dir, run) if chief and has_progress(Path(config.run_dir)) else None
+        run = _planned(run, stored)
+    log.info("run resolved: backend %s on %s (%s), precision %s (policy %s)%s, %d output(s)%s%s",
+             run.backend.name, run.device, run.backend.reason or "as configured", run.backend.precision,
+             run.backend.policy, ", XLA" if run.backend.xla else "", config.model.out_channels,
              f", region parents {config.model.region_parents}" if any(p >= 0 for p in config.model.region_parents)
-             else "")
-    return ResolvedRun(config, backend)
+             else "", f", {replicas} replicas" if replicas > 1 else "")
+    return run
+
+
+def resolve_inference(run_config: TrainConfig, backend: BackendConfig, precision_given: bool = False, *,
+                      gpus: int | None = None, cpuinfo: str | None = None) -> ResolvedBackend:
+    """The backend a command that infers with a trained run's model uses (evaluate, predict,
+    export, the studies): the twin of :func:`resolve_run`, decided once before TensorFlow is
+    imported and applied by :func:`brats_seg.backend.configure`.
+
+    The precision is ``backend.precision`` when the command line gives it (``precision_given``),
+    else the run's own, so a bf16 run is evaluated in bf16 (half the memory) -- except on a CPU
+    without native bf16, where oneDNN cannot run it: fp32, said once. A run trained in fp16
+    (a GPU's) infers in fp32 unless told otherwise.
+
+    Args:
+        run_config: the trained run's config (its ``config.json``).
+        backend: the inferring command's ``backend`` group (its device decides).
+        precision_given: ``backend.precision=`` was given on the command line.
+
+    Raises:
+        BackendError: a backend or a given precision this machine cannot run.
+    """
+    from brats_seg.backend import concrete_backend, visible_gpus
+    from brats_seg.cpu import cpu_model_name, has_native_bf16
+
+    gpus = visible_gpus() if gpus is None else gpus
+    precision = str(backend.precision) if precision_given else str(run_config.backend.precision)
+    if not precision_given:
+        if precision == "bf16" and concrete_backend(backend.name, gpus)[0] == "cpu_onednn" \
+                and not has_native_bf16(cpuinfo):
+            log.warning("the run trained in bf16; this CPU (%s) has no native bf16, so its model infers in fp32 "
+                        "(about twice the memory of bf16)", cpu_model_name(cpuinfo))
+            precision = "fp32"
+        precision = precision if precision in ("fp32", "bf16") else "fp32"
+    return decide_backend(dataclasses.replace(backend, precision=precision), gpus, cpuinfo)
+
+
+def per_replica(cfg: TrainConfig, replicas: int) -> TrainConfig:
+    """``cfg`` with one replica's share of the global batch (what one device's memory must hold).
+
+    Raises:
+        ValueError: ``trainer.batch_size`` does not divide among the replicas.
+    """
+    t = cfg.trainer
+    if t.batch_size % replicas:
+        raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
+                         f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
+
+
+def _planned(run: ResolvedRun, stored: Plan | None) -> ResolvedRun:
+    """``run`` with its memory plan against ``lms.limit`` for one replica's share of the batch
+    (or ``stored``, the plan a resumed run started with), logged once with the reason.
+
+    Raises:
+        ValueError: the run is predicted not to fit, with the numbers and the fix.
+    """
+    from brats_seg.lms.planner.plan import PlanDoesNotFitError
+    from brats_seg.lms.planner.preflight import plan_run
+
+    cfg, backend, strategy, reason = per_replica(run.config, run.replicas), run.backend, run.lms, run.reason
+    if stored is not None:
+        if stored.strategy == "auto" and backend.name == "gpu" and backend.reason:
+            backend = dataclasses.replace(backend, name="gpu_lms", xla=False)
+        log.info("backend %s, lms=%s: resuming under the run's plan.json (predicted peak %.2f GB within %.2f GB)",
+                 backend.name, stored.strategy, stored.predicted_peak_bytes / 1e9, stored.budget_bytes / 1e9)
+        return dataclasses.replace(run, backend=backend, lms=stored.strategy, plan=stored,
+                                   reason=f"{reason}; the plan the run started with (plan.json)")
+    try:
+        try:
+            plan = plan_run(cfg, backend.device, strategy)
+        except PlanDoesNotFitError as e:
+            if not (backend.reason and backend.device == "GPU" and strategy == "off"):
+                raise
+            # backend=auto chose this GPU: add LMS (and drop XLA, which would undo its host placements) rather than fail
+            strategy, reason = "auto", (f"backend=auto ({backend.reason}): the plan without LMS does not fit "
+                                        f"({e.smallest_peak_bytes / 1e9:.2f} GB predicted); using gpu_lms with lms=auto")
+            backend = dataclasses.replace(backend, name="gpu_lms", reason=reason, xla=False)
+            plan = plan_run(cfg, backend.device, strategy)
+    except PlanDoesNotFitError as e:
+        raise ValueError(str(e)) from e
+    if backend.xla and strategy != "off" and any(p != "keep" for p in plan.policies.values()):
+        backend = dataclasses.replace(backend, xla=False)  # XLA would drop the plan's host placements
+        reason += "; backend.xla off: XLA would drop the plan's recompute/offload placements"
+    if backend.reason and backend.reason not in reason:
+        reason = f"backend=auto chose {backend.name} ({backend.reason}); {reason}"
+    log.info("backend %s, lms=%s (%s). Memory plan: predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB "
+             "less %.1f%% for the planner's error)", backend.name, strategy, reason, plan.predicted_peak_bytes / 1e9,
+             plan.budget_bytes / 1e9, plan.limit_bytes / 1e9, 100 * plan.margin)
+    return dataclasses.replace(run, backend=backend, lms=strategy, plan=plan, reason=reason)
+
+
+def planned_for(run: ResolvedRun, replicas: int | None = None) -> dict:
+    """The settings a run's memory plan depends on beyond its model and input (which a resumed run
+    cannot change): ``lms.*``, the backend and precision, the batch one replica holds, a GPU cap."""
+    cfg, replicas = run.config, run.replicas if replicas is None else replicas
+    return {"lms": {k: str(v) if k in ("name", "limit") else v for k, v in dataclasses.asdict(cfg.lms).items()},
+            "backend": str(cfg.backend.name), "device": run.backend.device, "precision": str(cfg.backend.precision),
+            "replica_batch": cfg.trainer.batch_size // max(replicas, 1),
+            "gpu_memory_limit_mb": cfg.backend.gpu_memory_limit_mb}
+
+
+def stored_plan(run_dir: str | Path, run: ResolvedRun, replicas: int | None = None) -> Plan | None:
+    """The :class:`~brats_seg.lms.planner.plan.Plan` a run with progress was trained under, if it
+    was made for this run's memory settings; None (planning again, and saying why) if they
+    changed since (``lms.limit=`` on the resuming command, another precision or replica count),
+    or the folder has no readable plan of this version."""
+    from brats_seg.lms.planner.plan import Plan
+
+    folder = RunFolder(Path(run_dir))
+    record = folder.read_plan()
+    if record is None:
+        log.warning("%s has progress but no readable plan.json: planning again", run_dir)
+        return None
+    before, now = record.get("planned_for"), planned_for(run, replicas)
+    if before is None:
+        log.info("%s: plan.json of an earlier version (no planned_for): planning again", run_dir)
+        return None
+    flat_before, flat_now = flatten_config(before), flatten_config(now)
+    changed = {k: (flat_before.get(k), flat_now.get(k)) for k in sorted(set(flat_before) | set(flat_now))
+               if flat_before.get(k) != flat_now.get(k)}
+    if changed:
+        log.warning("re-planning on purpose: %s changed since the run's plan.json was made; the new plan replaces it",
+                    ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+        return None
+    try:
+        return Plan.from_dict(record)
+    except ValueError as e:
+        log.warning("%s: %s; planning again", folder.plan_paths[1], e)
+        return None

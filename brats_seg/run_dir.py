@@ -37,7 +37,7 @@ from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.data.errors import DataError
 from brats_seg.files import write_text_atomic
 
-__all__ = ["CHECKPOINTS", "OLD_BEHAVIOUR", "RunError", "RunFolder", "upgrade_config_dict"]
+__all__ = ["CHECKPOINTS", "OLD_BEHAVIOUR", "RunError", "RunFolder", "has_progress", "upgrade_config_dict"]
 
 CHECKPOINTS = ("best", "last")  # checkpoints/<name>.keras
 
@@ -423,3 +423,10 @@ class RunFolder:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def has_progress(run_dir: str | Path) -> bool:
+    """Whether the run folder holds a completed step (a checkpoint or a recorded position)."""
+    folder = RunFolder(Path(run_dir))
+    state = folder.read_state()
+    return bool(state and (state.get("epoch") or state.get("step"))) or folder.checkpoint_file("last").is_file()

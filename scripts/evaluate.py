@@ -35,19 +35,20 @@ def main(cfg) -> None:
     # TensorFlow-free checks first: a wrong run_dir fails in a second, not after the TF import.
     from brats_seg.evaluation.evaluate import check_run_dir
 
-    from brats_seg.evaluation.run import inference_precision, inference_settings
+    from brats_seg.evaluation.run import inference_settings
+    from brats_seg.resolve import resolve_inference
 
     with user_errors("evaluation"):
         run = check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
         other = _data_config(conf.on) if conf.on else None
         conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
         # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
-        conf.backend.precision = inference_precision(run, given_override("backend.precision"), conf.backend)
+        backend = resolve_inference(run, conf.backend, given_override("backend.precision"))
 
     from brats_seg.backend import configure
 
     with user_errors("evaluation"):
-        configure(conf.backend)
+        configure(backend)
     from brats_seg.data.labels import region_names
     from brats_seg.evaluation.evaluate import eval_dir, evaluate_run
     from brats_seg.evaluation.run import load_run_config

@@ -39,9 +39,10 @@ def main(cfg) -> None:
         output = check_export_output(conf.output if str(conf.output).strip() else default_export_dir(conf.run_dir))
 
     from brats_seg.backend import configure
+    from brats_seg.resolve import resolve_inference
 
     with user_errors("export"):
-        configure(conf.backend)
+        configure(resolve_inference(run, conf.backend, True))  # the command's precision
     from brats_seg.evaluation.export import DESCRIPTION_FILE, export_run
     from brats_seg.evaluation.mlflow_model import log_export_to_run
 

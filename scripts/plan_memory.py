@@ -171,7 +171,7 @@ def main(cfg) -> None:
             return
         _print_capacity(conf, device, limit, budget, found)
         return
-    strategy = "auto" if conf.lms.name == "off" else conf.lms.name
+    strategy = run.lms  # the strategy train.py would plan (lms=, or auto for backend=gpu_lms with lms=off)
     with user_errors():
         limit, budget, strategies = compare_run(conf, device)
         try:

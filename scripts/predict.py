@@ -27,6 +27,7 @@ model with the same settings (``<output>/predict.json``).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from brats_seg.cli import given_override, hydra_entry, to_config, user_errors
@@ -41,7 +42,8 @@ def main(cfg) -> None:
     from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
     from brats_seg.evaluation.exported import export_precision, predict_source, prediction_postprocessing
-    from brats_seg.evaluation.run import RunError, inference_precision, inference_settings, run_regions
+    from brats_seg.evaluation.run import RunError, inference_settings, run_regions
+    from brats_seg.resolve import resolve_inference
 
     with user_errors("prediction"):  # TensorFlow-free checks first
         if not str(conf.output).strip():
@@ -51,9 +53,10 @@ def main(cfg) -> None:
             run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
             conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
             # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
-            conf.backend.precision = inference_precision(run, given_override("backend.precision"), conf.backend)
+            backend = resolve_inference(run, conf.backend, given_override("backend.precision"))
         else:  # the precision the export's graph was traced in
-            run, conf.backend.precision = export.config, export_precision(export, given_override("backend.precision"))
+            run, precision = export.config, export_precision(export, given_override("backend.precision"))
+            backend = resolve_inference(run, dataclasses.replace(conf.backend, precision=precision), True)
         cases = find_input_cases(conf.input, run.data.layout)
         # the rules chosen on the run's val split (scripts/evaluate.py), as the run or the export holds them
         postprocess = prediction_postprocessing(conf.run_dir, export, run, conf.evaluate, conf.checkpoint)
@@ -61,7 +64,7 @@ def main(cfg) -> None:
     from brats_seg.backend import configure
 
     with user_errors("prediction"):
-        backend = configure(conf.backend)
+        configure(backend)
     from brats_seg.evaluation.predict import predict_new_cases
     from brats_seg.evaluation.run import inference_policy, load_run_model
     from brats_seg.oom import check_inference_memory, inference_memory_guard

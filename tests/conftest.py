@@ -12,14 +12,14 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from brats_seg.backend import configure_environment  # noqa: E402
+from brats_seg.backend import configure_environment, decide_backend  # noqa: E402
 from brats_seg.config import BackendConfig, DataConfig, ResolutionConfig  # noqa: E402
 
 # TensorFlow's switches before any test imports it, as the entry points set them: oneDNN on
 # (TensorFlow turns it on by itself only on CPUs with AVX512-VNNI and up, so on an AVX2 CPU the
 # tests would otherwise run other kernels, and another CPU allocator, than the project does).
-# backend=auto leaves GPUs visible for the gpu-marked tests.
-configure_environment(BackendConfig())
+# backend=auto leaves GPUs visible for the gpu-marked tests (where nvidia-smi lists one).
+configure_environment(decide_backend(BackendConfig()))
 
 TINY = ResolutionConfig(name="tiny", spacing_mm=4.0, shape=[48, 56, 40])
 

@@ -28,12 +28,10 @@ def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int
     if len(shape) != 3 or any(s <= 0 or s % 2**depth for s in shape):
         raise ValueError(f"shape=[{','.join(map(str, shape))}]: give the network grid as [x,y,z], each side a positive multiple of "
                          f"2^depth = {2**depth} (e.g. shape=[96,112,80]).")
-    from brats_seg.backend import configure
-    from brats_seg.choices import check_choice
-    from brats_seg.config import BackendConfig, ModelConfig, Precision
+    from brats_seg.backend import configure, decide_backend
+    from brats_seg.config import BackendConfig, ModelConfig
 
-    check_choice(precision, Precision, "precision")
-    backend = configure(BackendConfig(name="cpu_onednn", precision=precision))
+    backend = configure(decide_backend(BackendConfig(name="cpu_onednn", precision=precision)))
     import numpy as np
     import tensorflow as tf
 

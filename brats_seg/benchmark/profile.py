@@ -34,8 +34,9 @@ def profile_child(conf, logdir: str) -> None:
     from brats_seg.benchmark.step import build_benchmark_step, measure_sgemm_flops
     from brats_seg.resolve import resolve_run
 
-    conf = resolve_run(conf, training=False).config  # outputs derived, values checked: once
-    step, run_once = build_benchmark_step(conf, Path(tempfile.mkdtemp(dir=logdir)))
+    run = resolve_run(conf, training=False)  # outputs derived, values checked, backend decided: once
+    conf = run.config
+    step, run_once = build_benchmark_step(run, Path(tempfile.mkdtemp(dir=logdir)))
     import tensorflow as tf
 
     sgemm = measure_sgemm_flops()

@@ -26,16 +26,15 @@ __all__ = ["build_benchmark_step", "make_input", "measure_pipeline", "measure_sg
            "run_benchmark"]
 
 
-def plan_benchmark(conf, backend):
-    """``(strategy, plan, predicted peak bytes)`` of the configured step, as ``train.py`` plans it;
+def plan_benchmark(run):
+    """``(strategy, plan, predicted peak bytes)`` of the resolved run's step, as ``train.py`` plans it;
     a fixed strategy is measured whatever it takes (no limit), ``auto`` plans to ``lms.limit``."""
     from brats_seg.lms.planner.memory_model import memory_model_for
     from brats_seg.lms.planner.preflight import plan_run
     from brats_seg.lms.planner.search import estimate_peak
     from brats_seg.lms.planner.workload import LMSOptions, Workload
-    from brats_seg.training.build import choose_lms
 
-    strategy, _ = choose_lms(conf, backend)
+    conf, backend, strategy = run.config, run.backend, run.lms
     if strategy != "auto":
         conf = dataclasses.replace(conf, lms=dataclasses.replace(conf.lms, limit="1e15"))
     plan = plan_run(conf, backend.device, strategy)
@@ -89,14 +88,15 @@ def make_input(conf, replicas, tmp: Path):
     return iter(replicas.experimental_distribute_dataset(dataset))
 
 
-def build_benchmark_step(conf, tmp: Path, backend=None):
+def build_benchmark_step(run, tmp: Path):
     """Everything the benchmark runs: ``(info, run_once)``; ``run_once()`` runs one training
     step and brings its sums to the host, as the training loop does. ``info`` has the
     backend, the plan, the prediction, the step's FLOPs and the RSS just before the model
-    was built (``baseline_bytes``). ``backend``: the configured backend (configured here if None)."""
+    was built (``baseline_bytes``). ``run``: the resolved run (its backend applied here if the
+    entry point has not)."""
     from brats_seg.backend import configure
 
-    backend = backend or configure(conf.backend)
+    conf, backend = run.config, configure(run.backend)
     import tensorflow as tf
 
     from brats_seg.distribute.strategy import make_strategy
@@ -106,7 +106,7 @@ def build_benchmark_step(conf, tmp: Path, backend=None):
     from brats_seg.training.build import compile_models, training_metrics
     from brats_seg.training.steps import make_train_step
 
-    strategy, plan, predicted = plan_benchmark(conf, backend)
+    strategy, plan, predicted = plan_benchmark(run)
     replicas, _ = make_strategy(conf.distribute, backend.device)  # before any TensorFlow op runs
     iterator = make_input(conf, replicas, tmp)
     baseline = current_rss_bytes() if backend.device == "CPU" else 0  # just before the model is built
@@ -178,7 +178,7 @@ def run_benchmark(conf, overrides: list[str]) -> dict:
     conf = run.config
     if conf.benchmark.onednn_verbose:  # read by oneDNN when TensorFlow loads it: before configure imports it
         os.environ["ONEDNN_VERBOSE"] = "1"
-    backend = run.with_backend(configure(conf.backend)).backend  # before anything imports TensorFlow
+    backend = configure(run.backend)  # before anything imports TensorFlow
     import numpy as np
 
     from brats_seg.cpu import cpu_id, cpu_isa, cpu_kind, cpu_model_name
@@ -187,7 +187,7 @@ def run_benchmark(conf, overrides: list[str]) -> dict:
     if conf.benchmark.pipeline_only:
         return {"overrides": overrides, "cpu": cpu_model_name(), "cpu_kind": cpu_kind(), **measure_pipeline(conf)}
     with tempfile.TemporaryDirectory() as tmp:
-        info, run_once = build_benchmark_step(conf, Path(tmp), backend)
+        info, run_once = build_benchmark_step(run, Path(tmp))
         backend, plan, stats = info["backend"], info["plan"], info["stats"]
         times = []
         for _ in range(max(conf.benchmark.steps, 1) + 1):

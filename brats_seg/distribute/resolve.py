@@ -20,7 +20,7 @@ from brats_seg.config import DistributeConfig
 from brats_seg.distribute.cluster import WORKER_LIST_EXAMPLE, Cluster
 from brats_seg.distribute.slurm import cluster_from_slurm
 
-__all__ = ["cluster_from_tf_config", "resolve_cluster"]
+__all__ = ["cluster_from_tf_config", "planned_replicas", "resolve_cluster"]
 
 
 def resolve_cluster(cfg: DistributeConfig, environ: Mapping[str, str] = os.environ) -> Cluster:
@@ -45,6 +45,27 @@ def resolve_cluster(cfg: DistributeConfig, environ: Mapping[str, str] = os.envir
         "distribute=multi_worker needs to know the workers: pass distribute.workers (host:port each) and "
         f"distribute.index, set TF_CONFIG, or start one task per worker with srun in a SLURM job. E.g. {WORKER_LIST_EXAMPLE}."
     )
+
+
+def planned_replicas(cfg: DistributeConfig, device: str, gpus: int,
+                     environ: Mapping[str, str] = os.environ) -> tuple[int, bool]:
+    """``(replicas, chief)``: how many replicas will share the global batch, and whether this
+    process is the chief, known before TensorFlow is imported (the run's plan is made for one
+    replica's share; :func:`brats_seg.training.loop.train` checks the strategy agrees).
+
+    ``none``: one. ``mirrored``: the devices of ``distribute.devices``, else every visible GPU
+    (one CPU device on a CPU). ``multi_worker``: each worker's GPUs (or its CPU) times the workers.
+
+    Raises:
+        ValueError: a ``multi_worker`` cluster that cannot be resolved (:func:`resolve_cluster`).
+    """
+    local = max(gpus, 1) if device == "GPU" else 1
+    if cfg.name == "none":
+        return 1, True
+    if cfg.name == "mirrored":
+        return (len(cfg.devices) if cfg.devices else local), True
+    cluster = resolve_cluster(cfg, environ)
+    return cluster.num_workers * local, cluster.is_chief
 
 
 def cluster_from_tf_config(text: str) -> Cluster:

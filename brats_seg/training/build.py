@@ -1,8 +1,7 @@
-"""Building a run's model: the optimizer, the memory plan it trains under, the models and their compilation.
+"""Building a run's model: the optimizer, the models under the run's memory plan and their compilation.
 
-:func:`preflight_plan` decides the run's LMS strategy (and, on a GPU ``backend=auto`` chose,
-whether it needs ``gpu_lms``) and plans it against ``lms.limit`` before anything is built, or
-takes the plan a resumed run was trained under; :func:`build_models`
+The plan is the resolved run's (:func:`brats_seg.resolve.resolve_run` decided the LMS strategy
+and planned it, or read back the plan a resumed run started with); :func:`build_models`
 makes the training model (blocks run through the plan's wrapper) and the plain export model
 on the same layers; :func:`compile_models` does it under the distribution strategy with the
 optimizer and loss. TensorFlow and Keras are imported inside the functions, after
@@ -11,16 +10,13 @@ optimizer and loss. TensorFlow and Keras are imported inside the functions, afte
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from brats_seg.backend import ResolvedBackend
 from brats_seg.choices import check_choice
 from brats_seg.config import LRScaling, LRSchedule, TrainConfig, network_input_shape
-from brats_seg.resolve import ResolvedRun
 
-__all__ = ["build_models", "choose_lms", "compile_models", "make_optimizer", "per_replica", "preflight_plan",
-           "training_metrics"]
+__all__ = ["build_models", "compile_models", "make_optimizer", "training_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -55,87 +51,6 @@ def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
             warmup_steps=warmup,
         )
     return keras.optimizers.Adam(learning_rate=lr)
-
-
-def choose_lms(cfg: TrainConfig, backend: ResolvedBackend) -> tuple[str, str]:
-    """``(strategy, reason)`` from the config alone: ``lms=`` as given, except that
-    ``backend=gpu_lms`` with ``lms=off`` plans (``auto``).
-
-    Raises:
-        ValueError: ``lms=offload`` on a CPU-only run.
-    """
-    if backend.device == "CPU" and cfg.lms.name == "offload":
-        raise ValueError(
-            "lms=offload needs a GPU: a CPU-only run has no separate device memory to offload from. "
-            "Use lms=recompute (or lms=auto) to fit a RAM budget on CPU."
-        )
-    if backend.name == "gpu_lms" and cfg.lms.name == "off":
-        return "auto", "backend=gpu_lms with lms=off: planning with lms=auto"
-    return cfg.lms.name, f"lms={cfg.lms.name} as configured"
-
-
-def per_replica(cfg: TrainConfig, replicas: int) -> TrainConfig:
-    """``cfg`` with one replica's share of the global batch (what one device's memory must hold).
-
-    Raises:
-        ValueError: ``trainer.batch_size`` does not divide among the replicas.
-    """
-    t = cfg.trainer
-    if t.batch_size % replicas:
-        raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
-                         f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
-
-
-def preflight_plan(run: ResolvedRun, replicas: int = 1, stored=None) -> ResolvedRun:
-    """``run`` with its LMS strategy and memory plan against ``lms.limit``, decided before anything
-    is built and logged once with the reason.
-
-    :func:`choose_lms` applies the config; then, on a GPU that ``backend=auto`` chose, a run
-    whose plan without LMS does not fit becomes ``gpu_lms`` with ``lms=auto``.
-
-    Args:
-        run: the resolved run (its config holds the global batch).
-        replicas: how many replicas share the batch; each device's memory holds one share.
-        stored: the :class:`~brats_seg.lms.planner.plan.Plan` a resumed run was trained under
-            (its ``plan.json``): kept when it was made for this run's memory settings
-            (:func:`brats_seg.training.checkpoint.stored_plan` compares them), so a resumed run
-            trains under the plan it started with.
-
-    Raises:
-        ValueError: the run is predicted not to fit, with the numbers and the fix; or
-            ``lms=offload`` on a CPU-only run.
-    """
-    from brats_seg.lms.planner.plan import PlanDoesNotFitError
-    from brats_seg.lms.planner.preflight import plan_run
-
-    cfg, backend = per_replica(run.config, replicas), run.backend
-    strategy, reason = choose_lms(cfg, backend)
-    if stored is not None:
-        if stored.strategy == "auto" and backend.name == "gpu" and backend.reason:
-            backend = dataclasses.replace(backend, name="gpu_lms")
-        log.info("backend %s, lms=%s: resuming under the run's plan.json (predicted peak %.2f GB within %.2f GB)",
-                 backend.name, stored.strategy, stored.predicted_peak_bytes / 1e9, stored.budget_bytes / 1e9)
-        return run.with_plan(backend, stored.strategy, stored, f"{reason}; the plan the run started with (plan.json)")
-    try:
-        try:
-            plan = plan_run(cfg, backend.device, strategy)
-        except PlanDoesNotFitError as e:
-            if not (backend.reason and backend.device == "GPU" and strategy == "off"):
-                raise
-            # backend=auto chose this GPU: add LMS rather than fail
-            strategy, reason = "auto", (f"backend=auto ({backend.reason}): the plan without LMS does not fit "
-                                        f"({e.smallest_peak_bytes / 1e9:.2f} GB predicted); using gpu_lms with lms=auto")
-            backend = dataclasses.replace(backend, name="gpu_lms", reason=reason)
-            plan = plan_run(cfg, backend.device, strategy)
-    except PlanDoesNotFitError as e:
-        raise ValueError(str(e)) from e
-    if backend.reason and backend.reason not in reason:
-        reason = f"backend=auto chose {backend.name} ({backend.reason}); {reason}"
-    log.info("backend %s, lms=%s (%s). Memory plan: predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB "
-             "less %.1f%% for the planner's error)", backend.name, strategy, reason, plan.predicted_peak_bytes / 1e9,
-             plan.budget_bytes / 1e9, plan.limit_bytes / 1e9, 100 * plan.margin)
-    return run.with_plan(backend, strategy, plan, reason)
 
 
 def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):

@@ -9,16 +9,15 @@ the saved weights are.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from pathlib import Path
 
 from brats_seg.config import TrainConfig, flatten_config
-from brats_seg.run_dir import OLD_BEHAVIOUR, RunFolder
+from brats_seg.run_dir import OLD_BEHAVIOUR, RunFolder, has_progress
 
-__all__ = ["check_resumable", "has_progress", "load_resume", "planned_for", "prepare_run_dir", "restore", "resume_position",
-           "save_plan", "stored_plan"]
+__all__ = ["check_resumable", "has_progress", "load_resume", "prepare_run_dir", "restore", "resume_position",
+           "save_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +30,6 @@ _RESUME_MUTABLE = {"trainer.epochs", "trainer.early_stopping_patience", "trainer
 
 def _mutable(key: str) -> bool:
     return any(key == m or (m.endswith(".") and key.startswith(m)) for m in _RESUME_MUTABLE)
-
-
-def has_progress(run_dir: Path) -> bool:
-    """Whether the run folder holds a completed step (a checkpoint or a recorded position)."""
-    folder = RunFolder(run_dir)
-    state = folder.read_state()
-    return bool(state and (state.get("epoch") or state.get("step"))) or folder.checkpoint_file("last").is_file()
 
 
 def check_resumable(run_dir: Path, cfg: TrainConfig, progress: bool | None = None) -> None:
@@ -97,51 +89,14 @@ def prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
     return run_dir
 
 
-def planned_for(run, replicas: int) -> dict:
-    """The settings a run's memory plan depends on beyond its model and input (which a resumed run
-    cannot change): ``lms.*``, the backend and precision, the batch one replica holds, a GPU cap."""
-    cfg = run.config
-    return {"lms": {k: str(v) if k in ("name", "limit") else v for k, v in dataclasses.asdict(cfg.lms).items()},
-            "backend": str(cfg.backend.name), "device": run.backend.device, "precision": str(cfg.backend.precision),
-            "replica_batch": cfg.trainer.batch_size // max(replicas, 1),
-            "gpu_memory_limit_mb": cfg.backend.gpu_memory_limit_mb}
+def save_plan(run, run_dir: Path) -> list[Path]:
+    """``plan.txt`` and ``plan.json`` (the plan and the settings it was made for,
+    :func:`~brats_seg.resolve.planned_for`): written before the first step, read back on resume
+    (:func:`~brats_seg.resolve.stored_plan`)."""
+    from brats_seg.resolve import planned_for
 
-
-def save_plan(run, replicas: int, run_dir: Path) -> list[Path]:
-    """``plan.txt`` and ``plan.json`` (the plan and the settings it was made for, ``planned_for``):
-    written before the first step, read back on resume (:func:`stored_plan`)."""
-    record = {**run.plan.to_dict(), "planned_for": planned_for(run, replicas)}
+    record = {**run.plan.to_dict(), "planned_for": planned_for(run)}
     return RunFolder(run_dir).write_plan(run.plan.format_table(), json.dumps(record, indent=2))
-
-
-def stored_plan(run_dir: str | Path, run, replicas: int):
-    """The :class:`~brats_seg.lms.planner.plan.Plan` a run with progress was trained under, if it
-    was made for this run's memory settings; None (planning again, and saying why) if they
-    changed since (``lms.limit=`` on the resuming command, another precision or replica count),
-    or the folder has no readable plan of this version."""
-    from brats_seg.lms.planner.plan import Plan
-
-    folder = RunFolder(Path(run_dir))
-    record = folder.read_plan()
-    if record is None:
-        log.warning("%s has progress but no readable plan.json: planning again", run_dir)
-        return None
-    before, now = record.get("planned_for"), planned_for(run, replicas)
-    if before is None:
-        log.info("%s: plan.json of an earlier version (no planned_for): planning again", run_dir)
-        return None
-    flat_before, flat_now = flatten_config(before), flatten_config(now)
-    changed = {k: (flat_before.get(k), flat_now.get(k)) for k in sorted(set(flat_before) | set(flat_now))
-               if flat_before.get(k) != flat_now.get(k)}
-    if changed:
-        log.warning("re-planning on purpose: %s changed since the run's plan.json was made; the new plan replaces it",
-                    ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-        return None
-    try:
-        return Plan.from_dict(record)
-    except ValueError as e:
-        log.warning("%s: %s; planning again", folder.plan_paths[1], e)
-        return None
 
 
 def restore(model, export_model, last: Path) -> None:

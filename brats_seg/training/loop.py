@@ -5,13 +5,13 @@ the models is :mod:`brats_seg.training.build`'s, the run folder's start and resu
 :mod:`brats_seg.training.checkpoint`'s. Order matters:
 
 1. the run is resolved once (:func:`brats_seg.resolve.resolve_run`: every config value
-   checked, the model's outputs and the paths derived, the backend decided; ``train.py``
-   resolves before TensorFlow is imported and passes the result), the ``distribute=``
-   strategy is made (:mod:`brats_seg.distribute.strategy`), and the LMS strategy is decided
-   and planned for the per-replica batch (:func:`~brats_seg.training.build.preflight_plan`,
-   logged with the reason and tagged) -- or, on resume, the run's ``plan.json`` is read back
-   and kept unless the memory settings changed (then re-planned, and said): a bad value or a
-   run that would not fit fails before anything is prepared or written;
+   checked, the model's outputs and the paths derived, the backend, the replicas and the LMS
+   strategy decided and planned for the per-replica batch, logged with the reason and tagged
+   -- or, on resume, the run's ``plan.json`` read back and kept unless the memory settings
+   changed; ``train.py`` resolves before TensorFlow is imported and passes the result), the
+   backend applied (:func:`brats_seg.backend.configure`) and the ``distribute=`` strategy made
+   (:mod:`brats_seg.distribute.strategy`), which must agree with the run's replicas: a bad
+   value or a run that would not fit fails before anything is prepared or written;
 2. the data layer prepares and validates every case, so corrupt or inconsistent data
    fails with its message before the run folder is written;
 3. the run folder gets ``config.json`` and ``split.json`` (evaluation reads these); a
@@ -42,7 +42,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from brats_seg.backend import ResolvedBackend
+from brats_seg.backend import configure
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions
@@ -57,10 +57,10 @@ from brats_seg.resolve import ResolvedRun, resolve_run
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name, training_metric_key
 from brats_seg.tracking.datasets import split_inputs
-from brats_seg.training.build import compile_models, preflight_plan, training_metrics
+from brats_seg.training.build import compile_models, training_metrics
 from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves,
                                           load_state)
-from brats_seg.training.checkpoint import has_progress, load_resume, prepare_run_dir, save_plan, stored_plan
+from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_plan
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
 from brats_seg.training.epochs import LoopOutcome, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
@@ -160,14 +160,14 @@ def _model_desc(cfg: TrainConfig) -> str:
     return f"unet3d_d{m.depth}f{m.base_filters}{'' if m.in_channels == 4 else '_flair'}"
 
 
-def train(cfg: TrainConfig | ResolvedRun, backend: ResolvedBackend, extra_callbacks=(),
-          tags: dict[str, str] | None = None, name_suffix: str = "") -> TrainResult:
-    """Train (or resume) the run described by ``cfg``.
+def train(run: TrainConfig | ResolvedRun, extra_callbacks=(), tags: dict[str, str] | None = None,
+          name_suffix: str = "") -> TrainResult:
+    """Train (or resume) the run described by ``run``.
 
     Args:
-        cfg: the run as :func:`~brats_seg.resolve.resolve_run` resolved it (``train.py``), or a
-            plain config (code, tests), resolved here; ``run_dir`` must be set.
-        backend: what :func:`brats_seg.backend.configure` resolved (TF already configured).
+        run: the run as :func:`~brats_seg.resolve.resolve_run` resolved it (``train.py``, which
+            configured its backend before importing TensorFlow), or a plain config (code, tests),
+            resolved and its backend applied here; ``run_dir`` must be set.
         extra_callbacks: more Keras callbacks (tests use one to interrupt a run).
         tags: more MLflow tags (a sweep's job number and overrides).
         name_suffix: appended to the generated run name (a sweep job's overrides), so that
@@ -177,7 +177,8 @@ def train(cfg: TrainConfig | ResolvedRun, backend: ResolvedBackend, extra_callba
         :class:`TrainResult` with the best validation mean Dice.
 
     Raises:
-        ValueError: a bad config value or a run predicted not to fit, before anything is written.
+        ValueError: a bad config value or a run predicted not to fit, before anything is written;
+            a strategy whose replicas differ from those the run was planned for.
         LockedError: another process trains in ``run_dir`` (its PID, host and command named).
         Preempted: SIGTERM/SIGINT stopped the run after saving; the same command resumes.
         ClusterFailure: a worker of a ``multi_worker`` cluster was lost, naming it.
@@ -186,18 +187,22 @@ def train(cfg: TrainConfig | ResolvedRun, backend: ResolvedBackend, extra_callba
             its last completed epoch. A run killed by the kernel is diagnosed on the next start
             (:mod:`brats_seg.training.oom`) and resumed.
     """
-    # every value checked, outputs and paths derived, in a second: nothing is prepared or written before
-    run = resolve_run(cfg, gpus=backend.n_gpus).with_backend(backend)
-    cfg = run.config
-    strategy, cluster = make_strategy(cfg.distribute, backend.device)  # before any TensorFlow op runs
-    is_chief = cluster is None or cluster.is_chief
-    watch = MemoryWatch(cfg, backend.device)  # its record in the lock tells the next start why this one died
+    # every value checked, outputs and paths derived, the plan made, in a second: nothing is prepared or written before
+    run = resolve_run(run)
+    cfg, device = run.config, run.device
+    configure(run.backend)  # the decision applied (already, when train.py passed the run)
+    strategy, cluster = make_strategy(cfg.distribute, device)  # before any TensorFlow op runs
+    if strategy.num_replicas_in_sync != run.replicas:
+        raise ValueError(
+            f"distribute={cfg.distribute.name} made {strategy.num_replicas_in_sync} replica(s) but the run was planned "
+            f"for {run.replicas} (its devices as seen before TensorFlow started): name them, "
+            "distribute.devices=[/GPU:0,/GPU:1], so both agree.")
+    watch = MemoryWatch(cfg, device)  # its record in the lock tells the next start why this one died
     lock = (hold_lock(cfg.run_dir, "run folder", record=watch.lock_record(),  # one training per folder
-                      on_takeover=warn_about_dead_run(cfg, backend.device, cfg.run_dir,
-                                                      strategy.num_replicas_in_sync))
-            if is_chief else contextlib.nullcontext())
+                      on_takeover=warn_about_dead_run(cfg, device, cfg.run_dir, run.replicas))
+            if run.chief else contextlib.nullcontext())
     with lock as watch.lock, out_of_memory_guard(watch), contextlib.ExitStack() as logs:
-        if is_chief:  # what writers killed by SIGKILL left (never read: final names are whole files)
+        if run.chief:  # what writers killed by SIGKILL left (never read: final names are whole files)
             removed = remove_stale_temporaries(cfg.run_dir)
             if removed:
                 log.info("removed %d temporary file(s) a killed run left in %s", len(removed), cfg.run_dir)
@@ -242,18 +247,14 @@ def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags:
                      name_suffix: str, watch: MemoryWatch, logs: contextlib.ExitStack) -> TrainResult:
     """:func:`train` from the plan on, with the run folder locked: plan -> data -> run folder ->
     model -> resume -> tracking -> epochs."""
-    is_chief = cluster is None or cluster.is_chief
-    cfg, replicas = run.config, strategy.num_replicas_in_sync
-    # a resumed run keeps the plan it started with (plan.json) unless its memory settings changed
-    stored = stored_plan(cfg.run_dir, run, replicas) if is_chief and has_progress(Path(cfg.run_dir)) else None
-    run = preflight_plan(run, replicas, stored)  # it fits, or says what would
+    is_chief, cfg, replicas = run.chief, run.config, run.replicas
     backend, plan = run.backend, run.plan
     watch.planned(plan, run.lms, replicas)
     ds = _prepared_data(cfg)  # fails here, with the data layer's message, before the run folder is written
     run_dir = prepare_run_dir(cfg, ds.split, ds.split_path) if is_chief else Path(cfg.run_dir)
     if is_chief:  # training can start: the run folder is written from here on
         logs.enter_context(run_log(run_dir))
-    plan_files = save_plan(run, replicas, run_dir) if is_chief else []
+    plan_files = save_plan(run, run_dir) if is_chief else []
 
     t = cfg.trainer
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)

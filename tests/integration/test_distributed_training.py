@@ -98,14 +98,14 @@ BULK_REL = {"bulk_rel": 0.12, "m_rel": 0.06, "v_rel": 0.06}
 
 MIRRORED = textwrap.dedent("""
     import json, sys
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
     from brats_seg.config import (BackendConfig, DataConfig, DistributeConfig, LMSConfig, ModelConfig,
                                   ResolutionConfig, TrackingConfig, TrainConfig, TrainerConfig)
     tmp = sys.argv[1]
     from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
     root = tmp + "/data"
     write_synthetic_dataset(root, "brats2021", n_cases=8, seed=0)
-    backend = configure(BackendConfig(name="cpu_onednn"))
+    backend = configure(decide_backend(BackendConfig(name="cpu_onednn")))
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -122,7 +122,7 @@ MIRRORED = textwrap.dedent("""
             lms=LMSConfig(name="recompute"), tracking=TrackingConfig(name="none"),
             distribute=DistributeConfig(name=name, devices=["/CPU:0", "/CPU:1"] if name == "mirrored" else []),
             run_dir=f"{tmp}/{name}")
-        train(cfg, backend)
+        train(cfg)
         out[name] = json.load(open(f"{tmp}/{name}/state.json"))["history"]
     print("HISTORY " + json.dumps(out))
 """)

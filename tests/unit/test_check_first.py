@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def backend():
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
 
-    return configure(BackendConfig(name="cpu_onednn"))
+    return configure(decide_backend(BackendConfig(name="cpu_onednn")))
 
 
 def _cfg(root, tmp_path, run_dir) -> TrainConfig:
@@ -58,10 +58,10 @@ def test_the_corrected_command_trains_in_the_same_run_dir(synthetic_root, tmp_pa
     root = synthetic_root["brats2021"]
     run_dir = tmp_path / "run"
     with pytest.raises(ValueError, match=message):
-        train(_set(_cfg(root, tmp_path, run_dir), key, value), backend)
+        train(_set(_cfg(root, tmp_path, run_dir), key, value))
     assert not (run_dir / "config.json").exists() and not (run_dir / "split.json").exists()
     assert not (tmp_path / "cache").exists()  # failed before preparation
-    assert train(_cfg(root, tmp_path, run_dir), backend).epochs_done == 1
+    assert train(_cfg(root, tmp_path, run_dir)).epochs_done == 1
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_data_root_unset_says_so_not_no_cases_under_the_cwd(tmp_path, backend):
     cfg = TrainConfig(data=DataConfig(name="brats2021", layout="brats2021", root="", cache_dir=str(tmp_path / "c")),
                       resolution=TINY, model=ModelConfig(depth=2, base_filters=4), run_dir=str(tmp_path / "run"))
     with pytest.raises(ValueError, match=r"data\.root is not set: pass data\.root=") as err:
-        train(cfg, backend)
+        train(cfg)
     assert "no cases" not in str(err.value) and not (tmp_path / "run").exists()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from brats_seg import cpu
-from brats_seg.backend import BackendError, check_precision, configure
+from brats_seg.backend import BackendError, check_precision, configure, decide_backend
 from brats_seg.config import BackendConfig
 from brats_seg.cpu import cpu_flags, cpu_isa, cpu_kind, cpu_model_name, has_native_bf16
 
@@ -88,12 +88,13 @@ def test_fp16_refused_on_cpu_whatever_the_flags():
         check_precision("fp16", "CPU", SAPPHIRE_RAPIDS)
 
 
-def test_configure_refuses_bf16_before_any_model_on_a_faked_avx2_cpu(monkeypatch):
-    """The entry points' own path: configure() with the host's flags faked to an AVX2-only CPU."""
+def test_the_start_refuses_bf16_before_any_model_on_a_faked_avx2_cpu(monkeypatch):
+    """The entry points' own path (decide, then configure) with the host's flags faked to an AVX2-only
+    CPU: refused where decided, before the policy is set."""
     import keras
 
     monkeypatch.setattr(cpu, "_cpuinfo", lambda: EPYC)
     before = keras.mixed_precision.global_policy().name
     with pytest.raises(BackendError, match="backend.precision=bf16 needs a CPU"):
-        configure(BackendConfig(name="cpu_onednn", precision="bf16"))
+        configure(decide_backend(BackendConfig(name="cpu_onednn", precision="bf16")))
     assert keras.mixed_precision.global_policy().name == before  # refused before the policy was set

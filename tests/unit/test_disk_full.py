@@ -121,9 +121,9 @@ def disk(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def backend():
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
 
-    return configure(BackendConfig(name="cpu_onednn"))
+    return configure(decide_backend(BackendConfig(name="cpu_onednn")))
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def reference_run(synthetic_root, shared, backend):
     from brats_seg.training.loop import train
 
     run_dir = shared / "reference"
-    assert train(_cfg(synthetic_root["brats2021"], shared, run_dir), backend).epochs_done == 2
+    assert train(_cfg(synthetic_root["brats2021"], shared, run_dir)).epochs_done == 2
     return run_dir
 
 
@@ -193,7 +193,7 @@ def test_a_full_disk_at_a_checkpoint_names_it_keeps_epoch_1_and_the_run_resumes_
     run_dir = disk.folder / "run"
     cfg = _cfg(synthetic_root["brats2021"], shared, run_dir)
     with pytest.raises(DiskFullError) as caught:
-        train(cfg, backend, extra_callbacks=[_fill_after_epoch(disk, 1)])
+        train(cfg, extra_callbacks=[_fill_after_epoch(disk, 1)])
     err = caught.value
     assert err.path.parent == run_dir / "checkpoints" and err.path.name in ("best.keras", "last.keras")
     message = str(err)
@@ -211,7 +211,7 @@ def test_a_full_disk_at_a_checkpoint_names_it_keeps_epoch_1_and_the_run_resumes_
     disk.free()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="brats_seg"):
-        result = train(cfg, backend)
+        result = train(cfg)
     assert result.epochs_done == 2
     assert any("from epoch 2 step 0" in r.getMessage() for r in caplog.records), caplog.text[-3000:]
     assert [h["epoch"] for h in folder.read_state()["history"]] == [1, 2]
@@ -360,8 +360,7 @@ def test_a_full_tracking_store_is_said_once_and_training_goes_on(
     logging.getLogger("mlflow").addHandler(mlflow_records)
     try:
         with caplog.at_level(logging.WARNING):
-            result = train(_cfg(synthetic_root["brats2021"], shared, run_dir, tracking), backend,
-                           extra_callbacks=[_fill_after_epoch(disk, 1)])
+            result = train(_cfg(synthetic_root["brats2021"], shared, run_dir, tracking), extra_callbacks=[_fill_after_epoch(disk, 1)])
     finally:
         logging.getLogger("mlflow").removeHandler(mlflow_records)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,9 @@ SMALL = ResolutionConfig(name="small", spacing_mm=4.0, shape=[16, 16, 8])
 
 @pytest.fixture(scope="module")
 def backend():
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
 
-    return configure(BackendConfig(name="cpu_onednn"))
+    return configure(decide_backend(BackendConfig(name="cpu_onednn")))
 
 
 def _cfg(strategy: str) -> TrainConfig:
@@ -31,12 +32,14 @@ def _cfg(strategy: str) -> TrainConfig:
                                              lms=LMSConfig(name=strategy, limit="1e12", size=0)))
 
 
-def _run(cfg: TrainConfig, backend):
-    """``cfg`` (its outputs resolved) under ``backend``: what preflight_plan plans."""
-    from brats_seg.data.labels import resolve_model_outputs
-    from brats_seg.resolve import ResolvedRun
+def _resolved(cfg: TrainConfig, tmp_path, name: str = "cpu_onednn", gpus: int = 0, **backend):
+    """``cfg`` resolved for training into a fresh ``run_dir`` on a backend ``name`` with ``gpus``
+    visible: where the LMS strategy is decided and planned."""
+    from brats_seg.resolve import resolve_run
 
-    return ResolvedRun(resolve_model_outputs(cfg), backend)
+    cfg.backend = BackendConfig(name=name, **backend)
+    cfg.run_dir = str(tmp_path / f"run-{name}-{gpus}")
+    return resolve_run(cfg, gpus=gpus)
 
 
 def _gradients(strategy, backend):
@@ -96,43 +99,34 @@ def test_lms_checkpoint_loads_into_plain_model(backend, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_run_predicted_not_to_fit_fails_before_building(backend, tmp_path):
-    from brats_seg.training.build import preflight_plan
-
+def test_run_predicted_not_to_fit_fails_before_building(tmp_path):
     cfg = _cfg("off")
     cfg.resolution = ResolutionConfig(name="full", spacing_mm=1.0, shape=[192, 224, 160])
     cfg.model = ModelConfig(depth=4, base_filters=16)
     cfg.lms.limit = "2GB"
     with pytest.raises(ValueError) as err:
-        preflight_plan(_run(cfg, backend))
+        _resolved(cfg, tmp_path)
     msg = str(err.value)
     assert "2.00 GB" in msg and "lms=recompute" in msg and "resolution" in msg
+    assert not (tmp_path / "run-cpu_onednn-0").exists()  # nothing written
 
 
-def test_offload_on_cpu_is_refused_with_the_reason(backend):
-    from brats_seg.training.build import preflight_plan
-
+def test_offload_on_cpu_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ValueError, match="no separate device memory"):
-        preflight_plan(_run(_cfg("offload"), backend))
+        _resolved(_cfg("offload"), tmp_path)
 
 
-def test_the_backend_and_lms_are_decided_in_one_place_with_the_reason(backend, caplog):
-    """preflight_plan decides both: as configured on CPU; gpu_lms with lms=off plans (auto); a GPU
+def test_the_backend_and_lms_are_decided_in_one_place_with_the_reason(tmp_path, caplog):
+    """resolve_run decides both: as configured on CPU; gpu_lms with lms=off plans (auto); a GPU
     that backend=auto chose, on which the plan without LMS does not fit, becomes gpu_lms with auto."""
-    import dataclasses
     import logging
 
-    from brats_seg.training.build import preflight_plan
-
-    with caplog.at_level(logging.INFO, logger="brats_seg.training.build"):
-        cpu = preflight_plan(_run(_cfg("off"), backend))
+    with caplog.at_level(logging.INFO, logger="brats_seg.resolve"):
+        cpu = _resolved(_cfg("off"), tmp_path)
     assert (cpu.backend.name, cpu.lms, cpu.plan.strategy) == ("cpu_onednn", "off", "off")
     assert "lms=off as configured" in cpu.reason and cpu.reason in caplog.text
 
-    gpu = dataclasses.replace(backend, name="gpu_lms", device="GPU")
-    cfg = _cfg("off")
-    cfg.backend.gpu_memory_limit_mb = 8000  # a GPU's size without asking one
-    lms = preflight_plan(_run(cfg, gpu))
+    lms = _resolved(_cfg("off"), tmp_path, "gpu_lms", gpus=1, gpu_memory_limit_mb=8000)  # a GPU's size
     assert (lms.backend.name, lms.lms, lms.plan.strategy) == ("gpu_lms", "auto", "auto")
     assert "backend=gpu_lms with lms=off" in lms.reason
 
@@ -141,20 +135,50 @@ def test_the_backend_and_lms_are_decided_in_one_place_with_the_reason(backend, c
     full.model = ModelConfig(depth=4, base_filters=16)
     full.trainer.batch_size = 1
     full.lms.limit = "7.5GB"  # off needs over 8 GB at full resolution; recomputing blocks fits
-    full.backend.gpu_memory_limit_mb = 16000
-    auto = dataclasses.replace(backend, name="gpu", device="GPU", reason="1 GPU(s) visible")
-    chosen = preflight_plan(_run(full, auto))
+    chosen = _resolved(full, tmp_path, "auto", gpus=1, gpu_memory_limit_mb=16000)
     assert (chosen.backend.name, chosen.lms) == ("gpu_lms", "auto")
     assert "the plan without LMS does not fit" in chosen.reason and chosen.plan.predicted_peak_bytes < 7.5e9
     with pytest.raises(ValueError, match="strategy off predicts.*lms=auto"):  # backend=gpu asked: no silent change
-        preflight_plan(_run(full, dataclasses.replace(auto, reason="")))
+        _resolved(full, tmp_path, "gpu", gpus=1, gpu_memory_limit_mb=16000)
 
 
-def test_gpu_lms_without_gpu_points_to_cpu_onednn():
-    from brats_seg.backend import BackendError, configure
+def test_xla_is_decided_with_the_backend_and_applied_before_tensorflow_loads(tmp_path, monkeypatch):
+    """backend.xla=true gets XLA on the GPU backend=auto chooses (it tested the raw name, so auto never
+    did), not where the plan recomputes or offloads blocks (XLA drops their host placements), and never
+    on a CPU; configure_environment sets TensorFlow's switch from the decision alone."""
+    from brats_seg.backend import configure_environment
+
+    fits = _resolved(_cfg("off"), tmp_path, "auto", gpus=1, gpu_memory_limit_mb=16000, xla=True)
+    assert (fits.backend.name, fits.backend.xla) == ("gpu", True)
+    full = _cfg("off")
+    full.resolution = ResolutionConfig(name="full", spacing_mm=1.0, shape=[192, 224, 160])
+    full.model = ModelConfig(depth=4, base_filters=16)
+    full.trainer.batch_size, full.lms.limit = 1, "7.5GB"
+    lms = _resolved(full, tmp_path, "auto", gpus=1, gpu_memory_limit_mb=16000, xla=True)
+    assert (lms.backend.name, lms.backend.xla) == ("gpu_lms", False)
+    recompute = _resolved(_cfg("recompute"), tmp_path, "gpu", gpus=1, gpu_memory_limit_mb=16000, xla=True)
+    assert any(p != "keep" for p in recompute.plan.policies.values()) and not recompute.backend.xla
+    assert not _resolved(_cfg("off"), tmp_path, "auto", gpus=0, xla=True).backend.xla
+
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # as an entry point before the import
+    for key in ("TF_XLA_FLAGS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(key, raising=False)
+    configure_environment(fits.backend)
+    assert os.environ.get("TF_XLA_FLAGS") == "--tf_xla_auto_jit=2"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.delenv("TF_XLA_FLAGS")
+    configure_environment(lms.backend)
+    assert "TF_XLA_FLAGS" not in os.environ
+
+
+def test_a_backend_without_its_gpu_is_refused_where_decided_and_where_applied(backend):
+    from brats_seg.backend import BackendError, configure, decide_backend
 
     with pytest.raises(BackendError, match="backend=cpu_onednn"):
-        configure(BackendConfig(name="gpu_lms"))
+        decide_backend(BackendConfig(name="gpu_lms"), 0)
+    # nvidia-smi's word (a GPU) against TensorFlow's (none here): configure checks they agree
+    with pytest.raises(BackendError, match="TensorFlow sees none"):
+        configure(decide_backend(BackendConfig(name="gpu"), 1))
 
 
 def _plan_memory(*args):

@@ -35,9 +35,9 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def backend():
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
 
-    return configure(BackendConfig(name="cpu_onednn"))
+    return configure(decide_backend(BackendConfig(name="cpu_onednn")))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def trained(synthetic_root, tmp_path_factory, backend):
         run_dir=str(base / "run"),
     )
     start = time.perf_counter()
-    result = train(cfg, backend)
+    result = train(cfg)
     return SimpleNamespace(base=base, uri=uri, cfg=cfg, run_dir=Path(result.run_dir), run_id=result.run_id,
                            train_s=time.perf_counter() - start)
 

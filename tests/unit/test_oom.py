@@ -176,9 +176,9 @@ def test_what_counts_as_out_of_memory():
 
 @pytest.fixture(scope="module")
 def backend():
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
 
-    return configure(BackendConfig(name="cpu_onednn"))
+    return configure(decide_backend(BackendConfig(name="cpu_onednn")))
 
 
 def _tiny(root, tmp_path, run_dir, epochs: int = 2) -> TrainConfig:

@@ -187,14 +187,14 @@ def test_a_patch_run_stopped_mid_epoch_resumes_exactly_and_evaluates_whole_volum
         synthetic_root, tmp_path):
     import keras
 
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
     from brats_seg.evaluation.evaluate import evaluate_run
     from brats_seg.training.loop import train
     from brats_seg.signals import Preempted
 
-    backend = configure(BackendConfig(name="cpu_onednn"))
+    backend = configure(decide_backend(BackendConfig(name="cpu_onednn")))
     root = synthetic_root["brats2021"]
-    full = train(_cfg(root, tmp_path, tmp_path / "full"), backend)
+    full = train(_cfg(root, tmp_path, tmp_path / "full"))
     assert full.epochs_done == 2
 
     class Kill(keras.callbacks.Callback):
@@ -208,10 +208,10 @@ def test_a_patch_run_stopped_mid_epoch_resumes_exactly_and_evaluates_whole_volum
             self.epoch = epoch
 
     with pytest.raises(Preempted):
-        train(_cfg(root, tmp_path, tmp_path / "resumed"), backend, extra_callbacks=[Kill()])
+        train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[Kill()])
     state = json.loads((tmp_path / "resumed" / "state.json").read_text())
     assert (state["epoch"], state["step"]) == (1, 3) and state["train_time_s"] > 0
-    resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"), backend)
+    resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"))
     assert resumed.epochs_done == 2
 
     def weights(run):
@@ -240,18 +240,18 @@ def test_a_patch_run_stopped_mid_epoch_resumes_exactly_and_evaluates_whole_volum
 def test_a_budget_ends_the_run_as_if_done_and_the_same_command_trains_nothing_more(synthetic_root, tmp_path):
     import dataclasses
 
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
     from brats_seg.training.loop import train
 
-    backend = configure(BackendConfig(name="cpu_onednn"))
+    backend = configure(decide_backend(BackendConfig(name="cpu_onednn")))
     cfg = _cfg(synthetic_root["brats2021"], tmp_path, tmp_path / "budget")
     cfg.trainer = dataclasses.replace(cfg.trainer, epochs=50, steps_per_epoch=None, time_budget_s=2.0)
-    first = train(cfg, backend)
+    first = train(cfg)
     state = json.loads((tmp_path / "budget" / "state.json").read_text())
     assert first.epochs_done < 50 and state["train_time_s"] >= 2.0
     last = state["history"][-1]
     assert last["train_time_s"] == state["train_time_s"] and "val_dice_mean" in last  # the cut epoch is validated
     assert (tmp_path / "budget" / "checkpoints" / "best.keras").is_file()
-    again = train(cfg, backend)
+    again = train(cfg)
     assert again.epochs_done == first.epochs_done
     assert json.loads((tmp_path / "budget" / "state.json").read_text())["train_time_s"] == state["train_time_s"]

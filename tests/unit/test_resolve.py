@@ -53,13 +53,11 @@ def test_resolving_derives_the_run_and_leaves_the_users_config_as_it_was(tmp_pat
     assert json.dumps(dataclasses.asdict(user), default=str) == before  # nothing written into it
     assert run.config.model.out_channels == 4 and run.config.model.region_parents == [-1, 0, 0, -1]
     assert run.config.data.root.startswith("/") and run.config.data.root.endswith("data/x")
-    assert (run.backend.name, run.device, run.plan) == ("cpu_onednn", "CPU", None)
+    assert (run.backend.name, run.device, run.replicas, run.chief) == ("cpu_onednn", "CPU", 1, True)
+    assert (run.lms, run.plan.strategy) == ("off", "off")  # planned for training: the decision is whole
     assert resolve_run(run) is run  # a resolved run is not resolved again
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.lms = "auto"
-    gpu = dataclasses.replace(run.backend, name="gpu", device="GPU")
-    with pytest.raises(ValueError, match="resolved for CPU.*but TensorFlow set up GPU"):
-        run.with_backend(gpu)
     with pytest.raises(ValueError, match="trainer.batch_size=0"):  # checked where resolved
         resolve_run(dataclasses.replace(user, trainer=TrainerConfig(batch_size=0)), gpus=0)
 
@@ -71,40 +69,54 @@ def test_the_planner_refuses_a_config_that_was_not_resolved():
         plan_run(TrainConfig(resolution=SMALL, model=ModelConfig(depth=2, base_filters=4)), "CPU")
 
 
-def _planned(tmp_path, limit="1e12", batch=2, replicas=1):
+def _planned(tmp_path, limit="1e12", batch=2):
     from brats_seg.resolve import resolve_run
-    from brats_seg.training.build import preflight_plan
 
     cfg = TrainConfig(resolution=SMALL, model=ModelConfig(depth=2, base_filters=4), backend=BackendConfig(name="cpu_onednn"),
                       trainer=TrainerConfig(batch_size=batch), lms=LMSConfig(name="auto", limit=limit),
                       run_dir=str(tmp_path / "run"))
-    return preflight_plan(resolve_run(cfg, gpus=0), replicas)
+    return resolve_run(cfg, gpus=0)
 
 
 def test_a_resumed_run_reads_its_plan_back_and_a_changed_memory_setting_replans_and_says_so(tmp_path, caplog):
-    from brats_seg.training.build import preflight_plan
-    from brats_seg.training.checkpoint import save_plan, stored_plan
+    from brats_seg.resolve import stored_plan
+    from brats_seg.run_dir import RunFolder
+    from brats_seg.training.checkpoint import save_plan
 
     run = _planned(tmp_path)
     (tmp_path / "run").mkdir()
-    save_plan(run, 1, tmp_path / "run")
+    save_plan(run, tmp_path / "run")
     record = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert record["planned_for"]["lms"]["limit"] == "1e12" and record["planned_for"]["replica_batch"] == 2
 
-    kept = stored_plan(tmp_path / "run", run, 1)
+    kept = stored_plan(tmp_path / "run", run)
     assert kept is not None and kept.to_dict() == run.plan.to_dict()
-    with caplog.at_level(logging.INFO, logger="brats_seg.training.build"):
-        resumed = preflight_plan(dataclasses.replace(run, lms="", plan=None), 1, kept)
-    assert resumed.plan is kept and "resuming under the run's plan.json" in caplog.text
+    RunFolder(tmp_path / "run").write_state({"epoch": 1, "step": 0})  # progress: a start resumes
+    with caplog.at_level(logging.INFO, logger="brats_seg.resolve"):
+        resumed = _planned(tmp_path)
+    assert resumed.plan.to_dict() == kept.to_dict() and "resuming under the run's plan.json" in caplog.text
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="brats_seg.training.checkpoint"):
-        assert stored_plan(tmp_path / "run", _planned(tmp_path, limit="5e11"), 1) is None
+    with caplog.at_level(logging.WARNING, logger="brats_seg.resolve"):
+        assert stored_plan(tmp_path / "run", _planned(tmp_path, limit="5e11")) is None
         assert stored_plan(tmp_path / "run", run, 2) is None  # two replicas: one share of the batch each
     assert "re-planning on purpose: lms.limit: '1e12' -> '5e11'" in caplog.text
     assert "replica_batch: 2 -> 1" in caplog.text
 
     (tmp_path / "run" / "plan.json").write_text('{"planned_for": ')  # cut short: planned again, said
-    with caplog.at_level(logging.WARNING, logger="brats_seg.training.checkpoint"):
-        assert stored_plan(tmp_path / "run", run, 1) is None
+    with caplog.at_level(logging.WARNING, logger="brats_seg.resolve"):
+        assert stored_plan(tmp_path / "run", run) is None
     assert "no readable plan.json" in caplog.text
+
+
+def test_replicas_are_known_before_tensorflow_from_distribute_and_the_gpus():
+    from brats_seg.config import DistributeConfig
+    from brats_seg.distribute.resolve import planned_replicas
+
+    assert planned_replicas(DistributeConfig(name="none"), "GPU", 4) == (1, True)
+    assert planned_replicas(DistributeConfig(name="mirrored"), "GPU", 4) == (4, True)
+    assert planned_replicas(DistributeConfig(name="mirrored"), "CPU", 0) == (1, True)
+    assert planned_replicas(DistributeConfig(name="mirrored", devices=["/CPU:0", "/CPU:1"]), "CPU", 0) == (2, True)
+    workers = DistributeConfig(name="multi_worker", workers=["a:1", "b:1", "c:1"], index=1)
+    assert planned_replicas(workers, "CPU", 0) == (3, False)
+    assert planned_replicas(workers, "GPU", 2) == (6, False)

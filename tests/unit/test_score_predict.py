@@ -256,7 +256,7 @@ def test_predict_script_exits_2_on_bad_input(synthetic_root, tmp_path):
 def test_brats2024_trains_four_outputs_and_predicts_the_cavity_label(synthetic_root, tmp_path):
     """Training on brats2024 derives 4 sigmoid outputs (no model.out_channels given) and
     monitors dice_rc; a model predicting RC writes label 4."""
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
     from brats_seg.config import BackendConfig, TrackingConfig, TrainerConfig
     from brats_seg.evaluation.predict import predict_new_cases
     from brats_seg.training.loop import train
@@ -268,7 +268,8 @@ def test_brats2024_trains_four_outputs_and_predicts_the_cavity_label(synthetic_r
                       trainer=TrainerConfig(epochs=1, batch_size=1, steps_per_epoch=1, val_every=1),
                       tracking=TrackingConfig(name="none"), run_dir=str(tmp_path / "run"))
     cfg.data.val_fraction, cfg.data.test_fraction = 0.34, 0.0
-    train(cfg, configure(BackendConfig(name="cpu_onednn")))
+    configure(decide_backend(BackendConfig(name="cpu_onednn")))
+    train(cfg)
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["model"]["out_channels"] == 4
     history = json.loads((tmp_path / "run" / "state.json").read_text())["history"]

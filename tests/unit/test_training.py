@@ -13,9 +13,9 @@ from tests.conftest import TINY, data_config
 
 @pytest.fixture(scope="module")
 def backend():
-    from brats_seg.backend import configure
+    from brats_seg.backend import configure, decide_backend
 
-    return configure(BackendConfig(name="cpu_onednn"))
+    return configure(decide_backend(BackendConfig(name="cpu_onednn")))
 
 
 def _cfg(root, tmp_path, run_dir, epochs=2) -> TrainConfig:
@@ -51,9 +51,9 @@ def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_
                 self.model.stop_training = True
 
     root = synthetic_root["brats2021"]
-    full = train(_cfg(root, tmp_path, tmp_path / "full"), backend)
+    full = train(_cfg(root, tmp_path, tmp_path / "full"))
     assert full.epochs_done == 2
-    part = train(_cfg(root, tmp_path, tmp_path / "resumed"), backend, extra_callbacks=[Interrupt()])
+    part = train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[Interrupt()])
     assert part.epochs_done == 1
     class CountEpochs(keras.callbacks.Callback):
         trained: list = []
@@ -63,7 +63,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_
 
     counter = CountEpochs()
     with caplog.at_level(logging.INFO, logger="brats_seg.training.build"):
-        resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"), backend, extra_callbacks=[counter])  # same command
+        resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[counter])  # same command
     assert resumed.epochs_done == 2
     assert counter.trained == [2]  # continued from the last completed epoch, not from scratch
     assert "resuming under the run's plan.json" in caplog.text  # the plan it started with, read back
@@ -87,11 +87,11 @@ def test_run_dir_with_a_different_config_is_refused(synthetic_root, tmp_path, ba
     from brats_seg.training.loop import train
 
     root = synthetic_root["brats2021"]
-    train(_cfg(root, tmp_path, tmp_path / "run", epochs=1), backend)
+    train(_cfg(root, tmp_path, tmp_path / "run", epochs=1))
     other = _cfg(root, tmp_path, tmp_path / "run", epochs=1)
     other.model.base_filters = 6
     with pytest.raises(ValueError, match="model.base_filters"):
-        train(other, backend)
+        train(other)
 
 
 def test_corrupt_data_fails_before_the_first_step(dataset_copy, tmp_path, backend):
@@ -104,7 +104,7 @@ def test_corrupt_data_fails_before_the_first_step(dataset_copy, tmp_path, backen
     seg.write_bytes(seg.read_bytes()[:200])  # truncated
     cfg = _cfg(root, tmp_path, tmp_path / "run")
     with pytest.raises(PreparationFailed) as err:
-        train(cfg, backend)
+        train(cfg)
     assert case.name in str(err.value) and seg.name in str(err.value)
     assert not (tmp_path / "run" / "checkpoints").exists()  # no model was built or trained
 
@@ -163,7 +163,7 @@ def test_an_old_run_folder_resumes_and_evaluates(synthetic_root, tmp_path, backe
     run_dir = tmp_path / "old"
     cfg = _cfg(root, tmp_path, run_dir, epochs=1)
     cfg.model.regions = "independent"  # what a run from before model.regions trained with
-    train(cfg, backend)
+    train(cfg)
     stored = json.loads((run_dir / "config.json").read_text())
     for key in _KEYS_ADDED_SINCE_FIRST:
         group, name = key.split(".")
@@ -185,5 +185,5 @@ def test_an_old_run_folder_resumes_and_evaluates(synthetic_root, tmp_path, backe
     counter = CountEpochs()
     again = _cfg(root, tmp_path, run_dir, epochs=2)
     again.model.regions = "independent"
-    assert train(again, backend, extra_callbacks=[counter]).epochs_done == 2
+    assert train(again, extra_callbacks=[counter]).epochs_done == 2
     assert counter.trained == [2]

@@ -44,6 +44,7 @@ from brats_seg.lms.planner.search import (
 )
 from brats_seg.lms.planner.units import format_gb, format_shape, parse_limit
 from brats_seg.lms.planner.workload import LMSOptions, Workload
+from brats_seg.lms.planner.preflight import lms_strategy
 
 __all__ = ["Advice", "MemoryFacts", "OutOfMemoryError", "Setting", "advice_budget", "advise", "format_limit",
            "out_of_memory_error", "settings_that_fit"]
@@ -190,13 +191,6 @@ def advice_budget(available_bytes: int, predicted_peak_bytes: int | None, measur
     return budget, reason
 
 
-def _strategy(cfg: TrainConfig) -> str:
-    """The LMS strategy the run plans with (``backend=gpu_lms`` with ``lms=off`` plans ``auto``)."""
-    name = str(getattr(cfg.lms.name, "value", cfg.lms.name))
-    backend = str(getattr(cfg.backend.name, "value", cfg.backend.name))
-    return "auto" if backend == "gpu_lms" and name == "off" else name
-
-
 def _fixed_for(strategy: str, allow_offload: bool) -> tuple[str, ...]:
     """The fixed strategies whose fit decides ``strategy``'s: ``auto`` fits when its last resort does."""
     if strategy == "auto":
@@ -251,9 +245,7 @@ def settings_that_fit(cfg: TrainConfig, device: str, limit_bytes: int, memory_mo
     limit_text = format_limit(limit_bytes)
     limit = f"lms.limit={limit_text}"
     options = LMSOptions.from_config(cfg.lms, parse_limit(limit_text, None), allow_offload, strategy="auto")
-    strategy = _strategy(cfg)
-    if strategy == "offload" and not allow_offload:
-        strategy = "recompute"
+    strategy, _ = lms_strategy(cfg.lms.name, cfg.backend.name, device)  # the run's (offload never starts on CPU)
     per_replica = max(cfg.trainer.batch_size // max(replicas, 1), 1)
     workload = Workload.from_config(cfg).with_input(batch_size=per_replica)
     fixed = _fixed_for("auto", allow_offload)  # what fits with LMS allowed (auto's last resort)

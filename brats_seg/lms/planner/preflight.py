@@ -18,24 +18,41 @@ from brats_seg.lms.planner.search import compare_strategies, plan_lms_from_confi
 from brats_seg.lms.planner.units import parse_limit
 from brats_seg.lms.planner.workload import LMSOptions, Workload
 
-__all__ = ["capacity_run", "compare_run", "plan_run"]
+__all__ = ["capacity_run", "compare_run", "lms_strategy", "plan_run"]
 
 log = logging.getLogger(__name__)
 
 
+def lms_strategy(lms: str, backend: str, device: str) -> tuple[str, str]:
+    """``(strategy, reason)``: the LMS strategy a run plans with, the one rule (read by
+    :func:`brats_seg.resolve.resolve_run`, which every planner's entry point goes through, and by
+    the advice after running out of memory): ``lms=`` as given, except that ``backend=gpu_lms``
+    with ``lms=off`` plans ``auto``.
+
+    Raises:
+        ValueError: ``lms=offload`` on a CPU-only run.
+    """
+    lms, backend = str(getattr(lms, "value", lms)), str(getattr(backend, "value", backend))
+    if device == "CPU" and lms == "offload":
+        raise ValueError(
+            "lms=offload needs a GPU: a CPU-only run has no separate device memory to offload from. "
+            "Use lms=recompute (or lms=auto) to fit a RAM budget on CPU."
+        )
+    if backend == "gpu_lms" and lms == "off":
+        return "auto", "backend=gpu_lms with lms=off: planning with lms=auto"
+    return lms, f"lms={lms} as configured"
+
+
 def _checked(cfg: TrainConfig, device: str) -> str:
-    """``device`` once ``cfg`` is known to be resolved and its precision to run there.
+    """``device`` once ``cfg`` is known to be resolved (its precision was checked against the
+    device when the run was resolved: :func:`brats_seg.backend.decide_backend`).
 
     Raises:
         ValueError: ``model.out_channels`` is unresolved (0): the run was not resolved first.
-        BackendError: a precision the device cannot train in.
     """
-    from brats_seg.backend import check_precision
-
     if not cfg.model.out_channels:
         raise ValueError("model.out_channels=0 is unresolved: plan the config brats_seg.resolve.resolve_run returns "
                          "(ResolvedRun.config), whose outputs follow data.layout.")
-    check_precision(cfg.backend.precision, device)
     return device
 
 
@@ -47,7 +64,6 @@ def plan_run(cfg: TrainConfig, device: str, strategy: str | None = None) -> Plan
 
     Raises:
         PlanDoesNotFitError: with the smallest predicted peak and what would fit.
-        BackendError: a precision the device cannot train in (bf16 on a CPU without it).
     """
     from brats_seg.backend import device_memory_bytes
 
