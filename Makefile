@@ -21,7 +21,7 @@ UV_VENV    := $(VENV)/.uv
 UV         := $(UV_VENV)/bin/uv
 LOCK_ARGS  ?=
 
-.PHONY: install test test-slow test-all demo lock clean
+.PHONY: install lint format test test-slow test-all demo lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,20 @@ $(STAMP): pyproject.toml $(LOCK)
 
 install: $(STAMP)
 
+# ruff, as configured in pyproject.toml: the format is checked and the lint rules hold (`make format`
+# applies both fixes; .pre-commit-config.yaml runs the same before each commit).
+LINTED := brats_seg scripts tests train.py
+lint: $(STAMP)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/ruff check $(LINTED)
+
+format: $(STAMP)
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
+
 # The default suite: everything but the `slow` end-to-end runs and the `browser` test; `gpu` tests
-# skip themselves without a GPU.
-test: $(STAMP)
+# skip themselves without a GPU. The lint first: CI fails on a formatting or lint error too.
+test: lint
 	$(BIN)/python -m pytest -m "not slow and not browser"
 
 # The rest, minutes each: the entry points end to end (kills, signals, preemption, clusters,
