@@ -21,8 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from brats_seg.choices import check_choice
-from brats_seg.config import BackendConfig, BackendName, Precision
+from brats_seg.config import BackendConfig
 from brats_seg.model.checks import PRECISION_POLICIES  # backend.precision -> Keras policy
 
 __all__ = [
@@ -186,19 +185,19 @@ def decide_backend(cfg: BackendConfig, gpus: int | None = None, cpuinfo: str | N
     :func:`brats_seg.resolve.resolve_run`).
 
     Args:
-        cfg: the ``backend`` group (its values checked by :func:`brats_seg.checks.check_train_config`
-            for a run; their names checked here too, for the inferring commands).
+        cfg: the ``backend`` group, its values checked (:func:`brats_seg.checks.check_backend_config`,
+            which :func:`brats_seg.checks.check_train_config` and :func:`brats_seg.resolve.resolve_inference` call).
         gpus: the GPUs visible; None counts them (:func:`visible_gpus`).
         cpuinfo: ``/proc/cpuinfo`` text to judge bf16 support by (tests); None reads the host's.
         require_gpu: False to decide for a GPU this machine lacks (planning a GPU run on a laptop:
             ``scripts/plan_memory.py backend=gpu_lms``).
 
     Raises:
-        BackendError: an unknown name or precision; ``gpu``/``gpu_lms`` without a visible GPU; a
-            precision the device cannot train in (:func:`check_precision`).
+        BackendError: ``gpu``/``gpu_lms`` without a visible GPU; a precision the device cannot
+            train in (:func:`check_precision`).
     """
-    precision = str(check_choice(cfg.precision, Precision, "backend.precision", error=BackendError))
-    name = str(check_choice(cfg.name, BackendName, "backend", error=BackendError))
+    precision = str(getattr(cfg.precision, "value", cfg.precision))
+    name = str(getattr(cfg.name, "value", cfg.name))
     gpus = visible_gpus() if gpus is None else gpus
     name, reason = concrete_backend(name, gpus)
     if name in ("gpu", "gpu_lms") and not gpus and require_gpu:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from brats_seg.choices import check_choice
 from brats_seg.config import (
+    BackendConfig,
     BackendName,
     LMSStrategy,
     LRSchedule,
@@ -96,13 +97,19 @@ def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     check_model_config(cfg.model)
     check_input_shape(cfg.resolution.shape, cfg.model.depth)
     check_patch_config(cfg)
-    check_choice(cfg.backend.name, BackendName, "backend")
-    check_choice(cfg.backend.precision, Precision, "backend.precision")
+    check_backend_config(cfg.backend)
     check_choice(cfg.lms.name, LMSStrategy, "lms")
     parse_limit(cfg.lms.limit, device_bytes=1 << 40)  # its form; a fraction's bytes are the device's (the plan)
     check_choice(cfg.tracking.name, TrackerName, "tracking")
     check_register_as(cfg.tracking.name, cfg.tracking.register_as)
     check_distribute_config(cfg.distribute)
+
+
+def check_backend_config(cfg: BackendConfig) -> None:
+    """The ``backend`` group's names (a run's, or an inferring command's), before its decision
+    (:func:`brats_seg.backend.decide_backend`)."""
+    check_choice(cfg.name, BackendName, "backend")
+    check_choice(cfg.precision, Precision, "backend.precision")
 
 
 def check_register_as(tracker: str, name: str) -> None:

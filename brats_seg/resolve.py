@@ -148,8 +148,10 @@ def resolve_inference(run_config: TrainConfig, backend: BackendConfig, precision
         BackendError: a backend or a given precision this machine cannot run.
     """
     from brats_seg.backend import concrete_backend, visible_gpus
+    from brats_seg.checks import check_backend_config
     from brats_seg.cpu import cpu_model_name, has_native_bf16
 
+    check_backend_config(backend)
     gpus = visible_gpus() if gpus is None else gpus
     precision = str(backend.precision) if precision_given else str(run_config.backend.precision)
     if not precision_given:

@@ -80,10 +80,12 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
 def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.backend import configure, decide_backend
+    from brats_seg.checks import check_backend_config
 
     with user_errors():
         if not conf.run_dir.strip():
             raise ValueError("run_dir is not set: pass run_dir=<the training run's folder> (e.g. outputs/<run>).")
+        check_backend_config(conf.backend)
         configure(decide_backend(conf.backend))  # the command's backend and precision (a measurement's)
         rows = region_gradients(conf.run_dir, conf.split, conf.checkpoint)
     print(f"\n{conf.run_dir}, checkpoint {conf.checkpoint}, {rows[0]['cases']} {conf.split} case(s); "
