@@ -60,7 +60,8 @@ from brats_seg.tracking.datasets import split_inputs
 from brats_seg.training.build import compile_models, preflight_plan, training_metrics
 from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves,
                                           load_state)
-from brats_seg.training.checkpoint import has_progress, load_resume, prepare_run_dir, save_plan, stored_plan
+from brats_seg.training.checkpoint import (ResumePosition, has_progress, load_resume, prepare_run_dir, save_plan,
+                                           stored_plan)
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
 from brats_seg.training.epochs import LoopOutcome, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
@@ -273,9 +274,9 @@ def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags:
     model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)
     start = load_resume(run_dir, state, model, export_model, steps)
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
-        start = (*sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs), start[:2]), start[2])
-    if state or start[0]:
-        log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, start[0] + 1, start[1],
+        start = sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs), start)
+    if state or start.epoch:
+        log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, start.epoch + 1, start.step,
                  int(model.optimizer.iterations.numpy()))
 
     run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg), backend.name,
@@ -291,7 +292,7 @@ def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags:
         callbacks.insert(callbacks.index(checkpoint) + 1, TrainingCurves(checkpoint, regions, tracker, run_name))
     log.info("training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
              run_name, len(train_dirs), len(val_dirs), steps, t.batch_size, strategy.num_replicas_in_sync,
-             start[0] + 1, t.epochs, run_dir)
+             start.epoch + 1, t.epochs, run_dir)
     session = _Session(cfg, strategy, cluster, model, loss, tracker, checkpoint, run_dir)
     session.run(train_dirs, val_dirs, steps, start, callbacks)
     st = checkpoint.state
@@ -323,7 +324,7 @@ class _Session:
     def multi(self) -> bool:
         return self.cluster is not None and self.cluster.num_workers > 1
 
-    def run(self, train_dirs, val_dirs, steps: int, start: tuple[int, int, dict | None], callbacks) -> None:
+    def run(self, train_dirs, val_dirs, steps: int, start: ResumePosition, callbacks) -> None:
         status = "FAILED"
         try:
             status = self._epochs(train_dirs, val_dirs, steps, start, callbacks)
@@ -338,7 +339,7 @@ class _Session:
         finally:
             self.close(status)
 
-    def _epochs(self, train_dirs, val_dirs, steps: int, start: tuple[int, int, dict | None], callbacks) -> str:
+    def _epochs(self, train_dirs, val_dirs, steps: int, start: ResumePosition, callbacks) -> str:
         """Run the remaining epochs; ``FINISHED``, or :class:`Preempted` once the position is saved."""
         t, (initial_epoch, initial_step, partial) = self.cfg.trainer, start
         outcome = LoopOutcome("finished")
