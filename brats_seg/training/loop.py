@@ -47,7 +47,7 @@ from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions
 from brats_seg.data.patches import crops_per_case
-from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
+from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset, steps_per_epoch
 from brats_seg.distribute.strategy import make_strategy
 from brats_seg.evaluation.mlflow_model import log_best_model
 from brats_seg.locks import hold_lock, remove_stale_temporaries
@@ -143,15 +143,13 @@ def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) ->
 def _train_dataset_fn(cfg: TrainConfig, train_dirs, initial_epoch: int, initial_step: int):
     """The ``dataset_fn`` of ``strategy.distribute_datasets_from_function``: each input pipeline
     its shard, from the resumed position on."""
-    t = cfg.trainer
+    spec = TrainInput.from_config(cfg)
 
     def dataset_fn(ctx):
         return make_train_dataset(
-            train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels, cfg.model.out_channels,
-            initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch, initial_step=initial_step,
+            train_dirs, spec, initial_epoch=initial_epoch, initial_step=initial_step,
             shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
-            replica_batch=ctx.get_per_replica_batch_size(t.batch_size), prefetch_batches=cfg.data.prefetch_batches,
-            augmentation=t.augmentation, patch_size=t.patch_size, foreground_fraction=t.foreground_fraction)
+            replica_batch=ctx.get_per_replica_batch_size(spec.batch_size))
 
     return dataset_fn
 
