@@ -53,7 +53,6 @@ __all__ = [
     "TrainInput",
     "make_train_dataset",
     "make_eval_dataset",
-    "steps_per_epoch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -64,41 +63,6 @@ SCALE_RANGE = 0.1  # intensity scale in [1 - 0.1, 1 + 0.1], per channel
 SHIFT_RANGE = 0.1  # intensity shift in [-0.1, 0.1] (z-scored units), per channel
 MAP_PARALLEL_CALLS = 1  # cases loaded and augmented at once: a case takes ~0.1 s at full resolution, a step seconds
 PREFETCH_BATCHES = 1  # default of data.prefetch_batches: finished batches waiting for the step
-
-
-# ---------------------------------------------------------------------------------------
-# Counting
-# ---------------------------------------------------------------------------------------
-
-
-def steps_per_epoch(n_cases: int, batch_size: int, max_steps: int | None = None) -> int:
-    """Batches per training epoch: ``n_cases // batch_size`` (remainder dropped), capped.
-
-    Args:
-        n_cases: number of training cases.
-        batch_size: cases per batch.
-        max_steps: optional cap (``trainer.steps_per_epoch``); None or 0 = no cap.
-
-    Returns:
-        Steps per epoch (>= 1). Pass the same ``max_steps`` to :func:`make_train_dataset`
-        so that Keras' epochs and the dataset's epochs line up.
-
-    Raises:
-        ValueError: fewer cases than one batch, or a bad batch size / cap.
-    """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-    if n_cases < batch_size:
-        raise ValueError(
-            f"{n_cases} training case(s) cannot fill one batch of {batch_size}: "
-            f"lower trainer.batch_size to at most {max(n_cases, 1)} or add cases."
-        )
-    steps = n_cases // batch_size
-    if max_steps is not None and max_steps != 0:
-        if max_steps < 0:
-            raise ValueError(f"trainer.steps_per_epoch must be >= 1 or null, got {max_steps!r}.")
-        steps = min(steps, max_steps)
-    return steps
 
 
 # ---------------------------------------------------------------------------------------
@@ -138,6 +102,37 @@ class TrainInput:
                    out_channels=cfg.model.out_channels, max_steps_per_epoch=t.steps_per_epoch,
                    prefetch_batches=cfg.data.prefetch_batches, augmentation=t.augmentation, patch_size=t.patch_size,
                    foreground_fraction=t.foreground_fraction)
+
+    def steps_per_epoch(self, n_cases: int, grid: Sequence[int]) -> int:
+        """Batches per training epoch over ``n_cases`` cases cached on ``grid`` ``(x, y, z)``: the one
+        count the training loop and :func:`make_train_dataset` share, so that their epochs line up.
+
+        An epoch visits each case :func:`~brats_seg.data.patches.crops_per_case` times (once
+        without ``patch_size``; in patch mode as many crops as hold the case's voxels), in full
+        batches of ``batch_size`` (the remainder dropped), at most ``max_steps_per_epoch`` (None or
+        0: no cap).
+
+        Returns:
+            Steps per epoch (>= 1).
+
+        Raises:
+            ValueError: fewer cases (crops) than one batch, or a bad batch size / cap.
+        """
+        elements = n_cases * crops_per_case(grid, self.patch_size)  # what an epoch visits
+        batch_size, max_steps = self.batch_size, self.max_steps_per_epoch
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        if elements < batch_size:
+            raise ValueError(
+                f"{elements} training case(s) cannot fill one batch of {batch_size}: "
+                f"lower trainer.batch_size to at most {max(elements, 1)} or add cases."
+            )
+        steps = elements // batch_size
+        if max_steps is not None and max_steps != 0:
+            if max_steps < 0:
+                raise ValueError(f"trainer.steps_per_epoch must be >= 1 or null, got {max_steps!r}.")
+            steps = min(steps, max_steps)
+        return steps
 
 
 # ---------------------------------------------------------------------------------------
@@ -353,9 +348,8 @@ def make_train_dataset(
 
     Args:
         case_dirs: cache folders of the training cases.
-        spec: what the batches are made of (:class:`TrainInput`; a run's: ``TrainInput.from_config``).
-            The loop must be given ``steps_per_epoch(len(case_dirs) * crops_per_case(grid, patch_size),
-            batch_size, max_steps_per_epoch)`` steps per epoch.
+        spec: what the batches are made of (:class:`TrainInput`; a run's: ``TrainInput.from_config``);
+            the loop must be given ``spec.steps_per_epoch(len(case_dirs), grid)`` steps per epoch.
         initial_epoch: first epoch yielded (the resume point; Keras' ``initial_epoch``).
         initial_step: steps of ``initial_epoch`` already trained (a run resumed mid-epoch
             after a preemption): its first batches are skipped.
@@ -366,7 +360,7 @@ def make_train_dataset(
     Returns:
         Dataset of ``(image float16 (B, x, y, z, in_channels), regions uint8
         (B, x, y, z, out_channels))`` (``x, y, z`` the patch in patch mode), repeated forever; each epoch is
-        ``steps_per_epoch(...)`` full batches (of ``batch_size``, split as above).
+        ``spec.steps_per_epoch(...)`` full batches (of ``batch_size``, split as above).
 
     Raises:
         ValueError: a batch that does not split evenly among workers and replicas.
@@ -381,7 +375,7 @@ def make_train_dataset(
         raise ValueError(f"initial_epoch must be an integer >= 0, got {initial_epoch!r}.")
     spatial = _check_cases(paths, out_channels)
     repeats = crops_per_case(spatial, patch_size)  # patch mode: an epoch holds every case's voxels once
-    steps = steps_per_epoch(len(paths) * repeats, batch_size, spec.max_steps_per_epoch)
+    steps = spec.steps_per_epoch(len(paths), spatial)
     if not 0 <= initial_step < steps:
         raise ValueError(f"initial_step must be in 0..{steps - 1} (steps per epoch), got {initial_step!r}.")
     index, count = shard

@@ -46,8 +46,7 @@ from brats_seg.backend import ResolvedBackend
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions
-from brats_seg.data.patches import crops_per_case
-from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset, steps_per_epoch
+from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset
 from brats_seg.distribute.strategy import make_strategy
 from brats_seg.evaluation.mlflow_model import log_best_model
 from brats_seg.locks import hold_lock, remove_stale_temporaries
@@ -257,9 +256,7 @@ def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags:
     t = cfg.trainer
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
     train_dirs, val_dirs = [e.path for e in ds.entries_of("train")], [e.path for e in ds.entries_of("val")]
-    # patch mode: an epoch holds every training case's voxels once (brats_seg.data.patches.crops_per_case)
-    steps = steps_per_epoch(len(train_dirs) * crops_per_case(cfg.resolution.shape, t.patch_size), t.batch_size,
-                            t.steps_per_epoch)
+    steps = TrainInput.from_config(cfg).steps_per_epoch(len(train_dirs), cfg.resolution.shape)
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import tensorflow as tf
 
+from brats_seg.config import TrainConfig
 from brats_seg.data.pipeline import (  # noqa: E402
     TrainInput,
     _augment_map,
     augment_case,
     make_eval_dataset,
     make_train_dataset,
-    steps_per_epoch,
 )
 
 SHAPE = (6, 5, 4)  # (x, y, z)
@@ -61,6 +62,11 @@ def _assert_equal_batches(a, b):
         np.testing.assert_array_equal(ya, yb)
 
 
+def steps_per_epoch(n_cases: int, batch_size: int, max_steps: int | None = None) -> int:
+    """Steps of an epoch of whole volumes (the one count: TrainInput.steps_per_epoch)."""
+    return TrainInput(batch_size, seed=0, augment=False, max_steps_per_epoch=max_steps).steps_per_epoch(n_cases, SHAPE)
+
+
 def test_steps_per_epoch():
     assert steps_per_epoch(5, 2) == 2
     assert steps_per_epoch(4, 4) == 1
@@ -71,6 +77,20 @@ def test_steps_per_epoch():
         steps_per_epoch(3, 4)
     with pytest.raises(ValueError, match="batch_size.*0"):
         steps_per_epoch(3, 0)
+    # patch mode: every case's voxels once an epoch (crops_per_case), then the cap
+    patches = TrainInput(2, seed=0, augment=False, patch_size=(48, 48, 48))
+    assert patches.steps_per_epoch(3, (96, 112, 80)) == 3 * 8 // 2
+    assert replace(patches, max_steps_per_epoch=5).steps_per_epoch(3, (96, 112, 80)) == 5
+
+
+def test_a_runs_train_input_is_its_config():
+    cfg = TrainConfig()
+    cfg.trainer.batch_size, cfg.trainer.steps_per_epoch, cfg.trainer.patch_size = 4, 7, [8, 8, 8]
+    cfg.model.in_channels, cfg.model.out_channels, cfg.data.prefetch_batches = 1, 2, 3
+    t = cfg.trainer
+    assert TrainInput.from_config(cfg) == TrainInput(
+        4, t.seed, t.augment, 1, 2, max_steps_per_epoch=7, prefetch_batches=3, augmentation=t.augmentation,
+        patch_size=[8, 8, 8], foreground_fraction=t.foreground_fraction)
 
 
 def test_train_shapes_and_dtypes(cases):
