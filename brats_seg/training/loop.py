@@ -62,12 +62,12 @@ from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, Trac
 from brats_seg.training.checkpoint import (ResumePosition, has_progress, load_resume, prepare_run_dir, save_plan,
                                            stored_plan)
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
-from brats_seg.training.epochs import LoopOutcome, run_epochs
+from brats_seg.training.epochs import LoopOutcome, LoopShape, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
 from brats_seg.signals import Preempted
 from brats_seg.training.preemption import PreemptionFlag
 from brats_seg.training.budget import TrainingClock
-from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_sliding_eval_step, make_train_step
+from brats_seg.training.steps import chief_value, make_eval_step, make_sliding_eval_step, make_train_step
 
 __all__ = ["TrainResult", "train"]
 
@@ -139,14 +139,14 @@ def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) ->
         tracker.end(status)
 
 
-def _train_dataset_fn(cfg: TrainConfig, train_dirs, initial_epoch: int, initial_step: int):
+def _train_dataset_fn(cfg: TrainConfig, train_dirs, start: ResumePosition):
     """The ``dataset_fn`` of ``strategy.distribute_datasets_from_function``: each input pipeline
     its shard, from the resumed position on."""
     spec = TrainInput.from_config(cfg)
 
     def dataset_fn(ctx):
         return make_train_dataset(
-            train_dirs, spec, initial_epoch=initial_epoch, initial_step=initial_step,
+            train_dirs, spec, initial_epoch=start.epoch, initial_step=start.step,
             shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
             replica_batch=ctx.get_per_replica_batch_size(spec.batch_size))
 
@@ -336,13 +336,13 @@ class _Session:
 
     def _epochs(self, train_dirs, val_dirs, steps: int, start: ResumePosition, callbacks) -> str:
         """Run the remaining epochs; ``FINISHED``, or :class:`Preempted` once the position is saved."""
-        t, (initial_epoch, initial_step, partial) = self.cfg.trainer, start
+        t = self.cfg.trainer
         outcome = LoopOutcome("finished")
         flag = PreemptionFlag()
         with flag:  # through the save: a second SIGTERM does not cut it short
-            if initial_epoch < t.epochs:
+            if start.epoch < t.epochs:
                 iterator = iter(self.strategy.distribute_datasets_from_function(
-                    _train_dataset_fn(self.cfg, train_dirs, initial_epoch, initial_step)))
+                    _train_dataset_fn(self.cfg, train_dirs, start)))
                 metrics = training_metrics(self.cfg)
                 clock = TrainingClock(t.time_budget_s, (self.checkpoint.state or {}).get("train_time_s", 0.0),
                                       getattr(self.model.optimizer, "_learning_rate", None))
@@ -350,13 +350,11 @@ class _Session:
                     strategy=self.strategy, model=self.model, iterator=iterator,
                     val_dataset=make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels),
                     train_step=make_train_step(self.strategy, self.model, self.loss, metrics, t.batch_size),
-                    eval_step=self._eval_step(metrics), epochs=t.epochs,
-                    initial_epoch=initial_epoch, initial_step=initial_step, steps=steps, val_every=t.val_every,
+                    eval_step=self._eval_step(metrics), shape=LoopShape(t.epochs, steps, t.val_every), start=start,
                     callbacks=keras.callbacks.CallbackList(callbacks, model=self.model), preemption=flag,
-                    partial=EpochSums.from_dict(partial) if partial else None, is_chief=self.is_chief,
-                    single_worker=not self.multi, clock=clock)
+                    is_chief=self.is_chief, single_worker=not self.multi, clock=clock)
             else:
-                log.info("run %s already has %d/%d epochs: nothing to train", self.run_dir, initial_epoch, t.epochs)
+                log.info("run %s already has %d/%d epochs: nothing to train", self.run_dir, start.epoch, t.epochs)
             if outcome.status == "preempted":
                 where = self._save_preempted(outcome)
                 self.close("KILLED")
