@@ -77,10 +77,9 @@ class TrainInput:
 
     ``augment`` is the preset (``trainer.augment``): ``none``, ``light`` (random L-R flip along x,
     per-channel intensity scale +-10% and shift +-0.1) or ``nnunet`` (:mod:`brats_seg.data.augment`,
-    with ``augmentation``'s ranges and probabilities, nnU-Net's if None); True and False mean
-    light and none. ``patch_size`` ``(px, py, pz)``: each element is a random crop of this size
-    (:mod:`brats_seg.data.patches`), then augmented, and an epoch visits each case
-    :func:`~brats_seg.data.patches.crops_per_case` times.
+    with ``augmentation``'s ranges and probabilities); True and False mean light and none.
+    ``patch_size`` ``(px, py, pz)``: each element is a random crop of this size
+    (:mod:`brats_seg.data.patches`), then augmented.
     """
 
     batch_size: int  # cases per step: the global batch, split among workers and replicas
@@ -104,16 +103,10 @@ class TrainInput:
                    foreground_fraction=t.foreground_fraction)
 
     def steps_per_epoch(self, n_cases: int, grid: Sequence[int]) -> int:
-        """Batches per training epoch over ``n_cases`` cases cached on ``grid`` ``(x, y, z)``: the one
-        count the training loop and :func:`make_train_dataset` share, so that their epochs line up.
-
-        An epoch visits each case :func:`~brats_seg.data.patches.crops_per_case` times (once
-        without ``patch_size``; in patch mode as many crops as hold the case's voxels), in full
-        batches of ``batch_size`` (the remainder dropped), at most ``max_steps_per_epoch`` (None or
-        0: no cap).
-
-        Returns:
-            Steps per epoch (>= 1).
+        """Batches (>= 1) per training epoch over ``n_cases`` cases cached on ``grid`` ``(x, y, z)``: the
+        one count the loop and :func:`make_train_dataset` share, so that their epochs line up. Each case
+        :func:`~brats_seg.data.patches.crops_per_case` times (patch mode: its voxels once), in full
+        batches (remainder dropped), at most ``max_steps_per_epoch`` (None or 0: no cap).
 
         Raises:
             ValueError: fewer cases (crops) than one batch, or a bad batch size / cap.
