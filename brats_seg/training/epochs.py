@@ -77,7 +77,7 @@ def _budget_spent(strategy, clock: TrainingClock, single_worker: bool) -> bool:
     return over > 0
 
 
-def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, iterator, val_dataset,
+def run_epochs(*, strategy, model, train_step: Callable, iterator, validate: Callable[[], EpochSums],
                shape: LoopShape, start: ResumePosition, callbacks, preemption, is_chief: bool = True,
                single_worker: bool = True, clock: TrainingClock | None = None) -> LoopOutcome:
     """Train epochs ``start.epoch+1 .. shape.epochs`` (1-based), resuming at ``start.step``.
@@ -86,9 +86,9 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
         strategy: the run's strategy.
         model: the training model (its ``stop_training`` is honoured).
         train_step: ``(iterator, stop) -> sums`` (:func:`~brats_seg.training.steps.make_train_step`).
-        eval_step: ``(x, y) -> sums`` (:func:`~brats_seg.training.steps.make_eval_step`).
         iterator: the distributed training dataset's iterator, at ``start``.
-        val_dataset: the validation batches (local).
+        validate: ``() -> sums``: the validation pass (:func:`evaluate` of the eval step,
+            :func:`~brats_seg.training.steps.make_eval_step`, over the local validation batches).
         shape: the epochs, steps per epoch and validation interval (:class:`LoopShape`).
         start: where training starts: epochs done, steps of the next one done (a preempted run)
             and those steps' sums (:class:`~brats_seg.training.checkpoint.ResumePosition`).
@@ -154,7 +154,7 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
         if (epoch + 1) % max(val_every, 1) == 0 or spent:  # as Keras' validation_freq; a budget's end is validated
             started = time.perf_counter()
             callbacks.on_test_begin()  # as Keras' fit around its validation pass
-            logs.update(evaluate(eval_step, val_dataset).means("val_"))
+            logs.update(validate().means("val_"))
             callbacks.on_test_end()
             logs["val_s"] = time.perf_counter() - started  # the validation pass, seconds
         callbacks.on_epoch_end(epoch, logs)

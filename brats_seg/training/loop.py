@@ -35,6 +35,7 @@ This module imports TensorFlow: entry points import it after :func:`brats_seg.ba
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,7 @@ from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, Trac
 from brats_seg.training.checkpoint import (ResumePosition, has_progress, load_resume, prepare_run_dir, save_plan,
                                            stored_plan)
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
-from brats_seg.training.epochs import LoopOutcome, LoopShape, run_epochs
+from brats_seg.training.epochs import LoopOutcome, LoopShape, evaluate, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
 from brats_seg.signals import Preempted
 from brats_seg.training.preemption import PreemptionFlag
@@ -346,11 +347,12 @@ class _Session:
                 metrics = training_metrics(self.cfg)
                 clock = TrainingClock(t.time_budget_s, (self.checkpoint.state or {}).get("train_time_s", 0.0),
                                       getattr(self.model.optimizer, "_learning_rate", None))
+                val_dataset = make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels)
                 outcome = run_epochs(
                     strategy=self.strategy, model=self.model, iterator=iterator,
-                    val_dataset=make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels),
                     train_step=make_train_step(self.strategy, self.model, self.loss, metrics, t.batch_size),
-                    eval_step=self._eval_step(metrics), shape=LoopShape(t.epochs, steps, t.val_every), start=start,
+                    validate=functools.partial(evaluate, self._eval_step(metrics), val_dataset),
+                    shape=LoopShape(t.epochs, steps, t.val_every), start=start,
                     callbacks=keras.callbacks.CallbackList(callbacks, model=self.model), preemption=flag,
                     is_chief=self.is_chief, single_worker=not self.multi, clock=clock)
             else:
