@@ -66,6 +66,13 @@ def _random_cache(root: Path, conf, cases: int) -> list[Path]:
     return dirs
 
 
+def _whole_volumes(conf):
+    """The training input the benchmark reads: the run's, of whole volumes and without a step cap."""
+    from brats_seg.data.pipeline import TrainInput
+
+    return dataclasses.replace(TrainInput.from_config(conf), patch_size=None, max_steps_per_epoch=None)
+
+
 def make_input(conf, replicas, tmp: Path):
     """The step's iterator: one random batch repeated from memory, or the training input
     pipeline (augmentation, prefetch) over random cache entries."""
@@ -82,9 +89,7 @@ def make_input(conf, replicas, tmp: Path):
         dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
     else:
         dirs = _random_cache(tmp, conf, max(2 * b, 2))
-        dataset = make_train_dataset(dirs, b, conf.trainer.seed, conf.trainer.augment, conf.model.in_channels,
-                                     conf.model.out_channels, prefetch_batches=conf.data.prefetch_batches,
-                                     augmentation=conf.trainer.augmentation)
+        dataset = make_train_dataset(dirs, _whole_volumes(conf))
     return iter(replicas.experimental_distribute_dataset(dataset))
 
 
@@ -152,9 +157,7 @@ def measure_pipeline(conf) -> dict:
     b = conf.trainer.batch_size
     with tempfile.TemporaryDirectory() as tmp:
         dirs = _random_cache(Path(tmp), conf, max(4 * b, 4))
-        it = iter(make_train_dataset(dirs, b, conf.trainer.seed, conf.trainer.augment, conf.model.in_channels,
-                                     conf.model.out_channels, prefetch_batches=conf.data.prefetch_batches,
-                                     augmentation=conf.trainer.augmentation))
+        it = iter(make_train_dataset(dirs, _whole_volumes(conf)))
         next(it)  # start-up
         n = max(conf.benchmark.steps, 1) * 4
         t0 = time.perf_counter()

@@ -36,22 +36,23 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from brats_seg.config import AugmentationConfig, augment_preset
+from brats_seg.config import AugmentationConfig, TrainConfig, augment_preset
 from brats_seg.data.cache import IMAGE_FILE, REGIONS_FILE  # the cache owns an entry's file names
 from brats_seg.data.patches import PatchSampler, crops_per_case
 
 __all__ = [
     "IMAGE_FILE",
     "REGIONS_FILE",
+    "TrainInput",
     "make_train_dataset",
     "make_eval_dataset",
-    "steps_per_epoch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -65,38 +66,66 @@ PREFETCH_BATCHES = 1  # default of data.prefetch_batches: finished batches waiti
 
 
 # ---------------------------------------------------------------------------------------
-# Counting
+# What the training batches are
 # ---------------------------------------------------------------------------------------
 
 
-def steps_per_epoch(n_cases: int, batch_size: int, max_steps: int | None = None) -> int:
-    """Batches per training epoch: ``n_cases // batch_size`` (remainder dropped), capped.
+@dataclass(frozen=True)
+class TrainInput:
+    """What every training batch is made of, the same on every worker and at every resume (where a
+    pipeline starts and which share of each batch it reads are :func:`make_train_dataset`'s own).
 
-    Args:
-        n_cases: number of training cases.
-        batch_size: cases per batch.
-        max_steps: optional cap (``trainer.steps_per_epoch``); None or 0 = no cap.
-
-    Returns:
-        Steps per epoch (>= 1). Pass the same ``max_steps`` to :func:`make_train_dataset`
-        so that Keras' epochs and the dataset's epochs line up.
-
-    Raises:
-        ValueError: fewer cases than one batch, or a bad batch size / cap.
+    ``augment`` is the preset (``trainer.augment``): ``none``, ``light`` (random L-R flip along x,
+    per-channel intensity scale +-10% and shift +-0.1) or ``nnunet`` (:mod:`brats_seg.data.augment`,
+    with ``augmentation``'s ranges and probabilities); True and False mean light and none.
+    ``patch_size`` ``(px, py, pz)``: each element is a random crop of this size
+    (:mod:`brats_seg.data.patches`), then augmented.
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-    if n_cases < batch_size:
-        raise ValueError(
-            f"{n_cases} training case(s) cannot fill one batch of {batch_size}: "
-            f"lower trainer.batch_size to at most {max(n_cases, 1)} or add cases."
-        )
-    steps = n_cases // batch_size
-    if max_steps is not None and max_steps != 0:
-        if max_steps < 0:
-            raise ValueError(f"trainer.steps_per_epoch must be >= 1 or null, got {max_steps!r}.")
-        steps = min(steps, max_steps)
-    return steps
+
+    batch_size: int  # cases per step: the global batch, split among workers and replicas
+    seed: int  # trainer.seed, >= 0: case order, crops and augmentation derive from it
+    augment: str | bool  # the preset (above)
+    in_channels: int = 4  # 4 (FLAIR, T1, T1ce, T2) or 1 (FLAIR only)
+    out_channels: int = 3  # regions trained, the first out_channels of the cache (1 = WT only)
+    max_steps_per_epoch: int | None = None  # trainer.steps_per_epoch: a cap on batches per epoch; None = no cap
+    prefetch_batches: int = PREFETCH_BATCHES  # finished batches waiting for the step (data.prefetch_batches)
+    augmentation: AugmentationConfig | None = None  # the nnunet preset's ranges (None: nnU-Net's)
+    patch_size: Sequence[int] | None = None  # patch mode's crop (above); None = the whole cached volume
+    foreground_fraction: float = 0.33  # patch mode: the share of crops centred on tumour
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> TrainInput:
+        """The run's: ``trainer.*``, the model's channels and ``data.prefetch_batches``."""
+        t = cfg.trainer
+        return cls(batch_size=t.batch_size, seed=t.seed, augment=t.augment, in_channels=cfg.model.in_channels,
+                   out_channels=cfg.model.out_channels, max_steps_per_epoch=t.steps_per_epoch,
+                   prefetch_batches=cfg.data.prefetch_batches, augmentation=t.augmentation, patch_size=t.patch_size,
+                   foreground_fraction=t.foreground_fraction)
+
+    def steps_per_epoch(self, n_cases: int, grid: Sequence[int]) -> int:
+        """Batches (>= 1) per training epoch over ``n_cases`` cases cached on ``grid`` ``(x, y, z)``: the
+        one count the loop and :func:`make_train_dataset` share, so that their epochs line up. Each case
+        :func:`~brats_seg.data.patches.crops_per_case` times (patch mode: its voxels once), in full
+        batches (remainder dropped), at most ``max_steps_per_epoch`` (None or 0: no cap).
+
+        Raises:
+            ValueError: fewer cases (crops) than one batch, or a bad batch size / cap.
+        """
+        elements = n_cases * crops_per_case(grid, self.patch_size)  # what an epoch visits
+        batch_size, max_steps = self.batch_size, self.max_steps_per_epoch
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        if elements < batch_size:
+            raise ValueError(
+                f"{elements} training case(s) cannot fill one batch of {batch_size}: "
+                f"lower trainer.batch_size to at most {max(elements, 1)} or add cases."
+            )
+        steps = elements // batch_size
+        if max_steps is not None and max_steps != 0:
+            if max_steps < 0:
+                raise ValueError(f"trainer.steps_per_epoch must be >= 1 or null, got {max_steps!r}.")
+            steps = min(steps, max_steps)
+        return steps
 
 
 # ---------------------------------------------------------------------------------------
@@ -302,58 +331,36 @@ def _options() -> tf.data.Options:
 
 def make_train_dataset(
     case_dirs: Sequence[str | os.PathLike],
-    batch_size: int,
-    seed: int,
-    augment: str | bool,
-    in_channels: int = 4,
-    out_channels: int = 3,
+    spec: TrainInput,
     initial_epoch: int = 0,
-    max_steps_per_epoch: int | None = None,
     initial_step: int = 0,
     shard: tuple[int, int] = (0, 1),
     replica_batch: int | None = None,
-    prefetch_batches: int = PREFETCH_BATCHES,
-    augmentation: AugmentationConfig | None = None,
-    patch_size: Sequence[int] | None = None,
-    foreground_fraction: float = 0.33,
 ) -> tf.data.Dataset:
     """Endless, shuffled, augmented training batches, deterministic in ``(seed, epoch)``.
 
     Args:
         case_dirs: cache folders of the training cases.
-        batch_size: cases per batch.
-        seed: run seed (``trainer.seed``, >= 0): case order and augmentation derive from it.
-        augment: the preset (``trainer.augment``): ``none``, ``light`` (random L-R flip along x,
-            per-channel intensity scale +-10% and shift +-0.1) or ``nnunet``
-            (:mod:`brats_seg.data.augment`); True and False mean light and none.
-        in_channels: 4 (FLAIR, T1, T1ce, T2) or 1 (FLAIR only).
-        out_channels: regions trained, the first ``out_channels`` of the cache (1 = WT only).
+        spec: what the batches are made of (:class:`TrainInput`; a run's: ``TrainInput.from_config``);
+            the loop must be given ``spec.steps_per_epoch(len(case_dirs), grid)`` steps per epoch.
         initial_epoch: first epoch yielded (the resume point; Keras' ``initial_epoch``).
-        max_steps_per_epoch: cap on batches per epoch (``trainer.steps_per_epoch``);
-            the loop must be given ``steps_per_epoch(len(case_dirs), batch_size, cap)``.
         initial_step: steps of ``initial_epoch`` already trained (a run resumed mid-epoch
             after a preemption): its first batches are skipped.
         shard: ``(index, count)``: this worker's share of each global batch (module doc).
         replica_batch: cases per yielded batch, the per-replica batch (default
             ``batch_size / count``); a worker with R replicas yields R of them per step.
-        prefetch_batches: finished batches waiting for the step (``data.prefetch_batches``).
-        augmentation: the ``nnunet`` preset's ranges and probabilities (default: nnU-Net's).
-        patch_size: ``(px, py, pz)``: each element is a random crop of this size
-            (:mod:`brats_seg.data.patches`), then augmented, and an epoch visits each case
-            :func:`~brats_seg.data.patches.crops_per_case` times; the loop must be given
-            ``steps_per_epoch(len(case_dirs) * crops_per_case(grid, patch_size), ...)``.
-            None = the whole cached volume.
-        foreground_fraction: patch mode: the share of crops centred on tumour.
 
     Returns:
         Dataset of ``(image float16 (B, x, y, z, in_channels), regions uint8
         (B, x, y, z, out_channels))`` (``x, y, z`` the patch in patch mode), repeated forever; each epoch is
-        ``steps_per_epoch(...)`` full batches (of ``batch_size``, split as above).
+        ``spec.steps_per_epoch(...)`` full batches (of ``batch_size``, split as above).
 
     Raises:
         ValueError: a batch that does not split evenly among workers and replicas.
     """
     paths = _as_paths(case_dirs)
+    batch_size, seed, augment, patch_size = spec.batch_size, spec.seed, spec.augment, spec.patch_size
+    in_channels, out_channels, foreground_fraction = spec.in_channels, spec.out_channels, spec.foreground_fraction
     _check_channels(in_channels, out_channels)
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}.")
@@ -361,7 +368,7 @@ def make_train_dataset(
         raise ValueError(f"initial_epoch must be an integer >= 0, got {initial_epoch!r}.")
     spatial = _check_cases(paths, out_channels)
     repeats = crops_per_case(spatial, patch_size)  # patch mode: an epoch holds every case's voxels once
-    steps = steps_per_epoch(len(paths) * repeats, batch_size, max_steps_per_epoch)
+    steps = spec.steps_per_epoch(len(paths), spatial)
     if not 0 <= initial_step < steps:
         raise ValueError(f"initial_step must be in 0..{steps - 1} (steps per epoch), got {initial_step!r}.")
     index, count = shard
@@ -394,14 +401,14 @@ def make_train_dataset(
 
     preset = augment_preset(augment)
     augment_fn = {"none": lambda: None, "light": lambda: _augment_map(seed),
-                  "nnunet": lambda: _nnunet_map(seed, element, augmentation)}[preset]()
+                  "nnunet": lambda: _nnunet_map(seed, element, spec.augmentation)}[preset]()
 
     def load_and_augment(epoch, position, case):
         image, regions = load_crop(epoch, position, case)
         return augment_fn(epoch, position, image, regions) if augment_fn else (image, regions)
 
     ds = indices.map(load_and_augment, num_parallel_calls=MAP_PARALLEL_CALLS, deterministic=True)
-    ds = ds.batch(replica_batch, drop_remainder=True).prefetch(prefetch_batches)
+    ds = ds.batch(replica_batch, drop_remainder=True).prefetch(spec.prefetch_batches)
     logger.info(
         "train dataset: %d cases, %d steps/epoch of %d (worker %d/%d, batches of %d), shape %s, seed %d, "
         "from epoch %d step %d, augment=%s%s",

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.run_dir import OLD_BEHAVIOUR, RunFolder, has_progress
 
-__all__ = ["check_resumable", "has_progress", "load_resume", "prepare_run_dir", "restore", "resume_position",
-           "save_plan"]
+__all__ = ["ResumePosition", "check_resumable", "has_progress", "load_resume", "prepare_run_dir", "restore",
+           "resume_position", "save_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,16 @@ def restore(model, export_model, last: Path) -> None:
         v.assign(theirs[key(v)])
 
 
-def resume_position(state, iterations: int | None, steps: int) -> tuple[int, int, dict | None]:
-    """``(epoch, step, partial sums)`` to resume at: ``state.json``'s, checked against the
+class ResumePosition(NamedTuple):
+    """Where a run (re)starts: ``step`` steps of the 0-based ``epoch`` done."""
+
+    epoch: int  # epochs completed (Keras' initial_epoch)
+    step: int  # steps of ``epoch`` done (a run stopped mid-epoch by a signal), else 0
+    partial: dict | None = None  # those steps' sums (EpochSums.to_dict), when state.json kept them
+
+
+def resume_position(state, iterations: int | None, steps: int) -> ResumePosition:
+    """The :class:`ResumePosition` to resume at: ``state.json``'s, checked against the
     optimizer step restored from ``last.keras``.
 
     ``state.json`` is written before ``last.keras`` and carries the state it replaces
@@ -152,19 +161,19 @@ def resume_position(state, iterations: int | None, steps: int) -> tuple[int, int
         log.warning("last.keras holds optimizer step %d but state.json was written at step %d (epoch %d step %d): "
                     "stopped between the two writes; resuming at epoch %d step %d from the weights", iterations,
                     recorded, epoch, step, new_epoch + 1, new_step)
-        return new_epoch, new_step, None
-    return epoch, step, partial
+        return ResumePosition(new_epoch, new_step)
+    return ResumePosition(epoch, step, partial)
 
 
-def load_resume(run_dir: Path, state, model, export_model, steps: int) -> tuple[int, int, dict | None]:
-    """``(initial_epoch, initial_step, partial sums)``: ``(0, 0, None)`` for a new run; for a
-    resumed one, ``last.keras`` restored into the models and the position it was saved at.
+def load_resume(run_dir: Path, state, model, export_model, steps: int) -> ResumePosition:
+    """Where the run starts: epoch 0 step 0 for a new run; for a resumed one, ``last.keras``
+    restored into the models and the position it was saved at.
 
     Raises:
         FileNotFoundError: ``state.json`` records progress but ``last.keras`` is missing.
     """
     if not state:
-        return 0, 0, None
+        return ResumePosition(0, 0)
     folder = RunFolder(run_dir)
     last = folder.checkpoint_file("last")
     if not last.is_file():
@@ -175,7 +184,7 @@ def load_resume(run_dir: Path, state, model, export_model, steps: int) -> tuple[
                         folder.state_path)
             state.clear()
             state.update(previous)
-            return 0, 0, None
+            return ResumePosition(0, 0)
         raise FileNotFoundError(f"{folder.state_path} says {state['epoch']} epochs are done but {last} is missing.")
     restore(model, export_model, last)
     position = resume_position(state, int(model.optimizer.iterations.numpy()), steps)

@@ -3,6 +3,8 @@ worker at start, and collective failures told apart from local ones."""
 
 from __future__ import annotations
 
+from brats_seg.training.checkpoint import ResumePosition
+
 __all__ = ["COLLECTIVE_ERRORS", "cluster_error", "sync_with_chief"]
 
 #: TF errors a lost peer can surface as in a collective op.
@@ -32,16 +34,17 @@ def cluster_error(error: Exception, cluster):
     )
 
 
-def sync_with_chief(strategy, cluster, model, steps: int, t, n_train: int, position: tuple[int, int]):
-    """Every worker: the chief's weights, optimizer state and resume position, and a check
-    that all workers agree on the loop's shape (else they would meet in different collectives)."""
+def sync_with_chief(strategy, cluster, model, steps: int, t, n_train: int, position: ResumePosition) -> ResumePosition:
+    """Every worker: the chief's weights, optimizer state and resume position (its epoch and step;
+    the partial sums stay this worker's), and a check that all workers agree on the loop's shape
+    (else they would meet in different collectives)."""
     import tensorflow as tf
 
     from brats_seg.training.steps import broadcast_from_chief, chief_value
 
     try:
         broadcast_from_chief(strategy, [*model.variables, *model.optimizer.variables])
-        mine = tf.constant([*position, steps, t.epochs, t.val_every, n_train], tf.float32)
+        mine = tf.constant([position.epoch, position.step, steps, t.epochs, t.val_every, n_train], tf.float32)
         chiefs = [int(v) for v in chief_value(strategy, mine).numpy()]
     except tuple(getattr(tf.errors, n) for n in COLLECTIVE_ERRORS) as e:
         raise (cluster_error(e, cluster) or e) from e
@@ -51,4 +54,4 @@ def sync_with_chief(strategy, cluster, model, steps: int, t, n_train: int, posit
     if differ:
         raise ValueError(f"worker {cluster.index} ({cluster.address}) disagrees with the chief: {'; '.join(differ)}. "
                          "Start every worker with the same command and data (only distribute.index differs).")
-    return chiefs[0], chiefs[1]
+    return position._replace(epoch=chiefs[0], step=chiefs[1])

@@ -22,13 +22,23 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from brats_seg.training.budget import TrainingClock
+from brats_seg.training.checkpoint import ResumePosition
 from brats_seg.training.steps import EpochSums, chief_value, chief_values
 
-__all__ = ["LoopOutcome", "evaluate", "run_epochs"]
+__all__ = ["LoopOutcome", "LoopShape", "evaluate", "run_epochs"]
 
 log = logging.getLogger(__name__)
 
 PROGRESS_KEYS = ("loss", "dice_mean")  # shown on the progress bar
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopShape:
+    """How many epochs of how many steps, validated how often: what every worker must agree on."""
+
+    epochs: int  # trainer.epochs: the run's epochs in all
+    steps: int  # steps per epoch (TrainInput.steps_per_epoch)
+    val_every: int  # trainer.val_every: epochs between validations
 
 
 @dataclasses.dataclass
@@ -67,24 +77,23 @@ def _budget_spent(strategy, clock: TrainingClock, single_worker: bool) -> bool:
     return over > 0
 
 
-def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, iterator, val_dataset,
-               epochs: int, initial_epoch: int, initial_step: int, steps: int, val_every: int, callbacks,
-               preemption, partial: EpochSums | None = None, is_chief: bool = True,
+def run_epochs(*, strategy, model, train_step: Callable, iterator, validate: Callable[[], EpochSums],
+               shape: LoopShape, start: ResumePosition, callbacks, preemption, is_chief: bool = True,
                single_worker: bool = True, clock: TrainingClock | None = None) -> LoopOutcome:
-    """Train epochs ``initial_epoch+1 .. epochs`` (1-based), resuming at ``initial_step``.
+    """Train epochs ``start.epoch+1 .. shape.epochs`` (1-based), resuming at ``start.step``.
 
     Args:
         strategy: the run's strategy.
         model: the training model (its ``stop_training`` is honoured).
         train_step: ``(iterator, stop) -> sums`` (:func:`~brats_seg.training.steps.make_train_step`).
-        eval_step: ``(x, y) -> sums`` (:func:`~brats_seg.training.steps.make_eval_step`).
-        iterator: the distributed training dataset's iterator, at ``initial_step``.
-        val_dataset: the validation batches (local).
-        epochs, initial_epoch, steps, val_every: as ``trainer.*``.
-        initial_step: steps of ``initial_epoch`` already done (a preempted run).
+        iterator: the distributed training dataset's iterator, at ``start``.
+        validate: ``() -> sums``: the validation pass (:func:`evaluate` of the eval step,
+            :func:`~brats_seg.training.steps.make_eval_step`, over the local validation batches).
+        shape: the epochs, steps per epoch and validation interval (:class:`LoopShape`).
+        start: where training starts: epochs done, steps of the next one done (a preempted run)
+            and those steps' sums (:class:`~brats_seg.training.checkpoint.ResumePosition`).
         callbacks: a ``keras.callbacks.CallbackList`` holding the run's callbacks.
         preemption: a :class:`~brats_seg.training.preemption.PreemptionFlag`.
-        partial: the sums of the steps already done of ``initial_epoch``.
         is_chief: show the progress bar.
         single_worker: no other process takes part; a signal during a step stops right after
             it (with several workers the next step carries the flag to all, so they stop
@@ -95,6 +104,9 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
     """
     from tqdm.auto import tqdm
 
+    epochs, steps, val_every = shape.epochs, shape.steps, shape.val_every
+    initial_epoch, initial_step = start.epoch, start.step
+    partial = EpochSums.from_dict(start.partial) if start.partial else None  # the sums of those steps
     clock = clock or TrainingClock()
     callbacks.on_train_begin()
     if _budget_spent(strategy, clock, single_worker):
@@ -142,7 +154,7 @@ def run_epochs(*, strategy, model, train_step: Callable, eval_step: Callable, it
         if (epoch + 1) % max(val_every, 1) == 0 or spent:  # as Keras' validation_freq; a budget's end is validated
             started = time.perf_counter()
             callbacks.on_test_begin()  # as Keras' fit around its validation pass
-            logs.update(evaluate(eval_step, val_dataset).means("val_"))
+            logs.update(validate().means("val_"))
             callbacks.on_test_end()
             logs["val_s"] = time.perf_counter() - started  # the validation pass, seconds
         callbacks.on_epoch_end(epoch, logs)

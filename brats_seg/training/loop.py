@@ -35,6 +35,7 @@ This module imports TensorFlow: entry points import it after :func:`brats_seg.ba
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +47,7 @@ from brats_seg.backend import configure
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions
-from brats_seg.data.patches import crops_per_case
-from brats_seg.data.pipeline import make_eval_dataset, make_train_dataset, steps_per_epoch
+from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset
 from brats_seg.distribute.strategy import make_strategy
 from brats_seg.evaluation.mlflow_model import log_best_model
 from brats_seg.locks import hold_lock, remove_stale_temporaries
@@ -60,14 +60,14 @@ from brats_seg.tracking.datasets import split_inputs
 from brats_seg.training.build import compile_models, training_metrics
 from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves,
                                           load_state)
-from brats_seg.training.checkpoint import load_resume, prepare_run_dir, save_plan
+from brats_seg.training.checkpoint import ResumePosition, load_resume, prepare_run_dir, save_plan
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
-from brats_seg.training.epochs import LoopOutcome, run_epochs
+from brats_seg.training.epochs import LoopOutcome, LoopShape, evaluate, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
 from brats_seg.signals import Preempted
 from brats_seg.training.preemption import PreemptionFlag
 from brats_seg.training.budget import TrainingClock
-from brats_seg.training.steps import EpochSums, chief_value, make_eval_step, make_sliding_eval_step, make_train_step
+from brats_seg.training.steps import chief_value, make_eval_step, make_sliding_eval_step, make_train_step
 
 __all__ = ["TrainResult", "train"]
 
@@ -139,18 +139,16 @@ def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) ->
         tracker.end(status)
 
 
-def _train_dataset_fn(cfg: TrainConfig, train_dirs, initial_epoch: int, initial_step: int):
+def _train_dataset_fn(cfg: TrainConfig, train_dirs, start: ResumePosition):
     """The ``dataset_fn`` of ``strategy.distribute_datasets_from_function``: each input pipeline
     its shard, from the resumed position on."""
-    t = cfg.trainer
+    spec = TrainInput.from_config(cfg)
 
     def dataset_fn(ctx):
         return make_train_dataset(
-            train_dirs, t.batch_size, t.seed, t.augment, cfg.model.in_channels, cfg.model.out_channels,
-            initial_epoch=initial_epoch, max_steps_per_epoch=t.steps_per_epoch, initial_step=initial_step,
+            train_dirs, spec, initial_epoch=start.epoch, initial_step=start.step,
             shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
-            replica_batch=ctx.get_per_replica_batch_size(t.batch_size), prefetch_batches=cfg.data.prefetch_batches,
-            augmentation=t.augmentation, patch_size=t.patch_size, foreground_fraction=t.foreground_fraction)
+            replica_batch=ctx.get_per_replica_batch_size(spec.batch_size))
 
     return dataset_fn
 
@@ -259,9 +257,7 @@ def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags:
     t = cfg.trainer
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
     train_dirs, val_dirs = [e.path for e in ds.entries_of("train")], [e.path for e in ds.entries_of("val")]
-    # patch mode: an epoch holds every training case's voxels once (brats_seg.data.patches.crops_per_case)
-    steps = steps_per_epoch(len(train_dirs) * crops_per_case(cfg.resolution.shape, t.patch_size), t.batch_size,
-                            t.steps_per_epoch)
+    steps = TrainInput.from_config(cfg).steps_per_epoch(len(train_dirs), cfg.resolution.shape)
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -274,9 +270,9 @@ def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags:
     model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)
     start = load_resume(run_dir, state, model, export_model, steps)
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
-        start = (*sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs), start[:2]), start[2])
-    if state or start[0]:
-        log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, start[0] + 1, start[1],
+        start = sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs), start)
+    if state or start.epoch:
+        log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, start.epoch + 1, start.step,
                  int(model.optimizer.iterations.numpy()))
 
     run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg), backend.name,
@@ -292,7 +288,7 @@ def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags:
         callbacks.insert(callbacks.index(checkpoint) + 1, TrainingCurves(checkpoint, regions, tracker, run_name))
     log.info("training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
              run_name, len(train_dirs), len(val_dirs), steps, t.batch_size, strategy.num_replicas_in_sync,
-             start[0] + 1, t.epochs, run_dir)
+             start.epoch + 1, t.epochs, run_dir)
     session = _Session(cfg, strategy, cluster, model, loss, tracker, checkpoint, run_dir)
     session.run(train_dirs, val_dirs, steps, start, callbacks)
     st = checkpoint.state
@@ -324,7 +320,7 @@ class _Session:
     def multi(self) -> bool:
         return self.cluster is not None and self.cluster.num_workers > 1
 
-    def run(self, train_dirs, val_dirs, steps: int, start: tuple[int, int, dict | None], callbacks) -> None:
+    def run(self, train_dirs, val_dirs, steps: int, start: ResumePosition, callbacks) -> None:
         status = "FAILED"
         try:
             status = self._epochs(train_dirs, val_dirs, steps, start, callbacks)
@@ -339,29 +335,28 @@ class _Session:
         finally:
             self.close(status)
 
-    def _epochs(self, train_dirs, val_dirs, steps: int, start: tuple[int, int, dict | None], callbacks) -> str:
+    def _epochs(self, train_dirs, val_dirs, steps: int, start: ResumePosition, callbacks) -> str:
         """Run the remaining epochs; ``FINISHED``, or :class:`Preempted` once the position is saved."""
-        t, (initial_epoch, initial_step, partial) = self.cfg.trainer, start
+        t = self.cfg.trainer
         outcome = LoopOutcome("finished")
         flag = PreemptionFlag()
         with flag:  # through the save: a second SIGTERM does not cut it short
-            if initial_epoch < t.epochs:
+            if start.epoch < t.epochs:
                 iterator = iter(self.strategy.distribute_datasets_from_function(
-                    _train_dataset_fn(self.cfg, train_dirs, initial_epoch, initial_step)))
+                    _train_dataset_fn(self.cfg, train_dirs, start)))
                 metrics = training_metrics(self.cfg)
                 clock = TrainingClock(t.time_budget_s, (self.checkpoint.state or {}).get("train_time_s", 0.0),
                                       getattr(self.model.optimizer, "_learning_rate", None))
+                val_dataset = make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels)
                 outcome = run_epochs(
                     strategy=self.strategy, model=self.model, iterator=iterator,
-                    val_dataset=make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels),
                     train_step=make_train_step(self.strategy, self.model, self.loss, metrics, t.batch_size),
-                    eval_step=self._eval_step(metrics), epochs=t.epochs,
-                    initial_epoch=initial_epoch, initial_step=initial_step, steps=steps, val_every=t.val_every,
+                    validate=functools.partial(evaluate, self._eval_step(metrics), val_dataset),
+                    shape=LoopShape(t.epochs, steps, t.val_every), start=start,
                     callbacks=keras.callbacks.CallbackList(callbacks, model=self.model), preemption=flag,
-                    partial=EpochSums.from_dict(partial) if partial else None, is_chief=self.is_chief,
-                    single_worker=not self.multi, clock=clock)
+                    is_chief=self.is_chief, single_worker=not self.multi, clock=clock)
             else:
-                log.info("run %s already has %d/%d epochs: nothing to train", self.run_dir, initial_epoch, t.epochs)
+                log.info("run %s already has %d/%d epochs: nothing to train", self.run_dir, start.epoch, t.epochs)
             if outcome.status == "preempted":
                 where = self._save_preempted(outcome)
                 self.close("KILLED")

@@ -110,15 +110,16 @@ def test_an_epoch_holds_as_many_crops_as_hold_a_case():
 
 def test_the_patch_dataset_yields_crops_deterministically_and_resumes_mid_epoch(synthetic_root, tmp_path):
     from brats_seg.data.dataset import prepare_dataset
-    from brats_seg.data.pipeline import make_train_dataset, steps_per_epoch
+    from brats_seg.data.pipeline import TrainInput, make_train_dataset
 
     ds = prepare_dataset(data_config(synthetic_root["brats2021"], "brats2021", tmp_path), TINY)
     dirs = [e.path for e in ds.entries]
-    steps = steps_per_epoch(len(dirs) * crops_per_case(TINY.shape, PATCH), 2)
+    spec = TrainInput(2, 3, "light", patch_size=PATCH, foreground_fraction=0.5)
+    steps = spec.steps_per_epoch(len(dirs), TINY.shape)
     assert steps == len(dirs) * crops_per_case(TINY.shape, PATCH) // 2
 
     def batches(n, **kw):
-        it = iter(make_train_dataset(dirs, 2, 3, "light", patch_size=PATCH, foreground_fraction=0.5, **kw))
+        it = iter(make_train_dataset(dirs, spec, **kw))
         return [tuple(t.numpy() for t in next(it)) for _ in range(n)]
 
     run = batches(steps + 2)

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import tensorflow as tf
 
+from brats_seg.config import TrainConfig
 from brats_seg.data.pipeline import (  # noqa: E402
+    TrainInput,
     _augment_map,
     augment_case,
     make_eval_dataset,
     make_train_dataset,
-    steps_per_epoch,
 )
 
 SHAPE = (6, 5, 4)  # (x, y, z)
@@ -60,6 +62,11 @@ def _assert_equal_batches(a, b):
         np.testing.assert_array_equal(ya, yb)
 
 
+def steps_per_epoch(n_cases: int, batch_size: int, max_steps: int | None = None) -> int:
+    """Steps of an epoch of whole volumes (the one count: TrainInput.steps_per_epoch)."""
+    return TrainInput(batch_size, seed=0, augment=False, max_steps_per_epoch=max_steps).steps_per_epoch(n_cases, SHAPE)
+
+
 def test_steps_per_epoch():
     assert steps_per_epoch(5, 2) == 2
     assert steps_per_epoch(4, 4) == 1
@@ -70,10 +77,24 @@ def test_steps_per_epoch():
         steps_per_epoch(3, 4)
     with pytest.raises(ValueError, match="batch_size.*0"):
         steps_per_epoch(3, 0)
+    # patch mode: every case's voxels once an epoch (crops_per_case), then the cap
+    patches = TrainInput(2, seed=0, augment=False, patch_size=(48, 48, 48))
+    assert patches.steps_per_epoch(3, (96, 112, 80)) == 3 * 8 // 2
+    assert replace(patches, max_steps_per_epoch=5).steps_per_epoch(3, (96, 112, 80)) == 5
+
+
+def test_a_runs_train_input_is_its_config():
+    cfg = TrainConfig()
+    cfg.trainer.batch_size, cfg.trainer.steps_per_epoch, cfg.trainer.patch_size = 4, 7, [8, 8, 8]
+    cfg.model.in_channels, cfg.model.out_channels, cfg.data.prefetch_batches = 1, 2, 3
+    t = cfg.trainer
+    assert TrainInput.from_config(cfg) == TrainInput(
+        4, t.seed, t.augment, 1, 2, max_steps_per_epoch=7, prefetch_batches=3, augmentation=t.augmentation,
+        patch_size=[8, 8, 8], foreground_fraction=t.foreground_fraction)
 
 
 def test_train_shapes_and_dtypes(cases):
-    ds = make_train_dataset(cases, batch_size=2, seed=0, augment=True)
+    ds = make_train_dataset(cases, TrainInput(batch_size=2, seed=0, augment=True))
     assert ds.element_spec[0].shape == (2, *SHAPE, 4)
     assert ds.element_spec[1].shape == (2, *SHAPE, 3)
     for x, y in _take(ds, 3):  # the cache's dtypes: the device casts, the buffers stay small
@@ -84,7 +105,7 @@ def test_train_shapes_and_dtypes(cases):
 
 def test_each_epoch_is_a_seeded_permutation_without_repeats(cases):
     steps = steps_per_epoch(N_CASES, 2)
-    ds = make_train_dataset(cases, batch_size=2, seed=7, augment=False)
+    ds = make_train_dataset(cases, TrainInput(batch_size=2, seed=7, augment=False))
     batches = _take(ds, 3 * steps)
     orders = []
     for epoch in range(3):
@@ -102,30 +123,31 @@ def test_each_epoch_is_a_seeded_permutation_without_repeats(cases):
 
 @pytest.mark.parametrize("augment", [True, "nnunet"])
 def test_deterministic_across_constructions(cases, augment):
-    a = _take(make_train_dataset(cases, batch_size=2, seed=3, augment=augment), 6)
+    a = _take(make_train_dataset(cases, TrainInput(batch_size=2, seed=3, augment=augment)), 6)
     np.random.seed(123)  # the global generators batchgenerators draws from are not the source
     random.seed(123)
-    b = _take(make_train_dataset(cases, batch_size=2, seed=3, augment=augment), 6)
+    b = _take(make_train_dataset(cases, TrainInput(batch_size=2, seed=3, augment=augment)), 6)
     _assert_equal_batches(a, b)
-    c = _take(make_train_dataset(cases, batch_size=2, seed=4, augment=augment), 6)
+    c = _take(make_train_dataset(cases, TrainInput(batch_size=2, seed=4, augment=augment)), 6)
     assert any(not np.array_equal(xa, xc) for (xa, _), (xc, _) in zip(a, c))
 
 
 @pytest.mark.parametrize("augment", [True, False, "nnunet"])
 def test_resume_sees_the_same_batches(cases, augment):
     steps, k = steps_per_epoch(N_CASES, 2), 2
-    uninterrupted = make_train_dataset(cases, batch_size=2, seed=11, augment=augment, initial_epoch=0)
-    resumed = make_train_dataset(cases, batch_size=2, seed=11, augment=augment, initial_epoch=k)
+    uninterrupted = make_train_dataset(cases, TrainInput(batch_size=2, seed=11, augment=augment), initial_epoch=0)
+    resumed = make_train_dataset(cases, TrainInput(batch_size=2, seed=11, augment=augment), initial_epoch=k)
     _assert_equal_batches(_take(uninterrupted.skip(k * steps), 2 * steps), _take(resumed, 2 * steps))
 
 
 def test_step_cap_keeps_epochs_aligned(cases):
     # with a cap of 1 step, epoch e is the first batch of permutation (seed, e)
-    capped = make_train_dataset(cases, batch_size=2, seed=5, augment=False, max_steps_per_epoch=1)
+    capped = make_train_dataset(cases, TrainInput(batch_size=2, seed=5, augment=False, max_steps_per_epoch=1))
     orders = [[_case_of(x) for x in bx] for bx, _ in _take(capped, 3)]
     assert orders == [list(np.random.default_rng([5, e]).permutation(N_CASES)[:2]) for e in range(3)]
-    resumed = make_train_dataset(cases, batch_size=2, seed=5, augment=True, max_steps_per_epoch=1, initial_epoch=2)
-    full = make_train_dataset(cases, batch_size=2, seed=5, augment=True, max_steps_per_epoch=1)
+    spec = TrainInput(batch_size=2, seed=5, augment=True, max_steps_per_epoch=1)
+    resumed = make_train_dataset(cases, spec, initial_epoch=2)
+    full = make_train_dataset(cases, spec)
     _assert_equal_batches(_take(full.skip(2), 2), _take(resumed, 2))
 
 
@@ -152,7 +174,8 @@ def test_augmentation_is_flip_and_per_channel_scale_shift(cases):
 def test_training_batches_are_the_augmented_cases_rounded_to_float16(cases):
     originals = [_load(c) for c in cases]
     augment = _augment_map(2)
-    for k, (x, y) in enumerate(_take(make_train_dataset(cases, batch_size=1, seed=2, augment=True), 2 * N_CASES)):
+    batches = _take(make_train_dataset(cases, TrainInput(batch_size=1, seed=2, augment=True)), 2 * N_CASES)
+    for k, (x, y) in enumerate(batches):
         epoch, position = divmod(k, N_CASES)  # batch 1: one case per position
         image, regions = originals[_case_of(x[0])]
         want_x, want_y = augment(tf.constant(epoch, tf.int64), tf.constant(position, tf.int64),
@@ -163,7 +186,7 @@ def test_training_batches_are_the_augmented_cases_rounded_to_float16(cases):
 
 
 def test_flair_only_and_wt_only(cases):
-    train = make_train_dataset(cases, batch_size=2, seed=0, augment=False, in_channels=1, out_channels=1)
+    train = make_train_dataset(cases, TrainInput(batch_size=2, seed=0, augment=False, in_channels=1, out_channels=1))
     assert train.element_spec[0].shape[-1] == 1 and train.element_spec[1].shape[-1] == 1
     for bx, by in _take(train, 2):
         for x, y in zip(bx, by):
@@ -214,15 +237,15 @@ def test_bad_cache_entries_name_the_file(cases, tmp_path):
 
 def test_argument_errors(cases):
     with pytest.raises(ValueError, match="in_channels.*got 3"):
-        make_train_dataset(cases, 2, seed=0, augment=False, in_channels=3)
+        make_train_dataset(cases, TrainInput(2, seed=0, augment=False, in_channels=3))
     with pytest.raises(ValueError, match="out_channels.*got 0"):
         make_eval_dataset(cases, out_channels=0)
     with pytest.raises(ValueError, match=r"regions\.npy.*\(x, y, z, >= 4 channels\)"):
         make_eval_dataset(cases, out_channels=4)  # more outputs than the cached regions
     with pytest.raises(ValueError, match="seed.*-1"):
-        make_train_dataset(cases, 2, seed=-1, augment=False)
+        make_train_dataset(cases, TrainInput(2, seed=-1, augment=False))
     with pytest.raises(ValueError, match="5 training case.*batch of 8"):
-        make_train_dataset(cases, 8, seed=0, augment=False)
+        make_train_dataset(cases, TrainInput(8, seed=0, augment=False))
     with pytest.raises(ValueError, match="empty"):
         make_eval_dataset([])
     with pytest.raises(TypeError, match="single path"):
@@ -244,7 +267,7 @@ def test_feeds_keras_fit_with_loss_and_metrics(tmp_path):
     cfg = ModelConfig(depth=2, base_filters=2, out_channels=3)
     model = build_unet3d(cfg, (8, 8, 4))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=SoftDiceBCELoss(), metrics=make_dice_metrics())
-    train = make_train_dataset(dirs, batch_size=2, seed=0, augment=True)
+    train = make_train_dataset(dirs, TrainInput(batch_size=2, seed=0, augment=True))
     history = model.fit(
         train,
         steps_per_epoch=steps_per_epoch(len(dirs), 2),
@@ -266,9 +289,9 @@ def test_worker_shards_split_each_global_batch(tmp_path, workers, replicas):
         _write_case(tmp_path / f"case_{i:03d}", i, rng)
         dirs.append(tmp_path / f"case_{i:03d}")
     batch, steps = 4, 2  # 9 cases: 2 steps of 4 per epoch
-    single = _take(make_train_dataset(dirs, batch, seed=5, augment=True), 2 * steps)
+    single = _take(make_train_dataset(dirs, TrainInput(batch, seed=5, augment=True)), 2 * steps)
     per_replica = batch // (workers * replicas)
-    shards = [_take(make_train_dataset(dirs, batch, seed=5, augment=True, shard=(w, workers),
+    shards = [_take(make_train_dataset(dirs, TrainInput(batch, seed=5, augment=True), shard=(w, workers),
                                        replica_batch=per_replica), 2 * steps * replicas) for w in range(workers)]
     for s, (x, y) in enumerate(single):
         # the cluster's step s: each worker's next `replicas` batches, workers in order
@@ -278,16 +301,16 @@ def test_worker_shards_split_each_global_batch(tmp_path, workers, replicas):
 
 
 def test_resume_mid_epoch_skips_the_steps_done(cases):
-    full = _take(make_train_dataset(cases, 2, seed=7, augment=True), 6)  # 3 epochs of 2 steps
-    resumed = _take(make_train_dataset(cases, 2, seed=7, augment=True, initial_epoch=1, initial_step=1), 3)
+    full = _take(make_train_dataset(cases, TrainInput(2, seed=7, augment=True)), 6)  # 3 epochs of 2 steps
+    resumed = _take(make_train_dataset(cases, TrainInput(2, seed=7, augment=True), initial_epoch=1, initial_step=1), 3)
     _assert_equal_batches(full[3:6], resumed)
 
 
 def test_a_batch_that_does_not_split_names_the_batch_size(cases):
     with pytest.raises(ValueError, match=r"trainer.batch_size=3 .*2 worker"):
-        make_train_dataset(cases, 3, seed=0, augment=False, shard=(0, 2))
+        make_train_dataset(cases, TrainInput(3, seed=0, augment=False), shard=(0, 2))
     with pytest.raises(ValueError, match="initial_step"):
-        make_train_dataset(cases, 2, seed=0, augment=False, initial_step=2)
+        make_train_dataset(cases, TrainInput(2, seed=0, augment=False), initial_step=2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,4 +382,4 @@ def test_nnunet_keeps_the_global_generators_where_they_were():
 
 def test_a_bad_preset_is_refused_naming_the_presets(cases):
     with pytest.raises(ValueError, match="augment='heavy': use one of none, light, nnunet"):
-        make_train_dataset(cases, batch_size=2, seed=0, augment="heavy")
+        make_train_dataset(cases, TrainInput(batch_size=2, seed=0, augment="heavy"))
