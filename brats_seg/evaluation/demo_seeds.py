@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from brats_seg.cli import project_dir
 from brats_seg.evaluation.study_run import run_logged
+from brats_seg.project import project_dir
 
 __all__ = ["METRICS", "REGIONS", "format_demo_seeds", "run_arm", "run_demo_seeds", "train_overrides"]
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brats_seg.choices import choice_values
-from brats_seg.cli import project_dir
 from brats_seg.config import Split
+from brats_seg.project import project_dir
 
 __all__ = ["SETS", "StepFailed", "StudyOutcome", "eval_name", "evaluate_missing", "find_runs", "format_report",
            "log_to_mlflow", "parse_sets", "read_records", "run_logged", "run_study"]
@@ -44,7 +44,7 @@ class StepFailed(SystemExit):
 
 
 def run_logged(cmd: list[str], log_file: Path) -> float:
-    """Run ``cmd`` in the project folder (:func:`brats_seg.cli.project_dir`) with its output appended
+    """Run ``cmd`` in the project folder (:func:`brats_seg.project.project_dir`) with its output appended
     to ``log_file``; its wall time in seconds.
 
     Raises:

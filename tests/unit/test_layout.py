@@ -101,3 +101,12 @@ def test_config_and_data_import_nothing_above_them():
         offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path)
                       if n.startswith("brats_seg") and not n.startswith(below_data)]
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_package_module_imports_the_cli():
+    """cli.py is the entry points' glue (Hydra's command line, exit codes): library code that needs
+    the project's folder or a composed config takes them from brats_seg.project, never from it."""
+    offenders = [f"{path.relative_to(REPO)} imports {name}" for path in sorted(PACKAGE.rglob("*.py"))
+                 if path != PACKAGE / "cli.py"
+                 for name in _imports(path) if name == "brats_seg.cli" or name.startswith("brats_seg.cli.")]
+    assert not offenders, "\n".join(offenders)
