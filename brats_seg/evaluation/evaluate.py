@@ -76,6 +76,7 @@ from brats_seg.evaluation.run import (
 )
 from brats_seg.evaluation.scoring import load_reference, score_case
 from brats_seg.evaluation.table import INF_DISTANCE_MM, MetricsTable
+from brats_seg.files import file_identity
 from brats_seg.oom import check_inference_memory, inference_memory_guard
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.run_dir import RunFolder
@@ -190,18 +191,10 @@ def _case_fingerprint(key: dict, entry: CacheEntry) -> str:
     return hashlib.sha256(json.dumps({**key, "entry": entry_fingerprint}, sort_keys=True).encode()).hexdigest()
 
 
-def _file_identity(path: Path) -> list[int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
-
-
 def _case_outputs(folder: RunFolder, split: str, case_id: str, overlays: bool) -> dict:
     """The identity of the files a case's evaluation wrote (None where a file is missing)."""
-    return {"prediction": _file_identity(folder.prediction_file(split, case_id)),
-            "overlay": _file_identity(folder.overlay_file(split, case_id)) if overlays else None}
+    return {"prediction": file_identity(folder.prediction_file(split, case_id)),
+            "overlay": file_identity(folder.overlay_file(split, case_id)) if overlays else None}
 
 
 def _encode_row(row: dict) -> dict:

@@ -41,7 +41,7 @@ from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, prepro
 from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.run import run_regions
 from brats_seg.evaluation.sliding import predict_volume
-from brats_seg.files import is_temporary, write_text_atomic
+from brats_seg.files import file_identity, is_temporary, write_text_atomic
 from brats_seg.locks import hold_lock
 from brats_seg.signals import report_progress
 
@@ -198,15 +198,6 @@ def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_
 # ---------------------------------------------------------------------------------------
 
 
-def _file_identity(path: Path) -> list | None:
-    """``[size, mtime_ns]`` of a file (None if missing): a rewritten file has another."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
-
-
 def _settings(config: TrainConfig, eval_cfg: EvaluateConfig, model_identity: dict,
               postprocess: PostProcessing | None = None) -> dict:
     """What every mask depends on besides its case: the model, the settings and the post-processing."""
@@ -234,9 +225,9 @@ def _read_manifest(output: Path, settings: dict) -> dict[str, dict]:
 
 
 def _case_record(case: Case, output: Path, overlays: bool) -> dict:
-    return {"inputs": [[str(p.resolve()), *(_file_identity(p) or [])] for p in case.images],
-            "mask": _file_identity(_mask_path(output, case.case_id)),
-            "overlay": _file_identity(_overlay_path(output, case.case_id)) if overlays else None}
+    return {"inputs": [[str(p.resolve()), *(file_identity(p) or [])] for p in case.images],
+            "mask": file_identity(_mask_path(output, case.case_id)),
+            "overlay": file_identity(_overlay_path(output, case.case_id)) if overlays else None}
 
 
 def _already_predicted(case: Case, output: Path, overlays: bool, done: dict[str, dict]) -> bool:
