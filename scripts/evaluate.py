@@ -51,7 +51,7 @@ def main(cfg) -> None:
     from brats_seg.data.labels import region_names
     from brats_seg.evaluation.evaluate import eval_dir, evaluate_run
     from brats_seg.evaluation.run import load_run_config
-    from brats_seg.evaluation.table import format_summary_table
+    from brats_seg.evaluation.scoring.table import format_summary_table
 
     with user_errors("evaluation"):
         summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate, data=other)

@@ -8,16 +8,9 @@
                        windows (evaluate.mode), with test-time mirroring
     predict            a case's probabilities back on its native grid, thresholded, nested, saved;
                        new cases predicted where a stopped prediction left off (predict.json)
-    metrics            legacy BraTS metrics (Dice, HD95, sensitivity, specificity)
-    lesionwise         the lesion-wise definitions BraTS ranks by since 2023, both at once:
-                       compute_lesionwise_metrics
-    panoptica_metrics  BraTS 2025+ lesion-wise, NSD and detection metrics by panoptica, as the
-                       official evaluation computes them: compute_panoptica_metrics
-    lesion23           BraTS 2023/2024 lesion-wise Dice and HD95: compute_lesion23_metrics,
-                       lesion23_params_for
-    lesion_input       the label-map pair both lesion-wise definitions accept, and LesionwiseError
-    scoring            every metric of a case from the label map that is written
-    table              metrics.csv, summary.json and the printed summary
+    scoring/           label maps scored as BraTS scores them (legacy, lesion-wise 2023/2024 and
+                       2025+ by panoptica), metrics.csv and summary.json: score_case, score_masks,
+                       MetricsTable; its __init__ is its map
     overlays           contours on three orthogonal slices, for people to look at
     postprocess        rules for a predicted label map (small components, small ET as necrosis)
                        and how they are chosen on validation cases: PostProcessing,
@@ -34,8 +27,6 @@
                        a driver runs a command into a log
     demo_seeds         make demo's recipe trained and evaluated per seed, mean ± std:
                        run_demo_seeds (scripts/demo_seeds.py)
-    official_cases     the designed multi-lesion cases score.py is checked on against the official
-                       BraTS code (scripts/check_official_metrics.py; the small ones are test data)
     export             a run's model as a TensorFlow SavedModel that serves without brats_seg
                        (signature serving_default: image -> probabilities) and its
                        preprocessing.json: export_run, describe_export
@@ -45,9 +36,7 @@
                        loads, serves and registers without brats_seg: log_best_model (training's
                        end), log_export_to_run (scripts/export.py)
 
-A case is scored by scoring.score_case, which calls metrics for the legacy columns and
-lesionwise for the lesion-wise ones; lesionwise runs panoptica_metrics and lesion23, which
-share only lesion_input, so neither definition imports the other. Files go to the run
+A case is scored by scoring.score.score_case (scoring/ imports nothing else of evaluation). Files go to the run
 folder's eval/<split>/ (:class:`brats_seg.run_dir.RunFolder`). An export carries the run's config in
 its preprocessing.json, so predicting with it (exported) goes through predict as the run does.
 """

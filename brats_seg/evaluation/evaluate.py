@@ -12,13 +12,13 @@
    other inference settings: :mod:`brats_seg.evaluation.postprocess_run`);
 4. that label map is written as NIfTI with the label file's affine and header, and every
    metric is computed from it against the ORIGINAL label file (loaded again, RAS, with its
-   voxel spacing) by :func:`brats_seg.evaluation.scoring.score_case`, the function
+   voxel spacing) by :func:`brats_seg.evaluation.scoring.score.score_case`, the function
    ``scripts/score.py`` uses on the written files: both give the same ``metrics.csv``;
 5. an overlay PNG (FLAIR on the native grid, reference solid, prediction dashed).
 
 Files, under ``<run_dir>/eval/<split>/``::
 
-    metrics.csv                 case_id, dice_wt, ..., lesion23_hd95_<r> (brats_seg.evaluation.table)
+    metrics.csv                 case_id, dice_wt, ..., lesion23_hd95_<r> (brats_seg.evaluation.scoring.table)
     summary.json                n_cases, and mean/median/std/n/n_inf per metric column
     per_case.png                every case's Dice and HD95 per region (brats_seg.plots)
     predictions/<case_id>.nii.gz
@@ -74,8 +74,8 @@ from brats_seg.evaluation.run import (
     load_run_model,
     run_regions,
 )
-from brats_seg.evaluation.scoring import load_reference, score_case
-from brats_seg.evaluation.table import INF_DISTANCE_MM, MetricsTable
+from brats_seg.evaluation.scoring.score import load_reference, score_case
+from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, MetricsTable
 from brats_seg.files import file_identity
 from brats_seg.oom import check_inference_memory, inference_memory_guard
 from brats_seg.locks import hold_lock, remove_stale_temporaries

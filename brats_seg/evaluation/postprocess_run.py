@@ -32,7 +32,7 @@ from brats_seg.evaluation.run import (
     load_run_model,
     run_regions,
 )
-from brats_seg.evaluation.scoring import load_reference
+from brats_seg.evaluation.scoring.score import load_reference
 from brats_seg.oom import check_inference_memory, inference_memory_guard
 from brats_seg.run_dir import RunFolder
 

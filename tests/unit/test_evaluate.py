@@ -30,12 +30,12 @@ from brats_seg.data.dataset import dataset_cache_dir
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import discover_cases
 from brats_seg.evaluation.evaluate import evaluate_run, split_case_ids
-from brats_seg.evaluation.metrics import HD95_EMPTY_MM
+from brats_seg.evaluation.scoring.metrics import HD95_EMPTY_MM
 from brats_seg.evaluation.predict import regions_to_mask
 from brats_seg.evaluation.run import RunError, check_evaluate_config
-from brats_seg.evaluation.scoring import score_masks
+from brats_seg.evaluation.scoring.score import score_masks
 from brats_seg.evaluation.sliding import default_window, gaussian_importance_map, predict_volume, sliding_window_starts
-from brats_seg.evaluation.table import metric_columns
+from brats_seg.evaluation.scoring.table import metric_columns
 from tests.conftest import TINY, data_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -36,7 +36,7 @@ from brats_seg.data.layouts import discover_cases
 from brats_seg.evaluation.evaluate import evaluate_run
 from brats_seg.evaluation.predict import MANIFEST, predict_new_cases
 from brats_seg.run_dir import RunFolder
-from brats_seg.evaluation.table import metric_columns
+from brats_seg.evaluation.scoring.table import metric_columns
 from brats_seg.signals import Interrupted, stop_on_signals
 from tests.conftest import TINY
 from tests.unit.test_evaluate import OracleModel, case_ids, make_run_dir, prepare_entries

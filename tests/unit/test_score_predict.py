@@ -16,9 +16,9 @@ from brats_seg.data.errors import CaseError, DatasetError
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.predict_inputs import find_input_cases
-from brats_seg.evaluation.metrics import HD95_EMPTY_MM
-from brats_seg.evaluation.scoring import score_masks
-from brats_seg.evaluation.table import metric_columns
+from brats_seg.evaluation.scoring.metrics import HD95_EMPTY_MM
+from brats_seg.evaluation.scoring.score import score_masks
+from brats_seg.evaluation.scoring.table import metric_columns
 from tests.conftest import TINY
 from tests.unit.test_evaluate import (
     CLI_BACKEND,
@@ -162,7 +162,7 @@ def test_score_script_exits_2_on_a_bad_reference_root(tmp_path):
 
 
 def test_scoring_does_not_import_tensorflow():
-    code = ("import sys; import brats_seg.evaluation.evaluate, brats_seg.evaluation.scoring, "
+    code = ("import sys; import brats_seg.evaluation.evaluate, brats_seg.evaluation.scoring.score, "
             "brats_seg.evaluation.predict, brats_seg.data.layouts; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=CLI_ENV, capture_output=True, text=True,
