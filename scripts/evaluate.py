@@ -35,7 +35,7 @@ def main(cfg) -> None:
     # TensorFlow-free checks first: a wrong run_dir fails in a second, not after the TF import.
     from brats_seg.evaluation.evaluate import check_run_dir
 
-    from brats_seg.evaluation.run import inference_precision, inference_settings
+    from brats_seg.evaluation.inference.run import inference_precision, inference_settings
 
     with user_errors("evaluation"):
         run = check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
@@ -50,7 +50,7 @@ def main(cfg) -> None:
         configure(conf.backend)
     from brats_seg.data.labels import region_names
     from brats_seg.evaluation.evaluate import eval_dir, evaluate_run
-    from brats_seg.evaluation.run import load_run_config
+    from brats_seg.evaluation.inference.run import load_run_config
     from brats_seg.evaluation.scoring.table import format_summary_table
 
     with user_errors("evaluation"):

@@ -41,7 +41,7 @@ def main(cfg) -> None:
     from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
     from brats_seg.evaluation.exported import export_precision, predict_source, prediction_postprocessing
-    from brats_seg.evaluation.run import RunError, inference_precision, inference_settings, run_regions
+    from brats_seg.evaluation.inference.run import RunError, inference_precision, inference_settings, run_regions
 
     with user_errors("prediction"):  # TensorFlow-free checks first
         if not str(conf.output).strip():
@@ -62,8 +62,8 @@ def main(cfg) -> None:
 
     with user_errors("prediction"):
         backend = configure(conf.backend)
-    from brats_seg.evaluation.predict import predict_new_cases
-    from brats_seg.evaluation.run import inference_policy, load_run_model
+    from brats_seg.evaluation.inference.predict import predict_new_cases
+    from brats_seg.evaluation.inference.run import inference_policy, load_run_model
     from brats_seg.oom import check_inference_memory, inference_memory_guard
     from brats_seg.run_dir import RunFolder
 

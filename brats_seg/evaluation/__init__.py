@@ -2,12 +2,9 @@
 
 ::
 
-    run                a trained run as inference sees it: its config, checkpoint, model, device,
-                       precision (the memory check before loading is brats_seg.oom's)
-    sliding            inference of one image on the network grid: whole volume or Gaussian
-                       windows (evaluate.mode), with test-time mirroring
-    predict            a case's probabilities back on its native grid, thresholded, nested, saved;
-                       new cases predicted where a stopped prediction left off (predict.json)
+    inference/         a trained run's model turned into label maps on each case's native grid: the run
+                       loaded (run), its cases (entries), whole or sliding windows (sliding), the
+                       native-grid label map saved, resumable (predict); its __init__ is its map
     scoring/           label maps scored as BraTS scores them (legacy, lesion-wise 2023/2024 and
                        2025+ by panoptica), metrics.csv and summary.json: score_case, score_masks,
                        MetricsTable; its __init__ is its map
@@ -15,7 +12,6 @@
     postprocess        rules for a predicted label map (small components, small ET as necrosis)
                        and how they are chosen on validation cases: PostProcessing,
                        choose_postprocessing (no TensorFlow, no run folder)
-    entries            a run's cases: split_case_ids, prepare_run_entries (cache entries)
     postprocess_run    the run's postprocess.json read back, or chosen on its val split and written:
                        postprocessing_for_run
     evaluate           a run's held-out split end to end: evaluate_run, continuing where a stopped

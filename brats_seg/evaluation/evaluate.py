@@ -59,11 +59,11 @@ from brats_seg.config import DataConfig, EvaluateConfig, Split, TrainConfig
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.nifti import load_volume, save_mask
-from brats_seg.evaluation.entries import prepare_run_entries, split_case_ids
+from brats_seg.evaluation.inference.entries import prepare_run_entries, split_case_ids
 from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.postprocess_run import postprocessing_for_run
-from brats_seg.evaluation.predict import check_native_shape, predict_case_labels, predict_case_native
-from brats_seg.evaluation.run import (
+from brats_seg.evaluation.inference.predict import check_native_shape, predict_case_labels, predict_case_native
+from brats_seg.evaluation.inference.run import (
     RunError,
     check_evaluate_config,
     inference_settings,

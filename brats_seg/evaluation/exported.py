@@ -2,7 +2,7 @@
 read back without TensorFlow, and its SavedModel loaded as the model ``predict_volume`` expects.
 
 ``scripts/predict.py export=<export>`` predicts through the same path as ``run_dir=<run>``
-(:func:`brats_seg.evaluation.predict.predict_new_cases`): the run's config, kept whole in
+(:func:`brats_seg.evaluation.inference.predict.predict_new_cases`): the run's config, kept whole in
 ``preprocessing.json``, fixes the preprocessing, the inversion to the native grid, the regions and
 the labels, and :class:`ExportedModel` stands where the Keras model stands (``input_shape``,
 ``layers``, a call on a numpy batch), so the masks are those the run's ``.keras`` model writes.
@@ -36,7 +36,7 @@ from brats_seg.evaluation.export import (
     is_export_dir,
 )
 from brats_seg.evaluation.postprocess import PostProcessing, PostprocessError, rules_of_record
-from brats_seg.evaluation.run import RunError, check_evaluate_config
+from brats_seg.evaluation.inference.run import RunError, check_evaluate_config
 from brats_seg.run_dir import RunFolder, upgrade_config_dict
 
 __all__ = ["ExportInfo", "ExportedModel", "check_export_settings", "export_precision", "load_exported_model",
@@ -219,7 +219,7 @@ def export_precision(info: ExportInfo, requested: str | None) -> str:
 
 
 class ExportedModel:
-    """A loaded export, as :func:`brats_seg.evaluation.sliding.predict_volume` uses a Keras model.
+    """A loaded export, as :func:`brats_seg.evaluation.inference.sliding.predict_volume` uses a Keras model.
 
     Attributes:
         input_shape: the signature's input, ``(None, X, Y, Z, 4)``: the whole grid, also for a

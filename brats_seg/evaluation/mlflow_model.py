@@ -59,7 +59,7 @@ import numpy as np
 
 from brats_seg.config import TrainConfig
 from brats_seg.evaluation.export import DESCRIPTION_FILE, describe_export, export_run
-from brats_seg.evaluation.run import load_run_config
+from brats_seg.evaluation.inference.run import load_run_config
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import Tracker
 

@@ -142,7 +142,7 @@ def test_the_logged_model_predicts_the_keras_models_output_without_brats_seg(tra
     imports brats_seg (no PYTHONPATH, its cwd outside the repository) equals the run's Keras model."""
     import tensorflow as tf
 
-    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.inference.run import load_run_model
 
     volume = np.random.default_rng(5).normal(0.0, 1.0, (1, *TINY.shape, 4)).astype(np.float32)
     np.save(tmp_path / "volume.npy", volume)
@@ -241,7 +241,7 @@ def test_the_export_script_logs_its_export_into_the_run(trained, tmp_path):
     logged, and the run's status is left as training left it."""
     from brats_seg.evaluation.export import export_run
     from brats_seg.evaluation.mlflow_model import log_export_to_run
-    from brats_seg.evaluation.run import load_run_config
+    from brats_seg.evaluation.inference.run import load_run_config
 
     config = load_run_config(trained.run_dir)
     config.tracking.register_as = ""  # the registry is test (c)'s
@@ -269,7 +269,7 @@ def test_the_logged_model_serves_over_http(trained, tmp_path):
 
     import tensorflow as tf
 
-    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.inference.run import load_run_model
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ from pathlib import Path
 from brats_seg.choices import check_choice
 from brats_seg.config import BackendConfig, EvalMode, EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.labels import output_regions
-from brats_seg.evaluation.sliding import resolve_window
+from brats_seg.evaluation.inference.sliding import resolve_window
 from brats_seg.run_dir import RunError, RunFolder
 
 __all__ = [

@@ -2,7 +2,7 @@
 written as a label map in the layout's own values.
 
 Arrays are channels-last RAS: probabilities ``(x, y, z, R)``, one channel per region the
-run's model predicts (``brats_seg.evaluation.run.run_regions``), label maps ``(x, y, z)``.
+run's model predicts (``brats_seg.evaluation.inference.run.run_regions``), label maps ``(x, y, z)``.
 
 The label map that is written is what counts: thresholded regions need not be nested (ET
 predicted outside WT), and :func:`regions_to_mask` resolves that by the layout's paint
@@ -39,8 +39,8 @@ from brats_seg.data.layouts import Case
 from brats_seg.data.nifti import save_mask
 from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, preprocess_case
 from brats_seg.evaluation.postprocess import PostProcessing
-from brats_seg.evaluation.run import run_regions
-from brats_seg.evaluation.sliding import predict_volume
+from brats_seg.evaluation.inference.run import run_regions
+from brats_seg.evaluation.inference.sliding import predict_volume
 from brats_seg.files import file_identity, is_temporary, write_text_atomic
 from brats_seg.locks import hold_lock
 from brats_seg.signals import report_progress
@@ -88,7 +88,7 @@ def predict_case_native(
     """Probabilities of one case on its native RAS grid.
 
     Args:
-        model: see :func:`brats_seg.evaluation.sliding.predict_volume`.
+        model: see :func:`brats_seg.evaluation.inference.sliding.predict_volume`.
         case: a :class:`CacheEntry` (its cached image and record are used) or a
             network-grid image ``(X, Y, Z, C)``.
         record: the case's :class:`PreprocessRecord` (or dict); taken from the entry's
