@@ -40,7 +40,7 @@ def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.exported import export_precision, predict_source, prediction_postprocessing
+    from brats_seg.evaluation.serving.exported import export_precision, predict_source, prediction_postprocessing
     from brats_seg.evaluation.inference.run import RunError, inference_precision, inference_settings, run_regions
 
     with user_errors("prediction"):  # TensorFlow-free checks first
@@ -74,7 +74,7 @@ def main(cfg) -> None:
             identity = {"checkpoint": RunFolder.of(conf.run_dir).checkpoint_identity(conf.checkpoint)}
             model = load_run_model(conf.run_dir, conf.checkpoint, run)
         else:
-            from brats_seg.evaluation.exported import load_exported_model
+            from brats_seg.evaluation.serving.exported import load_exported_model
 
             identity, model = export.identity, load_exported_model(export.folder)
         with inference_memory_guard(run, conf.evaluate, backend.device, inference_policy(), scoring=False):

@@ -23,14 +23,9 @@
                        a driver runs a command into a log
     demo_seeds         make demo's recipe trained and evaluated per seed, mean ± std:
                        run_demo_seeds (scripts/demo_seeds.py)
-    export             a run's model as a TensorFlow SavedModel that serves without brats_seg
-                       (signature serving_default: image -> probabilities) and its
-                       preprocessing.json: export_run, describe_export
-    exported           an export read back for prediction: read_export (no TensorFlow) and
-                       ExportedModel, which stands where the Keras model stands in predict
-    mlflow_model       the export logged to the run's MLflow run as an MLflow pyfunc model that
-                       loads, serves and registers without brats_seg: log_best_model (training's
-                       end), log_export_to_run (scripts/export.py)
+    serving/           a run's model outside brats_seg: a SavedModel and its preprocessing.json
+                       (export), read back for predict.py (exported), logged to MLflow as a pyfunc
+                       model (mlflow_model); its __init__ is its map
 
 A case is scored by scoring.score.score_case (scoring/ imports nothing else of evaluation). Files go to the run
 folder's eval/<split>/ (:class:`brats_seg.run_dir.RunFolder`). An export carries the run's config in

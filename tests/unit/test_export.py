@@ -24,8 +24,8 @@ import pytest
 from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig, config_to_dict, flatten_config
 from brats_seg.data.labels import LABELS, output_regions, resolve_model_outputs
 from brats_seg.data.layouts import CHANNELS, discover_cases
-from brats_seg.evaluation.export import check_export_output, describe_export, is_export_dir
-from brats_seg.evaluation.exported import check_export_settings, export_precision, predict_source, read_export
+from brats_seg.evaluation.serving.export import check_export_output, describe_export, is_export_dir
+from brats_seg.evaluation.serving.exported import check_export_settings, export_precision, predict_source, read_export
 from brats_seg.evaluation.inference.run import RunError
 from brats_seg.run_dir import RunFolder
 from tests.conftest import TINY
@@ -72,7 +72,7 @@ def _random_head_unet(model_cfg: ModelConfig = TINY_MODEL, shape=None):
 def exported(tmp_path_factory):
     """A run folder, its export (made in this process) and its one case."""
     from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
-    from brats_seg.evaluation.export import export_run
+    from brats_seg.evaluation.serving.export import export_run
 
     base = tmp_path_factory.mktemp("export")
     write_synthetic_dataset(base / "source", "brats2021", n_cases=1, seed=0)  # as the session's first case
@@ -91,7 +91,7 @@ def patch_exported(exported):
     """A patch run (``trainer.patch_size=PATCH``) over the same data, and its export, timed."""
     import time
 
-    from brats_seg.evaluation.export import export_run
+    from brats_seg.evaluation.serving.export import export_run
 
     base = exported.base / "patch"
     run_dir = base / "run"
@@ -209,7 +209,7 @@ def test_regions_and_paint_order_follow_the_layout_and_the_outputs(layout, out_c
 
 def test_predicting_with_the_export_writes_the_runs_masks(exported, tmp_path):
     from brats_seg.data.predict_inputs import find_input_cases
-    from brats_seg.evaluation.exported import load_exported_model
+    from brats_seg.evaluation.serving.exported import load_exported_model
     from brats_seg.evaluation.inference.predict import predict_new_cases
     from brats_seg.evaluation.inference.run import load_run_model
 
@@ -283,7 +283,7 @@ def test_predicting_with_a_patch_runs_export_writes_the_masks_of_its_sliding_win
     """predict.py export= (the export called as a whole-volume model, mirrored on the host) writes the
     masks the run's own model writes with the patch's sliding windows."""
     from brats_seg.data.predict_inputs import find_input_cases
-    from brats_seg.evaluation.exported import load_exported_model
+    from brats_seg.evaluation.serving.exported import load_exported_model
     from brats_seg.evaluation.inference.predict import predict_new_cases
     from brats_seg.evaluation.inference.run import load_run_model
 
@@ -417,7 +417,7 @@ def test_the_runs_post_processing_goes_into_the_export_and_prediction_takes_it_f
     import shutil
     from pathlib import Path
 
-    from brats_seg.evaluation.exported import prediction_postprocessing
+    from brats_seg.evaluation.serving.exported import prediction_postprocessing
     from brats_seg.evaluation.postprocess import POSTPROCESS_KIND
 
     export = read_export(exported.folder)

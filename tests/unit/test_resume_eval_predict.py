@@ -448,7 +448,7 @@ def test_prediction_applies_the_post_processing_and_redoes_masks_when_the_rules_
 
 
 def test_prediction_takes_the_runs_post_processing_and_says_when_there_is_none(run, caplog):
-    from brats_seg.evaluation.exported import prediction_postprocessing
+    from brats_seg.evaluation.serving.exported import prediction_postprocessing
     from brats_seg.evaluation.postprocess import POSTPROCESS_KIND
 
     run_dir, _, _ = run

@@ -275,7 +275,7 @@ def predict_new_cases(
             case done, and cases written before by the same model and settings are skipped. None:
             every case is predicted and nothing is recorded.
         postprocess: the rules applied to each mask
-            (:func:`brats_seg.evaluation.exported.prediction_postprocessing`), or None.
+            (:func:`brats_seg.evaluation.serving.exported.prediction_postprocessing`), or None.
 
     Returns:
         The mask paths, in case order (skipped cases' included).

@@ -38,8 +38,8 @@ the steps from :func:`brats_seg.data.preprocess.describe_preprocessing`, the thr
 mirroring from :class:`brats_seg.config.EvaluateConfig`. The folder is written with
 :func:`brats_seg.files.atomic_dir`: a killed export leaves the previous export, or a ``.tmp-``
 folder, never a folder that looks complete. TensorFlow and Keras are imported inside functions,
-after ``brats_seg.backend.configure``. Reading an export back: :mod:`brats_seg.evaluation.exported`;
-as an MLflow model of the run (``mlflow.pyfunc``): :mod:`brats_seg.evaluation.mlflow_model`.
+after ``brats_seg.backend.configure``. Reading an export back: :mod:`brats_seg.evaluation.serving.exported`;
+as an MLflow model of the run (``mlflow.pyfunc``): :mod:`brats_seg.evaluation.serving.mlflow_model`.
 """
 
 from __future__ import annotations

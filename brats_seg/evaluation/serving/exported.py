@@ -1,4 +1,4 @@
-"""An export (:mod:`brats_seg.evaluation.export`) as prediction sees it: its ``preprocessing.json``
+"""An export (:mod:`brats_seg.evaluation.serving.export`) as prediction sees it: its ``preprocessing.json``
 read back without TensorFlow, and its SavedModel loaded as the model ``predict_volume`` expects.
 
 ``scripts/predict.py export=<export>`` predicts through the same path as ``run_dir=<run>``
@@ -26,7 +26,7 @@ import numpy as np
 
 from brats_seg.config import EvaluateConfig, TrainConfig, config_from_dict
 from brats_seg.data.labels import resolve_model_outputs
-from brats_seg.evaluation.export import (
+from brats_seg.evaluation.serving.export import (
     DESCRIPTION_FILE,
     EXPORT_KIND,
     EXPORT_VERSION,
@@ -69,7 +69,7 @@ class ExportInfo:
     @property
     def inference(self) -> dict:
         """How the SavedModel infers a case (``preprocessing.json``'s ``inference``, written by
-        :func:`brats_seg.evaluation.export.describe_inference`): ``{"mode": "whole"}``, or for a patch
+        :func:`brats_seg.evaluation.serving.export.describe_inference`): ``{"mode": "whole"}``, or for a patch
         run ``{"mode": "sliding", "window": [x, y, z], "overlap": 0.5, "blending": "gaussian",
         "sigma_scale": 0.125}``, done inside the signature, which takes and returns the whole grid
         either way. An export made before the key existed infers whole."""
