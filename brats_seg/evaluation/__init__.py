@@ -16,13 +16,9 @@
                        postprocessing_for_run
     evaluate           a run's held-out split end to end: evaluate_run, continuing where a stopped
                        evaluation left off (each case's record in eval/<split>/cases/)
-    study              a sweep's runs grouped into arms, mean ± std over seeds, time to a given
-                       validation Dice: compute_study (plain values)
-    study_run          a study's run folders found, evaluated where a set is missing, read, written,
-                       drawn and logged: run_study (scripts/study.py), and run_logged, the one way
-                       a driver runs a command into a log
-    demo_seeds         make demo's recipe trained and evaluated per seed, mean ± std:
-                       run_demo_seeds (scripts/demo_seeds.py)
+    studies/           many runs of one recipe compared: a sweep's runs as arms, mean ± std over seeds
+                       (study), its driver (study_run: scripts/study.py), make demo's recipe over
+                       seeds (demo_seeds); its __init__ is its map
     serving/           a run's model outside brats_seg: a SavedModel and its preprocessing.json
                        (export), read back for predict.py (exported), logged to MLflow as a pyfunc
                        model (mlflow_model); its __init__ is its map
