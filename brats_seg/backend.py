@@ -28,6 +28,7 @@ __all__ = [
     "PRECISION_POLICIES",
     "BackendError",
     "ResolvedBackend",
+    "applied_backend",
     "check_precision",
     "concrete_backend",
     "configure",
@@ -215,6 +216,11 @@ def decide_backend(cfg: BackendConfig, gpus: int | None = None, cpuinfo: str | N
 
 #: The backend :func:`configure` last applied (a second call in one process re-applies the policy only).
 _applied: ResolvedBackend | None = None
+
+
+def applied_backend() -> ResolvedBackend | None:
+    """The backend :func:`configure` applied in this process (None before it has)."""
+    return _applied
 
 
 def configure(backend: ResolvedBackend) -> ResolvedBackend:

@@ -1,4 +1,4 @@
-"""Entry-point glue: the only package module that knows Hydra/OmegaConf.
+"""Entry-point glue: what train.py and the scripts need of Hydra/OmegaConf.
 
 Scripts declare their main function with :func:`hydra_entry` (``hydra.main`` whose
 composition errors -- an unknown key, a value of the wrong type, a choice outside its set,
@@ -8,10 +8,11 @@ config into the plain dataclasses of :mod:`brats_seg.config`, and wrap their bod
 :func:`user_errors` so bad input ends in a one-paragraph message and a non-zero exit, not a
 stack trace.
 
-Two more pieces of glue for code that is not a user's command: :func:`compose_config` composes
-an entry point's config from recorded overrides (a calibration point, a profiled step), and
-:func:`child_command`/:func:`child_args` are the one protocol by which a script starts itself as
-a child process (values its parent already checked, passed as JSON, no Hydra in the child).
+One more piece of glue for code that is not a user's command: :func:`child_command`/:func:`child_args`
+are the one protocol by which a script starts itself as a child process (values its parent already
+checked, passed as JSON, no Hydra in the child). Where the project's folder is and a config composed
+from recorded overrides are :mod:`brats_seg.project`'s, for library code: no module of the package
+imports this one (tests/unit/test_layout.py); train.py, the scripts and the tests do.
 """
 
 from __future__ import annotations
@@ -24,19 +25,14 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
-__all__ = ["child_args", "child_command", "compose_config", "config_error_line", "given_override", "hydra_entry",
-           "project_dir", "to_config", "user_errors"]
+__all__ = ["child_args", "child_command", "config_error_line", "given_override", "hydra_entry", "to_config",
+           "user_errors"]
 
 log = logging.getLogger(__name__)
 
 #: Exit status of a ``multi_worker`` run whose cluster lost (or never got) a worker.
 EXIT_CLUSTER_FAILURE = 3
-
-#: The repository beside the package (an editable install): where :func:`project_dir` looks
-#: outside an entry point.
-_REPOSITORY = Path(__file__).resolve().parents[1]
 
 #: Each entry point's config file -> its schema in :mod:`brats_seg.config`, for the near-miss
 #: hints of a bad key; a file not named here composes ``TrainConfig``.
@@ -312,39 +308,6 @@ def user_errors(stage: str = "the command"):
             sys.stderr.write(f"error: {e}\n")
             raise SystemExit(EXIT_CLUSTER_FAILURE) from None
         raise
-
-
-def project_dir() -> Path:
-    """The folder holding ``configs/``, ``scripts/`` and ``train.py``: the running entry point's
-    (its config folder's parent, e.g. the image's WORKDIR, where the package is installed
-    elsewhere), else the repository beside the package (an editable install; the tests)."""
-    with contextlib.suppress(ValueError, AttributeError):  # not inside an entry point
-        from hydra.core.hydra_config import HydraConfig
-
-        for source in HydraConfig.get().runtime.config_sources:
-            if source.provider == "main" and source.schema == "file":
-                return Path(source.path).parent
-    return _REPOSITORY
-
-
-def compose_config(config_name: str, overrides=(), config_dir: str | Path | None = None):
-    """The dataclass config ``<config_dir>/<config_name>.yaml`` composes with ``overrides``
-    (``config_dir``: default ``configs/`` of :func:`project_dir`).
-
-    For code that derives a config from overrides it recorded or was given (a calibration
-    point, the step a profile measures), not for a user's command (that is :func:`hydra_entry`'s).
-    Works outside a Hydra app and inside one (which composes from its own config folder).
-    """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from brats_seg.config import register_configs
-
-    register_configs()
-    if GlobalHydra.instance().is_initialized():  # inside an entry point: its config folder is ours
-        return to_config(compose(config_name=config_name, overrides=list(overrides)))
-    with initialize_config_dir(config_dir=str(config_dir or project_dir() / "configs"), version_base="1.3"):
-        return to_config(compose(config_name=config_name, overrides=list(overrides)))
 
 
 CHILD_FLAG = "--child"  # argv[1] of a script's own child process (child_command)

@@ -3,7 +3,8 @@
 Hydra composes ``configs/`` on top of these dataclasses (registered in the ConfigStore by
 :func:`register_configs`); entry points convert the composed config once with
 ``OmegaConf.to_object`` and pass these plain dataclasses on. Nothing else under
-``brats_seg/`` imports hydra or omegaconf.
+``brats_seg/`` imports hydra or omegaconf but cli.py (the entry points' glue) and project.py (a
+config composed from recorded overrides).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ __all__ = [
     "atomic_dir",
     "atomic_path",
     "disk_full_error",
+    "file_identity",
     "format_bytes",
     "is_disk_full",
     "is_temporary",
@@ -283,6 +284,18 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically; returns the path."""
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def file_identity(path: str | os.PathLike) -> list[int] | None:
+    """``[size, mtime_ns]`` of a file, None if it is missing: a rewritten file has another.
+
+    A list (not a tuple) because it is stored in JSON records (an evaluation's ``cases/<id>.json``,
+    ``predict.json``) and compared with what is read back from them."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
 
 
 def is_temporary(path: str | os.PathLike) -> bool:

@@ -28,8 +28,8 @@ axis's own voxel size (README "Metrics": SimpleITK's ``(k, j, i)`` array with th
 ``(i, j, k)`` spacing).
 
 ``expected=<json>`` instead writes the official values of a few small anisotropic cases
-(:func:`brats_seg.evaluation.official_cases.small_case`) to ``<json>``, the test data of
-tests/unit/test_official_metrics.py. The cases are :mod:`brats_seg.evaluation.official_cases`'s.
+(:func:`brats_seg.evaluation.scoring.official_cases.small_case`) to ``<json>``, the test data of
+tests/unit/test_official_metrics.py. The cases are :mod:`brats_seg.evaluation.scoring.official_cases`'s.
 
 The 2023 code predates numpy 2 and pandas 2; three shims make it run unchanged
 (``np.Inf``, ``DataFrame.append``, ``DataFrame.replace`` on a frame with a column of arrays).
@@ -62,7 +62,7 @@ import numpy as np
 from brats_seg.cli import child_args, child_command, hydra_entry, to_config, user_errors
 from brats_seg.config import register_configs
 from brats_seg.data.labels import region_label_values
-from brats_seg.evaluation.official_cases import SMALL_CASES, write_designed_cases, write_small_cases
+from brats_seg.evaluation.scoring.official_cases import SMALL_CASES, write_designed_cases, write_small_cases
 from brats_seg.files import atomic_dir, atomic_path, write_text_atomic
 
 register_configs()
@@ -167,7 +167,7 @@ def _config_differences(official_ev, layout: str) -> list[str]:
     from panoptica.utils.config import _register_helper_classes
     from ruamel.yaml import YAML
 
-    from brats_seg.evaluation.panoptica_metrics import make_panoptica_evaluator
+    from brats_seg.evaluation.scoring.panoptica_metrics import make_panoptica_evaluator
 
     def dump(value) -> str:
         yaml = YAML(typ="safe")

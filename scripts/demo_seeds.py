@@ -14,7 +14,7 @@ Dice per region (and before post-processing), the test cases whose ET is wrong o
 (reference without ET and ET predicted, or the reverse), and the training time; writes
 ``<out>/demo_seeds.json``. Its own keys are ``seeds`` (a list, or one seed) and ``out``; every
 other key is train.py's, checked here against train.py's config before the first arm starts.
-The work is :mod:`brats_seg.evaluation.demo_seeds`'s.
+The work is :mod:`brats_seg.evaluation.studies.demo_seeds`'s.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ register_configs()
 
 @hydra_entry("../configs", "demo_seeds")
 def main(cfg) -> None:
-    from brats_seg.evaluation.demo_seeds import format_demo_seeds, run_demo_seeds
+    from brats_seg.evaluation.studies.demo_seeds import format_demo_seeds, run_demo_seeds
 
     conf = to_config(cfg)
     with user_errors("the seeds"):

@@ -35,7 +35,7 @@ def main(cfg) -> None:
     # TensorFlow-free checks first: a wrong run_dir fails in a second, not after the TF import.
     from brats_seg.evaluation.evaluate import check_run_dir
 
-    from brats_seg.evaluation.run import inference_settings
+    from brats_seg.evaluation.inference.run import inference_settings
     from brats_seg.resolve import resolve_inference
 
     with user_errors("evaluation"):
@@ -51,8 +51,8 @@ def main(cfg) -> None:
         configure(backend)
     from brats_seg.data.labels import region_names
     from brats_seg.evaluation.evaluate import eval_dir, evaluate_run
-    from brats_seg.evaluation.run import load_run_config
-    from brats_seg.evaluation.table import format_summary_table
+    from brats_seg.evaluation.inference.run import load_run_config
+    from brats_seg.evaluation.scoring.table import format_summary_table
 
     with user_errors("evaluation"):
         summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate, data=other)

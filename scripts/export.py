@@ -16,7 +16,7 @@ export=<output>`` predicts with it as with the run. The folder appears complete 
 previous export there is replaced. When the run has an MLflow run (``mlflow.json``), the export is
 also logged into it as an MLflow model (``runs:/<run_id>/model`` for the best checkpoint,
 ``model_last`` for the last) that ``mlflow.pyfunc.load_model`` loads without brats_seg, and
-registered as the run's ``tracking.register_as`` if set (:mod:`brats_seg.evaluation.mlflow_model`);
+registered as the run's ``tracking.register_as`` if set (:mod:`brats_seg.evaluation.serving.mlflow_model`);
 a failure there is a warning. Exits 2 with a message on a bad run folder, checkpoint or output.
 """
 
@@ -32,7 +32,7 @@ register_configs()
 def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.export import check_export_output, default_export_dir
+    from brats_seg.evaluation.serving.export import check_export_output, default_export_dir
 
     with user_errors("export"):  # TensorFlow-free checks first
         run = check_run_dir(conf.run_dir, conf.checkpoint)
@@ -43,8 +43,8 @@ def main(cfg) -> None:
 
     with user_errors("export"):
         configure(resolve_inference(run, conf.backend, True))  # the command's precision
-    from brats_seg.evaluation.export import DESCRIPTION_FILE, export_run
-    from brats_seg.evaluation.mlflow_model import log_export_to_run
+    from brats_seg.evaluation.serving.export import DESCRIPTION_FILE, export_run
+    from brats_seg.evaluation.serving.mlflow_model import log_export_to_run
 
     with user_errors("export"):
         folder = export_run(conf.run_dir, output, conf.checkpoint, conf.format, run)

@@ -6,7 +6,7 @@
     python scripts/measure_inference_peak.py 'shape=[192,224,160]' depth=4 filters=6 precision=bf16
 
 Builds the U-Net (random weights, oneDNN as ``backend=cpu_onednn``, ``precision=fp32|bf16``), runs
-``brats_seg.evaluation.sliding.predict_volume`` on a random float16 image of the shape (as the
+``brats_seg.evaluation.inference.sliding.predict_volume`` on a random float16 image of the shape (as the
 cache holds it) with test-time mirroring, and prints one JSON line: the RSS peak of that first
 call above the RSS before it (the traced graph, oneDNN's primitives, the activations: what an
 evaluation pays per process), TensorFlow's allocator peak of a second call, and the inference

@@ -41,8 +41,8 @@ def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.exported import export_precision, predict_source, prediction_postprocessing
-    from brats_seg.evaluation.run import RunError, inference_settings, run_regions
+    from brats_seg.evaluation.serving.exported import export_precision, predict_source, prediction_postprocessing
+    from brats_seg.evaluation.inference.run import RunError, inference_settings, run_regions
     from brats_seg.resolve import resolve_inference
 
     with user_errors("prediction"):  # TensorFlow-free checks first
@@ -65,8 +65,8 @@ def main(cfg) -> None:
 
     with user_errors("prediction"):
         configure(backend)
-    from brats_seg.evaluation.predict import predict_new_cases
-    from brats_seg.evaluation.run import inference_policy, load_run_model
+    from brats_seg.evaluation.inference.predict import predict_new_cases
+    from brats_seg.evaluation.inference.run import inference_policy, load_run_model
     from brats_seg.oom import check_inference_memory, inference_memory_guard
     from brats_seg.run_dir import RunFolder
 
@@ -77,7 +77,7 @@ def main(cfg) -> None:
             identity = {"checkpoint": RunFolder.of(conf.run_dir).checkpoint_identity(conf.checkpoint)}
             model = load_run_model(conf.run_dir, conf.checkpoint, run)
         else:
-            from brats_seg.evaluation.exported import load_exported_model
+            from brats_seg.evaluation.serving.exported import load_exported_model
 
             identity, model = export.identity, load_exported_model(export.folder)
         with inference_memory_guard(run, conf.evaluate, backend.device, inference_policy(), scoring=False):

@@ -29,7 +29,7 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
 
     from brats_seg.data.dataset import prepare_dataset
     from brats_seg.data.pipeline import make_eval_dataset
-    from brats_seg.evaluation.run import load_run_config, load_run_model, run_regions
+    from brats_seg.evaluation.inference.run import load_run_config, load_run_model, run_regions
     from brats_seg.model.unet3d import build_unet3d
     from brats_seg.training.losses import compute_bce, compute_soft_dice
 

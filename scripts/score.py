@@ -25,9 +25,9 @@ register_configs()
 @hydra_entry("../configs", "score")
 def main(cfg) -> None:
     from brats_seg.data.errors import DatasetError
-    from brats_seg.evaluation.metrics import HD95_EMPTY_MM
-    from brats_seg.evaluation.scoring import score_masks
-    from brats_seg.evaluation.table import format_summary_table
+    from brats_seg.evaluation.scoring.metrics import HD95_EMPTY_MM
+    from brats_seg.evaluation.scoring.score import score_masks
+    from brats_seg.evaluation.scoring.table import format_summary_table
 
     conf = to_config(cfg)
     ref_dir = conf.ref_dir or conf.data.root

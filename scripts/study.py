@@ -23,7 +23,7 @@ and the training time to reach each of ``thresholds``), the charts of
 Markdown tables, and logs the charts and study.json into each run's MLflow run (artifacts
 ``study/``; a store that fails is reported once and skipped). Re-running it is cheap: what is
 evaluated is read back. Exit status 1 if an evaluation failed (everything else is still
-written). The work is :func:`brats_seg.evaluation.study_run.run_study`'s; this prints its report.
+written). The work is :func:`brats_seg.evaluation.studies.study_run.run_study`'s; this prints its report.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ register_configs()
 
 @hydra_entry("../configs", "study")
 def main(cfg) -> None:
-    from brats_seg.evaluation.study_run import format_report, run_study
+    from brats_seg.evaluation.studies.study_run import format_report, run_study
 
     conf = to_config(cfg)
     with user_errors("the study"):

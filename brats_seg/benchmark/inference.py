@@ -1,7 +1,7 @@
 """Whole-volume inference's memory at its first call, against the planner's inference estimate.
 
 What an evaluation pays per process: the traced graph, oneDNN's primitives and the activations
-of the first :func:`brats_seg.evaluation.sliding.predict_volume` call, beside the forward term of
+of the first :func:`brats_seg.evaluation.inference.sliding.predict_volume` call, beside the forward term of
 :func:`brats_seg.lms.planner.inference.estimate_inference` (this CPU's preset). Channels-last:
 the image is ``(x, y, z, 4)``.
 """
@@ -36,7 +36,7 @@ def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int
     import tensorflow as tf
 
     from brats_seg.cpu import cpu_kind, cpu_model_name
-    from brats_seg.evaluation.sliding import predict_volume
+    from brats_seg.evaluation.inference.sliding import predict_volume
     from brats_seg.lms.planner.inference import estimate_inference
     from brats_seg.lms.planner.memory_model import memory_model_for
     from brats_seg.lms.planner.workload import Workload

@@ -40,7 +40,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from brats_seg.cli import project_dir
+from brats_seg.project import project_dir
 
 __all__ = ["AIM", "CALIBRATION", "FITTED", "FITTED_BF16", "TARGET_BIAS", "UNDER_WEIGHT", "VALIDATION", "calibrate",
            "cross_validate", "fit", "measure", "predict", "report"]
@@ -145,8 +145,8 @@ def _key(name: str, strategy: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _workload(overrides: tuple[str, ...]):
     """The planner's workload of the benchmark's composed config for ``overrides`` (no TensorFlow)."""
-    from brats_seg.cli import compose_config
     from brats_seg.lms.planner.workload import Workload
+    from brats_seg.project import compose_config
 
     conf = compose_config("benchmark", overrides)
     workload = Workload.from_config(conf)

@@ -14,7 +14,7 @@ import logging
 import subprocess
 from pathlib import Path
 
-from brats_seg.cli import project_dir
+from brats_seg.project import project_dir
 
 __all__ = ["load_sweep_spec", "read_jsonl", "run_sweep"]
 

@@ -1,53 +1,35 @@
 """Evaluation and prediction, scored the way BraTS scores, always on the native grid.
 
-::
+Its rooms, bottom floor first (a room imports only rooms below it; tests/unit/test_layout.py)::
 
-    run                a trained run as inference sees it: its config, checkpoint, model, device,
-                       precision (the memory check before loading is brats_seg.oom's)
-    sliding            inference of one image on the network grid: whole volume or Gaussian
-                       windows (evaluate.mode), with test-time mirroring
-    predict            a case's probabilities back on its native grid, thresholded, nested, saved;
-                       new cases predicted where a stopped prediction left off (predict.json)
-    metrics            legacy BraTS metrics (Dice, HD95, sensitivity, specificity)
-    lesionwise         the lesion-wise definitions BraTS ranks by since 2023, both at once:
-                       compute_lesionwise_metrics
-    panoptica_metrics  BraTS 2025+ lesion-wise, NSD and detection metrics by panoptica, as the
-                       official evaluation computes them: compute_panoptica_metrics
-    lesion23           BraTS 2023/2024 lesion-wise Dice and HD95: compute_lesion23_metrics,
-                       lesion23_params_for
-    lesion_input       the label-map pair both lesion-wise definitions accept, and LesionwiseError
-    scoring            every metric of a case from the label map that is written
-    table              metrics.csv, summary.json and the printed summary
-    overlays           contours on three orthogonal slices, for people to look at
+    scoring/           label maps scored as BraTS scores them, no model: every metric of a case
+                       (score_case, score_masks: scripts/score.py), legacy, lesion-wise 2023/2024
+                       and 2025+ (panoptica) metrics, metrics.csv and summary.json (MetricsTable)
     postprocess        rules for a predicted label map (small components, small ET as necrosis)
                        and how they are chosen on validation cases: PostProcessing,
                        choose_postprocessing (no TensorFlow, no run folder)
-    entries            a run's cases: split_case_ids, prepare_run_entries (cache entries)
+    overlays           contours on three orthogonal slices, for people to look at
+    inference/         a trained run's model turned into label maps on each case's native grid: the
+                       run loaded (run), its cases (entries), whole or sliding windows (sliding), the
+                       native-grid label map saved, resumable (predict: scripts/predict.py)
     postprocess_run    the run's postprocess.json read back, or chosen on its val split and written:
                        postprocessing_for_run
-    evaluate           a run's held-out split end to end: evaluate_run, continuing where a stopped
-                       evaluation left off (each case's record in eval/<split>/cases/)
-    study              a sweep's runs grouped into arms, mean ± std over seeds, time to a given
-                       validation Dice: compute_study (plain values)
-    study_run          a study's run folders found, evaluated where a set is missing, read, written,
-                       drawn and logged: run_study (scripts/study.py), and run_logged, the one way
-                       a driver runs a command into a log
-    demo_seeds         make demo's recipe trained and evaluated per seed, mean ± std:
-                       run_demo_seeds (scripts/demo_seeds.py)
-    official_cases     the designed multi-lesion cases score.py is checked on against the official
-                       BraTS code (scripts/check_official_metrics.py; the small ones are test data)
-    export             a run's model as a TensorFlow SavedModel that serves without brats_seg
-                       (signature serving_default: image -> probabilities) and its
-                       preprocessing.json: export_run, describe_export
-    exported           an export read back for prediction: read_export (no TensorFlow) and
-                       ExportedModel, which stands where the Keras model stands in predict
-    mlflow_model       the export logged to the run's MLflow run as an MLflow pyfunc model that
-                       loads, serves and registers without brats_seg: log_best_model (training's
-                       end), log_export_to_run (scripts/export.py)
+    serving/           a run's model outside brats_seg: a SavedModel and its preprocessing.json
+                       (export), read back for predict.py (exported), logged to MLflow as a pyfunc
+                       model that loads without brats_seg (mlflow_model)
+    evaluate           a run's held-out split end to end: evaluate_run (scripts/evaluate.py),
+                       continuing where a stopped evaluation left off (each case's record in
+                       eval/<split>/cases/)
+    studies/           many runs of one recipe compared: a sweep's runs as arms, mean ± std over
+                       seeds (study), its driver (study_run: scripts/study.py), make demo's recipe
+                       over seeds (demo_seeds)
 
-A case is scored by scoring.score_case, which calls metrics for the legacy columns and
-lesionwise for the lesion-wise ones; lesionwise runs panoptica_metrics and lesion23, which
-share only lesion_input, so neither definition imports the other. Files go to the run
-folder's eval/<split>/ (:class:`brats_seg.run_dir.RunFolder`). An export carries the run's config in
-its preprocessing.json, so predicting with it (exported) goes through predict as the run does.
+Each subpackage's ``__init__`` is its own map. evaluate takes a split's cache entries
+(inference.entries), predicts each case (inference.predict, with the rules postprocess_run chose
+on the val split), scores the label map that is written (scoring.score.score_case), and writes
+the table, per-case records, figures and overlays to the run folder's eval/<split>/
+(:class:`brats_seg.run_dir.RunFolder`). An export carries the run's config in its
+preprocessing.json, so predicting with it (serving.exported) goes through inference.predict as
+the run does. Studies run train.py and scripts/evaluate.py as commands and read what they wrote.
+Nothing here imports TensorFlow at module level.
 """

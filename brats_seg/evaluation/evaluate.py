@@ -12,13 +12,13 @@
    other inference settings: :mod:`brats_seg.evaluation.postprocess_run`);
 4. that label map is written as NIfTI with the label file's affine and header, and every
    metric is computed from it against the ORIGINAL label file (loaded again, RAS, with its
-   voxel spacing) by :func:`brats_seg.evaluation.scoring.score_case`, the function
+   voxel spacing) by :func:`brats_seg.evaluation.scoring.score.score_case`, the function
    ``scripts/score.py`` uses on the written files: both give the same ``metrics.csv``;
 5. an overlay PNG (FLAIR on the native grid, reference solid, prediction dashed).
 
 Files, under ``<run_dir>/eval/<split>/``::
 
-    metrics.csv                 case_id, dice_wt, ..., lesion23_hd95_<r> (brats_seg.evaluation.table)
+    metrics.csv                 case_id, dice_wt, ..., lesion23_hd95_<r> (brats_seg.evaluation.scoring.table)
     summary.json                n_cases, and mean/median/std/n/n_inf per metric column
     per_case.png                every case's Dice and HD95 per region (brats_seg.plots)
     predictions/<case_id>.nii.gz
@@ -59,11 +59,11 @@ from brats_seg.config import DataConfig, EvaluateConfig, Split, TrainConfig
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.nifti import load_volume, save_mask
-from brats_seg.evaluation.entries import prepare_run_entries, split_case_ids
+from brats_seg.evaluation.inference.entries import prepare_run_entries, split_case_ids
 from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.postprocess_run import postprocessing_for_run
-from brats_seg.evaluation.predict import check_native_shape, predict_case_labels, predict_case_native
-from brats_seg.evaluation.run import (
+from brats_seg.evaluation.inference.predict import check_native_shape, predict_case_labels, predict_case_native
+from brats_seg.evaluation.inference.run import (
     RunError,
     check_evaluate_config,
     inference_settings,
@@ -74,8 +74,9 @@ from brats_seg.evaluation.run import (
     load_run_model,
     run_regions,
 )
-from brats_seg.evaluation.scoring import load_reference, score_case
-from brats_seg.evaluation.table import INF_DISTANCE_MM, MetricsTable
+from brats_seg.evaluation.scoring.score import load_reference, score_case
+from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, MetricsTable
+from brats_seg.files import file_identity
 from brats_seg.oom import check_inference_memory, inference_memory_guard
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.run_dir import RunFolder
@@ -190,18 +191,10 @@ def _case_fingerprint(key: dict, entry: CacheEntry) -> str:
     return hashlib.sha256(json.dumps({**key, "entry": entry_fingerprint}, sort_keys=True).encode()).hexdigest()
 
 
-def _file_identity(path: Path) -> list[int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
-
-
 def _case_outputs(folder: RunFolder, split: str, case_id: str, overlays: bool) -> dict:
     """The identity of the files a case's evaluation wrote (None where a file is missing)."""
-    return {"prediction": _file_identity(folder.prediction_file(split, case_id)),
-            "overlay": _file_identity(folder.overlay_file(split, case_id)) if overlays else None}
+    return {"prediction": file_identity(folder.prediction_file(split, case_id)),
+            "overlay": file_identity(folder.overlay_file(split, case_id)) if overlays else None}
 
 
 def _encode_row(row: dict) -> dict:

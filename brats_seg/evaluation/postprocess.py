@@ -39,8 +39,8 @@ import cc3d
 import numpy as np
 
 from brats_seg.data.labels import label_table, labels_to_regions, regions_to_labels
-from brats_seg.evaluation.lesion23 import compute_lesion23_metrics, lesion23_params_for
-from brats_seg.evaluation.metrics import compute_dice
+from brats_seg.evaluation.scoring.lesion23 import compute_lesion23_metrics, lesion23_params_for
+from brats_seg.evaluation.scoring.metrics import compute_dice
 
 __all__ = [
     "COMPONENT_CANDIDATES_MM3",

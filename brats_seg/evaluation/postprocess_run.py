@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from brats_seg.config import EvaluateConfig, TrainConfig
-from brats_seg.evaluation.entries import prepare_run_entries, split_case_ids
+from brats_seg.evaluation.inference.entries import prepare_run_entries, split_case_ids
 from brats_seg.evaluation.postprocess import (
     POSTPROCESS_KIND,
     POSTPROCESS_VERSION,
@@ -24,15 +24,15 @@ from brats_seg.evaluation.postprocess import (
     ValidationCase,
     choose_postprocessing,
 )
-from brats_seg.evaluation.predict import check_native_shape, predict_case_labels, predict_case_native
-from brats_seg.evaluation.run import (
+from brats_seg.evaluation.inference.predict import check_native_shape, predict_case_labels, predict_case_native
+from brats_seg.evaluation.inference.run import (
     RunError,
     inference_device,
     inference_policy,
     load_run_model,
     run_regions,
 )
-from brats_seg.evaluation.scoring import load_reference
+from brats_seg.evaluation.scoring.score import load_reference
 from brats_seg.oom import check_inference_memory, inference_memory_guard
 from brats_seg.run_dir import RunFolder
 

@@ -8,7 +8,7 @@
     evaluation  plot_case_scores: each case's Dice and HD95 per region
                 (eval/<split>/per_case.png beside summary.json)
     benchmark   plot_benchmark_sweep (throughput, memory, FLOP/s), plot_width_sweep and plot_resolution_study
-    study       plot_study: a study's arms (brats_seg.evaluation.study) compared: validation
+    study       plot_study: a study's arms (brats_seg.evaluation.studies.study) compared: validation
                 Dice against training time, throughput, metrics per evaluated set, and
                 plot_resolution_study's chart when the arms differ in resolution
 

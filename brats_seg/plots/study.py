@@ -1,5 +1,5 @@
 """A study's charts: the arms of a study (``study.json``, made by
-:func:`brats_seg.evaluation.study.compute_study`) compared, from the plain record alone.
+:func:`brats_seg.evaluation.studies.study.compute_study`) compared, from the plain record alone.
 
 :func:`plot_study` draws, beside ``study.json``:
 

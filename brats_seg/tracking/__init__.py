@@ -16,7 +16,7 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
 * :mod:`~brats_seg.tracking.pyfunc_model` is MLflow's "models from code" file of a logged model
   (the SavedModel export behind ``mlflow.pyfunc``): MLflow copies it into the model and runs it
   where the model loads, so it imports mlflow, numpy and tensorflow only, and nothing in brats_seg
-  imports it (:mod:`brats_seg.evaluation.mlflow_model` logs the model through
+  imports it (:mod:`brats_seg.evaluation.serving.mlflow_model` logs the model through
   :meth:`Tracker.log_model` and registers it with :meth:`Tracker.register_model`).
 * :mod:`~brats_seg.tracking.faults` words a store whose disk is full (the file, the free space,
   once) and keeps MLflow's own tracebacks of it out of the log.

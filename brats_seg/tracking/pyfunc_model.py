@@ -4,9 +4,9 @@ THIS FILE MUST NOT IMPORT brats_seg, NOR ANYTHING BUT THE STANDARD LIBRARY, mlfl
 tensorflow. MLflow copies it into every logged model and runs it wherever the model is loaded
 (``mlflow.pyfunc.load_model``, ``mlflow models serve``), in a process that need not have brats_seg
 installed. brats_seg never imports it either: it hands MLflow its path
-(:mod:`brats_seg.evaluation.mlflow_model`).
+(:mod:`brats_seg.evaluation.serving.mlflow_model`).
 
-The model's artifacts are the export of :mod:`brats_seg.evaluation.export`: ``saved_model`` (the
+The model's artifacts are the export of :mod:`brats_seg.evaluation.serving.export`: ``saved_model`` (the
 SavedModel folder) and ``preprocessing`` (its ``preprocessing.json``, what the input must be and
 how the output becomes a label map). ``predict`` takes a float32 array ``(batch, x, y, z, 4)``,
 channels-last RAS (FLAIR, T1, T1ce, T2) preprocessed onto the run's network grid, and returns

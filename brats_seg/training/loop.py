@@ -49,7 +49,7 @@ from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions
 from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset
 from brats_seg.distribute.strategy import make_strategy
-from brats_seg.evaluation.mlflow_model import log_best_model
+from brats_seg.evaluation.serving.mlflow_model import log_best_model
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.oom import MemoryWatch, out_of_memory_guard
@@ -124,7 +124,7 @@ def _start_tracking(run: ResolvedRun, run_dir: Path, run_name: str, replicas: in
 def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) -> None:
     """Log the final artifacts and the best value, then, if training finished, the best checkpoint as
     the run's MLflow model (registered as ``tracking.register_as`` if set:
-    :mod:`brats_seg.evaluation.mlflow_model`), last, so that nothing waits on it; end the tracked run."""
+    :mod:`brats_seg.evaluation.serving.mlflow_model`), last, so that nothing waits on it; end the tracked run."""
     folder = RunFolder(run_dir)
     try:
         if is_chief and folder.checkpoint_file("best").is_file():

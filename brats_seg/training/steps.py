@@ -127,9 +127,9 @@ def make_sliding_eval_step(model, metrics: Sequence, loss, window: Sequence[int]
                            depth: int) -> Callable:
     """:func:`make_eval_step` for a model trained on patches: each whole volume of the batch is
     inferred by windows of the patch size with Gaussian blending
-    (:func:`brats_seg.evaluation.sliding.predict_volume`, as evaluation infers it), then scored
+    (:func:`brats_seg.evaluation.inference.sliding.predict_volume`, as evaluation infers it), then scored
     like a whole-volume prediction. Runs eagerly around the windows' ``tf.function``."""
-    from brats_seg.evaluation.sliding import predict_volume
+    from brats_seg.evaluation.inference.sliding import predict_volume
 
     window = tuple(int(w) for w in window)
 

@@ -245,7 +245,7 @@ def _initial_weights(run_dir: Path) -> list[np.ndarray]:
     """The weights both runs started from: the model built under the run's seed, as training builds it."""
     import keras
 
-    from brats_seg.evaluation.run import load_run_config
+    from brats_seg.evaluation.inference.run import load_run_config
     from brats_seg.model.unet3d import build_unet3d, make_unet_blocks
 
     cfg = load_run_config(run_dir)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from brats_seg.evaluation.demo_seeds import _scores, compute_means, format_demo_seeds, train_overrides
+from brats_seg.evaluation.studies.demo_seeds import _scores, compute_means, format_demo_seeds, train_overrides
 from brats_seg.run_dir import RunFolder
 
 REGIONS = ("wt", "tc", "et")

@@ -1,4 +1,4 @@
-"""Tests of brats_seg.evaluation.metrics: per-mask maths, BraTS empty rules, per case."""
+"""Tests of brats_seg.evaluation.scoring.metrics: per-mask maths, BraTS empty rules, per case."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import surface_distance
 from scipy import ndimage
 
-from brats_seg.evaluation.metrics import (
+from brats_seg.evaluation.scoring.metrics import (
     HD95_EMPTY_MM,
     LEGACY_METRICS,
     compute_case_metrics,

@@ -30,12 +30,12 @@ from brats_seg.data.dataset import dataset_cache_dir
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import discover_cases
 from brats_seg.evaluation.evaluate import evaluate_run, split_case_ids
-from brats_seg.evaluation.metrics import HD95_EMPTY_MM
-from brats_seg.evaluation.predict import regions_to_mask
-from brats_seg.evaluation.run import RunError, check_evaluate_config
-from brats_seg.evaluation.scoring import score_masks
-from brats_seg.evaluation.sliding import default_window, gaussian_importance_map, predict_volume, sliding_window_starts
-from brats_seg.evaluation.table import metric_columns
+from brats_seg.evaluation.scoring.metrics import HD95_EMPTY_MM
+from brats_seg.evaluation.inference.predict import regions_to_mask
+from brats_seg.evaluation.inference.run import RunError, check_evaluate_config
+from brats_seg.evaluation.scoring.score import score_masks
+from brats_seg.evaluation.inference.sliding import default_window, gaussian_importance_map, predict_volume, sliding_window_starts
+from brats_seg.evaluation.scoring.table import metric_columns
 from tests.conftest import TINY, data_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -516,7 +516,7 @@ def test_instance_norm_statistics_differ_between_a_window_and_the_whole_volume()
 
 
 def test_load_run_model_restores_the_checkpoint(tmp_path):
-    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.inference.run import load_run_model
 
     model = fixed_head_unet(bias=(1.0, 0.0, -1.0))
     cfg = make_run_dir(tmp_path / "run", tmp_path / "data", "brats2021", tmp_path, {"train": [], "val": [], "test": []},

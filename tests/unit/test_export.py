@@ -24,9 +24,9 @@ import pytest
 from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig, config_to_dict, flatten_config
 from brats_seg.data.labels import LABELS, output_regions, resolve_model_outputs
 from brats_seg.data.layouts import CHANNELS, discover_cases
-from brats_seg.evaluation.export import check_export_output, describe_export, is_export_dir
-from brats_seg.evaluation.exported import check_export_settings, export_precision, predict_source, read_export
-from brats_seg.evaluation.run import RunError
+from brats_seg.evaluation.serving.export import check_export_output, describe_export, is_export_dir
+from brats_seg.evaluation.serving.exported import check_export_settings, export_precision, predict_source, read_export
+from brats_seg.evaluation.inference.run import RunError
 from brats_seg.run_dir import RunFolder
 from tests.conftest import TINY
 from tests.unit.test_evaluate import (
@@ -72,7 +72,7 @@ def _random_head_unet(model_cfg: ModelConfig = TINY_MODEL, shape=None):
 def exported(tmp_path_factory):
     """A run folder, its export (made in this process) and its one case."""
     from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
-    from brats_seg.evaluation.export import export_run
+    from brats_seg.evaluation.serving.export import export_run
 
     base = tmp_path_factory.mktemp("export")
     write_synthetic_dataset(base / "source", "brats2021", n_cases=1, seed=0)  # as the session's first case
@@ -91,7 +91,7 @@ def patch_exported(exported):
     """A patch run (``trainer.patch_size=PATCH``) over the same data, and its export, timed."""
     import time
 
-    from brats_seg.evaluation.export import export_run
+    from brats_seg.evaluation.serving.export import export_run
 
     base = exported.base / "patch"
     run_dir = base / "run"
@@ -144,8 +144,8 @@ _CHILD = textwrap.dedent("""
 def test_the_savedmodel_serves_in_a_process_without_brats_seg_as_the_keras_model_predicts(exported, tmp_path):
     import tensorflow as tf
 
-    from brats_seg.evaluation.run import load_run_model
-    from brats_seg.evaluation.sliding import predict_volume
+    from brats_seg.evaluation.inference.run import load_run_model
+    from brats_seg.evaluation.inference.sliding import predict_volume
 
     net = _network_image(exported)
     batch = np.stack([net, net[::-1]]).astype(np.float32)  # a batch of 2: the batch axis is free
@@ -209,9 +209,9 @@ def test_regions_and_paint_order_follow_the_layout_and_the_outputs(layout, out_c
 
 def test_predicting_with_the_export_writes_the_runs_masks(exported, tmp_path):
     from brats_seg.data.predict_inputs import find_input_cases
-    from brats_seg.evaluation.exported import load_exported_model
-    from brats_seg.evaluation.predict import predict_new_cases
-    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.serving.exported import load_exported_model
+    from brats_seg.evaluation.inference.predict import predict_new_cases
+    from brats_seg.evaluation.inference.run import load_run_model
 
     cases = find_input_cases(exported.case.images[0].parent, "brats2021")
     export = read_export(exported.folder)
@@ -235,8 +235,8 @@ def test_a_patch_runs_savedmodel_serves_the_gaussian_blended_sliding_windows_of_
     over a window is another computation, so the comparison tells the two apart)."""
     import tensorflow as tf
 
-    from brats_seg.evaluation.run import load_run_model
-    from brats_seg.evaluation.sliding import predict_volume
+    from brats_seg.evaluation.inference.run import load_run_model
+    from brats_seg.evaluation.inference.sliding import predict_volume
 
     batch = np.random.default_rng(1).normal(0.0, 1.0, (2, *TINY.shape, 4)).astype(np.float32)
     serve = tf.saved_model.load(str(patch_exported.folder)).signatures["serving_default"]
@@ -283,9 +283,9 @@ def test_predicting_with_a_patch_runs_export_writes_the_masks_of_its_sliding_win
     """predict.py export= (the export called as a whole-volume model, mirrored on the host) writes the
     masks the run's own model writes with the patch's sliding windows."""
     from brats_seg.data.predict_inputs import find_input_cases
-    from brats_seg.evaluation.exported import load_exported_model
-    from brats_seg.evaluation.predict import predict_new_cases
-    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.serving.exported import load_exported_model
+    from brats_seg.evaluation.inference.predict import predict_new_cases
+    from brats_seg.evaluation.inference.run import load_run_model
 
     cases = find_input_cases(exported.case.images[0].parent, "brats2021")
     export = read_export(patch_exported.folder)
@@ -417,7 +417,7 @@ def test_the_runs_post_processing_goes_into_the_export_and_prediction_takes_it_f
     import shutil
     from pathlib import Path
 
-    from brats_seg.evaluation.exported import prediction_postprocessing
+    from brats_seg.evaluation.serving.exported import prediction_postprocessing
     from brats_seg.evaluation.postprocess import POSTPROCESS_KIND
 
     export = read_export(exported.folder)

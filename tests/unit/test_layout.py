@@ -1,5 +1,6 @@
 """The package's layout rules, checked on the code: the LMS planner is TensorFlow-free and
-never reaches into the runtime, and no modules import each other in a circle."""
+never reaches into the runtime, no modules import each other in a circle, no package module
+imports the entry points' glue (cli.py), and evaluation/'s rooms point down only."""
 
 from __future__ import annotations
 
@@ -100,6 +101,50 @@ def test_config_and_data_import_nothing_above_them():
     for path in sorted((PACKAGE / "data").rglob("*.py")):
         offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path)
                       if n.startswith("brats_seg") and not n.startswith(below_data)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_package_module_imports_the_cli():
+    """cli.py is the entry points' glue (Hydra's command line, exit codes): library code that needs
+    the project's folder or a composed config takes them from brats_seg.project, never from it."""
+    offenders = [f"{path.relative_to(REPO)} imports {name}" for path in sorted(PACKAGE.rglob("*.py"))
+                 if path != PACKAGE / "cli.py"
+                 for name in _imports(path) if name == "brats_seg.cli" or name.startswith("brats_seg.cli.")]
+    assert not offenders, "\n".join(offenders)
+
+
+#: brats_seg/evaluation/'s rooms, bottom floor first: a room imports only rooms on floors below its own.
+EVALUATION_FLOORS = (
+    ("scoring",),                      # label maps scored: no model
+    ("postprocess", "overlays"),       # rules for a label map (chosen with scoring's metrics); pictures
+    ("inference",),                    # a run's model turned into label maps (applies the rules)
+    ("postprocess_run", "serving"),    # rules chosen on a run's val split; the model outside brats_seg
+    ("evaluate",),                     # a run's split end to end
+    ("studies",),                      # many runs, run as commands
+)
+
+
+def test_evaluation_rooms_import_only_floors_below_and_plots_import_none():
+    """Each room of brats_seg/evaluation/ (a subpackage or a top-level module) imports only rooms on
+    a lower floor of EVALUATION_FLOORS (or itself); plots/ imports nothing of evaluation."""
+    floor = {room: level for level, rooms in enumerate(EVALUATION_FLOORS) for room in rooms}
+    evaluation = PACKAGE / "evaluation"
+    rooms = {p.stem if p.is_file() else p.name for p in evaluation.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    assert rooms == set(floor), f"rooms of brats_seg/evaluation/ not on a floor (or floors naming no room): {rooms ^ set(floor)}"
+    offenders = []
+    for path in sorted(evaluation.rglob("*.py")):
+        parts = path.relative_to(evaluation).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        room = parts[0]
+        for name in _imports(path):
+            target = name.split(".")[2] if name.startswith("brats_seg.evaluation.") else None
+            if target is not None and target != room and floor.get(target, len(floor)) >= floor[room]:
+                offenders.append(f"{path.relative_to(REPO)} ({room}) imports {name} ({target})")
+    for path in sorted((PACKAGE / "plots").rglob("*.py")):
+        offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path)
+                      if n == "brats_seg.evaluation" or n.startswith("brats_seg.evaluation.")]
     assert not offenders, "\n".join(offenders)
 
 

@@ -16,12 +16,12 @@ import pytest
 
 from brats_seg.data.errors import CaseError
 from brats_seg.data.labels import region_label_values
-from brats_seg.evaluation import panoptica_metrics
-from brats_seg.evaluation.lesion23 import LESION23_PARAMS, Lesion23Params, compute_lesion23_metrics, lesion23_params_for
-from brats_seg.evaluation.lesion_input import LesionwiseError
-from brats_seg.evaluation.lesionwise import compute_lesionwise_metrics
-from brats_seg.evaluation.panoptica_metrics import compute_panoptica_metrics
-from brats_seg.evaluation.scoring import score_case
+from brats_seg.evaluation.scoring import panoptica_metrics
+from brats_seg.evaluation.scoring.lesion23 import LESION23_PARAMS, Lesion23Params, compute_lesion23_metrics, lesion23_params_for
+from brats_seg.evaluation.scoring.lesion_input import LesionwiseError
+from brats_seg.evaluation.scoring.lesionwise import compute_lesionwise_metrics
+from brats_seg.evaluation.scoring.panoptica_metrics import compute_panoptica_metrics
+from brats_seg.evaluation.scoring.score import score_case
 
 SHAPE = (32, 32, 32)
 ISO = (1.0, 1.0, 1.0)

@@ -98,7 +98,7 @@ def test_forward_only_estimate_covers_the_allocators_peak_of_whole_volume_infere
         pytest.skip("this CPU has no native bfloat16: oneDNN cannot run bf16 convolutions here")
     import keras
     import tensorflow as tf
-    from brats_seg.evaluation.sliding import predict_volume
+    from brats_seg.evaluation.inference.sliding import predict_volume
     from brats_seg.model.unet3d import build_unet3d
 
     keras.mixed_precision.set_dtype_policy(policy)
@@ -124,7 +124,7 @@ def test_the_mirrored_pass_runs_after_the_first_not_beside_it():
     and the mirrored input, where two passes side by side held both passes' activations (measured at
     full resolution on a Zen 5: 1.99 against 1.35 GB, docs/measurements/inference_first_call_zen5/)."""
     import tensorflow as tf
-    from brats_seg.evaluation.sliding import predict_volume
+    from brats_seg.evaluation.inference.sliding import predict_volume
     from brats_seg.model.unet3d import build_unet3d
 
     model = build_unet3d(CFG, SHAPE)

@@ -1,4 +1,4 @@
-"""The best model as an MLflow model (brats_seg.evaluation.mlflow_model): logged at the end of
+"""The best model as an MLflow model (brats_seg.evaluation.serving.mlflow_model): logged at the end of
 training, loaded by ``mlflow.pyfunc`` in a process that never imports brats_seg with the Keras
 model's probabilities, registered under ``tracking.register_as``, and every failure a warning.
 
@@ -142,7 +142,7 @@ def test_the_logged_model_predicts_the_keras_models_output_without_brats_seg(tra
     imports brats_seg (no PYTHONPATH, its cwd outside the repository) equals the run's Keras model."""
     import tensorflow as tf
 
-    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.inference.run import load_run_model
 
     volume = np.random.default_rng(5).normal(0.0, 1.0, (1, *TINY.shape, 4)).astype(np.float32)
     np.save(tmp_path / "volume.npy", volume)
@@ -165,7 +165,7 @@ def test_the_logged_model_predicts_the_keras_models_output_without_brats_seg(tra
 
 def test_a_finished_run_trained_again_logs_no_second_model(trained, caplog):
     """The same checkpoint and precision: the run keeps its one model (and its one registered version)."""
-    from brats_seg.evaluation.mlflow_model import log_best_model
+    from brats_seg.evaluation.serving.mlflow_model import log_best_model
 
     with caplog.at_level(logging.INFO), _resumed(trained) as tracker:
         logged = log_best_model(tracker, trained.run_dir, step=1)
@@ -185,7 +185,7 @@ def test_a_refused_registration_name_warns_once_by_name(trained, caplog, monkeyp
     from mlflow.exceptions import MlflowException
     from mlflow.protos import databricks_pb2
 
-    from brats_seg.evaluation.mlflow_model import log_best_model
+    from brats_seg.evaluation.serving.mlflow_model import log_best_model
 
     if refusal:
         def refuse(self, *args, **kwargs):
@@ -211,13 +211,13 @@ def _fail_export(*args, **kwargs):
 
 @pytest.mark.parametrize("target,failure", [
     ("mlflow.pyfunc.log_model", _fail_log_model),  # the store's disk is full
-    ("brats_seg.evaluation.mlflow_model.export_run", _fail_export),  # the export cannot be written
+    ("brats_seg.evaluation.serving.mlflow_model.export_run", _fail_export),  # the export cannot be written
 ])
 def test_a_model_log_that_fails_warns_once_and_the_files_stand(trained, tmp_path, caplog, monkeypatch, target,
                                                                failure):
     """A new run of a copy of the run folder: the failure is one warning, the tracker ends the run,
     and the run folder is as it was."""
-    from brats_seg.evaluation.mlflow_model import log_best_model
+    from brats_seg.evaluation.serving.mlflow_model import log_best_model
     from brats_seg.run_dir import RunFolder
     from brats_seg.tracking import Tracker
 
@@ -239,9 +239,9 @@ def test_the_export_script_logs_its_export_into_the_run(trained, tmp_path):
     """``scripts/export.py``'s step after the export: the export it wrote becomes a model of the run
     (``model_last`` for checkpoint=last), the best checkpoint's export is the model training
     logged, and the run's status is left as training left it."""
-    from brats_seg.evaluation.export import export_run
-    from brats_seg.evaluation.mlflow_model import log_export_to_run
-    from brats_seg.evaluation.run import load_run_config
+    from brats_seg.evaluation.serving.export import export_run
+    from brats_seg.evaluation.serving.mlflow_model import log_export_to_run
+    from brats_seg.evaluation.inference.run import load_run_config
 
     config = load_run_config(trained.run_dir)
     config.tracking.register_as = ""  # the registry is test (c)'s
@@ -269,7 +269,7 @@ def test_the_logged_model_serves_over_http(trained, tmp_path):
 
     import tensorflow as tf
 
-    from brats_seg.evaluation.run import load_run_model
+    from brats_seg.evaluation.inference.run import load_run_model
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

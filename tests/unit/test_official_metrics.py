@@ -7,7 +7,7 @@ as brats2023 files (the cavity folded into label 1), are test data:
 ``tests/data/official_metrics/anisotropic_cases.json`` (numbers only; the command that
 regenerated it and the versions are in the file). The cases are built by
 ``scripts/check_official_metrics.py`` (``small_case``), without random numbers; here they
-are written as files and scored by :func:`brats_seg.evaluation.scoring.score_masks`, the
+are written as files and scored by :func:`brats_seg.evaluation.scoring.score.score_masks`, the
 function ``scripts/score.py`` calls.
 """
 
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from brats_seg.evaluation.scoring import score_masks
+from brats_seg.evaluation.scoring.score import score_masks
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = REPO / "tests" / "data" / "official_metrics" / "anisotropic_cases.json"
-from brats_seg.evaluation.official_cases import SMALL_CASES, write_small_cases  # the cases the values are of
+from brats_seg.evaluation.scoring.official_cases import SMALL_CASES, write_small_cases  # the cases the values are of
 
 DOC = json.loads(EXPECTED.read_text())
 TOL, TOL_MM = 1e-6, 1e-4  # values; distances (mm)

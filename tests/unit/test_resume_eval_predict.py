@@ -30,13 +30,13 @@ import numpy as np
 import pytest
 
 import brats_seg.evaluation.evaluate as evaluate
-import brats_seg.evaluation.predict as predict
+import brats_seg.evaluation.inference.predict as predict
 from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.data.layouts import discover_cases
 from brats_seg.evaluation.evaluate import evaluate_run
-from brats_seg.evaluation.predict import MANIFEST, predict_new_cases
+from brats_seg.evaluation.inference.predict import MANIFEST, predict_new_cases
 from brats_seg.run_dir import RunFolder
-from brats_seg.evaluation.table import metric_columns
+from brats_seg.evaluation.scoring.table import metric_columns
 from brats_seg.signals import Interrupted, stop_on_signals
 from tests.conftest import TINY
 from tests.unit.test_evaluate import OracleModel, case_ids, make_run_dir, prepare_entries
@@ -374,7 +374,7 @@ def test_the_same_prediction_again_skips_the_cases_written_by_the_same_model_and
     manifest = json.loads((out / MANIFEST).read_text())
     assert sorted(manifest["cases"]) == [c.case_id for c in cases] and manifest["settings"]["model"] == IDENTITY
     mtimes = {p.name: p.stat().st_mtime_ns for p in out.glob("*.nii.gz")}
-    with caplog.at_level(logging.INFO, logger="brats_seg.evaluation.predict"):
+    with caplog.at_level(logging.INFO, logger="brats_seg.evaluation.inference.predict"):
         written = _predict(cases, out)
     assert predicted == [] and "2 of 2 cases were predicted before by this model" in caplog.text
     assert [p.name for p in written] == sorted(mtimes) and {p.name: p.stat().st_mtime_ns for p in written} == mtimes
@@ -448,7 +448,7 @@ def test_prediction_applies_the_post_processing_and_redoes_masks_when_the_rules_
 
 
 def test_prediction_takes_the_runs_post_processing_and_says_when_there_is_none(run, caplog):
-    from brats_seg.evaluation.exported import prediction_postprocessing
+    from brats_seg.evaluation.serving.exported import prediction_postprocessing
     from brats_seg.evaluation.postprocess import POSTPROCESS_KIND
 
     run_dir, _, _ = run

@@ -118,7 +118,7 @@ def test_a_run_from_before_the_stratified_split_says_how_to_resume(tmp_path):
 
 def test_evaluation_raises_the_run_folders_error():
     """One RunError: callers catching evaluation's catch the run folder's (and the CLI's handler both)."""
-    from brats_seg.evaluation import run as evaluation_run
+    from brats_seg.evaluation.inference import run as evaluation_run
 
     assert evaluation_run.RunError is RunError
 

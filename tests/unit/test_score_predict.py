@@ -16,9 +16,9 @@ from brats_seg.data.errors import CaseError, DatasetError
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.predict_inputs import find_input_cases
-from brats_seg.evaluation.metrics import HD95_EMPTY_MM
-from brats_seg.evaluation.scoring import score_masks
-from brats_seg.evaluation.table import metric_columns
+from brats_seg.evaluation.scoring.metrics import HD95_EMPTY_MM
+from brats_seg.evaluation.scoring.score import score_masks
+from brats_seg.evaluation.scoring.table import metric_columns
 from tests.conftest import TINY
 from tests.unit.test_evaluate import (
     CLI_BACKEND,
@@ -162,8 +162,8 @@ def test_score_script_exits_2_on_a_bad_reference_root(tmp_path):
 
 
 def test_scoring_does_not_import_tensorflow():
-    code = ("import sys; import brats_seg.evaluation.evaluate, brats_seg.evaluation.scoring, "
-            "brats_seg.evaluation.predict, brats_seg.data.layouts; "
+    code = ("import sys; import brats_seg.evaluation.evaluate, brats_seg.evaluation.scoring.score, "
+            "brats_seg.evaluation.inference.predict, brats_seg.data.layouts; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=CLI_ENV, capture_output=True, text=True,
                          timeout=60)
@@ -258,7 +258,7 @@ def test_brats2024_trains_four_outputs_and_predicts_the_cavity_label(synthetic_r
     monitors dice_rc; a model predicting RC writes label 4."""
     from brats_seg.backend import configure, decide_backend
     from brats_seg.config import BackendConfig, TrackingConfig, TrainerConfig
-    from brats_seg.evaluation.predict import predict_new_cases
+    from brats_seg.evaluation.inference.predict import predict_new_cases
     from brats_seg.training.loop import train
     from tests.conftest import data_config
 
@@ -283,7 +283,7 @@ def test_brats2024_trains_four_outputs_and_predicts_the_cavity_label(synthetic_r
 
 
 def test_predict_an_msd_4d_image_keeps_its_affine(synthetic_root, tmp_path):
-    from brats_seg.evaluation.predict import predict_new_cases
+    from brats_seg.evaluation.inference.predict import predict_new_cases
 
     image4d = sorted((synthetic_root["msd"] / "imagesTr").glob("*.nii.gz"))[0]
     cfg = TrainConfig(resolution=TINY, model=ModelConfig(depth=2, base_filters=4))

@@ -14,8 +14,8 @@ import pytest
 
 from brats_seg.config import DataConfig, ResolutionConfig, StudyScriptConfig, TrainConfig
 from brats_seg.files import is_temporary, write_text_atomic
-from brats_seg.evaluation import study_run as study_script  # what scripts/study.py runs
-from brats_seg.evaluation.study import compute_time_to_reach, compute_timeline
+from brats_seg.evaluation.studies import study_run as study_script  # what scripts/study.py runs
+from brats_seg.evaluation.studies.study import compute_time_to_reach, compute_timeline
 from brats_seg.run_dir import RunFolder
 from brats_seg.sweeps import sweep_dirname
 
@@ -325,7 +325,7 @@ def test_the_study_logs_its_charts_into_each_tracked_run(patches, tmp_path):
 def test_a_store_that_fails_is_reported_once_and_the_study_goes_on(patches, caplog):
     for run_dir in sorted(p for p in patches.iterdir() if p.is_dir())[:2]:
         RunFolder(run_dir).write_tracking({"run_id": "abc", "tracking_uri": "http://127.0.0.1:9"})
-    with caplog.at_level("WARNING", logger="brats_seg.evaluation.study_run"):
+    with caplog.at_level("WARNING", logger="brats_seg.evaluation.studies.study_run"):
         status, study = _run(patches, mlflow=True)
     warned = [r for r in caplog.records if "cannot log the study to MLflow" in r.getMessage()]
     assert status == 0 and study["arms"] and len(warned) == 1 and warned[0].levelname == "WARNING"

@@ -1,4 +1,4 @@
-"""Tests of brats_seg.evaluation.table: columns, CSV cells (373 / empty), summary, the printed table."""
+"""Tests of brats_seg.evaluation.scoring.table: columns, CSV cells (373 / empty), summary, the printed table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from brats_seg.evaluation.table import INF_DISTANCE_MM, METRIC_NAMES, MetricsTable, format_summary_table, metric_columns
+from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, METRIC_NAMES, MetricsTable, format_summary_table, metric_columns
 
 REGIONS = ("wt", "tc", "et")
 

@@ -22,7 +22,7 @@ from mlflow.exceptions import MlflowException
 
 from brats_seg.config import DataConfig, ResolutionConfig, TrackingConfig, TrainConfig
 from brats_seg.evaluation.evaluate import _log_to_mlflow
-from brats_seg.evaluation.table import MetricsTable
+from brats_seg.evaluation.scoring.table import MetricsTable
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker
 from brats_seg.tracking.datasets import split_inputs

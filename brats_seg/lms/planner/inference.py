@@ -1,7 +1,7 @@
 """Memory of evaluation and prediction: whole-volume inference, mirroring, the way back to the native grid.
 
 ``scripts/evaluate.py`` and ``scripts/predict.py`` run each case through
-``brats_seg.evaluation.sliding.predict_volume`` (the model in a ``tf.function``, which frees
+``brats_seg.evaluation.inference.sliding.predict_volume`` (the model in a ``tf.function``, which frees
 every tensor after its last reader; test-time mirroring in the same graph) and
 ``brats_seg.data.preprocess.invert_to_native`` (a channel at a time), then threshold, write
 and score on the native grid. This module predicts that process's peak above the imported

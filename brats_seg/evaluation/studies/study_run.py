@@ -4,7 +4,7 @@ read, compared, written, drawn and logged (``scripts/study.py``).
 :func:`run_study` finds every run folder under the study's folder (a training run's config and
 state), runs ``scripts/evaluate.py`` for a finished run that lacks a requested set (one after
 another, each logged to ``<dir>/logs/``), reads the summaries, and hands plain values to
-:func:`brats_seg.evaluation.study.compute_study`; it writes ``study.json``, draws the charts of
+:func:`brats_seg.evaluation.studies.study.compute_study`; it writes ``study.json``, draws the charts of
 :mod:`brats_seg.plots.study` and logs both into each run's MLflow run. Progress and warnings
 are logged; the report (the Markdown tables, what was not evaluated, what failed) is returned
 (:class:`StudyOutcome`, :func:`format_report`) for ``scripts/study.py`` to print.
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brats_seg.choices import choice_values
-from brats_seg.cli import project_dir
 from brats_seg.config import Split
+from brats_seg.project import project_dir
 
 __all__ = ["SETS", "StepFailed", "StudyOutcome", "eval_name", "evaluate_missing", "find_runs", "format_report",
            "log_to_mlflow", "parse_sets", "read_records", "run_logged", "run_study"]
@@ -44,7 +44,7 @@ class StepFailed(SystemExit):
 
 
 def run_logged(cmd: list[str], log_file: Path) -> float:
-    """Run ``cmd`` in the project folder (:func:`brats_seg.cli.project_dir`) with its output appended
+    """Run ``cmd`` in the project folder (:func:`brats_seg.project.project_dir`) with its output appended
     to ``log_file``; its wall time in seconds.
 
     Raises:
@@ -124,7 +124,7 @@ def _name(folder, root: Path) -> str:
 def evaluate_missing(runs: list[tuple], root: Path, sets: dict, conf) -> tuple[list[dict], list[dict]]:
     """Evaluate each finished run's missing sets (``conf.evaluate``), or list them: ``(missing, failed)``."""
     from brats_seg.config import flatten_config
-    from brats_seg.evaluation.study import compute_finished
+    from brats_seg.evaluation.studies.study import compute_finished
 
     missing, failed = [], []
     for folder, cfg, state in runs:
@@ -154,13 +154,13 @@ def evaluate_missing(runs: list[tuple], root: Path, sets: dict, conf) -> tuple[l
 
 
 def read_records(runs: list[tuple], root: Path, sets: dict, thresholds: list[float]):
-    """``(records, configs, regions)`` of the runs (:func:`brats_seg.evaluation.study.compute_run_record`),
+    """``(records, configs, regions)`` of the runs (:func:`brats_seg.evaluation.studies.study.compute_run_record`),
     their evaluations read again (the ones just made included)."""
     import math
 
     from brats_seg.config import flatten_config, network_input_shape
     from brats_seg.data.labels import region_names
-    from brats_seg.evaluation.study import compute_run_record
+    from brats_seg.evaluation.studies.study import compute_run_record
 
     regions = [r for r in region_names(runs[0][1].data.layout)
                if all(r in region_names(cfg.data.layout) for _, cfg, _ in runs)]
@@ -252,7 +252,7 @@ class StudyOutcome:
 def run_study(conf) -> StudyOutcome:
     """The study of ``conf.dir``: evaluate, compute, write, draw, log. Everything is written even
     when an evaluation failed (``outcome.failed``, ``outcome.status`` 1)."""
-    from brats_seg.evaluation.study import compute_study
+    from brats_seg.evaluation.studies.study import compute_study
     from brats_seg.files import write_text_atomic
     from brats_seg.plots.study import plot_study
 
@@ -282,7 +282,7 @@ def run_study(conf) -> StudyOutcome:
 def format_report(outcome: StudyOutcome) -> str:
     """The study's report as ``scripts/study.py`` prints it: the arms, the Markdown tables, the
     notes, what is not in the study or not evaluated, where it was logged and written."""
-    from brats_seg.evaluation.study import format_study_markdown
+    from brats_seg.evaluation.studies.study import format_study_markdown
 
     study, root = outcome.study, Path(outcome.study["dir"])
     parts = [f"\n{root.name}: arms by {', '.join(study['arm_keys']) or '(one arm)'}; "

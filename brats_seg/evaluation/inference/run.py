@@ -15,9 +15,9 @@ import logging
 from pathlib import Path
 
 from brats_seg.choices import check_choice
-from brats_seg.config import BackendConfig, EvalMode, EvaluateConfig, ModelConfig, TrainConfig
+from brats_seg.config import EvalMode, EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.labels import output_regions
-from brats_seg.evaluation.sliding import resolve_window
+from brats_seg.evaluation.inference.sliding import resolve_window
 from brats_seg.run_dir import RunError, RunFolder
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
     "load_run_model",
     "inference_device",
     "inference_policy",
-    "inference_precision",
     "run_regions",
 ]
 
@@ -159,32 +158,15 @@ def load_run_model(run_dir: str | Path, checkpoint: str = "best", config: TrainC
     return model
 
 
-def inference_precision(run: TrainConfig, requested: str | None, backend: BackendConfig | None = None) -> str:
-    """The precision a run's model infers in: ``requested`` (``backend.precision=`` given on the
-    command line) or else the run's own, so a bf16 run is evaluated in bf16 (half the memory)
-    -- except on a CPU without native bf16, where oneDNN cannot run it: fp32, said once.
-
-    Args:
-        backend: the inferring command's ``backend`` group, whose device
-            (:func:`brats_seg.backend.decide_backend`) decides; None: the run's own.
-    """
-    if requested:
-        return requested
-    precision = run.backend.precision
-    if precision == "bf16":
-        from brats_seg.backend import decide_backend, visible_gpus
-        from brats_seg.cpu import cpu_model_name, has_native_bf16
-
-        where = dataclasses.replace(backend or run.backend, precision="fp32")  # the device, whatever the precision
-        if decide_backend(where, visible_gpus()).device == "CPU" and not has_native_bf16():
-            log.warning("the run trained in bf16; this CPU (%s) has no native bf16, so its model infers in fp32 "
-                        "(about twice the memory of bf16)", cpu_model_name())
-            return "fp32"
-    return precision if precision in ("fp32", "bf16") else "fp32"
-
-
 def inference_device() -> str:
-    """``GPU`` if TensorFlow sees one (call after ``backend.configure``), else ``CPU``."""
+    """``GPU`` or ``CPU``: the device the process's backend was decided for
+    (:func:`brats_seg.resolve.resolve_inference`) and applied (:func:`brats_seg.backend.configure`);
+    code that infers without configuring first gets TensorFlow's default placement."""
+    from brats_seg.backend import applied_backend
+
+    applied = applied_backend()
+    if applied is not None:
+        return applied.device
     import tensorflow as tf
 
     return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"

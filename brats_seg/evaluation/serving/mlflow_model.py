@@ -5,7 +5,7 @@ What is logged, as the run's model ``model`` (``runs:/<run_id>/model``; in MLflo
 
     MLmodel                    flavour python_function, "models from code", the signature
     pyfunc_model.py            brats_seg/tracking/pyfunc_model.py: imports mlflow, numpy, tensorflow only
-    artifacts/saved_model/     the SavedModel export (brats_seg.evaluation.export), preprocessing.json in it
+    artifacts/saved_model/     the SavedModel export (brats_seg.evaluation.serving.export), preprocessing.json in it
                                (scripts/export.py: under its export folder's name, e.g. export/)
     artifacts/preprocessing.json   what the input must be and how the output becomes a label map
     input_example.json serving_input_example.json   a zero volume, for grids of at most
@@ -58,8 +58,8 @@ from pathlib import Path
 import numpy as np
 
 from brats_seg.config import TrainConfig
-from brats_seg.evaluation.export import DESCRIPTION_FILE, describe_export, export_run
-from brats_seg.evaluation.run import load_run_config
+from brats_seg.evaluation.serving.export import DESCRIPTION_FILE, describe_export, export_run
+from brats_seg.evaluation.inference.run import load_run_config
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import Tracker
 

@@ -1,10 +1,10 @@
 """What both lesion-wise definitions accept, checked once, and the error they raise.
 
-:mod:`brats_seg.evaluation.panoptica_metrics` (BraTS 2025+) and
-:mod:`brats_seg.evaluation.lesion23` (BraTS 2023/2024) take the same input: a predicted
+:mod:`brats_seg.evaluation.scoring.panoptica_metrics` (BraTS 2025+) and
+:mod:`brats_seg.evaluation.scoring.lesion23` (BraTS 2023/2024) take the same input: a predicted
 and a reference label map ``(x, y, z)`` in RAS, of one grid, with its voxel size in mm.
 Both check it here, so a bad pair is refused with the same :class:`LesionwiseError`
-whichever definition meets it first, and a caller (:func:`brats_seg.evaluation.scoring.score_case`)
+whichever definition meets it first, and a caller (:func:`brats_seg.evaluation.scoring.score.score_case`)
 catches one error type for both.
 """
 

@@ -25,11 +25,11 @@ from brats_seg.data.errors import CaseError, DatasetError
 from brats_seg.data.labels import check_label_map, labels_to_regions, region_label_values, region_names
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.nifti import NIFTI_SUFFIXES, Volume, find_nifti, load_volume, nifti_stem
-from brats_seg.evaluation.lesion23 import lesion23_params_for
-from brats_seg.evaluation.lesion_input import LesionwiseError
-from brats_seg.evaluation.lesionwise import compute_lesionwise_metrics
-from brats_seg.evaluation.metrics import HD95_EMPTY_MM, compute_case_metrics
-from brats_seg.evaluation.table import METRIC_NAMES, MetricsTable
+from brats_seg.evaluation.scoring.lesion23 import lesion23_params_for
+from brats_seg.evaluation.scoring.lesion_input import LesionwiseError
+from brats_seg.evaluation.scoring.lesionwise import compute_lesionwise_metrics
+from brats_seg.evaluation.scoring.metrics import HD95_EMPTY_MM, compute_case_metrics
+from brats_seg.evaluation.scoring.table import METRIC_NAMES, MetricsTable
 from brats_seg.files import is_temporary
 
 __all__ = ["ScoreResult", "load_reference", "score_case", "score_masks"]
@@ -59,7 +59,7 @@ def score_case(
             the layout's other regions get NaN (undefined). Default: all of them.
         reference: the reference file as :func:`load_reference` read it. The official
             evaluation's lesion-wise HD95 and NSD depend on how the file stores its voxels
-            (:func:`brats_seg.evaluation.panoptica_metrics.to_official_input`), so pass it whenever
+            (:func:`brats_seg.evaluation.scoring.panoptica_metrics.to_official_input`), so pass it whenever
             there is a file; without it the label maps count as stored as they are (RAS
             order, voxel size ``spacing_mm``).
 

@@ -13,7 +13,7 @@ RAS (FLAIR, T1, T1ce, T2), preprocessed onto the run's network grid; and returns
 float32 ``(batch, x, y, z, R)``, the sigmoid output of each region of the layout in output order.
 The spatial dims are fixed to ``resolution.shape``: the U-Net's instance and group norms normalise
 over the grid they are given (another grid changes what the model computes, see
-:func:`brats_seg.evaluation.run.check_evaluate_config`), its trilinear up-sampling needs static
+:func:`brats_seg.evaluation.inference.run.check_evaluate_config`), its trilinear up-sampling needs static
 dims, and the preprocessing always produces that grid. The batch is free: the cases of a batch
 run one at a time (``tf.map_fn``) through the same kernels as brats_seg's own inference, so with
 the same thread settings the outputs equal the run's ``.keras`` model's bit for bit. A FLAIR-only
@@ -26,7 +26,7 @@ How a case is inferred follows how the run trained (``preprocessing.json``'s ``i
 * patches (``trainer.patch_size=[x,y,z]``): the model, built at the patch as training built it,
   on windows of the patch with overlap ``evaluate.window_overlap``'s default (0.5), blended with
   the Gaussian importance map, all inside the graph: the window corners are constants
-  (:func:`brats_seg.evaluation.sliding.window_corners`), a ``tf.while_loop`` runs one window at a
+  (:func:`brats_seg.evaluation.inference.sliding.window_corners`), a ``tf.while_loop`` runs one window at a
   time in their order and adds its weighted probabilities and its weights into the grid's sums,
   and the probabilities are their quotient -- the sums ``predict_volume(mode="sliding")`` forms on
   the host, in the same order, so the SavedModel serves what brats_seg's sliding inference gives.
@@ -38,8 +38,8 @@ the steps from :func:`brats_seg.data.preprocess.describe_preprocessing`, the thr
 mirroring from :class:`brats_seg.config.EvaluateConfig`. The folder is written with
 :func:`brats_seg.files.atomic_dir`: a killed export leaves the previous export, or a ``.tmp-``
 folder, never a folder that looks complete. TensorFlow and Keras are imported inside functions,
-after ``brats_seg.backend.configure``. Reading an export back: :mod:`brats_seg.evaluation.exported`;
-as an MLflow model of the run (``mlflow.pyfunc``): :mod:`brats_seg.evaluation.mlflow_model`.
+after ``brats_seg.backend.configure``. Reading an export back: :mod:`brats_seg.evaluation.serving.exported`;
+as an MLflow model of the run (``mlflow.pyfunc``): :mod:`brats_seg.evaluation.serving.mlflow_model`.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from brats_seg.config import EvaluateConfig, ExportFormat, TrainConfig, config_t
 from brats_seg.data.labels import REGION_TITLES, label_table
 from brats_seg.data.layouts import CHANNELS
 from brats_seg.data.preprocess import describe_preprocessing
-from brats_seg.evaluation.run import RunError, load_run_config, load_run_model, run_regions
-from brats_seg.evaluation.sliding import GAUSSIAN_SIGMA_SCALE, gaussian_importance_map, window_corners
+from brats_seg.evaluation.inference.run import RunError, load_run_config, load_run_model, run_regions
+from brats_seg.evaluation.inference.sliding import GAUSSIAN_SIGMA_SCALE, gaussian_importance_map, window_corners
 from brats_seg.files import atomic_dir, write_text_atomic
 from brats_seg.run_dir import RunFolder
 
@@ -120,7 +120,7 @@ def describe_inference(config: TrainConfig) -> dict:
         {"mode": "sliding", "window": [x, y, z], "overlap": 0.5, "blending": "gaussian", "sigma_scale": 0.125}
 
     ``overlap`` is ``evaluate.window_overlap``'s default, ``sigma_scale`` the Gaussian's sigma per
-    axis as a fraction of the window (:func:`brats_seg.evaluation.sliding.gaussian_importance_map`).
+    axis as a fraction of the window (:func:`brats_seg.evaluation.inference.sliding.gaussian_importance_map`).
     """
     if not config.trainer.patch_size:
         return {"mode": "whole"}

@@ -1,8 +1,8 @@
-"""An export (:mod:`brats_seg.evaluation.export`) as prediction sees it: its ``preprocessing.json``
+"""An export (:mod:`brats_seg.evaluation.serving.export`) as prediction sees it: its ``preprocessing.json``
 read back without TensorFlow, and its SavedModel loaded as the model ``predict_volume`` expects.
 
 ``scripts/predict.py export=<export>`` predicts through the same path as ``run_dir=<run>``
-(:func:`brats_seg.evaluation.predict.predict_new_cases`): the run's config, kept whole in
+(:func:`brats_seg.evaluation.inference.predict.predict_new_cases`): the run's config, kept whole in
 ``preprocessing.json``, fixes the preprocessing, the inversion to the native grid, the regions and
 the labels, and :class:`ExportedModel` stands where the Keras model stands (``input_shape``,
 ``layers``, a call on a numpy batch), so the masks are those the run's ``.keras`` model writes.
@@ -26,7 +26,7 @@ import numpy as np
 
 from brats_seg.config import EvaluateConfig, TrainConfig, config_from_dict
 from brats_seg.data.labels import resolve_model_outputs
-from brats_seg.evaluation.export import (
+from brats_seg.evaluation.serving.export import (
     DESCRIPTION_FILE,
     EXPORT_KIND,
     EXPORT_VERSION,
@@ -36,7 +36,7 @@ from brats_seg.evaluation.export import (
     is_export_dir,
 )
 from brats_seg.evaluation.postprocess import PostProcessing, PostprocessError, rules_of_record
-from brats_seg.evaluation.run import RunError, check_evaluate_config
+from brats_seg.evaluation.inference.run import RunError, check_evaluate_config
 from brats_seg.run_dir import RunFolder, upgrade_config_dict
 
 __all__ = ["ExportInfo", "ExportedModel", "check_export_settings", "export_precision", "load_exported_model",
@@ -69,7 +69,7 @@ class ExportInfo:
     @property
     def inference(self) -> dict:
         """How the SavedModel infers a case (``preprocessing.json``'s ``inference``, written by
-        :func:`brats_seg.evaluation.export.describe_inference`): ``{"mode": "whole"}``, or for a patch
+        :func:`brats_seg.evaluation.serving.export.describe_inference`): ``{"mode": "whole"}``, or for a patch
         run ``{"mode": "sliding", "window": [x, y, z], "overlap": 0.5, "blending": "gaussian",
         "sigma_scale": 0.125}``, done inside the signature, which takes and returns the whole grid
         either way. An export made before the key existed infers whole."""
@@ -219,7 +219,7 @@ def export_precision(info: ExportInfo, requested: str | None) -> str:
 
 
 class ExportedModel:
-    """A loaded export, as :func:`brats_seg.evaluation.sliding.predict_volume` uses a Keras model.
+    """A loaded export, as :func:`brats_seg.evaluation.inference.sliding.predict_volume` uses a Keras model.
 
     Attributes:
         input_shape: the signature's input, ``(None, X, Y, Z, 4)``: the whole grid, also for a

@@ -2,7 +2,7 @@
 written as a label map in the layout's own values.
 
 Arrays are channels-last RAS: probabilities ``(x, y, z, R)``, one channel per region the
-run's model predicts (``brats_seg.evaluation.run.run_regions``), label maps ``(x, y, z)``.
+run's model predicts (``brats_seg.evaluation.inference.run.run_regions``), label maps ``(x, y, z)``.
 
 The label map that is written is what counts: thresholded regions need not be nested (ET
 predicted outside WT), and :func:`regions_to_mask` resolves that by the layout's paint
@@ -39,9 +39,9 @@ from brats_seg.data.layouts import Case
 from brats_seg.data.nifti import save_mask
 from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, preprocess_case
 from brats_seg.evaluation.postprocess import PostProcessing
-from brats_seg.evaluation.run import run_regions
-from brats_seg.evaluation.sliding import predict_volume
-from brats_seg.files import is_temporary, write_text_atomic
+from brats_seg.evaluation.inference.run import run_regions
+from brats_seg.evaluation.inference.sliding import predict_volume
+from brats_seg.files import file_identity, is_temporary, write_text_atomic
 from brats_seg.locks import hold_lock
 from brats_seg.signals import report_progress
 
@@ -88,7 +88,7 @@ def predict_case_native(
     """Probabilities of one case on its native RAS grid.
 
     Args:
-        model: see :func:`brats_seg.evaluation.sliding.predict_volume`.
+        model: see :func:`brats_seg.evaluation.inference.sliding.predict_volume`.
         case: a :class:`CacheEntry` (its cached image and record are used) or a
             network-grid image ``(X, Y, Z, C)``.
         record: the case's :class:`PreprocessRecord` (or dict); taken from the entry's
@@ -198,15 +198,6 @@ def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_
 # ---------------------------------------------------------------------------------------
 
 
-def _file_identity(path: Path) -> list | None:
-    """``[size, mtime_ns]`` of a file (None if missing): a rewritten file has another."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
-
-
 def _settings(config: TrainConfig, eval_cfg: EvaluateConfig, model_identity: dict,
               postprocess: PostProcessing | None = None) -> dict:
     """What every mask depends on besides its case: the model, the settings and the post-processing."""
@@ -234,9 +225,9 @@ def _read_manifest(output: Path, settings: dict) -> dict[str, dict]:
 
 
 def _case_record(case: Case, output: Path, overlays: bool) -> dict:
-    return {"inputs": [[str(p.resolve()), *(_file_identity(p) or [])] for p in case.images],
-            "mask": _file_identity(_mask_path(output, case.case_id)),
-            "overlay": _file_identity(_overlay_path(output, case.case_id)) if overlays else None}
+    return {"inputs": [[str(p.resolve()), *(file_identity(p) or [])] for p in case.images],
+            "mask": file_identity(_mask_path(output, case.case_id)),
+            "overlay": file_identity(_overlay_path(output, case.case_id)) if overlays else None}
 
 
 def _already_predicted(case: Case, output: Path, overlays: bool, done: dict[str, dict]) -> bool:
@@ -284,7 +275,7 @@ def predict_new_cases(
             case done, and cases written before by the same model and settings are skipped. None:
             every case is predicted and nothing is recorded.
         postprocess: the rules applied to each mask
-            (:func:`brats_seg.evaluation.exported.prediction_postprocessing`), or None.
+            (:func:`brats_seg.evaluation.serving.exported.prediction_postprocessing`), or None.
 
     Returns:
         The mask paths, in case order (skipped cases' included).

@@ -13,7 +13,7 @@ detection quality ``rq`` (F1 of lesion detection) and in ``pq = rq x lesion Dice
 
 Label maps are ``(x, y, z)`` in RAS with a region table ``{region: label values}``
 (:func:`brats_seg.data.labels.region_label_values`), so this holds for every layout. The
-BraTS 2023/2024 definition is :mod:`brats_seg.evaluation.lesion23`.
+BraTS 2023/2024 definition is :mod:`brats_seg.evaluation.scoring.lesion23`.
 
 **How the official evaluation reads a file, and why we read it the same way.** The official
 package (``brats-evaluation``) hands panoptica the *file paths*; panoptica reads a NIfTI file
@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from brats_seg.data.nifti import spacing_of, to_original_orientation
-from brats_seg.evaluation.lesion_input import LesionwiseError, check_label_pair
+from brats_seg.evaluation.scoring.lesion_input import LesionwiseError, check_label_pair
 
 __all__ = ["compute_panoptica_metrics", "make_panoptica_evaluator", "to_official_input"]
 

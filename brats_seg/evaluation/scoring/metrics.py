@@ -7,8 +7,8 @@ Three layers, as in MONAI:
 * a per-case function (:func:`compute_case_metrics`) over the regions ``(x, y, z, R)``,
   channels-last, in RAS;
 * the accumulator that writes ``metrics.csv``/``summary.json`` is
-  :class:`brats_seg.evaluation.table.MetricsTable`; the lesion-wise metrics of BraTS 2023+
-  are in :mod:`brats_seg.evaluation.lesionwise`.
+  :class:`brats_seg.evaluation.scoring.table.MetricsTable`; the lesion-wise metrics of BraTS 2023+
+  are in :mod:`brats_seg.evaluation.scoring.lesionwise`.
 
 Masks are compared on the native grid of the reference label file; spacings are in mm.
 Pure numpy (plus DeepMind's ``surface_distance`` for HD95): no TensorFlow here.

@@ -11,7 +11,7 @@ for every layout. Each definition is a module of its own::
     lesion23           BraTS 2023/2024 (``lesion23_*``): what the 2023 and 2024 leaderboards ranked by,
                        written here after the 2023 reference code; missed and false-positive
                        lesions score Dice 0 / HD95 374 mm in the same average
-    lesion_input       the label-map pair both accept, and :class:`~brats_seg.evaluation.lesion_input.LesionwiseError`, which both raise
+    lesion_input       the label-map pair both accept, and :class:`~brats_seg.evaluation.scoring.lesion_input.LesionwiseError`, which both raise
 
 Label maps are ``(x, y, z)`` in RAS, prediction and reference on one grid.
 """
@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from brats_seg.evaluation.lesion23 import LESION23_PARAMS, Lesion23Params, compute_lesion23_metrics
-from brats_seg.evaluation.panoptica_metrics import compute_panoptica_metrics
+from brats_seg.evaluation.scoring.lesion23 import LESION23_PARAMS, Lesion23Params, compute_lesion23_metrics
+from brats_seg.evaluation.scoring.panoptica_metrics import compute_panoptica_metrics
 
 __all__ = ["compute_lesionwise_metrics"]
 

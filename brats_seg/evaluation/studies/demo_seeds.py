@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from brats_seg.cli import project_dir
-from brats_seg.evaluation.study_run import run_logged
+from brats_seg.evaluation.studies.study_run import run_logged
+from brats_seg.project import project_dir
 
 __all__ = ["METRICS", "REGIONS", "format_demo_seeds", "run_arm", "run_demo_seeds", "train_overrides"]
 
@@ -141,7 +141,7 @@ def run_demo_seeds(conf, overrides: list[str]) -> dict:
 
     Raises:
         ValueError: bad seeds, or an override each arm sets itself.
-        brats_seg.evaluation.study_run.StepFailed: a training or evaluation failed (its log named).
+        brats_seg.evaluation.studies.study_run.StepFailed: a training or evaluation failed (its log named).
     """
     from brats_seg.cpu import cpu_kind, cpu_model_name
     from brats_seg.files import write_text_atomic

@@ -13,7 +13,7 @@ Two modes, chosen by ``evaluate.mode``:
   that cover it. Voxels near a window's edge, where zero padding makes the network
   least reliable, count least, so no seams show. Only for models whose normalisation
   does not depend on the input's extent (``model.norm=batch``): see
-  :func:`brats_seg.evaluation.run.check_evaluate_config`.
+  :func:`brats_seg.evaluation.inference.run.check_evaluate_config`.
 
 Keras is imported only when a window model has to be cloned.
 """

@@ -13,11 +13,11 @@ for this one, so it is written here, following the published description and che
 the 2023 reference code (README "Metrics").
 
 Masks are ``(x, y, z)`` in RAS, one region each
-(:func:`brats_seg.evaluation.lesionwise.compute_lesionwise_metrics` makes them from the
+(:func:`brats_seg.evaluation.scoring.lesionwise.compute_lesionwise_metrics` makes them from the
 label maps and a region table); distances and volumes use the true voxel size of each axis,
 as the reference code does. The dilation and the volume threshold differ by sub-challenge
 (:data:`LESION23_PARAMS`, :func:`lesion23_params_for`). The BraTS 2025+ definition is
-:mod:`brats_seg.evaluation.panoptica_metrics`.
+:mod:`brats_seg.evaluation.scoring.panoptica_metrics`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 import scipy.ndimage as ndi
 import surface_distance
 
-from brats_seg.evaluation.lesion_input import check_label_pair
+from brats_seg.evaluation.scoring.lesion_input import check_label_pair
 
 __all__ = [
     "LESION23_MISSED_HD95_MM",
