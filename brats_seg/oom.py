@@ -43,6 +43,7 @@ from pathlib import Path
 
 from brats_seg.backend import device_memory_bytes
 from brats_seg.config import EvaluateConfig, TrainConfig
+from brats_seg.cpu import device_has_native_bf16
 from brats_seg.lms.planner.advice import MemoryFacts, OutOfMemoryError, advise, out_of_memory_error
 from brats_seg.lms.planner.inference import InferenceEstimate, estimate_inference
 from brats_seg.lms.planner.memory_model import MemoryModel, memory_model_for
@@ -316,7 +317,7 @@ def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: s
              "x".join(map(str, workload.input_shape)), workload.policy, format_gb(estimate.peak_bytes),
              estimate.peak_at, format_gb(budget), format_gb(limit))
     if estimate.peak_bytes > budget:
-        hints = _inference_hints(case, eval_cfg, bf16=workload.policy == "float32" and _bf16_native(device))
+        hints = _inference_hints(case, eval_cfg, bf16=workload.policy == "float32" and device_has_native_bf16(device))
         hints.append("a machine with more memory, or a larger lms.limit in the run's config.json")
         raise RunError(
             f"inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}) is predicted to "
@@ -397,7 +398,7 @@ def inference_out_of_memory_error(exc: BaseException, run: TrainConfig, eval_cfg
     if device == "CPU":
         room, where = headroom(memory_facts())
         facts.append(f"Memory available: {format_gb(room)} ({where.replace(' before the model was built', ' now')}).")
-    hints = _inference_hints(case, eval_cfg, bf16=workload.policy == "float32" and _bf16_native(device),
+    hints = _inference_hints(case, eval_cfg, bf16=workload.policy == "float32" and device_has_native_bf16(device),
                              below=estimate.peak_bytes)
     hints.append(f"a machine (or job) with more memory free than the {format_gb(estimate.peak_bytes)} predicted "
                  "(lms.limit in the run's config.json at most what is free, so that the check before loading "
@@ -406,15 +407,6 @@ def inference_out_of_memory_error(exc: BaseException, run: TrainConfig, eval_cfg
     message = (f"out of memory {what} a case: {first_line(exc)}. " + " ".join(facts)
                + " Try: " + "; ".join(hints) + ".")
     return InferenceOutOfMemoryError(message, estimate, measured)
-
-
-def _bf16_native(device: str) -> bool:
-    """Whether the device computes bfloat16 natively (every GPU the project supports; a CPU with AVX512-BF16/AMX)."""
-    if device == "GPU":
-        return True
-    from brats_seg.cpu import has_native_bf16  # looked up at the call, so a test can stand in for the CPU
-
-    return has_native_bf16()
 
 
 # ---------------------------------------------------------------------------------------
