@@ -64,7 +64,7 @@ def main(cfg) -> None:
         backend = configure(conf.backend)
     from brats_seg.evaluation.predict import predict_new_cases
     from brats_seg.evaluation.run import inference_policy, load_run_model
-    from brats_seg.oom import check_inference_memory, inference_memory_guard
+    from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
     from brats_seg.run_dir import RunFolder
 
     with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded
