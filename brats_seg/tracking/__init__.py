@@ -9,7 +9,7 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
   jobs of a sweep create a new SQLite store together, the plain-HTTP probe that finds an
   unreachable server in seconds, and the experiment (its artifacts beside a sqlite database,
   marked a model-training experiment so that MLflow's UI opens it on runs and charts).
-* :mod:`~brats_seg.tracking.tracker` is the run itself, on MLflow's public API only:
+* :mod:`~brats_seg.tracking.run_client` is the run itself, on MLflow's public API only:
   ``mlflow.start_run``/``end_run`` for MLflow's user, source and git tags and its system
   metrics, an ``MlflowClient`` with the run's id for params, tags, per-epoch metrics and
   artifacts. A store that fails is reported once and left alone; training goes on.
@@ -41,7 +41,7 @@ from brats_seg.tracking.store import (
     resolve_tracking_uri,
     ui_url,
 )
-from brats_seg.tracking.tracker import NullTracker, Tracker
+from brats_seg.tracking.run_client import NullTracker, Tracker
 
 __all__ = [
     "DEFAULT_URI",

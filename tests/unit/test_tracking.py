@@ -24,7 +24,7 @@ from brats_seg.tracking import (
     training_metric_key,
 )
 
-LOGGER = "brats_seg.tracking.tracker"
+LOGGER = "brats_seg.tracking.run_client"
 RUN_FILE = RunFolder(Path(".")).tracking_path.name  # the run folder owns the name of the run id file
 
 
