@@ -13,11 +13,14 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
   ``mlflow.start_run``/``end_run`` for MLflow's user, source and git tags and its system
   metrics, an ``MlflowClient`` with the run's id for params, tags, per-epoch metrics and
   artifacts. A store that fails is reported once and left alone; training goes on.
+* :mod:`~brats_seg.tracking.tracker` is the model and registry half: a ``Tracker`` is a
+  ``RunClient`` that also logs the run's model (``mlflow.pyfunc.log_model``) and registers it.
+  :mod:`brats_seg.evaluation.mlflow_model` decides what to log, through :meth:`Tracker.log_model`
+  and :meth:`Tracker.register_model`.
 * :mod:`~brats_seg.tracking.pyfunc_model` is MLflow's "models from code" file of a logged model
   (the SavedModel export behind ``mlflow.pyfunc``): MLflow copies it into the model and runs it
   where the model loads, so it imports mlflow, numpy and tensorflow only, and nothing in brats_seg
-  imports it (:mod:`brats_seg.evaluation.mlflow_model` logs the model through
-  :meth:`Tracker.log_model` and registers it with :meth:`Tracker.register_model`).
+  imports it.
 * :mod:`~brats_seg.tracking.faults` words a store whose disk is full (the file, the free space,
   once) and keeps MLflow's own tracebacks of it out of the log.
 * :mod:`~brats_seg.tracking.names` makes the run's name and git tag, chooses the metric keys
@@ -41,7 +44,7 @@ from brats_seg.tracking.store import (
     resolve_tracking_uri,
     ui_url,
 )
-from brats_seg.tracking.run_client import NullTracker, Tracker
+from brats_seg.tracking.tracker import NullTracker, Tracker
 
 __all__ = [
     "DEFAULT_URI",

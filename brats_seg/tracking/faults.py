@@ -3,7 +3,7 @@ reports of it kept out of the log.
 
 MLflow's SQL store logs a traceback of every database error before raising it, and its
 system-metrics thread logs its own warning when it cannot write: on a full disk that is two or
-three screens for one fact, which :class:`~brats_seg.tracking.run_client.Tracker` says in one line
+three screens for one fact, which :class:`~brats_seg.tracking.run_client.RunClient` says in one line
 (:func:`disk_full_message`: the file it could not write, the free space there, and that training
 goes on) while :class:`MlflowDiskFullFilter` holds MLflow's records of it back.
 """

@@ -1,21 +1,21 @@
-"""One run's tracking on MLflow's public API, never stopping training; and its null twin.
+"""One run's tracking on MLflow's public API, never stopping training: the run client.
 
-How a :class:`Tracker` talks to MLflow:
+How a :class:`RunClient` talks to MLflow (the model and the Model Registry are the
+:class:`~brats_seg.tracking.tracker.Tracker`'s, which is a run client too):
 
 * The run is opened with ``mlflow.start_run`` and closed with ``mlflow.end_run``, because that
   is how MLflow gives a run its user, source and git tags (``mlflow.user``, ``mlflow.source.*``)
   and its system metrics (``log_system_metrics``: MLflow's monitor samples CPU, memory, disk,
   network and GPUs into ``system/*`` and stops with the run). Both use MLflow's global tracking
-  URI, which the tracker therefore sets.
+  URI, which the client therefore sets.
 * Every logging call goes through an ``MlflowClient`` with the run's id: params, tags and metrics
   in one ``log_batch`` each (the client splits large batches itself), artifacts and text, the
   data splits as dataset inputs (``log_inputs``; :mod:`~brats_seg.tracking.datasets` builds them)
-  and tables (``log_table``). No call depends on which thread holds MLflow's active run, except
-  logging a model (:meth:`Tracker.log_model`: ``mlflow.pyfunc.log_model`` logs into the thread's
-  active run, which must be the tracker's); the Model Registry is reached through the same client.
+  and tables (``log_table``). No call here depends on which thread holds MLflow's active run
+  (logging a model does: :meth:`~brats_seg.tracking.tracker.Tracker.log_model`).
 * ``mlflow.json`` in the run folder (its path and format belong to
   :class:`~brats_seg.run_dir.RunFolder`) names the run: re-running training with the same
-  ``run_dir`` reopens it (:meth:`Tracker.start`), and evaluation logs into it (:meth:`Tracker.resume`).
+  ``run_dir`` reopens it (:meth:`RunClient.start`), and evaluation logs into it (:meth:`RunClient.resume`).
 
 No method raises into training. The first failure that means the store is gone logs ONE
 warning naming the URI, and the tracker stops sending; a store whose disk is full (SQLite's
@@ -32,22 +32,17 @@ in the thread (a notebook's own) gets the tracker's run nested under it.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import os
 import posixpath
 import tempfile
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
 import mlflow
-from mlflow.entities import DatasetInput, LoggedModelStatus, Metric, Param, RunTag
-from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
-from mlflow.exceptions import MlflowException
+from mlflow.entities import DatasetInput, Metric, Param, RunTag
 
 from brats_seg.choices import check_choice
 from brats_seg.config import TrackerName, TrackingConfig
@@ -57,37 +52,23 @@ from brats_seg.tracking.faults import MlflowDiskFullFilter, disk_full_message
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
 from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri, ui_url
 
-__all__ = ["NullTracker", "Tracker"]
+__all__ = ["RunClient"]
 
 log = logging.getLogger(__name__)
 
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
-# MLflow error codes meaning "this call was refused", not "the store is gone".
-_REJECTED = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
+# MLflow error codes meaning "this call was refused", not "the store is gone" (the model half's too).
+REJECTED = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
              "INVALID_STATE"}
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
+def short_error(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line, cut to ``limit`` characters, for a warning."""
     text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-@contextlib.contextmanager
-def _no_progress_bars():
-    """MLflow's artifact progress bars (tqdm, on stderr) off for the block: a run's log is not a terminal."""
-    name = MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name
-    before = os.environ.get(name)
-    os.environ[name] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
-class Tracker:
+class RunClient:
     """One run's tracking in MLflow, or nothing (``tracking=none``, or the store is unusable).
 
     Build with :meth:`start` (training) or :meth:`resume` (evaluation of a trained run). No
@@ -99,7 +80,7 @@ class Tracker:
         run_dir: the run's output folder.
         tracking_uri: the resolved tracking URI, or None with ``tracking=none``.
         register_as: ``tracking.register_as``: the Model Registry name the run's model is registered
-            under (:meth:`register_model`), or ``""``.
+            under (:meth:`~brats_seg.tracking.tracker.Tracker.register_model`), or ``""``.
     """
 
     def __init__(self, run_dir: Path, run_name: str = "") -> None:
@@ -125,7 +106,7 @@ class Tracker:
 
     @classmethod
     def start(cls, cfg: TrackingConfig, run_dir: Path, run_name: str, params: dict[str, object],
-              tags: dict[str, str]) -> Tracker:
+              tags: dict[str, str]) -> RunClient:
         """Open the run of ``run_dir``: reopen the one ``mlflow.json`` names, or create a new one.
 
         Args:
@@ -156,7 +137,7 @@ class Tracker:
         return tracker
 
     @classmethod
-    def resume(cls, run_dir: Path, fallback: TrackingConfig | None = None, stage: str = "evaluation") -> Tracker:
+    def resume(cls, run_dir: Path, fallback: TrackingConfig | None = None, stage: str = "evaluation") -> RunClient:
         """Reopen the training run ``mlflow.json`` names (e.g. to log evaluation into it).
 
         Without ``mlflow.json`` nothing is sent. :meth:`end` puts the run's previous status back
@@ -190,7 +171,7 @@ class Tracker:
             saved = self._folder.read_tracking()
             why = "not a JSON object with a run_id"
         except OSError as exc:
-            saved, why = None, _short(exc)
+            saved, why = None, short_error(exc)
         if isinstance(saved, dict) and saved.get("run_id"):
             return saved
         if self._folder.tracking_path.is_file():
@@ -205,7 +186,7 @@ class Tracker:
         try:
             self._client = open_store(uri)
         except Exception as exc:  # noqa: BLE001 - tracking never stops training
-            self._go_offline(f"cannot connect ({_short(exc)})", self._disk_full_warning(exc))
+            self._go_offline(f"cannot connect ({short_error(exc)})", self._disk_full_warning(exc))
             return False
         return True
 
@@ -326,57 +307,6 @@ class Tracker:
         """Whether calls reach MLflow: a run is open and its store and artifact store answered so far."""
         return self._client is not None and self.run_id is not None and self._artifacts_ok
 
-    def find_model(self, name: str, tags: dict[str, str]) -> str | None:
-        """The URI (``models:/<id>``) of a complete model this run logged as ``name`` whose tags
-        include ``tags``; None if there is none, or MLflow is off."""
-        found: list[str | None] = []
-        self._call("search the run's models", lambda: found.append(self._find_model(name, tags)))
-        return found[0] if found else None
-
-    def log_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example=None,
-                  pip_requirements: Sequence[str] = (), tags: dict[str, str] | None = None,
-                  step: int = 0) -> str | None:
-        """Log an MLflow ``pyfunc`` model into the run, from code (``mlflow.pyfunc.log_model``).
-
-        Args:
-            name: the model's name in the run (``runs:/<run_id>/<name>``).
-            python_model: the models-from-code file (it calls ``mlflow.models.set_model``).
-            artifacts: ``{key: local file or folder}`` copied into the model.
-            signature: an ``mlflow.models.ModelSignature``.
-            input_example: an input MLflow stores (and predicts once, to check serving); None: none.
-            pip_requirements: the model's environment (``pip`` lines).
-            tags: the logged model's tags.
-            step: the training step (epoch) the model is of: the run's metrics at that step are
-                linked to the model.
-
-        Returns:
-            The model's URI (``models:/<model_id>``), or None if it was not logged (MLflow off, or
-            the call failed: said once, as for every call).
-        """
-        if self._client is not None and not self._active_here():
-            self._warn_once("model:thread", f"model {name!r} not logged: MLflow run {self.run_id} is not the active "
-                                            "run of this thread (mlflow.pyfunc.log_model logs into that one).")
-            return None
-        logged: list[str] = []
-        self._call(f"log the model {name!r}", lambda: logged.append(self._send_model(
-            name, python_model, artifacts, signature, input_example, pip_requirements, tags, step)),
-            artifacts=True, target=self._artifact_target(name))
-        return logged[0] if logged else None
-
-    def register_model(self, model_uri: str, name: str) -> str | None:
-        """Register the logged model ``model_uri`` (``models:/<id>``) in the Model Registry as ``name``.
-
-        The registered model is created if new; a version of ``name`` that already holds this
-        model is kept rather than made again. A name the registry refuses is said once, by name,
-        and the model stays logged in the run.
-
-        Returns:
-            The version (``"1"``), or None if it was not registered.
-        """
-        versions: list[str | None] = []
-        self._call(f"register the model as {name!r}", lambda: versions.append(self._send_registration(model_uri, name)))
-        return versions[0] if versions else None
-
     def end(self, status: str = "FINISHED") -> None:
         """End the run: FINISHED, FAILED or KILLED. Later calls do nothing."""
         if self._ended:
@@ -396,7 +326,7 @@ class Tracker:
             self._say_mlflow_disk_full()  # e.g. the system-metrics thread's last write failed
             self._mlflow_disk_full.detach()
 
-    def __enter__(self) -> Tracker:
+    def __enter__(self) -> RunClient:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -425,7 +355,7 @@ class Tracker:
                     mlflow.set_tracking_uri(self.tracking_uri)
                     mlflow.end_run(status)
             except Exception as exc:  # noqa: BLE001 - the store was already reported unusable
-                log.debug("MLflow run %s not ended in %s: %s", self.run_id, self.tracking_uri, _short(exc))
+                log.debug("MLflow run %s not ended in %s: %s", self.run_id, self.tracking_uri, short_error(exc))
             return
         if ours:
             mlflow.set_tracking_uri(self.tracking_uri)
@@ -470,60 +400,6 @@ class Tracker:
             write_text_atomic(path, frame.to_json(orient="split", index=False, date_format="iso"))
             self._client.log_artifact(self.run_id, str(path), folder or None)
 
-    def _active_here(self) -> bool:
-        active = mlflow.active_run()
-        return active is not None and active.info.run_id == self.run_id
-
-    def _find_model(self, name: str, tags: dict[str, str]) -> str | None:
-        token = None
-        while True:
-            page = self._client.search_logged_models(
-                experiment_ids=[self.experiment_id], filter_string=f"name = '{name}'", page_token=token)
-            for model in page:
-                if (model.source_run_id == self.run_id and model.status == LoggedModelStatus.READY
-                        and all(model.tags.get(k) == v for k, v in tags.items())):
-                    return f"models:/{model.model_id}"
-            if not page.token:
-                return None
-            token = page.token
-
-    def _send_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example,
-                    pip_requirements: Sequence[str], tags: dict[str, str] | None, step: int) -> str:
-        mlflow.set_tracking_uri(self.tracking_uri)  # mlflow.pyfunc.log_model's client uses the global URI
-        with _no_progress_bars(), warnings.catch_warnings():
-            if input_example is None:  # left out on purpose (and said by the caller): not MLflow's advice too
-                warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
-            info = mlflow.pyfunc.log_model(
-                name=name, python_model=str(python_model), artifacts={k: str(v) for k, v in artifacts.items()},
-                signature=signature, input_example=input_example, pip_requirements=list(pip_requirements),
-                tags=tags, step=int(step))
-        return info.model_uri
-
-    def _send_registration(self, model_uri: str, name: str) -> str | None:
-        model_id = model_uri.removeprefix("models:/")
-        try:
-            try:
-                self._client.create_registered_model(name)
-            except MlflowException as exc:
-                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-            held = [v for v in self._client.search_model_versions(f"name = '{name}'")  # (the SQL registry
-                    if v.source == model_uri or getattr(v, "model_id", None) == model_id]  # leaves model_id empty)
-            version = held[0] if held else self._client.create_model_version(
-                name, source=model_uri, run_id=self.run_id, model_id=model_id, await_creation_for=0)
-        except MlflowException as exc:
-            if exc.error_code not in (*_REJECTED, "PERMISSION_DENIED"):
-                raise  # the registry is unreachable: as any failed call
-            self._warn_once(f"register:{name}", (
-                f"the Model Registry at {self.tracking_uri} refused to register the model as {name!r} "
-                f"({_short(exc)}); the model stays logged in run {self.run_id} as {model_uri}. Set "
-                f"tracking.register_as= to a name the registry takes, or register it with "
-                f"mlflow.register_model({model_uri!r}, '<name>')."))
-            return None
-        log.info("%s %s as %r version %s in the Model Registry at %s", "already registered" if held else "registered",
-                 model_uri, name, version.version, self.tracking_uri)
-        return str(version.version)
-
     def _send_tags(self, tags: dict) -> None:
         items = {mlflow_key(k): mlflow_value(v, MAX_TAG_CHARS) for k, v in tags.items()}
         if items:
@@ -553,14 +429,14 @@ class Tracker:
             full = self._disk_full_warning(exc, target)
             if full is not None:  # every later call would fail too, or eat the last bytes: stop
                 self._go_offline(f"could not {what} (no space left)", full)
-            elif code in _REJECTED and self.run_id is not None:
-                self._warn_once(f"rejected:{what}", f"MLflow refused to {what} ({_short(exc)}); training goes on.")
+            elif code in REJECTED and self.run_id is not None:
+                self._warn_once(f"rejected:{what}", f"MLflow refused to {what} ({short_error(exc)}); training goes on.")
             elif artifacts:
                 self._artifacts_ok = False
                 self._warn_once("artifacts", f"cannot upload artifacts to MLflow at {self.tracking_uri} "
-                                             f"({_short(exc)}); training goes on, the files stay in {self.run_dir}.")
+                                             f"({short_error(exc)}); training goes on, the files stay in {self.run_dir}.")
             else:
-                self._go_offline(f"could not {what} ({_short(exc)})")
+                self._go_offline(f"could not {what} ({short_error(exc)})")
 
     def _say_mlflow_disk_full(self) -> None:
         """Once MLflow's own thread (system metrics) met a full disk, the tracker says so and stops
@@ -588,59 +464,3 @@ class Tracker:
         else:
             self._warned.add(key)
             log.warning(message)
-
-
-class NullTracker:
-    """The tracker of a worker that is not the chief: sends nothing (the chief's run is the job's).
-
-    It answers every :class:`Tracker` method, so code that logs does not ask which one it holds.
-    """
-
-    run_id: str | None = None
-    register_as = ""
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        pass
-
-    def log_params(self, params: dict) -> None:
-        pass
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        pass
-
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        pass
-
-    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
-        pass
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        pass
-
-    def log_datasets(self, inputs) -> None:
-        pass
-
-    def log_table(self, columns: dict[str, list], artifact_file: str) -> None:
-        pass
-
-    sending = False
-
-    def find_model(self, name: str, tags: dict[str, str]) -> str | None:
-        return None
-
-    def log_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example=None,
-                  pip_requirements: Sequence[str] = (), tags: dict[str, str] | None = None,
-                  step: int = 0) -> str | None:
-        return None
-
-    def register_model(self, model_uri: str, name: str) -> str | None:
-        return None
-
-    def end(self, status: str = "FINISHED") -> None:
-        pass
-
-    def __enter__(self) -> NullTracker:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        return False

@@ -390,7 +390,7 @@ def test_a_full_store_met_first_by_mlflows_system_metrics_thread_is_said_once(di
     import threading
     import time
 
-    from brats_seg.tracking.run_client import Tracker
+    from brats_seg.tracking.tracker import Tracker
 
     if disk.kind == "injected":
         _database_full(monkeypatch, disk)
@@ -428,7 +428,7 @@ def test_a_full_store_only_mlflows_thread_met_is_said_at_the_trackers_next_call(
 
     from mlflow import MlflowClient
 
-    from brats_seg.tracking.run_client import Tracker
+    from brats_seg.tracking.tracker import Tracker
 
     disk = InjectedEnospc(tmp_path / "disk", monkeypatch)
     _database_full(monkeypatch, disk, only_system_metrics=True)
@@ -454,7 +454,7 @@ def test_a_full_artifact_store_names_the_artifact_once_and_tracking_stops(disk, 
     """The best checkpoint does not fit beside the store: one warning names the artifact's file there."""
     from mlflow import MlflowClient
 
-    from brats_seg.tracking.run_client import Tracker
+    from brats_seg.tracking.tracker import Tracker
 
     if disk.kind == "injected":
         real = MlflowClient.log_artifact
