@@ -16,7 +16,7 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
 * :mod:`~brats_seg.tracking.tracker` is the model and registry half: a ``Tracker`` is a
   ``RunClient`` that also logs the run's model (``mlflow.pyfunc.log_model``) and registers it.
   :mod:`brats_seg.evaluation.mlflow_model` decides what to log, through :meth:`Tracker.log_model`
-  and :meth:`Tracker.register_model`.
+  and :meth:`Tracker.register_model`. A ``NullTracker`` is a ``Tracker`` that opens no run.
 * :mod:`~brats_seg.tracking.pyfunc_model` is MLflow's "models from code" file of a logged model
   (the SavedModel export behind ``mlflow.pyfunc``): MLflow copies it into the model and runs it
   where the model loads, so it imports mlflow, numpy and tensorflow only, and nothing in brats_seg

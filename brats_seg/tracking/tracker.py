@@ -166,57 +166,10 @@ class Tracker(RunClient):
         return str(version.version)
 
 
-class NullTracker:
-    """The tracker of a worker that is not the chief: sends nothing (the chief's run is the job's).
+class NullTracker(Tracker):
+    """The tracker of a worker that is not the chief (the chief's run is the job's): a
+    :class:`Tracker` that opens no run, so that it sends nothing and answers every method as one
+    with ``tracking=none`` does; code that logs does not ask which one it holds."""
 
-    It answers every :class:`Tracker` method, so code that logs does not ask which one it holds.
-    """
-
-    run_id: str | None = None
-    register_as = ""
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        pass
-
-    def log_params(self, params: dict) -> None:
-        pass
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        pass
-
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        pass
-
-    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
-        pass
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        pass
-
-    def log_datasets(self, inputs) -> None:
-        pass
-
-    def log_table(self, columns: dict[str, list], artifact_file: str) -> None:
-        pass
-
-    sending = False
-
-    def find_model(self, name: str, tags: dict[str, str]) -> str | None:
-        return None
-
-    def log_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example=None,
-                  pip_requirements: Sequence[str] = (), tags: dict[str, str] | None = None,
-                  step: int = 0) -> str | None:
-        return None
-
-    def register_model(self, model_uri: str, name: str) -> str | None:
-        return None
-
-    def end(self, status: str = "FINISHED") -> None:
-        pass
-
-    def __enter__(self) -> NullTracker:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        return False
+    def __init__(self) -> None:
+        super().__init__(Path("."))  # no run folder of its own: it reads and writes none
