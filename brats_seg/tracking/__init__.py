@@ -21,8 +21,9 @@ with ``Tracker.resume``; a worker that is not the chief holds a ``NullTracker``.
   (the SavedModel export behind ``mlflow.pyfunc``): MLflow copies it into the model and runs it
   where the model loads, so it imports mlflow, numpy and tensorflow only, and nothing in brats_seg
   imports it.
-* :mod:`~brats_seg.tracking.faults` words a store whose disk is full (the file, the free space,
-  once) and keeps MLflow's own tracebacks of it out of the log.
+* :mod:`~brats_seg.tracking.faults` is what a failed call means to both halves (the store gone,
+  a value refused, an upload failed, the disk full), each said once; it words a store whose disk
+  is full (the file, the free space) and keeps MLflow's own tracebacks of it out of the log.
 * :mod:`~brats_seg.tracking.names` makes the run's name and git tag, chooses the metric keys
   whose chart sections lead the run page with loss and Dice (``training_metric_key``,
   ``evaluation_metric_key``), and mends keys and cuts values so MLflow does not refuse a batch

@@ -17,13 +17,10 @@ How a :class:`RunClient` talks to MLflow (the model and the Model Registry are t
   :class:`~brats_seg.run_dir.RunFolder`) names the run: re-running training with the same
   ``run_dir`` reopens it (:meth:`RunClient.start`), and evaluation logs into it (:meth:`RunClient.resume`).
 
-No method raises into training. The first failure that means the store is gone logs ONE
-warning naming the URI, and the tracker stops sending; a store whose disk is full (SQLite's
-"database or disk is full", ENOSPC in the artifact folder) likewise, the warning naming the
-store's file and the free space there, whether the tracker's call or MLflow's system-metrics
-thread met it first (MLflow's own tracebacks and warnings of it are kept out of the log while
-the run is open, so the fact is said once); a call the store refuses (a bad value) warns once and the tracker stays connected; a failed
-upload turns artifacts off. The run folder holds what a run needs whatever MLflow does (config,
+No method raises into training: a failed call is taken as :class:`~brats_seg.tracking.faults.FaultPolicy`
+says (the store gone or its disk full: ONE warning naming the URI, or the store's file and the free
+space there, then nothing more is sent; a value the store refuses: one warning, still connected; a
+failed upload: artifacts off). The run folder holds what a run needs whatever MLflow does (config,
 history, plan, checkpoints, evaluation).
 
 MLflow's active run is per thread, so a thread has one tracker at a time; a run already active
@@ -32,14 +29,12 @@ in the thread (a notebook's own) gets the tracker's run nested under it.
 
 from __future__ import annotations
 
-import errno
 import logging
 import posixpath
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
 
 import mlflow
 from mlflow.entities import DatasetInput, Metric, Param, RunTag
@@ -48,7 +43,7 @@ from brats_seg.choices import check_choice
 from brats_seg.config import TrackerName, TrackingConfig
 from brats_seg.files import write_text_atomic
 from brats_seg.run_dir import RunFolder
-from brats_seg.tracking.faults import MlflowDiskFullFilter, disk_full_message
+from brats_seg.tracking.faults import FaultPolicy, MlflowDiskFullFilter, short_error
 from brats_seg.tracking.names import MAX_PARAM_CHARS, MAX_TAG_CHARS, mlflow_key, mlflow_value
 from brats_seg.tracking.store import experiment_id_for, open_store, resolve_tracking_uri, ui_url
 
@@ -57,18 +52,9 @@ __all__ = ["RunClient"]
 log = logging.getLogger(__name__)
 
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
-# MLflow error codes meaning "this call was refused", not "the store is gone" (the model half's too).
-REJECTED = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
-             "INVALID_STATE"}
 
 
-def short_error(exc: BaseException, limit: int = 300) -> str:
-    """``Type: message`` on one line, cut to ``limit`` characters, for a warning."""
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-class RunClient:
+class RunClient(FaultPolicy):
     """One run's tracking in MLflow, or nothing (``tracking=none``, or the store is unusable).
 
     Build with :meth:`start` (training) or :meth:`resume` (evaluation of a trained run). No
@@ -410,57 +396,3 @@ class RunClient:
         if not self._artifact_uri:
             return None
         return "/".join([self._artifact_uri.rstrip("/"), *(p.strip("/") for p in parts if p)])
-
-    def _call(self, what: str, fn: Callable[[], object], artifacts: bool = False, target: str | None = None) -> None:
-        """Run an MLflow call unless MLflow is off; turn any failure into (at most one) warning.
-
-        A full disk (the store's, or ``target``'s: the artifact being written) stops the tracker
-        with one warning naming the file; a refused call (bad value) only warns; a failed
-        artifact upload turns artifacts off; any other failure (or any failure before the run
-        exists) means the store is unusable and the tracker stops contacting it.
-        """
-        self._say_mlflow_disk_full()
-        if self._client is None or (artifacts and not self._artifacts_ok):
-            return
-        try:
-            fn()
-        except Exception as exc:  # noqa: BLE001 - tracking never stops training
-            code = getattr(exc, "error_code", None)
-            full = self._disk_full_warning(exc, target)
-            if full is not None:  # every later call would fail too, or eat the last bytes: stop
-                self._go_offline(f"could not {what} (no space left)", full)
-            elif code in REJECTED and self.run_id is not None:
-                self._warn_once(f"rejected:{what}", f"MLflow refused to {what} ({short_error(exc)}); training goes on.")
-            elif artifacts:
-                self._artifacts_ok = False
-                self._warn_once("artifacts", f"cannot upload artifacts to MLflow at {self.tracking_uri} "
-                                             f"({short_error(exc)}); training goes on, the files stay in {self.run_dir}.")
-            else:
-                self._go_offline(f"could not {what} ({short_error(exc)})")
-
-    def _say_mlflow_disk_full(self) -> None:
-        """Once MLflow's own thread (system metrics) met a full disk, the tracker says so and stops
-        sending, as if its own call had failed there (MLflow's records of it are filtered out)."""
-        if self._client is not None and self._mlflow_disk_full.seen:
-            self._go_offline("MLflow could not write (no space left)",
-                             self._disk_full_warning(OSError(errno.ENOSPC, "No space left on device")))
-
-    def _disk_full_warning(self, exc: BaseException, target: str | None = None) -> str | None:
-        return disk_full_message(exc, self.tracking_uri or "", self.run_dir, target)
-
-    def _go_offline(self, reason: str, message: str | None = None) -> None:
-        """Stop contacting the store, saying why once (``message``, else a warning built from
-        ``reason``). MLflow's system-metrics monitor stops by itself at its next sample, when it
-        cannot read the run or write to it; the run stays MLflow's active run until :meth:`end`."""
-        self._warn_once("offline", message or (
-            f"MLflow tracking at {self.tracking_uri} is not usable: {reason}. Training goes on without MLflow; the "
-            f"run folder {self.run_dir} keeps the config, history, plan and checkpoints. Start the server or fix "
-            "tracking.uri (or use tracking=none) to silence this."))
-        self._client = None
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key in self._warned:
-            log.debug(message)
-        else:
-            self._warned.add(key)
-            log.warning(message)

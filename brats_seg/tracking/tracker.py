@@ -14,7 +14,7 @@ the run's model and register it:
   logged in the run.
 
 What to export and when is :mod:`brats_seg.evaluation.mlflow_model`'s. A failed call is taken as
-every call of the run client is (:meth:`~brats_seg.tracking.run_client.RunClient._call`).
+every call of the run client is (:class:`~brats_seg.tracking.faults.FaultPolicy`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from mlflow.entities import LoggedModelStatus
 from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.exceptions import MlflowException
 
-from brats_seg.tracking.run_client import REJECTED, RunClient, short_error
+from brats_seg.tracking.faults import REJECTED, short_error
+from brats_seg.tracking.run_client import RunClient
 
 __all__ = ["NullTracker", "Tracker"]
 

@@ -25,7 +25,7 @@ from brats_seg.tracking import (
     training_metric_key,
 )
 
-LOGGER = "brats_seg.tracking.run_client"
+LOGGER = "brats_seg.tracking.faults"  # the tracker says what failed through FaultPolicy
 RUN_FILE = RunFolder(Path(".")).tracking_path.name  # the run folder owns the name of the run id file
 
 
