@@ -71,7 +71,7 @@ def _compose(overrides: list[str]) -> TrainConfig:
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
