@@ -22,7 +22,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
-from brats_seg.config import TrainConfig, register_configs
+from brats_seg.config import TrainConfig
+from brats_seg.script_configs import register_configs
 
 register_configs()
 log = logging.getLogger("train")

@@ -4,7 +4,8 @@ Scripts declare their main function with :func:`hydra_entry` (``hydra.main`` who
 composition errors -- an unknown key, a value of the wrong type, a choice outside its set,
 a config group option that does not exist, an override that does not parse -- end in one
 line naming the key, and exit status 2), call :func:`to_config` once to turn the composed
-config into the plain dataclasses of :mod:`brats_seg.config`, and wrap their body in
+config into the plain dataclasses of :mod:`brats_seg.config` (the run's) and
+:mod:`brats_seg.script_configs` (the scripts'), and wrap their body in
 :func:`user_errors` so bad input ends in a one-paragraph message and a non-zero exit, not a
 stack trace.
 
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 #: Exit status of a ``multi_worker`` run whose cluster lost (or never got) a worker.
 EXIT_CLUSTER_FAILURE = 3
 
-#: Each entry point's config file -> its schema in :mod:`brats_seg.config`, for the near-miss
-#: hints of a bad key; a file not named here composes ``TrainConfig``.
+#: Each entry point's config file -> its schema in :mod:`brats_seg.script_configs` (``TrainConfig``:
+#: :mod:`brats_seg.config`), for the near-miss hints of a bad key; a file not named here composes
+#: ``TrainConfig``.
 _ENTRY_SCHEMAS = {
     "train": "TrainConfig", "plan_memory": "PlanMemoryConfig", "benchmark": "BenchmarkScriptConfig",
     "evaluate": "EvaluateScriptConfig", "predict": "PredictScriptConfig",
@@ -58,9 +60,10 @@ def hydra_entry(config_path: str, config_name: str):
     """
     import hydra
 
-    from brats_seg import config as schemas
+    from brats_seg import config, script_configs
 
-    _schema_root[:] = [getattr(schemas, _ENTRY_SCHEMAS.get(config_name, "TrainConfig"))]
+    name = _ENTRY_SCHEMAS.get(config_name, "TrainConfig")
+    _schema_root[:] = [getattr(script_configs, name) if name in script_configs.__all__ else getattr(config, name)]
 
     def decorate(task):
         hydra_task = hydra.main(config_path=config_path, config_name=config_name, version_base="1.3")(task)

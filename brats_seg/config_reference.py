@@ -1,6 +1,7 @@
 """The configuration reference: Markdown generated from the config schemas and their comments.
 
-Every dataclass in :mod:`brats_seg.config` is read as it is written: field names, types and
+Every dataclass in :mod:`brats_seg.config` (the run's schemas) and :mod:`brats_seg.script_configs`
+(the entry scripts') is read as it is written: field names, types and
 defaults through :func:`dataclasses.fields`, and each field's words from the source (the
 ``# comment`` on the field's own lines, after the comment lines right above it), so the
 reference is the schemas' own text and cannot drift from them
@@ -10,7 +11,7 @@ reference is the schemas' own text and cannot drift from them
 The schemas are sorted from the code, not from a list kept here: a *group* is a dataclass that
 another one holds as a field (its key is the path of fields that reaches it: ``data``,
 ``trainer.augmentation``, ``evaluate``); an *entry point's schema* is one no other holds
-(``TrainConfig``, ``EvaluateScriptConfig``, ...). A schema added to config.py appears on the
+(``TrainConfig``, ``EvaluateScriptConfig``, ...). A schema added to either module appears on the
 page without touching this module. Closed sets of values (``config.CHOICES``, the Enum-typed
 fields) are listed with their values. Given the ``configs/`` folder, the page also names each
 group's options (``configs/<group>/*.yaml``) and which top-level config composes which schema.
@@ -32,10 +33,11 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Sequence
 
 __all__ = ["ConfigReference", "SchemaDoc", "FieldDoc", "build_config_reference", "read_field_comments"]
 
-NO_COMMENT = "—"  # what the page says for a field config.py gives no comment
+NO_COMMENT = "—"  # what the page says for a field its schema gives no comment
 
 
 @dataclass(frozen=True)
@@ -44,16 +46,16 @@ class FieldDoc:
 
     key: str  # the full key an override names: trainer.augmentation.p_rotation
     name: str  # the dataclass field: p_rotation
-    type: str  # as written in config.py
+    type: str  # as written in the schema
     default: str  # as an override would write it
-    comment: str  # the field's comment in config.py; "" = none
+    comment: str  # the field's comment in the schema; "" = none
     choices: tuple[str, ...]  # the closed set of values, if the type is one
     group: str  # the key of the group this field holds ("" = a plain value)
 
 
 @dataclass(frozen=True)
 class SchemaDoc:
-    """One dataclass of config.py: a group (``key`` is its path) or an entry point's schema (``key`` "")."""
+    """One schema dataclass: a group (``key`` is its path) or an entry point's schema (``key`` "")."""
 
     name: str  # the class name
     key: str
@@ -99,11 +101,14 @@ def read_field_comments(source: str) -> dict[tuple[str, str], str]:
     return found
 
 
-def _schema_classes(module: ModuleType) -> list[type]:
-    """The dataclasses defined in ``module``, in source order."""
-    classes = [c for c in vars(module).values()
-               if inspect.isclass(c) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
-    return sorted(classes, key=lambda c: inspect.getsourcelines(c)[1])
+def _schema_classes(modules: Sequence[ModuleType]) -> list[type]:
+    """The dataclasses defined in ``modules``, module by module, each in source order."""
+    out = []
+    for module in modules:
+        classes = [c for c in vars(module).values()
+                   if inspect.isclass(c) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
+        out += sorted(classes, key=lambda c: inspect.getsourcelines(c)[1])
+    return out
 
 
 def _format_value(value) -> str:
@@ -142,10 +147,10 @@ def _docstring(cls: type) -> str:
 
 
 class _Walk:
-    """Sorts ``module``'s dataclasses into groups (with their keys) and entry points' schemas."""
+    """Sorts the ``modules``' dataclasses into groups (with their keys) and entry points' schemas."""
 
-    def __init__(self, module: ModuleType) -> None:
-        self.classes = _schema_classes(module)
+    def __init__(self, modules: Sequence[ModuleType]) -> None:
+        self.classes = _schema_classes(modules)
         self.hints = {c: typing.get_type_hints(c) for c in self.classes}
         held = {h for c in self.classes for h in self.hints[c].values() if h in self.classes}
         self.roots = [c for c in self.classes if c not in held]
@@ -210,11 +215,11 @@ def _code(text: str) -> str:
     return f"`{_cell(text)}`"
 
 
-def _store_names(module: ModuleType) -> dict[str, str]:
+def _store_names(modules: Sequence[ModuleType]) -> dict[str, str]:
     """``{"train_schema": "TrainConfig", ...}``: the ConfigStore names ``cs.store(name=..., node=...)``
-    gives the schemas in ``module``'s source (read, not run: Hydra stays out of this module)."""
+    gives the schemas in the ``modules``' source (read, not run: Hydra stays out of this module)."""
     names = {}
-    for node in ast.walk(ast.parse(inspect.getsource(module))):
+    for node in (n for module in modules for n in ast.walk(ast.parse(inspect.getsource(module)))):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "store":
             kw = {k.arg: k.value for k in node.keywords}
             if isinstance(kw.get("name"), ast.Constant) and isinstance(kw.get("node"), ast.Name):
@@ -255,9 +260,9 @@ def _read_defaults(configs_dir: Path, name: str, stores: dict[str, str]) -> tupl
     return schema, chosen, included
 
 
-def _entry_configs(configs_dir: Path, module: ModuleType) -> list[_EntryConfig]:
+def _entry_configs(configs_dir: Path, modules: Sequence[ModuleType]) -> list[_EntryConfig]:
     """Every top-level ``configs/*.yaml``: the schema it composes and the group options it starts from."""
-    stores = _store_names(module)
+    stores = _store_names(modules)
     read = {p.stem: _read_defaults(configs_dir, p.stem, stores) for p in sorted(configs_dir.glob("*.yaml"))}
     return [_EntryConfig(name=f"{stem}.yaml", schema=schema, options=tuple(f"{g}={o}" for g, o in chosen.items()),
                          included_by=tuple(f"{other}.yaml" for other, (_, _, inc) in read.items() if stem in inc))
@@ -288,16 +293,18 @@ def _field_table(schema: SchemaDoc, group_headings: dict[str, str]) -> list[str]
     return out
 
 
-def _markdown(module: ModuleType, groups: list[SchemaDoc], roots: list[SchemaDoc],
+def _markdown(modules: Sequence[ModuleType], choices: dict, groups: list[SchemaDoc], roots: list[SchemaDoc],
               configs_dir: Path | None) -> str:
     group_headings = {g.key: f"`{g.key}`" for g in groups}
+    sources = " and ".join(f"`{m.__name__.replace('.', '/')}.py`" for m in modules)
     lines = [
         "# Configuration reference",
         "",
-        "<!-- Generated from brats_seg/config.py by `python scripts/config_reference.py`; do not edit by hand. -->",
+        f"<!-- Generated from {sources.replace('`', '')} by `python scripts/config_reference.py`; "
+        "do not edit by hand. -->",
         "",
-        "Every key a command takes, generated from the config schemas in `brats_seg/config.py` (the",
-        "dataclasses Hydra composes `configs/` on) and the comment each field carries there. Set a key",
+        f"Every key a command takes, generated from the config schemas in {sources}",
+        "(the dataclasses Hydra composes `configs/` on) and the comment each field carries there. Set a key",
         "on the command line (`python train.py trainer.epochs=30 model.depth=4`) or choose a group's",
         "option (`resolution=full`, which sets several keys of the `resolution` group from",
         "`configs/resolution/full.yaml`). The defaults below are the schemas'; a group option and the",
@@ -316,8 +323,8 @@ def _markdown(module: ModuleType, groups: list[SchemaDoc], roots: list[SchemaDoc
         "| key | values |",
         "|---|---|",
     ]
-    for key, choices in getattr(module, "CHOICES", {}).items():
-        lines.append(f"| `{key}` | " + " \\| ".join(_code(str(m.value)) for m in choices) + " |")
+    for key, values in choices.items():
+        lines.append(f"| `{key}` | " + " \\| ".join(_code(str(m.value)) for m in values) + " |")
     lines += ["", "## Groups", ""]
     options = _group_options(configs_dir) if configs_dir else {}
     for g in groups:
@@ -341,7 +348,7 @@ def _markdown(module: ModuleType, groups: list[SchemaDoc], roots: list[SchemaDoc
                   "its `defaults` choose the schema and one option per group (those of the files it",
                   "includes, then its own overrides).", "",
                   "| file | schema | group options it starts from |", "|---|---|---|"]
-        for entry in _entry_configs(configs_dir, module):
+        for entry in _entry_configs(configs_dir, modules):
             if entry.included_by:
                 schema_cell = "a defaults list, included by " + ", ".join(f"`{n}`" for n in entry.included_by)
             elif entry.schema:
@@ -359,26 +366,29 @@ def _markdown(module: ModuleType, groups: list[SchemaDoc], roots: list[SchemaDoc
     return "\n".join(lines)
 
 
-def build_config_reference(module: ModuleType | None = None, configs_dir: str | Path | None = None) -> ConfigReference:
-    """The reference page of ``module``'s schemas (default :mod:`brats_seg.config`).
+def build_config_reference(*modules: ModuleType, configs_dir: str | Path | None = None) -> ConfigReference:
+    """The reference page of the ``modules``' schemas (default :mod:`brats_seg.config` and
+    :mod:`brats_seg.script_configs`).
 
     Args:
-        module: the module whose dataclasses are the schemas (a test passes its own).
+        modules: the modules whose dataclasses are the schemas, the run's first (a test passes its own).
         configs_dir: the ``configs/`` folder; when given, the page also lists each group's
             options and the top-level config files with the schema each composes.
 
     Returns:
         The Markdown, the schemas as read, and the fields that have no comment.
     """
-    if module is None:
-        from brats_seg import config as module
-    walk = _Walk(module)
-    comments = read_field_comments(inspect.getsource(module))
-    choices = getattr(module, "CHOICES", {})
+    if not modules:
+        from brats_seg import config, script_configs
+
+        modules = (config, script_configs)
+    walk = _Walk(modules)
+    comments = {k: v for module in modules for k, v in read_field_comments(inspect.getsource(module)).items()}
+    choices = {k: v for module in modules for k, v in getattr(module, "CHOICES", {}).items()}
     groups = [walk.schema_doc(c, comments, choices) for c in walk.groups()]
     roots = [walk.schema_doc(c, comments, choices) for c in walk.roots]
     order = {c.__name__: i for i, c in enumerate(walk.classes)}  # source order
     undocumented = tuple(f"{s.name}.{f.name}" for s in sorted(groups + roots, key=lambda s: order[s.name])
                          for f in s.fields if not f.comment and not f.group)
-    markdown = _markdown(module, groups, roots, Path(configs_dir) if configs_dir else None)
+    markdown = _markdown(modules, choices, groups, roots, Path(configs_dir) if configs_dir else None)
     return ConfigReference(markdown=markdown, schemas=tuple(groups + roots), undocumented=undocumented)

@@ -28,7 +28,8 @@ import os
 import platform
 from pathlib import Path
 
-__all__ = ["KINDS", "cpu_flags", "cpu_id", "cpu_isa", "cpu_kind", "has_native_bf16", "cpu_model_name", "onednn_isa_cap"]
+__all__ = ["KINDS", "cpu_flags", "cpu_id", "cpu_isa", "cpu_kind", "device_has_native_bf16", "has_native_bf16",
+           "cpu_model_name", "onednn_isa_cap"]
 
 
 _AVX512_CORE = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
@@ -102,6 +103,13 @@ def cpu_isa(cpuinfo: str | None = None, environ=None) -> str:
 def has_native_bf16(cpuinfo: str | None = None, environ=None) -> bool:
     """True if oneDNN computes bfloat16 natively here (AVX512-BF16 or AMX-BF16, not capped below)."""
     return _level(cpuinfo, environ) in ("avx512_bf16", "avx512_amx")
+
+
+def device_has_native_bf16(device: str) -> bool:
+    """Whether ``device`` (``CPU`` or ``GPU``) computes bfloat16 natively: every GPU the project
+    supports; a CPU as :func:`has_native_bf16` says (looked up at the call, so a test can stand in
+    for the CPU by replacing it)."""
+    return device == "GPU" or has_native_bf16()
 
 
 def cpu_model_name(cpuinfo: str | None = None) -> str:

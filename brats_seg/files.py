@@ -76,12 +76,14 @@ class DiskFullError(OSError):
         return (type(self), (self.path, self.free_bytes, self.what))
 
 
-def format_bytes(n: int) -> str:
-    """``n`` bytes for a message: ``1.5 GB``, ``12.0 KB``, ``512 bytes`` (decimal units)."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
+def format_bytes(nbytes: float) -> str:
+    """Bytes for a message, in SI units (1 GB = 1e9 bytes), as the plans print them: ``12.35 GB``,
+    ``840.2 MB``, ``3.1 kB``, ``512 B``."""
+    nbytes = float(nbytes)
+    for unit, scale, digits in (("TB", 1e12, 2), ("GB", 1e9, 2), ("MB", 1e6, 1), ("kB", 1e3, 1)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.{digits}f} {unit}"
+    return f"{int(nbytes)} B"
 
 
 def _free_bytes(path: Path) -> int | None:

@@ -1,18 +1,17 @@
-"""Out of memory, in one place: the check before, the guards during, the diagnosis after.
+"""Out of memory in training, and what every out-of-memory message shares.
 
-* Before: :func:`check_inference_memory` holds the predicted peak of one case's evaluation or
-  prediction to the run's ``lms.limit`` before any model is loaded (training's own check is
-  the planner's pre-flight plan).
-* During: TensorFlow's ``ResourceExhaustedError`` and Python's ``MemoryError`` (and a
-  TensorFlow op error that says memory ran out: :func:`is_out_of_memory`) become one message
-  with the numbers and what lowers the peak. In training, :func:`out_of_memory_guard` raises
-  the :class:`~brats_seg.lms.planner.advice.OutOfMemoryError` of its :class:`MemoryWatch`:
+* What counts as out of memory (:func:`is_out_of_memory`: TensorFlow's
+  ``ResourceExhaustedError``, Python's ``MemoryError``, a TensorFlow op error that says memory ran
+  out), what this process can still take (:func:`headroom`) and the peak measured at a failure
+  (:func:`peak_at_failure`): read by training here and by evaluation and prediction in
+  :mod:`brats_seg.oom_inference` (their check before, their guard during).
+* During training: :func:`out_of_memory_guard` raises the
+  :class:`~brats_seg.lms.planner.advice.OutOfMemoryError` of its :class:`MemoryWatch`:
   where the run was, the plan's predicted peak, the measured one (the peak so far on CPU or
   the allocator's on a GPU, and the last epochs'), the memory available, and the settings the
   planner predicts to fit (:func:`~brats_seg.lms.planner.advice.out_of_memory_error`); the run
-  folder keeps its last completed epoch. In evaluation and prediction,
-  :func:`inference_memory_guard` raises an :class:`InferenceOutOfMemoryError` with the
-  inference estimate and the settings that lower it.
+  folder keeps its last completed epoch. (Training's own check before is the planner's
+  pre-flight plan.)
 * After: a process killed by the kernel leaves its run folder's lock behind. While it trains,
   the lock's record (:class:`MemoryWatch`) carries what the next start needs to tell why it
   died: the memory cgroup and its ``oom_kill`` count, ``/proc/vmstat``'s, the boot id, the
@@ -25,9 +24,8 @@ Memory on CPU is counted as the plan counts it: above the runtime (the RSS just 
 model is built or loaded). What a run could use is the smaller of the system's available RAM
 and its memory cgroup's room (a SLURM job or a container is held to its cgroup's limit
 whatever the machine has). The facts come from below: the machine's memory from
-:mod:`brats_seg.memory`, the settings that fit from :mod:`brats_seg.lms.planner.advice`,
-the inference estimate from :mod:`brats_seg.lms.planner.inference`. Nothing here imports
-TensorFlow or Keras at module level: the measured peak
+:mod:`brats_seg.memory`, the settings that fit from :mod:`brats_seg.lms.planner.advice`.
+Nothing here imports TensorFlow or Keras at module level: the measured peak
 (:func:`brats_seg.lms.runtime.stats.device_peak_bytes`) is read inside the functions, after
 ``brats_seg.backend.configure``.
 """
@@ -35,34 +33,24 @@ TensorFlow or Keras at module level: the measured peak
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
 from brats_seg.backend import device_memory_bytes
-from brats_seg.config import EvaluateConfig, TrainConfig
+from brats_seg.config import TrainConfig
 from brats_seg.lms.planner.advice import MemoryFacts, OutOfMemoryError, advise, out_of_memory_error
-from brats_seg.lms.planner.inference import InferenceEstimate, estimate_inference
-from brats_seg.lms.planner.memory_model import MemoryModel, memory_model_for
-from brats_seg.lms.planner.search import planning_budget
-from brats_seg.lms.planner.units import format_gb, parse_limit
-from brats_seg.lms.planner.workload import Workload
+from brats_seg.lms.planner.units import format_gb
 from brats_seg.locks import update_lock
 from brats_seg.memory import boot_id, cgroup_state, memory_facts, system_oom_kills
-from brats_seg.run_dir import RunError
 
 __all__ = [
-    "InferenceOutOfMemoryError",
     "MemoryWatch",
-    "check_inference_memory",
     "first_line",
     "headroom",
-    "inference_memory_guard",
-    "inference_out_of_memory_error",
     "is_out_of_memory",
     "out_of_memory_guard",
+    "peak_at_failure",
     "takeover_message",
 ]
 
@@ -110,7 +98,7 @@ def headroom(facts: dict, cgroup_limit_bytes: int | None = None) -> tuple[int, s
     return system, f"RAM available before the model was built, of {format_gb(facts['total_bytes'])}"
 
 
-def _peak_at_failure(device: str, baseline_bytes: int | None) -> int | None:
+def peak_at_failure(device: str, baseline_bytes: int | None) -> int | None:
     """The peak measured now, as the plan counts it: above ``baseline_bytes`` (the runtime's RSS) on
     CPU (None without a baseline), the allocator's on a GPU; None where it cannot be read."""
     try:
@@ -195,7 +183,7 @@ class MemoryWatch:
 
     def error(self, exc: BaseException) -> OutOfMemoryError:
         """The :class:`OutOfMemoryError` for ``exc``, raised at the current position."""
-        at_failure = _peak_at_failure(self.device, self.baseline_bytes)  # the statistics callback resets it per epoch
+        at_failure = peak_at_failure(self.device, self.baseline_bytes)  # the statistics callback resets it per epoch
         known = self.record.get("measured_peak_bytes")
         measured, note = None, ""
         if at_failure is not None:
@@ -252,169 +240,6 @@ def out_of_memory_guard(watch: MemoryWatch) -> Iterator[None]:
         if not is_out_of_memory(e):
             raise
         raise watch.error(e) from e
-
-
-# ---------------------------------------------------------------------------------------
-# Evaluation and prediction: the estimate before, the guard during
-# ---------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _InferenceCase:
-    """The largest case of an inference as the planner sees it (voxel counts None: the network grid)."""
-
-    workload: Workload
-    memory_model: MemoryModel
-    resampled_voxels: int | None
-    native_voxels: int | None
-    mirror: bool
-    scoring: bool
-
-    def estimate(self, workload: Workload | None = None, mirror: bool | None = None) -> InferenceEstimate:
-        return estimate_inference(self.workload if workload is None else workload, self.memory_model,
-                                  mirror=self.mirror if mirror is None else mirror,
-                                  resampled_voxels=self.resampled_voxels, native_voxels=self.native_voxels,
-                                  scoring=self.scoring)
-
-
-def _largest_case(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records,
-                  scoring: bool) -> _InferenceCase:
-    return _InferenceCase(
-        workload=dataclasses.replace(Workload.from_config(run), policy=policy),
-        memory_model=memory_model_for(device),
-        resampled_voxels=max((math.prod(r["resampled_shape"]) for r in records), default=None),
-        native_voxels=max((math.prod(r["native_shape"]) for r in records), default=None),
-        mirror=eval_cfg.mirror and eval_cfg.mode == "whole",
-        scoring=scoring,
-    )
-
-
-def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(),
-                           scoring: bool = True) -> InferenceEstimate:
-    """Predict a case's evaluation (``scoring``) or prediction peak and hold it to the run's
-    ``lms.limit`` (less the planning margin), before any model is loaded.
-
-    Args:
-        run: the run's config.
-        eval_cfg: mirroring and mode.
-        device: ``CPU`` or ``GPU``.
-        policy: the dtype policy the model infers in (``float32``, ``mixed_bfloat16``).
-        records: the cases' ``PreprocessRecord`` dicts (their resampled and native grids);
-            none: the network grid stands for both.
-
-    Returns:
-        The :class:`~brats_seg.lms.planner.inference.InferenceEstimate` of the largest case.
-
-    Raises:
-        RunError: the estimate is over the budget, with the numbers and what to change.
-    """
-    case = _largest_case(run, eval_cfg, device, policy, records, scoring)
-    workload, estimate = case.workload, case.estimate()
-    limit = parse_limit(run.lms.limit, device_memory_bytes(device, run.backend.gpu_memory_limit_mb))
-    budget = planning_budget(limit, case.memory_model)
-    log.info("inference of a case (%s, %s): predicted peak %s at its %s step, budget %s (lms.limit %s)",
-             "x".join(map(str, workload.input_shape)), workload.policy, format_gb(estimate.peak_bytes),
-             estimate.peak_at, format_gb(budget), format_gb(limit))
-    if estimate.peak_bytes > budget:
-        hints = _inference_hints(case, eval_cfg, bf16=workload.policy == "float32" and _bf16_native(device))
-        hints.append("a machine with more memory, or a larger lms.limit in the run's config.json")
-        raise RunError(
-            f"inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}) is predicted to "
-            f"need {format_gb(estimate.peak_bytes)} at its {estimate.peak_at} step, over the budget "
-            f"{format_gb(budget)} (lms.limit {format_gb(limit)} less the planner's margin). Try: "
-            + "; ".join(hints) + ".")
-    return estimate
-
-
-def _inference_hints(case: _InferenceCase, eval_cfg: EvaluateConfig, bf16: bool, below: int | None = None
-                     ) -> list[str]:
-    """What lowers one case's inference peak, each with the estimate it gives: no mirroring,
-    and (``bf16``) bfloat16; with ``below``, only those whose estimate is lower than it."""
-    hints = []
-    if case.mirror:
-        no_mirror = case.estimate(mirror=False).peak_bytes
-        if below is None or no_mirror < below:
-            hints.append(f"evaluate.mirror=false ({format_gb(no_mirror)})")
-    if bf16:
-        peak = case.estimate(dataclasses.replace(case.workload, policy="mixed_bfloat16"),
-                             mirror=eval_cfg.mirror).peak_bytes
-        if below is None or peak < below:
-            hints.append(f"backend.precision=bf16 on a CPU with native bf16 ({format_gb(peak)})")
-    return hints
-
-
-class InferenceOutOfMemoryError(RunError):
-    """Evaluation or prediction ran out of memory; the message gives the estimate, the measured
-    peak and what lowers it (:func:`inference_memory_guard`).
-
-    Attributes:
-        estimate: the :class:`~brats_seg.lms.planner.inference.InferenceEstimate` of the largest case.
-        measured_bytes: the peak measured at the failure (above the runtime on CPU), or None.
-    """
-
-    def __init__(self, message: str, estimate=None, measured_bytes: int | None = None) -> None:
-        super().__init__(message)
-        self.estimate = estimate
-        self.measured_bytes = measured_bytes
-
-
-@contextlib.contextmanager
-def inference_memory_guard(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(),
-                           scoring: bool = True, baseline_bytes: int | None = None) -> Iterator[None]:
-    """Turn running out of memory inside the block (TensorFlow's ``ResourceExhaustedError``,
-    Python's ``MemoryError``) into an :class:`InferenceOutOfMemoryError`: the estimate of
-    :func:`check_inference_memory` for the same cases, the measured peak, the memory available
-    and what would lower the peak. Other errors pass unchanged.
-
-    Args:
-        run, eval_cfg, device, policy, records, scoring: as :func:`check_inference_memory`.
-        baseline_bytes: on CPU, the RSS before the model was loaded (the measured peak is
-            reported above it, as the estimate counts); None: no peak is reported on CPU.
-
-    Raises:
-        InferenceOutOfMemoryError: memory ran out inside the block.
-    """
-    try:
-        yield
-    except Exception as e:
-        if not is_out_of_memory(e):
-            raise
-        raise inference_out_of_memory_error(e, run, eval_cfg, device, policy, records, scoring, baseline_bytes) from e
-
-
-def inference_out_of_memory_error(exc: BaseException, run: TrainConfig, eval_cfg: EvaluateConfig, device: str,
-                                  policy: str, records=(), scoring: bool = True,
-                                  baseline_bytes: int | None = None) -> InferenceOutOfMemoryError:
-    """The :class:`InferenceOutOfMemoryError` for ``exc`` (see :func:`inference_memory_guard`)."""
-    case = _largest_case(run, eval_cfg, device, policy, records, scoring)
-    workload, estimate = case.workload, case.estimate()
-    measured = _peak_at_failure(device, baseline_bytes)
-    facts = [f"The inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}"
-             f"{', mirrored' if case.mirror else ''}) was predicted to need {format_gb(estimate.peak_bytes)} at its "
-             f"{estimate.peak_at} step."]
-    if measured is not None:
-        facts.append(f"Measured peak: {format_gb(measured)} at the failure (the allocation that failed not counted).")
-    if device == "CPU":
-        room, where = headroom(memory_facts())
-        facts.append(f"Memory available: {format_gb(room)} ({where.replace(' before the model was built', ' now')}).")
-    hints = _inference_hints(case, eval_cfg, bf16=workload.policy == "float32" and _bf16_native(device),
-                             below=estimate.peak_bytes)
-    hints.append(f"a machine (or job) with more memory free than the {format_gb(estimate.peak_bytes)} predicted "
-                 "(lms.limit in the run's config.json at most what is free, so that the check before loading "
-                 "the model refuses what does not fit)")
-    what = "evaluating" if scoring else "predicting"
-    message = (f"out of memory {what} a case: {first_line(exc)}. " + " ".join(facts)
-               + " Try: " + "; ".join(hints) + ".")
-    return InferenceOutOfMemoryError(message, estimate, measured)
-
-
-def _bf16_native(device: str) -> bool:
-    """Whether the device computes bfloat16 natively (every GPU the project supports; a CPU with AVX512-BF16/AMX)."""
-    if device == "GPU":
-        return True
-    from brats_seg.cpu import has_native_bf16  # looked up at the call, so a test can stand in for the CPU
-
-    return has_native_bf16()
 
 
 # ---------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def compose_config(config_name: str, overrides=(), config_dir: str | Path | None
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     if GlobalHydra.instance().is_initialized():  # inside an entry point: its config folder is ours

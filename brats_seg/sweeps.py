@@ -1,6 +1,6 @@
 """A sweep job's run folder name (the ``sweep_dirname`` resolver of ``hydra.sweep.subdir``).
 
-Pure Python, importing nothing of brats_seg: :func:`brats_seg.config.register_configs`
+Pure Python, importing nothing of brats_seg: :func:`brats_seg.script_configs.register_configs`
 registers it before any config is composed.
 """
 

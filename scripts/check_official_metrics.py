@@ -60,10 +60,10 @@ import nibabel as nib
 import numpy as np
 
 from brats_seg.cli import child_args, child_command, hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
 from brats_seg.data.labels import region_label_values
 from brats_seg.evaluation.scoring.official_cases import SMALL_CASES, write_designed_cases, write_small_cases
 from brats_seg.files import atomic_dir, atomic_path, write_text_atomic
+from brats_seg.script_configs import register_configs
 
 register_configs()
 REPO = Path(__file__).resolve().parents[1]  # score.py is run here
@@ -371,7 +371,7 @@ def write_expected(path: Path, work: Path, official: Path, argv: list[str]) -> i
 
 
 def check(conf, argv: list[str]) -> int:
-    """The check (or, ``expected=``, the test data) of :class:`brats_seg.config.OfficialMetricsCheckConfig`;
+    """The check (or, ``expected=``, the test data) of :class:`brats_seg.script_configs.OfficialMetricsCheckConfig`;
     exit status 1 if a value or the evaluator's configuration differs beyond the tolerances."""
     work = Path(conf.work).expanduser().resolve()
     official = find_official(work, conf.official, conf.download)

@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""Write docs/configuration.md, the configuration reference, from the schemas in brats_seg/config.py.
+"""Write docs/configuration.md, the configuration reference, from the schemas in brats_seg/config.py
+and brats_seg/script_configs.py.
 
     python scripts/config_reference.py
 
 Run it after changing a schema, a field's comment or the files of configs/;
 tests/unit/test_config_reference.py fails while the page differs from what this writes.
-Fields without a comment are listed: give each a trailing ``# why`` in config.py.
+Fields without a comment are listed: give each a trailing ``# why`` in its schema.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def main() -> None:
     keys = sum(len(s.fields) for s in reference.schemas)
     print(f"wrote {PAGE.relative_to(REPO)}: {len(reference.schemas)} schemas, {keys} fields")
     if reference.undocumented:
-        print(f"{len(reference.undocumented)} fields have no comment in brats_seg/config.py: "
+        print(f"{len(reference.undocumented)} fields have no comment in their schemas: "
               + ", ".join(reference.undocumented))
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
+from brats_seg.script_configs import register_configs
 
 register_configs()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from brats_seg.cli import given_override, hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
+from brats_seg.script_configs import register_configs
 
 register_configs()
 

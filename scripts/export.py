@@ -23,7 +23,7 @@ a failure there is a warning. Exits 2 with a message on a bad run folder, checkp
 from __future__ import annotations
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
+from brats_seg.script_configs import register_configs
 
 register_configs()
 

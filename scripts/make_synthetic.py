@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
+from brats_seg.script_configs import register_configs
 
 register_configs()
 

@@ -31,7 +31,7 @@ import dataclasses
 from pathlib import Path
 
 from brats_seg.cli import given_override, hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
+from brats_seg.script_configs import register_configs
 
 register_configs()
 
@@ -67,7 +67,7 @@ def main(cfg) -> None:
         configure(backend)
     from brats_seg.evaluation.inference.predict import predict_new_cases
     from brats_seg.evaluation.inference.run import inference_policy, load_run_model
-    from brats_seg.oom import check_inference_memory, inference_memory_guard
+    from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
     from brats_seg.run_dir import RunFolder
 
     with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded

@@ -13,7 +13,7 @@ the same command then builds only the cases not prepared yet.
 from __future__ import annotations
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
+from brats_seg.script_configs import register_configs
 
 register_configs()
 

@@ -38,8 +38,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 
 from brats_seg.cli import child_args, child_command, hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
 from brats_seg.project import compose_config
+from brats_seg.script_configs import register_configs
 
 register_configs()
 REPO = Path(__file__).resolve().parents[1]  # the child runs here, as the benchmark's points do

@@ -16,8 +16,8 @@ is driven to "empty" by the bulk of the volume before it can learn what it looks
 from __future__ import annotations
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
 from brats_seg.run_dir import RunFolder
+from brats_seg.script_configs import register_configs
 
 register_configs()
 

@@ -17,7 +17,7 @@ mask on another grid or with labels outside the layout's set.
 from __future__ import annotations
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
-from brats_seg.config import register_configs
+from brats_seg.script_configs import register_configs
 
 register_configs()
 

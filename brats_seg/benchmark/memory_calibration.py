@@ -335,7 +335,7 @@ def calibrate(conf, benchmark: list[str]) -> Path | None:
     after ``conf.cross_validate`` (which reads the file and writes nothing).
 
     Args:
-        conf: :class:`brats_seg.config.MemoryCalibrationConfig`.
+        conf: :class:`brats_seg.script_configs.MemoryCalibrationConfig`.
         benchmark: the benchmark's command (``[python, scripts/benchmark.py]``), run once per
             measurement in a fresh process.
 

@@ -46,7 +46,7 @@ def _run(cmds: list[list[str]], cwd: Path) -> None:
 
 
 def measure_scaling(conf, train: list[str]) -> dict:
-    """Train both set-ups of ``conf`` (:class:`brats_seg.config.ScalingScriptConfig`) with the
+    """Train both set-ups of ``conf`` (:class:`brats_seg.script_configs.ScalingScriptConfig`) with the
     ``train`` command (``[python, train.py]``) in a temporary folder; the result record:
     the config, each set-up's epoch seconds and cases/s, and the ``efficiency``.
 

@@ -77,7 +77,7 @@ from brats_seg.evaluation.inference.run import (
 from brats_seg.evaluation.scoring.score import load_reference, score_case
 from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, MetricsTable
 from brats_seg.files import file_identity
-from brats_seg.oom import check_inference_memory, inference_memory_guard
+from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.run_dir import RunFolder
 from brats_seg.signals import report_progress

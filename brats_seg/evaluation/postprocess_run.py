@@ -33,7 +33,7 @@ from brats_seg.evaluation.inference.run import (
     run_regions,
 )
 from brats_seg.evaluation.scoring.score import load_reference
-from brats_seg.oom import check_inference_memory, inference_memory_guard
+from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
 from brats_seg.run_dir import RunFolder
 
 __all__ = ["postprocessing_for_run"]

@@ -7,7 +7,8 @@
 
 The watch, the guard that turns ``ResourceExhaustedError`` and ``MemoryError`` into
 :class:`~brats_seg.lms.planner.advice.OutOfMemoryError`, and the diagnosis are
-:mod:`brats_seg.oom`'s, which evaluation shares.
+:mod:`brats_seg.oom`'s (what counts as out of memory there, evaluation's guard in
+:mod:`brats_seg.oom_inference` shares).
 """
 
 from __future__ import annotations

@@ -389,7 +389,7 @@ def test_atomic_dir_keeps_the_old_folder_when_the_writer_fails_and_replaces_it_w
 def test_disk_full_error_names_the_file_and_the_free_bytes_and_pickles(tmp_path):
     err = DiskFullError(tmp_path / "checkpoints" / "last.keras", 12_345, "The run resumes from epoch 3.")
     text = str(err)
-    assert f"{tmp_path}/checkpoints/last.keras" in text and "12.3 KB free" in text
+    assert f"{tmp_path}/checkpoints/last.keras" in text and "12.3 kB free" in text
     assert "The run resumes from epoch 3." in text and "run the same command again" in text
     assert isinstance(err, OSError) and err.errno == errno.ENOSPC
     back = pickle.loads(pickle.dumps(err))

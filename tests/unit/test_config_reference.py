@@ -1,5 +1,6 @@
-"""docs/configuration.md is what the generator makes from brats_seg/config.py now, names every
-field of every schema, and a config key without a comment is reported and fails."""
+"""docs/configuration.md is what the generator makes from brats_seg/config.py and
+brats_seg/script_configs.py now, names every field of every schema, and a config key without a
+comment is reported and fails."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from brats_seg import config
+from brats_seg import config, script_configs
 from brats_seg.config_reference import NO_COMMENT, build_config_reference, read_field_comments
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,11 +55,11 @@ def _keys(cls: type, prefix: str, reached: set) -> list[str]:
 
 
 def test_every_field_of_every_schema_appears(reference):
-    schemas = [c for c in vars(config).values()
-               if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == config.__name__]
+    schemas = [c for module in (config, script_configs) for c in vars(module).values()
+               if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
     held = {sub for c in schemas for sub in _nested(c).values()}
     entry_points = [c for c in schemas if c not in held]
-    assert config.TrainConfig in entry_points and config.EvaluateScriptConfig in entry_points, entry_points
+    assert config.TrainConfig in entry_points and script_configs.EvaluateScriptConfig in entry_points, entry_points
     reached: set = set()
     missing = [f"{c.__name__}: `{key}`" for c in entry_points for key in _keys(c, "", reached)
                if f"| `{key}` |" not in reference.markdown]
@@ -72,7 +73,8 @@ def test_every_field_of_every_schema_appears(reference):
 
 def test_every_config_key_has_a_comment(reference):
     assert not reference.undocumented, (
-        "config keys without a comment in brats_seg/config.py: " + ", ".join(sorted(reference.undocumented))
+        "config keys without a comment in brats_seg/config.py or script_configs.py: "
+        + ", ".join(sorted(reference.undocumented))
         + ". Give each a trailing `# what it is, and why the default is what it is`, then run "
           "`python scripts/config_reference.py`.")
 

@@ -44,7 +44,7 @@ def test_a_composed_config_round_trips_through_config_json_and_mlflow_params(tmp
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
     from brats_seg.data.labels import resolve_model_outputs
     from brats_seg.run_dir import RunFolder
 
@@ -83,7 +83,7 @@ def test_every_config_option_composes_and_passes_the_checks(tmp_path, synthetic_
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
     from brats_seg.data.dataset import GENERATED
     from brats_seg.data.labels import resolve_model_outputs
     from brats_seg.checks import check_train_config
@@ -106,7 +106,7 @@ def test_trainer_augment_is_a_preset_and_the_old_switch_still_means_light_or_non
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
@@ -131,7 +131,7 @@ def test_a_bad_augmentation_value_is_one_line_naming_it(override, message, capsy
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):

@@ -8,7 +8,7 @@ import pytest
 from brats_seg import cpu
 from brats_seg.backend import BackendError, check_precision, configure, decide_backend
 from brats_seg.config import BackendConfig
-from brats_seg.cpu import cpu_flags, cpu_isa, cpu_kind, cpu_model_name, has_native_bf16
+from brats_seg.cpu import cpu_flags, cpu_isa, cpu_kind, cpu_model_name, device_has_native_bf16, has_native_bf16
 
 SAPPHIRE_RAPIDS = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -59,6 +59,12 @@ def test_epyc_avx2_only_has_no_native_bf16():
     assert cpu_isa(EPYC) == "avx2"
     assert not has_native_bf16(EPYC)
     assert cpu_model_name(EPYC) == "AMD EPYC"
+
+
+def test_every_gpu_computes_bf16_and_a_cpu_as_its_flags_say(monkeypatch):
+    for native in (False, True):
+        monkeypatch.setattr(cpu, "has_native_bf16", lambda *a, native=native: native)  # as tests stand in for the CPU
+        assert device_has_native_bf16("GPU") and device_has_native_bf16("CPU") is native
 
 
 def test_unknown_cpu():

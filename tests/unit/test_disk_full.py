@@ -369,7 +369,7 @@ def test_a_full_tracking_store_is_said_once_and_training_goes_on(
             and any(w in r.getMessage() for w in ("MLflow", "mlflow", "disk", "space"))]
     assert len(said) == 1, [r.getMessage() for r in said]
     message = said[0].getMessage()
-    assert said[0].name == "brats_seg.tracking.tracker"
+    assert said[0].name == "brats_seg.tracking.faults"
     assert f"MLflow cannot write {db}: no space left on its disk (" in message and "free there" in message, message
     assert "training goes on" in message and str(run_dir) in message, message
     assert not [r for r in mlflow_records.records if "disk is full" in r.getMessage()]  # no MLflow traceback too

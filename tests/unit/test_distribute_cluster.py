@@ -353,7 +353,8 @@ def test_distribute_configs_compose(overrides, expected):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from brats_seg.config import TrainConfig, register_configs
+    from brats_seg.config import TrainConfig
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
@@ -370,7 +371,7 @@ def test_distribute_configs_compose(overrides, expected):
 def test_launcher_configs_extend_the_plugin(launcher, timeout_min, target):
     from hydra import compose, initialize_config_dir
 
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):

@@ -80,7 +80,7 @@ def test_a_documented_command_composes_as_written(page, line, script, overrides,
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
 
     path = REPO / script
     assert path.is_file(), f"{page}:{line}: {script} does not exist"

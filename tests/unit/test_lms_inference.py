@@ -1,5 +1,5 @@
 """The planner beyond the training step: the validation pass in the training plan, and the
-evaluation / prediction process (brats_seg.lms.planner.inference, brats_seg.oom)."""
+evaluation / prediction process (brats_seg.lms.planner.inference, brats_seg.oom_inference)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def batch_independent(workload, mm) -> bool:
 
 def test_inference_over_the_limit_is_refused_with_what_would_fit(tmp_path):
     from brats_seg.config import LMSConfig, ResolutionConfig, TrainConfig, DataConfig
-    from brats_seg.oom import check_inference_memory
+    from brats_seg.oom_inference import check_inference_memory
     from brats_seg.run_dir import RunError
 
     run = TrainConfig(data=DataConfig(layout="brats2021"), resolution=ResolutionConfig(name="x", spacing_mm=1.0,

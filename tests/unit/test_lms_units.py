@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from brats_seg.lms.planner.units import format_bytes, format_gb, format_shape, parse_limit
+from brats_seg.files import format_bytes
+from brats_seg.lms.planner.units import format_gb, format_shape, parse_limit
 
 GB = 10**9
 

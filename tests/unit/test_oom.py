@@ -71,7 +71,7 @@ def _compose(overrides: list[str]) -> TrainConfig:
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
@@ -379,7 +379,7 @@ def test_inference_out_of_memory_carries_the_estimate_and_what_lowers_it(monkeyp
     import tensorflow as tf
 
     import brats_seg.cpu
-    from brats_seg.oom import InferenceOutOfMemoryError, inference_memory_guard
+    from brats_seg.oom_inference import InferenceOutOfMemoryError, inference_memory_guard
     from brats_seg.run_dir import RunError
     from brats_seg.lms.planner.inference import estimate_inference
     from brats_seg.lms.planner.workload import Workload

@@ -193,7 +193,7 @@ def test_a_patch_run_stopped_mid_epoch_resumes_exactly_and_evaluates_whole_volum
     from brats_seg.training.loop import train
     from brats_seg.signals import Preempted
 
-    backend = configure(decide_backend(BackendConfig(name="cpu_onednn")))
+    configure(decide_backend(BackendConfig(name="cpu_onednn")))
     root = synthetic_root["brats2021"]
     full = train(_cfg(root, tmp_path, tmp_path / "full"))
     assert full.epochs_done == 2
@@ -244,7 +244,7 @@ def test_a_budget_ends_the_run_as_if_done_and_the_same_command_trains_nothing_mo
     from brats_seg.backend import configure, decide_backend
     from brats_seg.training.loop import train
 
-    backend = configure(decide_backend(BackendConfig(name="cpu_onednn")))
+    configure(decide_backend(BackendConfig(name="cpu_onednn")))
     cfg = _cfg(synthetic_root["brats2021"], tmp_path, tmp_path / "budget")
     cfg.trainer = dataclasses.replace(cfg.trainer, epochs=50, steps_per_epoch=None, time_budget_s=2.0)
     first = train(cfg)

@@ -12,7 +12,8 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from brats_seg.config import DataConfig, ResolutionConfig, StudyScriptConfig, TrainConfig
+from brats_seg.config import DataConfig, ResolutionConfig, TrainConfig
+from brats_seg.script_configs import StudyScriptConfig
 from brats_seg.files import is_temporary, write_text_atomic
 from brats_seg.evaluation.studies import study_run as study_script  # what scripts/study.py runs
 from brats_seg.evaluation.studies.study import compute_time_to_reach, compute_timeline
@@ -371,7 +372,7 @@ def test_a_plain_sweep_names_its_job_folders_by_their_values_so_the_same_command
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    register = __import__("brats_seg.config", fromlist=["register_configs"]).register_configs
+    register = __import__("brats_seg.script_configs", fromlist=["register_configs"]).register_configs
     register()
     typed = ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "model.base_filters=16,32", "resolution=full",
              "tracking.uri=http://mlflow.example:5000"]
@@ -417,7 +418,7 @@ def test_each_study_is_a_sweep_whose_jobs_compose_and_pass_the_checks(experiment
     from omegaconf import OmegaConf
 
     from brats_seg.cli import to_config
-    from brats_seg.config import register_configs
+    from brats_seg.script_configs import register_configs
     from brats_seg.data.labels import resolve_model_outputs
     from brats_seg.checks import check_train_config
 

@@ -14,6 +14,7 @@ import pytest
 from brats_seg.config import TrackingConfig
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import (
+    NullTracker,
     Tracker,
     artifact_location_for,
     evaluation_metric_key,
@@ -24,7 +25,7 @@ from brats_seg.tracking import (
     training_metric_key,
 )
 
-LOGGER = "brats_seg.tracking.tracker"
+LOGGER = "brats_seg.tracking.faults"  # the tracker says what failed through FaultPolicy
 RUN_FILE = RunFolder(Path(".")).tracking_path.name  # the run folder owns the name of the run id file
 
 
@@ -203,6 +204,19 @@ def test_tracking_none_sends_nothing(tmp_path):
     tracker.end()
     assert tracker.run_id is None
     assert not db.exists() and not (run_dir / RUN_FILE).exists() and not (tmp_path / "mlartifacts").exists()
+
+
+def test_a_worker_that_is_not_the_chief_sends_nothing_and_answers_every_method(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    with NullTracker() as tracker:
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        tracker.log_params({"a": 1})
+        tracker.set_tags({"t": "v"})
+        tracker.log_text("x", "notes.txt")
+        assert tracker.find_model("model", {}) is None and tracker.register_model("models:/m", "name") is None
+        assert tracker.log_model("model", tmp_path / "model.py", {}, None) is None
+        assert not tracker.sending and tracker.run_id is None and tracker.register_as == ""
+    assert list(tmp_path.iterdir()) == [] and not caplog.records
 
 
 def test_unreachable_server_warns_once_and_training_goes_on(tmp_path, caplog, clean_env):

@@ -29,7 +29,7 @@ from brats_seg.tracking.datasets import split_inputs
 from brats_seg.training.loop import _start_tracking
 from tests.conftest import TINY
 
-LOGGER = "brats_seg.tracking.tracker"
+LOGGER = "brats_seg.tracking.faults"  # the tracker says what failed through FaultPolicy
 HALF = ResolutionConfig(name="half", spacing_mm=2.0, shape=[96, 112, 80])
 SPLIT = {"seed": 0, "val_fraction": 0.15, "test_fraction": 0.2,
          "train": ["case_1", "case_2", "case_3"], "val": ["case_4"], "test": ["case_5", "case_6"]}

@@ -3,7 +3,7 @@
 The model of a run is rebuilt from its ``config.json`` and its weights are loaded from
 ``checkpoints/<best|last>.keras`` (:func:`load_run_model`), so a training model wrapped
 for Large Model Support loads into a plain one. The memory check before the model is loaded
-and the guard while cases run are :mod:`brats_seg.oom`'s. Nothing here imports
+and the guard while cases run are :mod:`brats_seg.oom_inference`'s. Nothing here imports
 TensorFlow or Keras at module level: they are imported inside the functions, after
 ``brats_seg.backend.configure``.
 """

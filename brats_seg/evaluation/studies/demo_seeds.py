@@ -132,7 +132,7 @@ def compute_means(runs: list[dict]) -> dict:
 
 
 def run_demo_seeds(conf, overrides: list[str]) -> dict:
-    """Every arm of ``conf`` (:class:`brats_seg.config.DemoSeedsScriptConfig`) trained and
+    """Every arm of ``conf`` (:class:`brats_seg.script_configs.DemoSeedsScriptConfig`) trained and
     evaluated (what is done is kept), the means over seeds, written to ``<out>/demo_seeds.json``.
 
     Args:

@@ -56,7 +56,6 @@ _HOME = {  # public name -> its module; imported on first use, so importing one 
     "POLICIES": "timeline",
     "Timeline": "timeline",
     "simulate": "timeline",
-    "format_bytes": "units",
     "parse_limit": "units",
     "LMSOptions": "workload",
     "Workload": "workload",
@@ -66,7 +65,7 @@ __all__ = [
     "POLICIES", "BlockPlan", "Capacity", "InferenceEstimate", "LMSOptions", "MemoryFacts", "MemoryModel",
     "NetworkCost", "OutOfMemoryError", "Plan", "PlanDoesNotFitError", "Setting", "Timeline", "Workload",
     "capacity_run", "compare_run", "compare_strategies", "compute_network_cost", "compute_step_flops",
-    "estimate_inference", "estimate_peak", "find_capacity", "format_bytes", "memory_model_for", "parse_limit",
+    "estimate_inference", "estimate_peak", "find_capacity", "memory_model_for", "parse_limit",
     "plan_lms", "plan_lms_from_config", "plan_run", "settings_that_fit", "simulate",
 ]
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from brats_seg.config import TrainConfig
+from brats_seg.cpu import device_has_native_bf16
 from brats_seg.lms.planner.cost import compute_network_cost
 from brats_seg.lms.planner.memory_model import MemoryModel, memory_model_for
 from brats_seg.lms.planner.search import (
@@ -280,7 +281,7 @@ def settings_that_fit(cfg: TrainConfig, device: str, limit_bytes: int, memory_mo
     if width is not None:
         one_change(f"model.base_filters={width}", _with_width(workload, width))
 
-    if workload.policy == "float32" and _bf16_native(device):
+    if workload.policy == "float32" and device_has_native_bf16(device):
         one_change("backend.precision=bf16", dataclasses.replace(workload, policy="mixed_bfloat16"))
     return out
 
@@ -300,14 +301,6 @@ def _largest_width(workload: Workload, mm: MemoryModel, strategies: Sequence[str
     n, _ = largest_fitting(lambda i: fits_with(_with_width(workload, widths[i - 1]), mm, strategies, options),
                            len(widths))
     return widths[n - 1] if n else None
-
-
-def _bf16_native(device: str) -> bool:
-    if device == "GPU":
-        return True
-    from brats_seg.cpu import has_native_bf16
-
-    return has_native_bf16()
 
 
 def advise(cfg: TrainConfig, device: str, facts: MemoryFacts, memory_model: MemoryModel | None = None,

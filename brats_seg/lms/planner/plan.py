@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from brats_seg.lms.planner.units import format_bytes, format_gb, format_seconds, format_shape
+from brats_seg.files import format_bytes
+from brats_seg.lms.planner.units import format_gb, format_seconds, format_shape
 from brats_seg.lms.planner.workload import Workload
 
 __all__ = ["BlockPlan", "Plan", "PlanDoesNotFitError"]

@@ -25,12 +25,13 @@ from typing import Any, Callable, Sequence
 
 from brats_seg.config import STANDARD_RESOLUTIONS as CONFIG_RESOLUTIONS
 from brats_seg.config import TrainConfig
+from brats_seg.files import format_bytes
 from brats_seg.lms.planner.accounting import block_row, plan_overhead
 from brats_seg.lms.planner.cost import NetworkCost, compute_network_cost
 from brats_seg.lms.planner.memory_model import MemoryModel
 from brats_seg.lms.planner.plan import Plan, PlanDoesNotFitError
 from brats_seg.lms.planner.timeline import Timeline, offloadable, simulate
-from brats_seg.lms.planner.units import format_bytes, format_gb, parse_limit
+from brats_seg.lms.planner.units import format_gb, parse_limit
 from brats_seg.lms.planner.workload import FIXED_STRATEGIES, LMSOptions, Workload
 
 __all__ = [

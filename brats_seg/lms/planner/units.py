@@ -1,7 +1,7 @@
 """Bytes in and out: reading ``lms.limit``, printing sizes and shapes.
 
-Printed sizes are SI (1 GB = 1e9 bytes); :func:`parse_limit` reads both ``GB`` (1e9) and
-``GiB`` (2**30).
+Printed sizes are SI (1 GB = 1e9 bytes; any size: :func:`brats_seg.files.format_bytes`, which
+every message shares); :func:`parse_limit` reads both ``GB`` (1e9) and ``GiB`` (2**30).
 """
 
 from __future__ import annotations
@@ -9,16 +9,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-__all__ = ["format_bytes", "format_gb", "format_seconds", "format_shape", "parse_limit"]
-
-
-def format_bytes(nbytes: float) -> str:
-    """Human bytes, SI: ``12.35 GB``, ``840.2 MB``, ``3.1 kB``, ``512 B``."""
-    nbytes = float(nbytes)
-    for unit, scale, digits in (("TB", 1e12, 2), ("GB", 1e9, 2), ("MB", 1e6, 1), ("kB", 1e3, 1)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.{digits}f} {unit}"
-    return f"{int(nbytes)} B"
+__all__ = ["format_gb", "format_seconds", "format_shape", "parse_limit"]
 
 
 def format_gb(nbytes: float) -> str:
