@@ -13,9 +13,9 @@ Returns the best validation mean Dice, so Hydra sweeps can optimise it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
-import dataclasses
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -40,8 +40,10 @@ def run(conf: TrainConfig, extra_callbacks=(), tags=None, name_suffix: str = "")
     from brats_seg.training.loop import train
 
     result = train(resolved, extra_callbacks, tags=tags, name_suffix=name_suffix)
-    print(f"best val Dice (mean of regions) {result.best_val_dice:.4f} at epoch {result.best_epoch}; "
-          f"run folder {result.run_dir}")
+    print(
+        f"best val Dice (mean of regions) {result.best_val_dice:.4f} at epoch {result.best_epoch}; "
+        f"run folder {result.run_dir}"
+    )
     print(f"evaluate: python scripts/evaluate.py run_dir={result.run_dir}")
     return result.best_val_dice
 
@@ -61,7 +63,9 @@ def sweep_job() -> tuple[dict[str, str], str]:
         from omegaconf import OmegaConf
 
         typed = OmegaConf.load(Path(hc.sweep.dir) / "multirun.yaml").hydra.overrides.task
-        swept = {o.split("=", 1)[0].lstrip("+~") for o in typed if "=" in o and re.search(r",|\w+\(", o.split("=", 1)[1])}
+        swept = {
+            o.split("=", 1)[0].lstrip("+~") for o in typed if "=" in o and re.search(r",|\w+\(", o.split("=", 1)[1])
+        }
     except (OSError, ValueError, AttributeError) as e:
         log.debug("sweep overrides not read from multirun.yaml: %s", e)
     swept |= {str(k).lstrip("+~") for k in (hc.sweeper.get("params") or {})}  # an experiment's own sweep

@@ -42,7 +42,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 class BackendError(RuntimeError):
     """The requested backend cannot run here; the message says which one can."""
 
@@ -115,7 +114,9 @@ def check_precision(precision: str, device: str, cpuinfo: str | None = None) -> 
     if device != "CPU":
         return
     if precision == "fp16":
-        raise BackendError("backend.precision=fp16 needs a GPU; on CPU use fp32 (or bf16 on a CPU with AMX/AVX512-BF16).")
+        raise BackendError(
+            "backend.precision=fp16 needs a GPU; on CPU use fp32 (or bf16 on a CPU with AMX/AVX512-BF16)."
+        )
     if precision == "bf16":
         from brats_seg.cpu import cpu_model_name, has_native_bf16
 
@@ -139,7 +140,10 @@ def device_memory_bytes(device: str, gpu_memory_limit_mb: int = 0) -> int:
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=10, check=True,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
             ).stdout
             return int(out.split()[0]) * 1024 * 1024
         except (subprocess.SubprocessError, ValueError, IndexError):
@@ -179,8 +183,9 @@ def concrete_backend(name: str, gpus: int) -> tuple[str, str]:
     return ("gpu", f"{gpus} GPU(s) visible") if gpus else ("cpu_onednn", "no GPU visible")
 
 
-def decide_backend(cfg: BackendConfig, gpus: int | None = None, cpuinfo: str | None = None, *,
-                   require_gpu: bool = True) -> ResolvedBackend:
+def decide_backend(
+    cfg: BackendConfig, gpus: int | None = None, cpuinfo: str | None = None, *, require_gpu: bool = True
+) -> ResolvedBackend:
     """The backend, device, precision policy and XLA a process runs under, and why: the one
     place they are decided (a run's LMS may still turn ``gpu`` into ``gpu_lms``, without XLA:
     :func:`brats_seg.resolve.resolve_run`).
@@ -208,10 +213,18 @@ def decide_backend(cfg: BackendConfig, gpus: int | None = None, cpuinfo: str | N
         )
     device = "GPU" if name != "cpu_onednn" else "CPU"
     check_precision(precision, device, cpuinfo)
-    return ResolvedBackend(name=name, device=device, precision=precision, policy=PRECISION_POLICIES[precision],
-                           n_gpus=gpus, intra_op_threads=cfg.intra_op_threads or physical_cores(),
-                           inter_op_threads=cfg.inter_op_threads, reason=reason,
-                           xla=bool(cfg.xla) and name == "gpu", settings=cfg)
+    return ResolvedBackend(
+        name=name,
+        device=device,
+        precision=precision,
+        policy=PRECISION_POLICIES[precision],
+        n_gpus=gpus,
+        intra_op_threads=cfg.intra_op_threads or physical_cores(),
+        inter_op_threads=cfg.inter_op_threads,
+        reason=reason,
+        xla=bool(cfg.xla) and name == "gpu",
+        settings=cfg,
+    )
 
 
 #: The backend :func:`configure` last applied (a second call in one process re-applies the policy only).
@@ -253,13 +266,18 @@ def configure(backend: ResolvedBackend) -> ResolvedBackend:
         raise BackendError(
             f"backend {backend.name} was decided for {backend.n_gpus} GPU(s) (nvidia-smi), but TensorFlow sees "
             "none: its CUDA libraries did not load. Check the CUDA install (pip install -c requirements.lock "
-            "'.[gpu]'), or use backend=cpu_onednn.")
+            "'.[gpu]'), or use backend=cpu_onednn."
+        )
     if backend.device == "GPU" and len(gpus) != backend.n_gpus:
-        log.warning("nvidia-smi lists %d GPU(s), TensorFlow sees %d: distribute=mirrored uses TensorFlow's",
-                    backend.n_gpus, len(gpus))
+        log.warning(
+            "nvidia-smi lists %d GPU(s), TensorFlow sees %d: distribute=mirrored uses TensorFlow's",
+            backend.n_gpus,
+            len(gpus),
+        )
     if gpus and cfg.gpu_memory_limit_mb > 0 and _applied is None:
         tf.config.set_logical_device_configuration(
-            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cfg.gpu_memory_limit_mb)])
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cfg.gpu_memory_limit_mb)]
+        )
         log.info("GPU 0 limited to %d MB (backend.gpu_memory_limit_mb)", cfg.gpu_memory_limit_mb)
     for gpu in gpus:
         if cfg.memory_growth and cfg.gpu_memory_limit_mb <= 0:
@@ -268,7 +286,13 @@ def configure(backend: ResolvedBackend) -> ResolvedBackend:
             except RuntimeError:
                 log.warning("GPUs already initialised; memory growth left as it is")
     keras.mixed_precision.set_global_policy(backend.policy)
-    log.info("backend %s on %s, policy %s, %d intra-op threads%s", backend.name, backend.device, backend.policy,
-             backend.intra_op_threads, ", XLA auto-clustering" if backend.xla else "")
+    log.info(
+        "backend %s on %s, policy %s, %d intra-op threads%s",
+        backend.name,
+        backend.device,
+        backend.policy,
+        backend.intra_op_threads,
+        ", XLA auto-clustering" if backend.xla else "",
+    )
     _applied = backend
     return backend

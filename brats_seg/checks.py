@@ -77,8 +77,10 @@ def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     _fraction(d.val_fraction, "data.val_fraction")
     _fraction(d.test_fraction, "data.test_fraction")
     if d.val_fraction + d.test_fraction >= 1.0:
-        raise ValueError(f"data.val_fraction={d.val_fraction} + data.test_fraction={d.test_fraction} leaves no "
-                         "training cases: keep their sum below 1.")
+        raise ValueError(
+            f"data.val_fraction={d.val_fraction} + data.test_fraction={d.test_fraction} leaves no "
+            "training cases: keep their sum below 1."
+        )
 
     _positive_int(t.epochs, "trainer.epochs")
     _positive_int(t.batch_size, "trainer.batch_size", what="the global batch")
@@ -118,23 +120,34 @@ def check_register_as(tracker: str, name: str) -> None:
     if not name:
         return
     if str(tracker) != "mlflow":
-        raise ValueError(f"tracking.register_as={name!r} registers the run's MLflow model, but tracking={tracker}: "
-                         "use tracking=mlflow, or drop tracking.register_as.")
+        raise ValueError(
+            f"tracking.register_as={name!r} registers the run's MLflow model, but tracking={tracker}: "
+            "use tracking=mlflow, or drop tracking.register_as."
+        )
     # the registry's rule (MLflow's _validate_model_name, not public API: the copy is
     # held to it by tests/unit/test_check_first.py): not blank, no '/' or ':', and a name that stays
     # itself as a path ('.' and names beginning with '..' do not)
-    why = ("it is blank" if not name.strip() else
-           "names cannot contain '/' or ':'" if "/" in name or ":" in name else
-           "it would resolve to another name as a path" if name == "." or name.startswith("..") else None)
+    why = (
+        "it is blank"
+        if not name.strip()
+        else "names cannot contain '/' or ':'"
+        if "/" in name or ":" in name
+        else "it would resolve to another name as a path"
+        if name == "." or name.startswith("..")
+        else None
+    )
     if why:
-        raise ValueError(f"tracking.register_as={name!r}: the Model Registry refuses this name ({why}); "
-                         "choose another, e.g. brats-demo.")
+        raise ValueError(
+            f"tracking.register_as={name!r}: the Model Registry refuses this name ({why}); "
+            "choose another, e.g. brats-demo."
+        )
 
 
 def _patch_options(shape, multiple: int) -> str:
     """Allowed patch sides per axis, as the message lists them (all multiples up to the grid)."""
-    return "; ".join(f"{axis}: {', '.join(str(v) for v in range(multiple, int(s) + 1, multiple))}"
-                     for axis, s in zip("xyz", shape))
+    return "; ".join(
+        f"{axis}: {', '.join(str(v) for v in range(multiple, int(s) + 1, multiple))}" for axis, s in zip("xyz", shape)
+    )
 
 
 def check_patch_config(cfg: TrainConfig) -> None:
@@ -149,8 +162,10 @@ def check_patch_config(cfg: TrainConfig) -> None:
     t = cfg.trainer
     fraction = t.foreground_fraction
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"trainer.foreground_fraction={fraction!r}: use a share of the crops in [0, 1] "
-                         "(nnU-Net's 0.33; 0 = crops anywhere, 1 = every crop holds tumour).")
+        raise ValueError(
+            f"trainer.foreground_fraction={fraction!r}: use a share of the crops in [0, 1] "
+            "(nnU-Net's 0.33; 0 = crops anywhere, 1 = every crop holds tumour)."
+        )
     budget = t.time_budget_s
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
         raise ValueError(f"trainer.time_budget_s={budget!r}: use seconds of training >= 0 (0 = no budget).")
@@ -159,9 +174,13 @@ def check_patch_config(cfg: TrainConfig) -> None:
     shape, multiple = [int(s) for s in cfg.resolution.shape], 2**cfg.model.depth
     patch = list(t.patch_size)
     if len(patch) != 3 or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in patch):
-        raise ValueError(f"trainer.patch_size={patch!r}: use 3 positive sizes [x, y, z] (or null for the whole "
-                         f"volume); allowed sides at model.depth={cfg.model.depth} on {shape}: "
-                         f"{_patch_options(shape, multiple)}.")
+        raise ValueError(
+            f"trainer.patch_size={patch!r}: use 3 positive sizes [x, y, z] (or null for the whole "
+            f"volume); allowed sides at model.depth={cfg.model.depth} on {shape}: "
+            f"{_patch_options(shape, multiple)}."
+        )
     if any(p % multiple or p > s for p, s in zip(patch, shape)):
-        raise ValueError(f"trainer.patch_size={patch}: each side must be a multiple of 2**model.depth = {multiple} "
-                         f"and at most resolution.shape={shape}; allowed sides: {_patch_options(shape, multiple)}.")
+        raise ValueError(
+            f"trainer.patch_size={patch}: each side must be a multiple of 2**model.depth = {multiple} "
+            f"and at most resolution.shape={shape}; allowed sides: {_patch_options(shape, multiple)}."
+        )

@@ -35,8 +35,7 @@ def format_choices(allowed: Iterable[object]) -> str:
     return f"one of {', '.join(names)}"
 
 
-def check_choice(value: T, allowed: Iterable[T], key: str, *, error: type[Exception] = ValueError,
-                 hint: str = "") -> T:
+def check_choice(value: T, allowed: Iterable[T], key: str, *, error: type[Exception] = ValueError, hint: str = "") -> T:
     """``value`` if it is one of ``allowed``; else ``error`` naming ``key``, the value and the choices.
 
     Args:

@@ -27,8 +27,15 @@ import logging
 import os
 import sys
 
-__all__ = ["child_args", "child_command", "config_error_line", "given_override", "hydra_entry", "to_config",
-           "user_errors"]
+__all__ = [
+    "child_args",
+    "child_command",
+    "config_error_line",
+    "given_override",
+    "hydra_entry",
+    "to_config",
+    "user_errors",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +46,24 @@ EXIT_CLUSTER_FAILURE = 3
 #: :mod:`brats_seg.config`), for the near-miss hints of a bad key; a file not named here composes
 #: ``TrainConfig``.
 _ENTRY_SCHEMAS = {
-    "train": "TrainConfig", "plan_memory": "PlanMemoryConfig", "benchmark": "BenchmarkScriptConfig",
-    "evaluate": "EvaluateScriptConfig", "predict": "PredictScriptConfig",
-    "score": "ScoreScriptConfig", "export": "ExportScriptConfig", "prepare": "PrepareConfig",
-    "study": "StudyScriptConfig", "calibrate_step_time": "StepTimeCalibrationConfig",
-    "calibrate_memory": "MemoryCalibrationConfig", "scaling": "ScalingScriptConfig",
-    "measure_inference_peak": "InferencePeakConfig", "make_mni_gliomas": "MniGliomasScriptConfig",
-    "check_official_metrics": "OfficialMetricsCheckConfig", "demo_seeds": "DemoSeedsScriptConfig",
-    "profile_augment": "AugmentProfileConfig", "region_gradients": "RegionGradientsConfig",
+    "train": "TrainConfig",
+    "plan_memory": "PlanMemoryConfig",
+    "benchmark": "BenchmarkScriptConfig",
+    "evaluate": "EvaluateScriptConfig",
+    "predict": "PredictScriptConfig",
+    "score": "ScoreScriptConfig",
+    "export": "ExportScriptConfig",
+    "prepare": "PrepareConfig",
+    "study": "StudyScriptConfig",
+    "calibrate_step_time": "StepTimeCalibrationConfig",
+    "calibrate_memory": "MemoryCalibrationConfig",
+    "scaling": "ScalingScriptConfig",
+    "measure_inference_peak": "InferencePeakConfig",
+    "make_mni_gliomas": "MniGliomasScriptConfig",
+    "check_official_metrics": "OfficialMetricsCheckConfig",
+    "demo_seeds": "DemoSeedsScriptConfig",
+    "profile_augment": "AugmentProfileConfig",
+    "region_gradients": "RegionGradientsConfig",
 }
 
 
@@ -78,7 +95,9 @@ def hydra_entry(config_path: str, config_name: str):
             given = _given_run_dir()
             existed = given is not None and given.exists()
             if existed and not given.is_dir():  # Hydra would fail making it, with a traceback
-                sys.stderr.write(f"error: run_dir {given} is a file, not a folder: pass run_dir= a new or empty folder.\n")
+                sys.stderr.write(
+                    f"error: run_dir {given} is a file, not a folder: pass run_dir= a new or empty folder.\n"
+                )
                 raise SystemExit(2)
             try:
                 return hydra_task()
@@ -162,8 +181,13 @@ def config_error_line(exc: BaseException) -> str:
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     text = str(exc)
     override = None
-    for marker in ("Error merging override ", "Could not override '", "Could not append to config. An item is already at '",
-                   "Could not delete from config. ", "Error parsing override '"):
+    for marker in (
+        "Error merging override ",
+        "Could not override '",
+        "Could not append to config. An item is already at '",
+        "Could not delete from config. ",
+        "Error parsing override '",
+    ):
         if marker in text:
             override = text.split(marker, 1)[1].splitlines()[0].rstrip("'.").strip()
             break
@@ -177,12 +201,17 @@ def config_error_line(exc: BaseException) -> str:
         return _first_line(text)
     if isinstance(exc, OverrideParseException):
         given = getattr(exc, "override", None) or override or "an override"
-        detail = " ".join(line.strip() for line in str(getattr(exc, "message", text)).splitlines()
-                          if line.strip() and not line.startswith("See "))
+        detail = " ".join(
+            line.strip()
+            for line in str(getattr(exc, "message", text)).splitlines()
+            if line.strip() and not line.startswith("See ")
+        )
         if "missing EQUAL" in detail:
             return f"{given}: an override needs a value: write {given}=<value>."
-        return (f"{given}: cannot parse it ({detail}); write key=value, a list as key=[a,b] "
-                "(https://hydra.cc/docs/advanced/override_grammar/basic/).")
+        return (
+            f"{given}: cannot parse it ({detail}); write key=value, a list as key=[a,b] "
+            "(https://hydra.cc/docs/advanced/override_grammar/basic/)."
+        )
     typed_key = override.split("=", 1)[0].lstrip("+~") if override else None
     full_key = typed_key or getattr(cause, "full_key", None)
     if isinstance(cause, ConfigKeyError) or "not in '" in str(cause) or "Key '" in str(cause):
@@ -286,16 +315,24 @@ def user_errors(stage: str = "the command"):
     from brats_seg.backend import BackendError
     from brats_seg.distribute.cluster import ClusterError
     from brats_seg.files import DiskFullError
-    from brats_seg.locks import LockedError
     from brats_seg.lms.planner.advice import OutOfMemoryError
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
+    from brats_seg.locks import LockedError
     from brats_seg.signals import EXIT_PREEMPTED, Interrupted, Preempted, stop_on_signals
 
     try:
         with stop_on_signals(stage):
             yield
-    except (ValueError, FileNotFoundError, BackendError, PlanDoesNotFitError, ClusterError, LockedError,
-            DiskFullError, OutOfMemoryError) as e:
+    except (
+        ValueError,
+        FileNotFoundError,
+        BackendError,
+        PlanDoesNotFitError,
+        ClusterError,
+        LockedError,
+        DiskFullError,
+        OutOfMemoryError,
+    ) as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None
     except Interrupted as e:  # what was finished is kept; the same command continues

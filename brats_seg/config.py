@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from brats_seg.choices import check_choice, choice_type
 
@@ -40,12 +40,25 @@ BenchmarkInput = choice_type("BenchmarkInput", ("memory", "pipeline"), __name__)
 Split = choice_type("Split", ("val", "test", "all"), __name__)
 ExportFormat = choice_type("ExportFormat", ("saved_model",), __name__)
 CHOICES = {  # config key -> its closed set
-    "data.layout": Layout, "data.on_error": OnError, "model.norm": Norm, "model.upsample": Upsample,
-    "model.regions": Regions, "trainer.lr_schedule": LRSchedule, "backend": BackendName,
-    "backend.precision": Precision, "lms": LMSStrategy, "tracking": TrackerName, "distribute": DistributeName,
-    "distribute.collective": Collective, "distribute.lr_scaling": LRScaling, "evaluate.mode": EvalMode,
+    "data.layout": Layout,
+    "data.on_error": OnError,
+    "model.norm": Norm,
+    "model.upsample": Upsample,
+    "model.regions": Regions,
+    "trainer.lr_schedule": LRSchedule,
+    "backend": BackendName,
+    "backend.precision": Precision,
+    "lms": LMSStrategy,
+    "tracking": TrackerName,
+    "distribute": DistributeName,
+    "distribute.collective": Collective,
+    "distribute.lr_scaling": LRScaling,
+    "evaluate.mode": EvalMode,
     "evaluate.postprocess": PostprocessMode,
-    "plan.format": PlanFormat, "benchmark.input": BenchmarkInput, "split": Split, "format": ExportFormat,
+    "plan.format": PlanFormat,
+    "benchmark.input": BenchmarkInput,
+    "split": Split,
+    "format": ExportFormat,
 }
 
 # trainer.augment is not an Enum: it also takes true/false (the switch it used to be: light/none),
@@ -53,7 +66,7 @@ CHOICES = {  # config key -> its closed set
 AUGMENT_PRESETS = ("none", "light", "nnunet")
 
 
-def network_input_shape(cfg: "TrainConfig") -> tuple[int, int, int]:
+def network_input_shape(cfg: TrainConfig) -> tuple[int, int, int]:
     """The spatial shape the network trains on: ``trainer.patch_size`` (patch mode) or the whole
     ``resolution.shape``. What the memory planner plans and the training model is built for."""
     patch = cfg.trainer.patch_size
@@ -69,37 +82,45 @@ def augment_preset(value) -> str:
     if isinstance(value, bool):
         return "light" if value else "none"
     value = getattr(value, "value", value)
-    return check_choice(value.lower() if isinstance(value, str) else value, AUGMENT_PRESETS, "trainer.augment",
-                        hint="true and false mean light and none.")
+    return check_choice(
+        value.lower() if isinstance(value, str) else value,
+        AUGMENT_PRESETS,
+        "trainer.augment",
+        hint="true and false mean light and none.",
+    )
+
 
 __all__ = [
     "AUGMENT_PRESETS",
-    "AugmentationConfig",
-    "augment_preset",
     "CHOICES",
     "STANDARD_RESOLUTIONS",
-    "DataConfig",
-    "ResolutionConfig",
-    "ModelConfig",
-    "TrainerConfig",
+    "AugmentationConfig",
     "BackendConfig",
-    "LMSConfig",
-    "TrackingConfig",
+    "DataConfig",
     "DistributeConfig",
     "EvaluateConfig",
+    "LMSConfig",
+    "ModelConfig",
+    "ResolutionConfig",
+    "TrackingConfig",
     "TrainConfig",
-    "config_to_dict",
-    "config_from_dict",
-    "flatten_config",
+    "TrainerConfig",
+    "augment_preset",
     "check_distribute_config",
+    "config_from_dict",
+    "config_to_dict",
+    "flatten_config",
 ]
+
 
 @dataclass
 class DataConfig:
     name: str = "synthetic"  # config name; `synthetic` generates a brats2021-layout dataset
     layout: Layout = Layout.brats2021  # msd | brats2021 | brats2023 | brats2024: how files and labels are laid out
     root: str = "data/synthetic"  # dataset folder; relative paths are taken from the cwd
-    cache_dir: str = "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>_<8 hex of the root's hash>/<resolution>/
+    cache_dir: str = (
+        "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>_<8 hex of the root's hash>/<resolution>/
+    )
     on_error: OnError = OnError["raise"]  # raise | skip: what a bad case does to preparation
     num_workers: int = 2  # parallel case preparation (processes); 2 = the cores of a small box
     prefetch_batches: int = 1  # training batches made ahead of the step; each costs memory (planned); 1 hides loading when a step takes longer than making a batch
@@ -128,13 +149,15 @@ STANDARD_RESOLUTIONS = (
 class ResolutionConfig:
     name: str = "half"  # the resolution's name (configs/resolution/): cache folders and run names carry it
     spacing_mm: float = 2.0  # isotropic target spacing
-    shape: List[int] = field(default_factory=lambda: [96, 112, 80])  # network input (x, y, z), RAS
+    shape: list[int] = field(default_factory=lambda: [96, 112, 80])  # network input (x, y, z), RAS
 
 
 @dataclass
 class ModelConfig:
     name: str = "unet3d"  # the architecture (configs/model/); unet3d is the one there is
-    depth: int = 3  # down-sampling steps; shape divisible by 2**depth (tiny allows 3; 4 at half/full, as in the experiments)
+    depth: int = (
+        3  # down-sampling steps; shape divisible by 2**depth (tiny allows 3; 4 at half/full, as in the experiments)
+    )
     base_filters: int = 16  # filters at level 0, doubled per level (Çiçek et al. use 32)
     norm: Norm = Norm.instance  # instance | group | batch (batch is unsafe with recompute)
     groups: int = 8  # groups for group norm
@@ -143,7 +166,9 @@ class ModelConfig:
     out_channels: int = 0  # 0 = one sigmoid output per region of data.layout (WT,TC,ET; +RC for brats2024); 1 = WT only
     foreground_prior: float = 0.01  # head bias = logit(prior): start near "background" everywhere
     regions: Regions = Regions.nested  # nested: sub-regions predicted within the tumour (P(TC) = P(WT) * P(TC|WT), same for ET), so the bulk of the volume cannot push a small region to empty; independent: one free sigmoid each
-    region_parents: List[int] = field(default_factory=list)  # resolved from data.layout: the containing output of each output, -1 = none; empty = independent
+    region_parents: list[int] = field(
+        default_factory=list
+    )  # resolved from data.layout: the containing output of each output, -1 = none; empty = independent
 
 
 @dataclass
@@ -154,42 +179,53 @@ class AugmentationConfig:
     p_rotation: float = 0.2  # rotate about x, y and z, each by an angle in +-rotation_deg
     rotation_deg: float = 30.0  # largest rotation, degrees, about each axis
     p_scale: float = 0.2  # zoom in or out, the same factor on every axis
-    scale_range: List[float] = field(default_factory=lambda: [0.7, 1.4])  # [low, high] zoom factor
-    order_data: int = 1  # image interpolation (spatial, low resolution); nnU-Net: 3, ~3x the time a case (docs/training.md)
+    scale_range: list[float] = field(default_factory=lambda: [0.7, 1.4])  # [low, high] zoom factor
+    order_data: int = (
+        1  # image interpolation (spatial, low resolution); nnU-Net: 3, ~3x the time a case (docs/training.md)
+    )
     p_noise: float = 0.1  # additive Gaussian noise, variance drawn from noise_variance (z-scored units)
-    noise_variance: List[float] = field(default_factory=lambda: [0.0, 0.1])  # [low, high] of the noise variance
+    noise_variance: list[float] = field(default_factory=lambda: [0.0, 0.1])  # [low, high] of the noise variance
     p_blur: float = 0.2  # Gaussian blur, sigma from blur_sigma (voxels), each channel with p_blur_per_channel
     p_blur_per_channel: float = 0.5  # within a blurred case, the chance each channel is blurred
-    blur_sigma: List[float] = field(default_factory=lambda: [0.5, 1.0])  # [low, high] of the blur's sigma, voxels
+    blur_sigma: list[float] = field(default_factory=lambda: [0.5, 1.0])  # [low, high] of the blur's sigma, voxels
     p_brightness: float = 0.15  # multiply by a factor from brightness_range
-    brightness_range: List[float] = field(default_factory=lambda: [0.75, 1.25])  # [low, high] multiplier
+    brightness_range: list[float] = field(default_factory=lambda: [0.75, 1.25])  # [low, high] multiplier
     p_contrast: float = 0.15  # stretch about the mean by a factor from contrast_range
-    contrast_range: List[float] = field(default_factory=lambda: [0.75, 1.25])  # [low, high] contrast factor
+    contrast_range: list[float] = field(default_factory=lambda: [0.75, 1.25])  # [low, high] contrast factor
     p_low_res: float = 0.25  # down by a zoom from low_res_zoom and back up (thick slices, another scanner)
     p_low_res_per_channel: float = 0.5  # within such a case, the chance each channel is degraded
-    low_res_zoom: List[float] = field(default_factory=lambda: [0.5, 1.0])  # [low, high] of the down-sampling zoom
+    low_res_zoom: list[float] = field(default_factory=lambda: [0.5, 1.0])  # [low, high] of the down-sampling zoom
     p_gamma: float = 0.3  # gamma from gamma_range on the image rescaled to [0, 1], its mean and std kept
     p_gamma_inverted: float = 0.1  # the same on the inverted image
-    gamma_range: List[float] = field(default_factory=lambda: [0.7, 1.5])  # [low, high] gamma
-    mirror_axes: List[int] = field(default_factory=lambda: [0, 1, 2])  # each mirrored with p 0.5
+    gamma_range: list[float] = field(default_factory=lambda: [0.7, 1.5])  # [low, high] gamma
+    mirror_axes: list[int] = field(default_factory=lambda: [0, 1, 2])  # each mirrored with p 0.5
 
     def __post_init__(self) -> None:
         for name in [f.name for f in dataclasses.fields(self) if f.name.startswith("p_")]:
             value = getattr(self, name)
             if not 0.0 <= float(value) <= 1.0:
                 raise ValueError(f"trainer.augmentation.{name}={value!r}: a probability, in [0, 1].")
-        for name in ("scale_range", "noise_variance", "blur_sigma", "brightness_range", "contrast_range",
-                     "low_res_zoom", "gamma_range"):
+        for name in (
+            "scale_range",
+            "noise_variance",
+            "blur_sigma",
+            "brightness_range",
+            "contrast_range",
+            "low_res_zoom",
+            "gamma_range",
+        ):
             pair = list(getattr(self, name))
             if len(pair) != 2 or not 0.0 <= float(pair[0]) <= float(pair[1]):
                 raise ValueError(f"trainer.augmentation.{name}={pair!r}: use [low, high] with 0 <= low <= high.")
         if self.order_data not in (0, 1, 2, 3, 4, 5):
-            raise ValueError(f"trainer.augmentation.order_data={self.order_data!r}: a spline order, 0 to 5 (1 linear, "
-                             "3 cubic).")
+            raise ValueError(
+                f"trainer.augmentation.order_data={self.order_data!r}: a spline order, 0 to 5 (1 linear, 3 cubic)."
+            )
         bad_axes = [a for a in self.mirror_axes if a not in (0, 1, 2)]
         if bad_axes:
-            raise ValueError(f"trainer.augmentation.mirror_axes={list(self.mirror_axes)!r}: spatial axes 0 (x), 1 (y), "
-                             "2 (z).")
+            raise ValueError(
+                f"trainer.augmentation.mirror_axes={list(self.mirror_axes)!r}: spatial axes 0 (x), 1 (y), 2 (z)."
+            )
 
 
 @dataclass
@@ -197,7 +233,7 @@ class TrainerConfig:
     epochs: int = 120  # with the rest of the defaults: the demo; over seeds 0-2 on 40 unseen phantoms WT 0.83, ET 0.76 on 2 CPU cores (README)
     batch_size: int = 2  # the global batch: volumes (or patches) per step, split over replicas under distribute=
     seed: int = 0  # weights, data order and augmentation: a run is a function of its seed
-    steps_per_epoch: Optional[int] = None  # cap on steps; None = one pass over the train split
+    steps_per_epoch: int | None = None  # cap on steps; None = one pass over the train split
     learning_rate: float = 3e-3  # Adam peak LR (after warm-up, cosine decay)
     lr_schedule: LRSchedule = LRSchedule.cosine  # cosine | constant
     warmup_epochs: int = 1  # epochs of linear warm-up from 0 to learning_rate (cosine schedule)
@@ -208,10 +244,16 @@ class TrainerConfig:
     batch_dice: bool = True  # the soft Dice of each region over the batch (nnU-Net's batch_dice), not per sample; per replica under distribute=
     val_every: int = 1  # epochs between validations
     deterministic: bool = True  # TF op determinism: bit-identical resume; may slow some GPU kernels
-    dead_region_epochs: int = 3  # epochs of an empty prediction (reference not empty) before warning that a region is dead; 0 = off
-    patch_size: Optional[List[int]] = None  # [x, y, z]: train on random crops of this size (sliding-window inference); None = the whole volume
+    dead_region_epochs: int = (
+        3  # epochs of an empty prediction (reference not empty) before warning that a region is dead; 0 = off
+    )
+    patch_size: list[int] | None = (
+        None  # [x, y, z]: train on random crops of this size (sliding-window inference); None = the whole volume
+    )
     foreground_fraction: float = 0.33  # patch mode: share of crops forced to contain tumour (nnU-Net's 1/3)
-    time_budget_s: float = 0.0  # seconds of training (validation excluded) after which the run ends as if its epochs were done; 0 = off
+    time_budget_s: float = (
+        0.0  # seconds of training (validation excluded) after which the run ends as if its epochs were done; 0 = off
+    )
 
     def __post_init__(self) -> None:
         # The preset's name (true/false, the switch this key used to be, mean light/none): a stored
@@ -254,11 +296,17 @@ class TrackingConfig:
 @dataclass
 class DistributeConfig:
     name: DistributeName = DistributeName.none  # none | mirrored | multi_worker
-    workers: List[str] = field(default_factory=list)  # host:port per worker (multi_worker); empty = TF_CONFIG, else SLURM
+    workers: list[str] = field(
+        default_factory=list
+    )  # host:port per worker (multi_worker); empty = TF_CONFIG, else SLURM
     index: int = 0  # this worker's index in `workers`
-    devices: List[str] = field(default_factory=list)  # mirrored: e.g. ["/GPU:0", "/GPU:1"]; empty = all GPUs, else all logical CPUs
+    devices: list[str] = field(
+        default_factory=list
+    )  # mirrored: e.g. ["/GPU:0", "/GPU:1"]; empty = all GPUs, else all logical CPUs
     port: int = 12345  # SLURM: port of a node's first task; its k-th task listens on port + k
-    collective: Collective = Collective.auto  # multi_worker all-reduce: auto | ring (gRPC, CPU or GPU) | nccl (GPUs only)
+    collective: Collective = (
+        Collective.auto
+    )  # multi_worker all-reduce: auto | ring (gRPC, CPU or GPU) | nccl (GPUs only)
     timeout_s: int = 90  # s; bounds the wait for a worker that never joins; 0 = wait forever
     # none | linear: trainer.batch_size is the global batch (split over replicas); linear multiplies
     # trainer.learning_rate by the replica count (Goyal et al. 2017), none keeps it as written.
@@ -270,10 +318,12 @@ class EvaluateConfig:
     mode: EvalMode = EvalMode.whole  # whole | sliding (windows, for volumes that do not fit at once)
     threshold: float = 0.5  # on the sigmoid probability, after resampling to the native grid
     overlays: bool = True  # a PNG per case: three slices with reference and prediction contours
-    window: List[int] = field(default_factory=list)  # sliding window (x,y,z); empty = half the network grid
+    window: list[int] = field(default_factory=list)  # sliding window (x,y,z); empty = half the network grid
     window_overlap: float = 0.5  # sliding mode: fraction of the window shared by neighbours
     mirror: bool = True  # average with the L-R mirrored prediction (test-time mirroring, as nnU-Net); the mirrored pass runs after the first: about twice the time, one pass's memory plus the probabilities
-    postprocess: PostprocessMode = PostprocessMode.auto  # auto: the run's postprocess.json (chosen on the val split by evaluate.py when missing or stale) | none
+    postprocess: PostprocessMode = (
+        PostprocessMode.auto
+    )  # auto: the run's postprocess.json (chosen on the val split by evaluate.py when missing or stale) | none
 
 
 @dataclass

@@ -30,12 +30,12 @@ import io
 import re
 import tokenize
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
 
-__all__ = ["ConfigReference", "SchemaDoc", "FieldDoc", "build_config_reference", "read_field_comments"]
+__all__ = ["ConfigReference", "FieldDoc", "SchemaDoc", "build_config_reference", "read_field_comments"]
 
 NO_COMMENT = "—"  # what the page says for a field its schema gives no comment
 
@@ -105,8 +105,11 @@ def _schema_classes(modules: Sequence[ModuleType]) -> list[type]:
     """The dataclasses defined in ``modules``, module by module, each in source order."""
     out = []
     for module in modules:
-        classes = [c for c in vars(module).values()
-                   if inspect.isclass(c) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
+        classes = [
+            c
+            for c in vars(module).values()
+            if inspect.isclass(c) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__
+        ]
         out += sorted(classes, key=lambda c: inspect.getsourcelines(c)[1])
     return out
 
@@ -181,16 +184,31 @@ class _Walk:
             hint = self.hints[cls].get(f.name)
             full = prefix + f.name
             closed = choices.get(full) or (hint if inspect.isclass(hint) and issubclass(hint, enum.Enum) else None)
-            rows.append(FieldDoc(
-                key=full, name=f.name, type=_type_text(f),
-                default="" if hint in self.classes else _default(f),
-                comment=next((comments[(c.__name__, f.name)] for c in cls.__mro__  # an inherited field: its base's words
-                              if (c.__name__, f.name) in comments), ""),
-                choices=tuple(str(m.value) for m in closed) if closed else (),
-                group=self.keys.get(hint, "") if hint in self.classes else "",
-            ))
-        return SchemaDoc(name=cls.__name__, key=key, doc=_docstring(cls), fields=tuple(rows),
-                         used_by=tuple(self.used_by.get(cls, ())))
+            rows.append(
+                FieldDoc(
+                    key=full,
+                    name=f.name,
+                    type=_type_text(f),
+                    default="" if hint in self.classes else _default(f),
+                    comment=next(
+                        (
+                            comments[(c.__name__, f.name)]
+                            for c in cls.__mro__  # an inherited field: its base's words
+                            if (c.__name__, f.name) in comments
+                        ),
+                        "",
+                    ),
+                    choices=tuple(str(m.value) for m in closed) if closed else (),
+                    group=self.keys.get(hint, "") if hint in self.classes else "",
+                )
+            )
+        return SchemaDoc(
+            name=cls.__name__,
+            key=key,
+            doc=_docstring(cls),
+            fields=tuple(rows),
+            used_by=tuple(self.used_by.get(cls, ())),
+        )
 
 
 def _slug(heading: str) -> str:
@@ -264,9 +282,15 @@ def _entry_configs(configs_dir: Path, modules: Sequence[ModuleType]) -> list[_En
     """Every top-level ``configs/*.yaml``: the schema it composes and the group options it starts from."""
     stores = _store_names(modules)
     read = {p.stem: _read_defaults(configs_dir, p.stem, stores) for p in sorted(configs_dir.glob("*.yaml"))}
-    return [_EntryConfig(name=f"{stem}.yaml", schema=schema, options=tuple(f"{g}={o}" for g, o in chosen.items()),
-                         included_by=tuple(f"{other}.yaml" for other, (_, _, inc) in read.items() if stem in inc))
-            for stem, (schema, chosen, _) in read.items()]
+    return [
+        _EntryConfig(
+            name=f"{stem}.yaml",
+            schema=schema,
+            options=tuple(f"{g}={o}" for g, o in chosen.items()),
+            included_by=tuple(f"{other}.yaml" for other, (_, _, inc) in read.items() if stem in inc),
+        )
+        for stem, (schema, chosen, _) in read.items()
+    ]
 
 
 def _group_options(configs_dir: Path) -> dict[str, list[str]]:
@@ -293,8 +317,13 @@ def _field_table(schema: SchemaDoc, group_headings: dict[str, str]) -> list[str]
     return out
 
 
-def _markdown(modules: Sequence[ModuleType], choices: dict, groups: list[SchemaDoc], roots: list[SchemaDoc],
-              configs_dir: Path | None) -> str:
+def _markdown(
+    modules: Sequence[ModuleType],
+    choices: dict,
+    groups: list[SchemaDoc],
+    roots: list[SchemaDoc],
+    configs_dir: Path | None,
+) -> str:
     group_headings = {g.key: f"`{g.key}`" for g in groups}
     sources = " and ".join(f"`{m.__name__.replace('.', '/')}.py`" for m in modules)
     lines = [
@@ -315,7 +344,8 @@ def _markdown(modules: Sequence[ModuleType], choices: dict, groups: list[SchemaD
         "",
         "Contents: [closed sets](#closed-sets) · groups: "
         + ", ".join(f"[`{g.key}`](#{_slug(group_headings[g.key])})" for g in groups)
-        + " · entry points: " + ", ".join(f"[{r.name}](#{_slug(r.name)})" for r in roots)
+        + " · entry points: "
+        + ", ".join(f"[{r.name}](#{_slug(r.name)})" for r in roots)
         + (" · [config files](#config-files)" if configs_dir else ""),
         "",
         "## Closed sets",
@@ -333,8 +363,11 @@ def _markdown(modules: Sequence[ModuleType], choices: dict, groups: list[SchemaD
         intro.append(f"Schema `{g.name}`; in " + ", ".join(g.used_by) + ".")
         if g.key.replace(".", "/") in options:
             folder = g.key.replace(".", "/")
-            intro.append(f"Options (`{g.key}=<option>`, `configs/{folder}/<option>.yaml`): "
-                         + ", ".join(f"`{o}`" for o in options[folder]) + ".")
+            intro.append(
+                f"Options (`{g.key}=<option>`, `configs/{folder}/<option>.yaml`): "
+                + ", ".join(f"`{o}`" for o in options[folder])
+                + "."
+            )
         lines += [" ".join(intro), "", *_field_table(g, group_headings), ""]
     lines += ["## Entry points' schemas", ""]
     for r in roots:
@@ -343,11 +376,16 @@ def _markdown(modules: Sequence[ModuleType], choices: dict, groups: list[SchemaD
             lines += [_prose(r.doc), ""]
         lines += [*_field_table(r, group_headings), ""]
     if configs_dir:
-        lines += ["## Config files", "",
-                  "Each command composes one top-level file of `configs/` (`hydra_entry(\"../configs\", <name>)`);",
-                  "its `defaults` choose the schema and one option per group (those of the files it",
-                  "includes, then its own overrides).", "",
-                  "| file | schema | group options it starts from |", "|---|---|---|"]
+        lines += [
+            "## Config files",
+            "",
+            'Each command composes one top-level file of `configs/` (`hydra_entry("../configs", <name>)`);',
+            "its `defaults` choose the schema and one option per group (those of the files it",
+            "includes, then its own overrides).",
+            "",
+            "| file | schema | group options it starts from |",
+            "|---|---|---|",
+        ]
         for entry in _entry_configs(configs_dir, modules):
             if entry.included_by:
                 schema_cell = "a defaults list, included by " + ", ".join(f"`{n}`" for n in entry.included_by)
@@ -388,7 +426,11 @@ def build_config_reference(*modules: ModuleType, configs_dir: str | Path | None 
     groups = [walk.schema_doc(c, comments, choices) for c in walk.groups()]
     roots = [walk.schema_doc(c, comments, choices) for c in walk.roots]
     order = {c.__name__: i for i, c in enumerate(walk.classes)}  # source order
-    undocumented = tuple(f"{s.name}.{f.name}" for s in sorted(groups + roots, key=lambda s: order[s.name])
-                         for f in s.fields if not f.comment and not f.group)
+    undocumented = tuple(
+        f"{s.name}.{f.name}"
+        for s in sorted(groups + roots, key=lambda s: order[s.name])
+        for f in s.fields
+        if not f.comment and not f.group
+    )
     markdown = _markdown(modules, choices, groups, roots, Path(configs_dir) if configs_dir else None)
     return ConfigReference(markdown=markdown, schemas=tuple(groups + roots), undocumented=undocumented)

@@ -28,8 +28,17 @@ import os
 import platform
 from pathlib import Path
 
-__all__ = ["KINDS", "cpu_flags", "cpu_id", "cpu_isa", "cpu_kind", "device_has_native_bf16", "has_native_bf16",
-           "cpu_model_name", "onednn_isa_cap"]
+__all__ = [
+    "KINDS",
+    "cpu_flags",
+    "cpu_id",
+    "cpu_isa",
+    "cpu_kind",
+    "cpu_model_name",
+    "device_has_native_bf16",
+    "has_native_bf16",
+    "onednn_isa_cap",
+]
 
 
 _AVX512_CORE = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
@@ -40,11 +49,22 @@ _LEVELS = ("other", "avx2", "avx512", "avx512_bf16", "avx512_amx")
 KINDS = ("avx512_amx", "avx512", "avx2", "other")  # cpu_kind's values
 # ONEDNN_MAX_CPU_ISA value -> the highest level it allows (oneDNN's names; unknown = no cap).
 _CAPS = {
-    "SSE41": "other", "AVX": "other", "AVX2": "avx2", "AVX2_VNNI": "avx2", "AVX2_VNNI_2": "avx2",
-    "AVX512_CORE": "avx512", "AVX512_CORE_VNNI": "avx512", "AVX512_CORE_BF16": "avx512_bf16",
-    "AVX512_CORE_FP16": "avx512_bf16", "AVX10_1_512": "avx512_bf16", "AVX512_CORE_AMX": "avx512_amx",
-    "AVX10_1_512_AMX": "avx512_amx", "AVX512_CORE_AMX_FP16": "avx512_amx", "AVX10_1_512_AMX_FP16": "avx512_amx",
-    "DEFAULT": "avx512_amx", "ALL": "avx512_amx",
+    "SSE41": "other",
+    "AVX": "other",
+    "AVX2": "avx2",
+    "AVX2_VNNI": "avx2",
+    "AVX2_VNNI_2": "avx2",
+    "AVX512_CORE": "avx512",
+    "AVX512_CORE_VNNI": "avx512",
+    "AVX512_CORE_BF16": "avx512_bf16",
+    "AVX512_CORE_FP16": "avx512_bf16",
+    "AVX10_1_512": "avx512_bf16",
+    "AVX512_CORE_AMX": "avx512_amx",
+    "AVX10_1_512_AMX": "avx512_amx",
+    "AVX512_CORE_AMX_FP16": "avx512_amx",
+    "AVX10_1_512_AMX_FP16": "avx512_amx",
+    "DEFAULT": "avx512_amx",
+    "ALL": "avx512_amx",
 }
 
 
@@ -79,7 +99,7 @@ def onednn_isa_cap(environ=None) -> str | None:
 def _level(cpuinfo: str | None, environ=None) -> str:
     """What oneDNN runs on this CPU: its flags' level, lowered to the cap if one is set."""
     flags = cpu_flags(cpuinfo)
-    if _AVX512_CORE <= flags:
+    if flags >= _AVX512_CORE:
         level = "avx512_amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "avx512"
     else:
         level = "avx2" if "avx2" in flags else "other"

@@ -66,8 +66,11 @@ class DiskFullError(OSError):
         self.path, self.free_bytes, self.what = Path(path), free_bytes, what
         free = "unknown" if free_bytes is None else format_bytes(free_bytes)
         kept = f" {what}" if what else " The previous version of the file, if any, is intact."
-        super().__init__(errno.ENOSPC, f"no space left on the device writing {self.path} ({free} free there).{kept} "
-                                       "Free some space (or point the folder elsewhere) and run the same command again.")
+        super().__init__(
+            errno.ENOSPC,
+            f"no space left on the device writing {self.path} ({free} free there).{kept} "
+            "Free some space (or point the folder elsewhere) and run the same command again.",
+        )
 
     def __str__(self) -> str:
         return self.strerror
@@ -187,8 +190,9 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.",
-                                   suffix=suffix or "".join(path.suffixes))
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".tmp-{path.name}.", suffix=suffix or "".join(path.suffixes)
+        )
     except OSError as e:
         raise disk_full_error(e, path) or e
     os.fchmod(fd, _FILE_MODE)  # mkstemp makes 0600: the file gets what open() would give it (shared run folders)

@@ -64,8 +64,12 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
             elif child.is_dir() and not child.is_symlink():
                 stack.append(child)
     if removed:
-        log.info("removed %d temporary file(s) left by an interrupted writer under %s: %s", len(removed), folder,
-                 ", ".join(str(p.relative_to(folder)) for p in removed[:5]) + (" ..." if len(removed) > 5 else ""))
+        log.info(
+            "removed %d temporary file(s) left by an interrupted writer under %s: %s",
+            len(removed),
+            folder,
+            ", ".join(str(p.relative_to(folder)) for p in removed[:5]) + (" ..." if len(removed) > 5 else ""),
+        )
     return removed
 
 
@@ -159,8 +163,13 @@ def _remove_dead_lock(lock: Path, dead: dict) -> bool:
 
 
 @contextlib.contextmanager
-def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False, record: Mapping | None = None,
-              on_takeover: Callable[[dict], None] | None = None) -> Iterator[Path]:
+def hold_lock(
+    folder: str | os.PathLike,
+    what: str,
+    wait: bool = False,
+    record: Mapping | None = None,
+    on_takeover: Callable[[dict], None] | None = None,
+) -> Iterator[Path]:
     """Hold ``<folder>/.lock`` for the ``with`` block, or refuse if another live process holds it.
 
     The lock file records the holder (PID, its start time, host, command, since when). A lock
@@ -185,8 +194,14 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False, record: 
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / ".lock"
     host = socket.gethostname()
-    me = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "host": host,
-          "command": " ".join(sys.argv)[:300], "since": time.strftime("%Y-%m-%d %H:%M:%S"), **(record or {})}
+    me = {
+        "pid": os.getpid(),
+        "pid_start": _process_start(os.getpid()),
+        "host": host,
+        "command": " ".join(sys.argv)[:300],
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **(record or {}),
+    }
     takeovers, told = 0, None
     while True:
         try:
@@ -206,25 +221,40 @@ def hold_lock(folder: str | os.PathLike, what: str, wait: bool = False, record: 
             if holder.get("host") == host and not _holder_is_alive(holder):
                 if not _remove_dead_lock(lock, holder):
                     continue  # another process took it over first: look again at who holds it now
-                log.warning("%s %s: taking over the lock of PID %s (started %s, no longer running): %s",
-                            what, folder, holder.get("pid", "?"), holder.get("since", "?"), lock)
+                log.warning(
+                    "%s %s: taking over the lock of PID %s (started %s, no longer running): %s",
+                    what,
+                    folder,
+                    holder.get("pid", "?"),
+                    holder.get("since", "?"),
+                    lock,
+                )
                 if on_takeover is not None:
                     on_takeover(holder)
                 takeovers += 1
                 if takeovers > 3:
-                    raise LockedError(f"{what} {folder}: could not take {lock} (another process keeps taking it).") \
-                        from None
+                    raise LockedError(
+                        f"{what} {folder}: could not take {lock} (another process keeps taking it)."
+                    ) from None
                 continue
             where = "this host" if holder.get("host") == host else f"host {holder.get('host', '?')}"
-            fix = ("wait for it to finish or stop it" if holder.get("host") == host else
-                   f"wait for it to finish or stop it; if that job is gone, delete {lock}")
-            busy = (f"{what} {folder} is in use by PID {holder.get('pid', '?')} on {where} since "
-                    f"{holder.get('since', '?')} ({holder.get('command', '?')})")
+            fix = (
+                "wait for it to finish or stop it"
+                if holder.get("host") == host
+                else f"wait for it to finish or stop it; if that job is gone, delete {lock}"
+            )
+            busy = (
+                f"{what} {folder} is in use by PID {holder.get('pid', '?')} on {where} since "
+                f"{holder.get('since', '?')} ({holder.get('command', '?')})"
+            )
             if not wait:
                 raise LockedError(f"{busy}: {fix}, or use another folder.") from None
             if told is None or time.monotonic() - told >= 60.0:
-                log.warning("%s: waiting for it%s", busy, "" if holder.get("host") == host else
-                            f" (if that job is gone, delete {lock})")
+                log.warning(
+                    "%s: waiting for it%s",
+                    busy,
+                    "" if holder.get("host") == host else f" (if that job is gone, delete {lock})",
+                )
                 told = time.monotonic()
             time.sleep(0.5)
             continue

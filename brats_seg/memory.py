@@ -64,7 +64,7 @@ def _mounts(mountinfo: str) -> dict[str, tuple[str, str]]:
 def _cgroup_dir(mount: tuple[str, str], path: str) -> Path:
     root, point = mount
     if root != "/" and (path == root or path.startswith(root + "/")):  # a container's namespaced view
-        path = path[len(root):]
+        path = path[len(root) :]
     return Path(point) / path.lstrip("/")
 
 
@@ -75,8 +75,14 @@ def cgroup_memory(pid: int | str = "self") -> dict | None:
     own, mounts = _read(f"/proc/{pid}/cgroup"), _mounts(_read("/proc/self/mountinfo") or "")
     if own is None:
         return None
-    v1 = next((line.split(":", 2)[2] for line in own.splitlines()
-               if len(line.split(":", 2)) == 3 and "memory" in line.split(":", 2)[1].split(",")), None)
+    v1 = next(
+        (
+            line.split(":", 2)[2]
+            for line in own.splitlines()
+            if len(line.split(":", 2)) == 3 and "memory" in line.split(":", 2)[1].split(",")
+        ),
+        None,
+    )
     if v1 is not None and "v1" in mounts:
         return cgroup_state(str(_cgroup_dir(mounts["v1"], v1)), 1)
     v2 = next((line.split(":", 2)[2] for line in own.splitlines() if line.startswith("0::")), None)
@@ -97,10 +103,16 @@ def cgroup_state(path: str, version: int) -> dict | None:
         limit = _int(_read(folder / "memory.limit_in_bytes"))
         hierarchical = _field(_read(folder / "memory.stat"), "hierarchical_memory_limit")
         limits = [v for v in (limit, hierarchical) if v is not None and v < _UNLIMITED]
-        return {"version": 1, "path": path, "limit_bytes": min(limits) if limits else None,
-                "usage_bytes": _working_set(_int(_read(folder / "memory.usage_in_bytes")),
-                                            _field(_read(folder / "memory.stat"), "total_inactive_file")),
-                "oom_kill": _field(_read(folder / "memory.oom_control"), "oom_kill")}
+        return {
+            "version": 1,
+            "path": path,
+            "limit_bytes": min(limits) if limits else None,
+            "usage_bytes": _working_set(
+                _int(_read(folder / "memory.usage_in_bytes")),
+                _field(_read(folder / "memory.stat"), "total_inactive_file"),
+            ),
+            "oom_kill": _field(_read(folder / "memory.oom_control"), "oom_kill"),
+        }
     limits = []
     for level in (folder, *folder.parents):
         value = (_read(level / "memory.max") or "").strip()
@@ -108,10 +120,15 @@ def cgroup_state(path: str, version: int) -> dict | None:
             limits.append(int(value))
         if not (level / "memory.max").exists() and level != folder:
             break  # above the delegated part of the tree
-    return {"version": 2, "path": path, "limit_bytes": min(limits) if limits else None,
-            "usage_bytes": _working_set(_int(_read(folder / "memory.current")),
-                                        _field(_read(folder / "memory.stat"), "inactive_file")),
-            "oom_kill": _field(_read(folder / "memory.events"), "oom_kill")}
+    return {
+        "version": 2,
+        "path": path,
+        "limit_bytes": min(limits) if limits else None,
+        "usage_bytes": _working_set(
+            _int(_read(folder / "memory.current")), _field(_read(folder / "memory.stat"), "inactive_file")
+        ),
+        "oom_kill": _field(_read(folder / "memory.events"), "oom_kill"),
+    }
 
 
 def _working_set(usage: int | None, inactive_file: int | None) -> int | None:
@@ -125,10 +142,13 @@ def memory_facts() -> dict:
     import psutil
 
     vm = psutil.virtual_memory()
-    return {"available_bytes": int(vm.available), "total_bytes": int(vm.total), "cgroup": cgroup_memory(),
-            "vmstat_oom_kill": system_oom_kills(), "boot_id": boot_id()}
-
-
+    return {
+        "available_bytes": int(vm.available),
+        "total_bytes": int(vm.total),
+        "cgroup": cgroup_memory(),
+        "vmstat_oom_kill": system_oom_kills(),
+        "boot_id": boot_id(),
+    }
 
 
 def available_memory_bytes() -> int:

@@ -93,8 +93,10 @@ def headroom(facts: dict, cgroup_limit_bytes: int | None = None) -> tuple[int, s
     limit = cgroup_limit_bytes if cgroup_limit_bytes is not None else cgroup.get("limit_bytes")
     if limit is not None and cgroup.get("usage_bytes") is not None and limit - cgroup["usage_bytes"] < system:
         room = max(int(limit - cgroup["usage_bytes"]), 0)
-        return room, (f"memory cgroup {cgroup['path']}: limit {format_gb(limit)}, "
-                      f"{format_gb(cgroup['usage_bytes'])} in use before the model was built")
+        return room, (
+            f"memory cgroup {cgroup['path']}: limit {format_gb(limit)}, "
+            f"{format_gb(cgroup['usage_bytes'])} in use before the model was built"
+        )
     return system, f"RAM available before the model was built, of {format_gb(facts['total_bytes'])}"
 
 
@@ -105,7 +107,7 @@ def peak_at_failure(device: str, baseline_bytes: int | None) -> int | None:
         from brats_seg.lms.runtime.stats import device_peak_bytes  # imports TensorFlow
 
         peak = device_peak_bytes(device)
-    except Exception as e:  # a diagnosis aid: never hide the out-of-memory error behind another
+    except Exception as e:  # noqa: BLE001 - a diagnosis aid: never hide the out-of-memory error behind another
         log.debug("no peak measured at the failure: %s", e)
         return None
     if device == "CPU":
@@ -146,16 +148,24 @@ class MemoryWatch:
     def planned(self, plan, strategy: str, replicas: int) -> None:
         """The run's plan (its predicted peak, limit and strategy), per replica."""
         self.replicas = replicas
-        self._save(predicted_peak_bytes=int(plan.predicted_peak_bytes), limit_bytes=int(plan.limit_bytes),
-                   strategy=strategy, stage="preparing the data")
+        self._save(
+            predicted_peak_bytes=int(plan.predicted_peak_bytes),
+            limit_bytes=int(plan.limit_bytes),
+            strategy=strategy,
+            stage="preparing the data",
+        )
 
     def started(self, baseline_bytes: int | None, state: dict | None) -> None:
         """Before the model is built: the runtime's RSS and the memory left; the measured peaks
         of the epochs already done (a resumed run's ``state.json``)."""
         self.baseline_bytes = baseline_bytes
         facts = memory_facts()
-        fields = {"stage": "building the model", "baseline_bytes": baseline_bytes, "before_model": facts,
-                  "epochs_done": int((state or {}).get("epoch") or 0)}
+        fields = {
+            "stage": "building the model",
+            "baseline_bytes": baseline_bytes,
+            "before_model": facts,
+            "epochs_done": int((state or {}).get("epoch") or 0),
+        }
         peaks = [_measured(row, self.device) for row in (state or {}).get("history", ())]
         if any(p is not None for p in peaks):
             epoch, peak = max(((i + 1, p) for i, p in enumerate(peaks) if p is not None), key=lambda kv: kv[1])
@@ -190,13 +200,27 @@ class MemoryWatch:
             measured, note = at_failure, "at the failure (the allocation that failed not counted)"
         if known is not None and (measured is None or known > measured):
             measured, note = known, f"in epoch {self.record.get('measured_epoch')}"
-        facts = MemoryFacts(*self._available(), predicted_peak_bytes=self.record.get("predicted_peak_bytes"),
-                            plan_note=_plan_note(self.record), measured_peak_bytes=measured, measured_note=note)
+        facts = MemoryFacts(
+            *self._available(),
+            predicted_peak_bytes=self.record.get("predicted_peak_bytes"),
+            plan_note=_plan_note(self.record),
+            measured_peak_bytes=measured,
+            measured_note=note,
+        )
         done = self.record.get("epochs_done") or 0
-        tail = (f"The run folder keeps its last completed epoch ({done}): the same command resumes it."
-                if done else "No epoch was completed, so nothing was saved to resume from.")
-        return out_of_memory_error(f"out of memory {self.position()}: {first_line(exc)}", self.cfg, self.device,
-                                   facts, replicas=self.replicas, tail=tail)
+        tail = (
+            f"The run folder keeps its last completed epoch ({done}): the same command resumes it."
+            if done
+            else "No epoch was completed, so nothing was saved to resume from."
+        )
+        return out_of_memory_error(
+            f"out of memory {self.position()}: {first_line(exc)}",
+            self.cfg,
+            self.device,
+            facts,
+            replicas=self.replicas,
+            tail=tail,
+        )
 
     def _available(self) -> tuple[int | None, str]:
         if self.device == "GPU":
@@ -258,18 +282,25 @@ def _why_it_died(memory: dict) -> tuple[bool | None, str]:
         now = cgroup_state(recorded["path"], recorded.get("version", 1))
         if now is not None and now.get("oom_kill") is not None and now["oom_kill"] > recorded["oom_kill"]:
             limit = f", limit {format_gb(now['limit_bytes'])}" if now.get("limit_bytes") else ""
-            return True, (f"was killed by the kernel's out-of-memory killer (memory cgroup {recorded['path']}{limit}: "
-                          f"oom_kill {recorded['oom_kill']} -> {now['oom_kill']} since it started)")
+            return True, (
+                f"was killed by the kernel's out-of-memory killer (memory cgroup {recorded['path']}{limit}: "
+                f"oom_kill {recorded['oom_kill']} -> {now['oom_kill']} since it started)"
+            )
     vmstat = system_oom_kills()  # every OOM kill on the machine, cgroups' included
     if start.get("vmstat_oom_kill") is not None and vmstat is not None:
         if vmstat > start["vmstat_oom_kill"]:
-            return True, ("was most likely killed by the kernel's out-of-memory killer (it killed "
-                          f"{vmstat - start['vmstat_oom_kill']} process(es) on this machine since the run started: "
-                          "/proc/vmstat oom_kill)")
-        return False, ("ended without saving, but not by the kernel's out-of-memory killer (it killed nothing on "
-                       "this machine since the run started): it was killed with SIGKILL, by a user or a scheduler")
-    return None, ("ended without saving (killed: SIGKILL, out of memory, or a power loss; "
-                  "this machine does not tell which)")
+            return True, (
+                "was most likely killed by the kernel's out-of-memory killer (it killed "
+                f"{vmstat - start['vmstat_oom_kill']} process(es) on this machine since the run started: "
+                "/proc/vmstat oom_kill)"
+            )
+        return False, (
+            "ended without saving, but not by the kernel's out-of-memory killer (it killed nothing on "
+            "this machine since the run started): it was killed with SIGKILL, by a user or a scheduler"
+        )
+    return None, (
+        "ended without saving (killed: SIGKILL, out of memory, or a power loss; this machine does not tell which)"
+    )
 
 
 def takeover_message(dead: dict, cfg: TrainConfig, device: str, replicas: int = 1) -> str:
@@ -278,33 +309,46 @@ def takeover_message(dead: dict, cfg: TrainConfig, device: str, replicas: int = 
     memory = dead.get("memory") or {}
     who = f"the previous run (PID {dead.get('pid', '?')}, started {dead.get('since', '?')})"
     if not memory:
-        return (f"{who} ended without saving (killed: SIGKILL, out of memory, or a power loss; its lock records no "
-                "memory facts to tell which). Resuming from its last saved epoch.")
+        return (
+            f"{who} ended without saving (killed: SIGKILL, out of memory, or a power loss; its lock records no "
+            "memory facts to tell which). Resuming from its last saved epoch."
+        )
     oom, why = _why_it_died(memory)
     where = _position(memory)
     parts = [f"{who} {why}, {where}."]
     recorded = (memory.get("start") or {}).get("cgroup") or {}
     now = cgroup_state(recorded["path"], recorded.get("version", 1)) if recorded.get("path") else None
     facts_then = memory.get("before_model") or memory.get("start")
-    available, note = (headroom(facts_then, now.get("limit_bytes") if now else None) if facts_then and device == "CPU"
-                       else (None, ""))
+    available, note = (
+        headroom(facts_then, now.get("limit_bytes") if now else None) if facts_then and device == "CPU" else (None, "")
+    )
     measured = memory.get("measured_peak_bytes")
-    facts = MemoryFacts(available, note, memory.get("predicted_peak_bytes"), _plan_note(memory),
-                        int(measured) if measured is not None else None,
-                        f"in epoch {memory.get('measured_epoch')}" if measured is not None else "")
+    facts = MemoryFacts(
+        available,
+        note,
+        memory.get("predicted_peak_bytes"),
+        _plan_note(memory),
+        int(measured) if measured is not None else None,
+        f"in epoch {memory.get('measured_epoch')}" if measured is not None else "",
+    )
     parts.append(facts.describe())
     if oom is not False and device == "CPU":
         try:
             advice = advise(cfg, device, facts, replicas=replicas)
-        except Exception as e:  # advice must not stop a resume (a config the planner refuses says so later)
+        except Exception as e:  # noqa: BLE001 - advice must not stop a resume (a config the planner refuses says so later)
             log.debug("no advice for the dead run: %s", e)
             advice = None
         if advice is not None:
             parts.append(advice.describe())
     elif oom is not False:
-        parts.append("On a GPU run the kernel counts host memory (the input pipeline, offloaded tensors), which the "
-                     "plan does not bound: lower data.prefetch_batches or leave host memory to this run.")
+        parts.append(
+            "On a GPU run the kernel counts host memory (the input pipeline, offloaded tensors), which the "
+            "plan does not bound: lower data.prefetch_batches or leave host memory to this run."
+        )
     done = memory.get("epochs_done") or 0
-    parts.append(f"Resuming from its last saved epoch ({done})." if done else
-                 "It had completed no epoch: training starts from the beginning.")
+    parts.append(
+        f"Resuming from its last saved epoch ({done})."
+        if done
+        else "It had completed no epoch: training starts from the beginning."
+    )
     return " ".join(parts)

@@ -33,8 +33,12 @@ from brats_seg.memory import memory_facts
 from brats_seg.oom import first_line, headroom, is_out_of_memory, peak_at_failure
 from brats_seg.run_dir import RunError
 
-__all__ = ["InferenceOutOfMemoryError", "check_inference_memory", "inference_memory_guard",
-           "inference_out_of_memory_error"]
+__all__ = [
+    "InferenceOutOfMemoryError",
+    "check_inference_memory",
+    "inference_memory_guard",
+    "inference_out_of_memory_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +55,19 @@ class _InferenceCase:
     scoring: bool
 
     def estimate(self, workload: Workload | None = None, mirror: bool | None = None) -> InferenceEstimate:
-        return estimate_inference(self.workload if workload is None else workload, self.memory_model,
-                                  mirror=self.mirror if mirror is None else mirror,
-                                  resampled_voxels=self.resampled_voxels, native_voxels=self.native_voxels,
-                                  scoring=self.scoring)
+        return estimate_inference(
+            self.workload if workload is None else workload,
+            self.memory_model,
+            mirror=self.mirror if mirror is None else mirror,
+            resampled_voxels=self.resampled_voxels,
+            native_voxels=self.native_voxels,
+            scoring=self.scoring,
+        )
 
 
-def _largest_case(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records,
-                  scoring: bool) -> _InferenceCase:
+def _largest_case(
+    run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records, scoring: bool
+) -> _InferenceCase:
     return _InferenceCase(
         workload=dataclasses.replace(Workload.from_config(run), policy=policy),
         memory_model=memory_model_for(device),
@@ -69,8 +78,9 @@ def _largest_case(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, polic
     )
 
 
-def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(),
-                           scoring: bool = True) -> InferenceEstimate:
+def check_inference_memory(
+    run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(), scoring: bool = True
+) -> InferenceEstimate:
     """Predict a case's evaluation (``scoring``) or prediction peak and hold it to the run's
     ``lms.limit`` (less the planning margin), before any model is loaded.
 
@@ -92,9 +102,15 @@ def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: s
     workload, estimate = case.workload, case.estimate()
     limit = parse_limit(run.lms.limit, device_memory_bytes(device, run.backend.gpu_memory_limit_mb))
     budget = planning_budget(limit, case.memory_model)
-    log.info("inference of a case (%s, %s): predicted peak %s at its %s step, budget %s (lms.limit %s)",
-             "x".join(map(str, workload.input_shape)), workload.policy, format_gb(estimate.peak_bytes),
-             estimate.peak_at, format_gb(budget), format_gb(limit))
+    log.info(
+        "inference of a case (%s, %s): predicted peak %s at its %s step, budget %s (lms.limit %s)",
+        "x".join(map(str, workload.input_shape)),
+        workload.policy,
+        format_gb(estimate.peak_bytes),
+        estimate.peak_at,
+        format_gb(budget),
+        format_gb(limit),
+    )
     if estimate.peak_bytes > budget:
         hints = _inference_hints(case, eval_cfg, bf16=workload.policy == "float32" and device_has_native_bf16(device))
         hints.append("a machine with more memory, or a larger lms.limit in the run's config.json")
@@ -102,12 +118,13 @@ def check_inference_memory(run: TrainConfig, eval_cfg: EvaluateConfig, device: s
             f"inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}) is predicted to "
             f"need {format_gb(estimate.peak_bytes)} at its {estimate.peak_at} step, over the budget "
             f"{format_gb(budget)} (lms.limit {format_gb(limit)} less the planner's margin). Try: "
-            + "; ".join(hints) + ".")
+            + "; ".join(hints)
+            + "."
+        )
     return estimate
 
 
-def _inference_hints(case: _InferenceCase, eval_cfg: EvaluateConfig, bf16: bool, below: int | None = None
-                     ) -> list[str]:
+def _inference_hints(case: _InferenceCase, eval_cfg: EvaluateConfig, bf16: bool, below: int | None = None) -> list[str]:
     """What lowers one case's inference peak, each with the estimate it gives: no mirroring,
     and (``bf16``) bfloat16; with ``below``, only those whose estimate is lower than it."""
     hints = []
@@ -116,8 +133,9 @@ def _inference_hints(case: _InferenceCase, eval_cfg: EvaluateConfig, bf16: bool,
         if below is None or no_mirror < below:
             hints.append(f"evaluate.mirror=false ({format_gb(no_mirror)})")
     if bf16:
-        peak = case.estimate(dataclasses.replace(case.workload, policy="mixed_bfloat16"),
-                             mirror=eval_cfg.mirror).peak_bytes
+        peak = case.estimate(
+            dataclasses.replace(case.workload, policy="mixed_bfloat16"), mirror=eval_cfg.mirror
+        ).peak_bytes
         if below is None or peak < below:
             hints.append(f"backend.precision=bf16 on a CPU with native bf16 ({format_gb(peak)})")
     return hints
@@ -139,8 +157,15 @@ class InferenceOutOfMemoryError(RunError):
 
 
 @contextlib.contextmanager
-def inference_memory_guard(run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(),
-                           scoring: bool = True, baseline_bytes: int | None = None) -> Iterator[None]:
+def inference_memory_guard(
+    run: TrainConfig,
+    eval_cfg: EvaluateConfig,
+    device: str,
+    policy: str,
+    records=(),
+    scoring: bool = True,
+    baseline_bytes: int | None = None,
+) -> Iterator[None]:
     """Turn running out of memory inside the block (TensorFlow's ``ResourceExhaustedError``,
     Python's ``MemoryError``) into an :class:`InferenceOutOfMemoryError`: the estimate of
     :func:`check_inference_memory` for the same cases, the measured peak, the memory available
@@ -162,27 +187,38 @@ def inference_memory_guard(run: TrainConfig, eval_cfg: EvaluateConfig, device: s
         raise inference_out_of_memory_error(e, run, eval_cfg, device, policy, records, scoring, baseline_bytes) from e
 
 
-def inference_out_of_memory_error(exc: BaseException, run: TrainConfig, eval_cfg: EvaluateConfig, device: str,
-                                  policy: str, records=(), scoring: bool = True,
-                                  baseline_bytes: int | None = None) -> InferenceOutOfMemoryError:
+def inference_out_of_memory_error(
+    exc: BaseException,
+    run: TrainConfig,
+    eval_cfg: EvaluateConfig,
+    device: str,
+    policy: str,
+    records=(),
+    scoring: bool = True,
+    baseline_bytes: int | None = None,
+) -> InferenceOutOfMemoryError:
     """The :class:`InferenceOutOfMemoryError` for ``exc`` (see :func:`inference_memory_guard`)."""
     case = _largest_case(run, eval_cfg, device, policy, records, scoring)
     workload, estimate = case.workload, case.estimate()
     measured = peak_at_failure(device, baseline_bytes)
-    facts = [f"The inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}"
-             f"{', mirrored' if case.mirror else ''}) was predicted to need {format_gb(estimate.peak_bytes)} at its "
-             f"{estimate.peak_at} step."]
+    facts = [
+        f"The inference of one case at {'x'.join(map(str, workload.input_shape))} ({workload.policy}"
+        f"{', mirrored' if case.mirror else ''}) was predicted to need {format_gb(estimate.peak_bytes)} at its "
+        f"{estimate.peak_at} step."
+    ]
     if measured is not None:
         facts.append(f"Measured peak: {format_gb(measured)} at the failure (the allocation that failed not counted).")
     if device == "CPU":
         room, where = headroom(memory_facts())
         facts.append(f"Memory available: {format_gb(room)} ({where.replace(' before the model was built', ' now')}).")
-    hints = _inference_hints(case, eval_cfg, bf16=workload.policy == "float32" and device_has_native_bf16(device),
-                             below=estimate.peak_bytes)
-    hints.append(f"a machine (or job) with more memory free than the {format_gb(estimate.peak_bytes)} predicted "
-                 "(lms.limit in the run's config.json at most what is free, so that the check before loading "
-                 "the model refuses what does not fit)")
+    hints = _inference_hints(
+        case, eval_cfg, bf16=workload.policy == "float32" and device_has_native_bf16(device), below=estimate.peak_bytes
+    )
+    hints.append(
+        f"a machine (or job) with more memory free than the {format_gb(estimate.peak_bytes)} predicted "
+        "(lms.limit in the run's config.json at most what is free, so that the check before loading "
+        "the model refuses what does not fit)"
+    )
     what = "evaluating" if scoring else "predicting"
-    message = (f"out of memory {what} a case: {first_line(exc)}. " + " ".join(facts)
-               + " Try: " + "; ".join(hints) + ".")
+    message = f"out of memory {what} a case: {first_line(exc)}. " + " ".join(facts) + " Try: " + "; ".join(hints) + "."
     return InferenceOutOfMemoryError(message, estimate, measured)

@@ -44,8 +44,15 @@ from brats_seg.run_dir import RunFolder, has_progress
 if TYPE_CHECKING:
     from brats_seg.lms.planner.plan import Plan
 
-__all__ = ["ResolvedRun", "per_replica", "planned_for", "resolve_inference", "resolve_paths", "resolve_run",
-           "stored_plan"]
+__all__ = [
+    "ResolvedRun",
+    "per_replica",
+    "planned_for",
+    "resolve_inference",
+    "resolve_paths",
+    "resolve_run",
+    "stored_plan",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +89,18 @@ class ResolvedRun:
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     """A copy of ``cfg`` with absolute data, cache and run paths (so the run folder's config works
     from any cwd); an unset ``run_dir`` stays unset."""
-    data = dataclasses.replace(cfg.data, root=str(Path(cfg.data.root).expanduser().resolve()),
-                               cache_dir=str(Path(cfg.data.cache_dir).expanduser().resolve()))
+    data = dataclasses.replace(
+        cfg.data,
+        root=str(Path(cfg.data.root).expanduser().resolve()),
+        cache_dir=str(Path(cfg.data.cache_dir).expanduser().resolve()),
+    )
     run_dir = str(Path(cfg.run_dir).expanduser().resolve()) if cfg.run_dir else ""
     return dataclasses.replace(cfg, data=data, run_dir=run_dir)
 
 
-def resolve_run(cfg: TrainConfig | ResolvedRun, *, training: bool = True, gpus: int | None = None,
-                cpuinfo: str | None = None) -> ResolvedRun:
+def resolve_run(
+    cfg: TrainConfig | ResolvedRun, *, training: bool = True, gpus: int | None = None, cpuinfo: str | None = None
+) -> ResolvedRun:
     """The run ``cfg`` describes on this machine, every value checked: the one place its derived
     values, its backend, its replicas and (training) its LMS strategy and plan are decided. A
     :class:`ResolvedRun` is returned as it is.
@@ -120,16 +131,29 @@ def resolve_run(cfg: TrainConfig | ResolvedRun, *, training: bool = True, gpus: 
     if training:
         stored = stored_plan(config.run_dir, run) if chief and has_progress(Path(config.run_dir)) else None
         run = _planned(run, stored)
-    log.info("run resolved: backend %s on %s (%s), precision %s (policy %s)%s, %d output(s)%s%s",
-             run.backend.name, run.device, run.backend.reason or "as configured", run.backend.precision,
-             run.backend.policy, ", XLA" if run.backend.xla else "", config.model.out_channels,
-             f", region parents {config.model.region_parents}" if any(p >= 0 for p in config.model.region_parents)
-             else "", f", {replicas} replicas" if replicas > 1 else "")
+    log.info(
+        "run resolved: backend %s on %s (%s), precision %s (policy %s)%s, %d output(s)%s%s",
+        run.backend.name,
+        run.device,
+        run.backend.reason or "as configured",
+        run.backend.precision,
+        run.backend.policy,
+        ", XLA" if run.backend.xla else "",
+        config.model.out_channels,
+        f", region parents {config.model.region_parents}" if any(p >= 0 for p in config.model.region_parents) else "",
+        f", {replicas} replicas" if replicas > 1 else "",
+    )
     return run
 
 
-def resolve_inference(run_config: TrainConfig, backend: BackendConfig, precision_given: bool = False, *,
-                      gpus: int | None = None, cpuinfo: str | None = None) -> ResolvedBackend:
+def resolve_inference(
+    run_config: TrainConfig,
+    backend: BackendConfig,
+    precision_given: bool = False,
+    *,
+    gpus: int | None = None,
+    cpuinfo: str | None = None,
+) -> ResolvedBackend:
     """The backend a command that infers with a trained run's model uses (evaluate, predict,
     export, the studies): the twin of :func:`resolve_run`, decided once before TensorFlow is
     imported and applied by :func:`brats_seg.backend.configure`.
@@ -155,10 +179,16 @@ def resolve_inference(run_config: TrainConfig, backend: BackendConfig, precision
     gpus = visible_gpus() if gpus is None else gpus
     precision = str(backend.precision) if precision_given else str(run_config.backend.precision)
     if not precision_given:
-        if precision == "bf16" and concrete_backend(backend.name, gpus)[0] == "cpu_onednn" \
-                and not has_native_bf16(cpuinfo):
-            log.warning("the run trained in bf16; this CPU (%s) has no native bf16, so its model infers in fp32 "
-                        "(about twice the memory of bf16)", cpu_model_name(cpuinfo))
+        if (
+            precision == "bf16"
+            and concrete_backend(backend.name, gpus)[0] == "cpu_onednn"
+            and not has_native_bf16(cpuinfo)
+        ):
+            log.warning(
+                "the run trained in bf16; this CPU (%s) has no native bf16, so its model infers in fp32 "
+                "(about twice the memory of bf16)",
+                cpu_model_name(cpuinfo),
+            )
             precision = "fp32"
         precision = precision if precision in ("fp32", "bf16") else "fp32"
     return decide_backend(dataclasses.replace(backend, precision=precision), gpus, cpuinfo)
@@ -172,8 +202,10 @@ def per_replica(cfg: TrainConfig, replicas: int) -> TrainConfig:
     """
     t = cfg.trainer
     if t.batch_size % replicas:
-        raise ValueError(f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
-                         f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}.")
+        raise ValueError(
+            f"trainer.batch_size={t.batch_size} is the global batch and must divide among the "
+            f"{replicas} replicas of distribute={cfg.distribute.name}: use a multiple of {replicas}."
+        )
     return dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
 
 
@@ -191,10 +223,20 @@ def _planned(run: ResolvedRun, stored: Plan | None) -> ResolvedRun:
     if stored is not None:
         if stored.strategy == "auto" and backend.name == "gpu" and backend.reason:
             backend = dataclasses.replace(backend, name="gpu_lms", xla=False)
-        log.info("backend %s, lms=%s: resuming under the run's plan.json (predicted peak %.2f GB within %.2f GB)",
-                 backend.name, stored.strategy, stored.predicted_peak_bytes / 1e9, stored.budget_bytes / 1e9)
-        return dataclasses.replace(run, backend=backend, lms=stored.strategy, plan=stored,
-                                   reason=f"{reason}; the plan the run started with (plan.json)")
+        log.info(
+            "backend %s, lms=%s: resuming under the run's plan.json (predicted peak %.2f GB within %.2f GB)",
+            backend.name,
+            stored.strategy,
+            stored.predicted_peak_bytes / 1e9,
+            stored.budget_bytes / 1e9,
+        )
+        return dataclasses.replace(
+            run,
+            backend=backend,
+            lms=stored.strategy,
+            plan=stored,
+            reason=f"{reason}; the plan the run started with (plan.json)",
+        )
     try:
         try:
             plan = plan_run(cfg, backend.device, strategy)
@@ -202,8 +244,13 @@ def _planned(run: ResolvedRun, stored: Plan | None) -> ResolvedRun:
             if not (backend.reason and backend.device == "GPU" and strategy == "off"):
                 raise
             # backend=auto chose this GPU: add LMS (and drop XLA, which would undo its host placements) rather than fail
-            strategy, reason = "auto", (f"backend=auto ({backend.reason}): the plan without LMS does not fit "
-                                        f"({e.smallest_peak_bytes / 1e9:.2f} GB predicted); using gpu_lms with lms=auto")
+            strategy, reason = (
+                "auto",
+                (
+                    f"backend=auto ({backend.reason}): the plan without LMS does not fit "
+                    f"({e.smallest_peak_bytes / 1e9:.2f} GB predicted); using gpu_lms with lms=auto"
+                ),
+            )
             backend = dataclasses.replace(backend, name="gpu_lms", reason=reason, xla=False)
             plan = plan_run(cfg, backend.device, strategy)
     except PlanDoesNotFitError as e:
@@ -213,9 +260,17 @@ def _planned(run: ResolvedRun, stored: Plan | None) -> ResolvedRun:
         reason += "; backend.xla off: XLA would drop the plan's recompute/offload placements"
     if backend.reason and backend.reason not in reason:
         reason = f"backend=auto chose {backend.name} ({backend.reason}); {reason}"
-    log.info("backend %s, lms=%s (%s). Memory plan: predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB "
-             "less %.1f%% for the planner's error)", backend.name, strategy, reason, plan.predicted_peak_bytes / 1e9,
-             plan.budget_bytes / 1e9, plan.limit_bytes / 1e9, 100 * plan.margin)
+    log.info(
+        "backend %s, lms=%s (%s). Memory plan: predicted peak %.2f GB within %.2f GB (lms.limit %.2f GB "
+        "less %.1f%% for the planner's error)",
+        backend.name,
+        strategy,
+        reason,
+        plan.predicted_peak_bytes / 1e9,
+        plan.budget_bytes / 1e9,
+        plan.limit_bytes / 1e9,
+        100 * plan.margin,
+    )
     return dataclasses.replace(run, backend=backend, lms=strategy, plan=plan, reason=reason)
 
 
@@ -223,10 +278,14 @@ def planned_for(run: ResolvedRun, replicas: int | None = None) -> dict:
     """The settings a run's memory plan depends on beyond its model and input (which a resumed run
     cannot change): ``lms.*``, the backend and precision, the batch one replica holds, a GPU cap."""
     cfg, replicas = run.config, run.replicas if replicas is None else replicas
-    return {"lms": {k: str(v) if k in ("name", "limit") else v for k, v in dataclasses.asdict(cfg.lms).items()},
-            "backend": str(cfg.backend.name), "device": run.backend.device, "precision": str(cfg.backend.precision),
-            "replica_batch": cfg.trainer.batch_size // max(replicas, 1),
-            "gpu_memory_limit_mb": cfg.backend.gpu_memory_limit_mb}
+    return {
+        "lms": {k: str(v) if k in ("name", "limit") else v for k, v in dataclasses.asdict(cfg.lms).items()},
+        "backend": str(cfg.backend.name),
+        "device": run.backend.device,
+        "precision": str(cfg.backend.precision),
+        "replica_batch": cfg.trainer.batch_size // max(replicas, 1),
+        "gpu_memory_limit_mb": cfg.backend.gpu_memory_limit_mb,
+    }
 
 
 def stored_plan(run_dir: str | Path, run: ResolvedRun, replicas: int | None = None) -> Plan | None:
@@ -246,11 +305,16 @@ def stored_plan(run_dir: str | Path, run: ResolvedRun, replicas: int | None = No
         log.info("%s: plan.json of an earlier version (no planned_for): planning again", run_dir)
         return None
     flat_before, flat_now = flatten_config(before), flatten_config(now)
-    changed = {k: (flat_before.get(k), flat_now.get(k)) for k in sorted(set(flat_before) | set(flat_now))
-               if flat_before.get(k) != flat_now.get(k)}
+    changed = {
+        k: (flat_before.get(k), flat_now.get(k))
+        for k in sorted(set(flat_before) | set(flat_now))
+        if flat_before.get(k) != flat_now.get(k)
+    }
     if changed:
-        log.warning("re-planning on purpose: %s changed since the run's plan.json was made; the new plan replaces it",
-                    ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+        log.warning(
+            "re-planning on purpose: %s changed since the run's plan.json was made; the new plan replaces it",
+            ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()),
+        )
         return None
     try:
         return Plan.from_dict(record)

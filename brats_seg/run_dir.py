@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from brats_seg.config import TrainConfig, config_from_dict, config_to_dict
-from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.data.errors import DataError
+from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.files import write_text_atomic
 
 __all__ = ["CHECKPOINTS", "OLD_BEHAVIOUR", "RunError", "RunFolder", "has_progress", "upgrade_config_dict"]
@@ -56,8 +56,21 @@ _LOG = "train.log"
 _EXPORT = "export"  # scripts/export.py's default output: the model as a SavedModel
 _POSTPROCESS = "postprocess.json"
 # Everything a run folder may hold before its config.json is written (a failed or new run).
-_OURS = {_CONFIG, _SPLIT, _STATE, _HISTORY, _CURVES, *_PLAN, _TRACKING, _CHECKPOINT_DIR, _EVAL, _LOCK, _LOG, _EXPORT,
-        _POSTPROCESS}
+_OURS = {
+    _CONFIG,
+    _SPLIT,
+    _STATE,
+    _HISTORY,
+    _CURVES,
+    *_PLAN,
+    _TRACKING,
+    _CHECKPOINT_DIR,
+    _EVAL,
+    _LOCK,
+    _LOG,
+    _EXPORT,
+    _POSTPROCESS,
+}
 
 
 class RunError(DataError):
@@ -221,12 +234,15 @@ class RunFolder:
         if self.has_config():
             self.read_config()  # another program's config.json is refused here, naming it
             return
-        foreign = sorted(p.name for p in self.root.iterdir()
-                         if p.name not in _OURS and not p.name.startswith((".tmp-", ".old-")))
+        foreign = sorted(
+            p.name for p in self.root.iterdir() if p.name not in _OURS and not p.name.startswith((".tmp-", ".old-"))
+        )
         if foreign:
             shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-            raise RunError(f"run_dir {self.root} already holds files that are not a brats-seg run ({shown}): "
-                           "pass run_dir= a new or empty folder, so that the run's files are not mixed with them.")
+            raise RunError(
+                f"run_dir {self.root} already holds files that are not a brats-seg run ({shown}): "
+                "pass run_dir= a new or empty folder, so that the run's files are not mixed with them."
+            )
 
     # -- config ------------------------------------------------------------------------
 
@@ -243,22 +259,30 @@ class RunFolder:
         """
         if not self.has_config():
             what = "does not exist" if not self.root.is_dir() else "has no config.json"
-            raise RunError(f"run folder {self.root} {what}, so it is not a training run; train first: "
-                           f"python train.py run_dir={self.root}")
+            raise RunError(
+                f"run folder {self.root} {what}, so it is not a training run; train first: "
+                f"python train.py run_dir={self.root}"
+            )
         try:
             stored = json.loads(self.config_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RunError(f"{self.config_path} is not readable JSON ({e}); it is not a brats-seg run's config: "
-                           "pass run_dir= a new folder, or the folder a training run wrote.") from e
+            raise RunError(
+                f"{self.config_path} is not readable JSON ({e}); it is not a brats-seg run's config: "
+                "pass run_dir= a new folder, or the folder a training run wrote."
+            ) from e
         if not isinstance(stored, dict) or not {"data", "model", "trainer"} <= set(stored):
-            raise RunError(f"{self.config_path} is not a brats-seg run's config.json (another program's file?): "
-                           "pass run_dir= a new folder, or the folder a training run wrote.")
+            raise RunError(
+                f"{self.config_path} is not a brats-seg run's config.json (another program's file?): "
+                "pass run_dir= a new folder, or the folder a training run wrote."
+            )
         try:
             stored = upgrade_config_dict(stored)
             return resolve_model_outputs(config_from_dict(TrainConfig, stored))
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError, AttributeError) as e:
-            raise RunError(f"{self.config_path} cannot be read as a brats-seg run config ({e}). "
-                           "Re-run training into a new run_dir.") from e
+            raise RunError(
+                f"{self.config_path} cannot be read as a brats-seg run config ({e}). "
+                "Re-run training into a new run_dir."
+            ) from e
 
     def write_config(self, cfg: TrainConfig) -> Path:
         return write_text_atomic(self.config_path, json.dumps(config_to_dict(cfg), indent=1))
@@ -277,8 +301,10 @@ class RunFolder:
         try:
             split = json.loads(self.split_path.read_text())
         except FileNotFoundError:
-            raise RunError(f"{self.split_path} not found: the run has not started training; train first: "
-                           f"python train.py run_dir={self.root}") from None
+            raise RunError(
+                f"{self.split_path} not found: the run has not started training; train first: "
+                f"python train.py run_dir={self.root}"
+            ) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RunError(f"{self.split_path} cannot be read ({e}); re-run training into a new run_dir.") from e
         if not isinstance(split, dict):
@@ -288,8 +314,10 @@ class RunFolder:
     def write_split(self, split: Mapping[str, Any]) -> Path:
         """``split.json``: the case ids per split (and whatever else the dataset's split file
         records, e.g. its seed and fractions)."""
-        return write_text_atomic(self.split_path, json.dumps(
-            {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in split.items()}, indent=1))
+        return write_text_atomic(
+            self.split_path,
+            json.dumps({k: list(v) if isinstance(v, (list, tuple)) else v for k, v in split.items()}, indent=1),
+        )
 
     # -- training state ----------------------------------------------------------------
 
@@ -363,12 +391,16 @@ class RunFolder:
         except FileNotFoundError:
             return None
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RunError(f"{self.postprocess_path} cannot be read ({e}): delete it and run scripts/evaluate.py "
-                           f"run_dir={self.root} to choose the post-processing again, or pass "
-                           "evaluate.postprocess=none.") from e
+            raise RunError(
+                f"{self.postprocess_path} cannot be read ({e}): delete it and run scripts/evaluate.py "
+                f"run_dir={self.root} to choose the post-processing again, or pass "
+                "evaluate.postprocess=none."
+            ) from e
         if not isinstance(record, dict):
-            raise RunError(f"{self.postprocess_path} is not a post-processing record: delete it and run "
-                           f"scripts/evaluate.py run_dir={self.root} to choose it again.")
+            raise RunError(
+                f"{self.postprocess_path} is not a post-processing record: delete it and run "
+                f"scripts/evaluate.py run_dir={self.root} to choose it again."
+            )
         return record
 
     def write_postprocess(self, record: Mapping[str, Any]) -> Path:
@@ -387,8 +419,9 @@ class RunFolder:
 
     def write_eval_case(self, split: str, case_id: str, record: Mapping[str, Any]) -> Path:
         """Write a case's evaluation record (JSON-able, no NaN) atomically, after its prediction."""
-        return write_text_atomic(self.eval_case_file(split, case_id),
-                                 json.dumps(dict(record), indent=1, allow_nan=False) + "\n")
+        return write_text_atomic(
+            self.eval_case_file(split, case_id), json.dumps(dict(record), indent=1, allow_nan=False) + "\n"
+        )
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -405,8 +438,10 @@ class RunFolder:
         else:
             raise RunError(f"checkpoint={which!r}: use best, last, or the path of a .keras file.")
         if not path.is_file():
-            raise RunError(f"checkpoint {path} not found: the run has not saved a model yet; train first: "
-                           f"python train.py run_dir={self.root}")
+            raise RunError(
+                f"checkpoint {path} not found: the run has not saved a model yet; train first: "
+                f"python train.py run_dir={self.root}"
+            )
         return path
 
     def checkpoint_identity(self, which: str = "best") -> dict[str, Any]:

@@ -20,7 +20,7 @@ inside :func:`register_configs`), and config.py does not import it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from brats_seg.config import (
     BackendConfig,
@@ -71,12 +71,16 @@ class PlanConfig:
 @dataclass
 class BenchmarkConfig:
     steps: int = 5  # timed steps (the first is excluded from the median)
-    input: BenchmarkInput = BenchmarkInput.memory  # memory: one random batch in memory | pipeline: the training input pipeline over random cache entries
+    input: BenchmarkInput = (
+        BenchmarkInput.memory
+    )  # memory: one random batch in memory | pipeline: the training input pipeline over random cache entries
     pipeline_only: bool = False  # time the input pipeline alone (volumes/s), no model
     sgemm: bool = False  # also measure a 4096^2 float32 SGEMM with the same threads, after the step (FLOP/s against it)
     sweep: str = ""  # a grid of overrides: a name in configs/benchmark_sweeps/ or a YAML path; JSONL + plots
     out: str = ""  # the sweep's JSON lines file; default outputs/benchmark/<sweep>/results.jsonl
-    onednn_verbose: bool = False  # the last timed step's oneDNN primitives (ONEDNN_VERBOSE): ms per kind, the reorder share
+    onednn_verbose: bool = (
+        False  # the last timed step's oneDNN primitives (ONEDNN_VERBOSE): ms per kind, the reorder share
+    )
 
 
 @dataclass
@@ -144,9 +148,13 @@ class ExportScriptConfig:
 
     run_dir: str = ""  # required: the training run whose model is exported
     checkpoint: str = "best"  # best (by val Dice) | last | a .keras file's path
-    format: ExportFormat = ExportFormat.saved_model  # saved_model: TensorFlow SavedModel (TF Serving, tf.saved_model.load)
+    format: ExportFormat = (
+        ExportFormat.saved_model
+    )  # saved_model: TensorFlow SavedModel (TF Serving, tf.saved_model.load)
     output: str = ""  # the export's folder; empty = <run_dir>/export
-    backend: BackendConfig = field(default_factory=BackendConfig)  # precision fp32 unless backend.precision= is given: portable
+    backend: BackendConfig = field(
+        default_factory=BackendConfig
+    )  # precision fp32 unless backend.precision= is given: portable
 
 
 @dataclass
@@ -163,7 +171,9 @@ class ScoreScriptConfig:
 class StepTimeCalibrationConfig:
     """Config of ``scripts/calibrate_step_time.py``: the planner's step-time model fitted to benchmark sweeps."""
 
-    fit: list[str] = field(default_factory=list)  # benchmark JSON lines whose lms=off points are fitted (a sweep's results.jsonl)
+    fit: list[str] = field(
+        default_factory=list
+    )  # benchmark JSON lines whose lms=off points are fitted (a sweep's results.jsonl)
     held_out: list[str] = field(default_factory=list)  # JSON lines judged only: points the fit does not see
     out: str = ""  # default brats_seg/lms/presets/step_time.json (this CPU's entry replaced, others kept)
     write: bool = True  # false: report only
@@ -175,15 +185,36 @@ class StudyScriptConfig:
     """Config of ``scripts/study.py``: the analysis of a study's finished run folders (a sweep's)."""
 
     dir: str = ""  # required: the study's folder (the sweep's hydra.sweep.dir), searched for run folders
-    sets: Any = field(default_factory=lambda: ["test"])  # evaluations compared, a name or a list ([test,heldout]): test | val | shifted | heldout | heldout_shifted | <split>@<data config>
-    evaluate: bool = True  # run scripts/evaluate.py for a finished run that lacks a set (logged to <dir>/logs/); false: list them
+    sets: Any = field(
+        default_factory=lambda: ["test"]
+    )  # evaluations compared, a name or a list ([test,heldout]): test | val | shifted | heldout | heldout_shifted | <split>@<data config>
+    evaluate: bool = (
+        True  # run scripts/evaluate.py for a finished run that lacks a set (logged to <dir>/logs/); false: list them
+    )
     overlays: bool = False  # evaluate.overlays of those evaluations: the study reads summaries, pictures cost time
-    evaluate_args: List[str] = field(default_factory=list)  # more overrides for every evaluate.py, e.g. ["backend=cpu_onednn"]
-    thresholds: List[float] = field(default_factory=lambda: [0.7, 0.8, 0.85])  # val mean Dice levels: training seconds to reach each
-    ignore: List[str] = field(default_factory=lambda: [  # config keys (fnmatch patterns) that do not make an arm
-        "trainer.seed", "run_dir", "run_name", "tracking.*", "data.num_workers", "data.cache_dir",
-        "backend.log_level", "backend.intra_op_threads", "backend.inter_op_threads", "plan.*", "benchmark.*"])
+    evaluate_args: list[str] = field(
+        default_factory=list
+    )  # more overrides for every evaluate.py, e.g. ["backend=cpu_onednn"]
+    thresholds: list[float] = field(
+        default_factory=lambda: [0.7, 0.8, 0.85]
+    )  # val mean Dice levels: training seconds to reach each
+    ignore: list[str] = field(
+        default_factory=lambda: [  # config keys (fnmatch patterns) that do not make an arm
+            "trainer.seed",
+            "run_dir",
+            "run_name",
+            "tracking.*",
+            "data.num_workers",
+            "data.cache_dir",
+            "backend.log_level",
+            "backend.intra_op_threads",
+            "backend.inter_op_threads",
+            "plan.*",
+            "benchmark.*",
+        ]
+    )
     mlflow: bool = True  # log the charts and study.json into each run's MLflow run (artifacts study/)
+
 
 @dataclass
 class MemoryCalibrationConfig:
@@ -194,17 +225,27 @@ class MemoryCalibrationConfig:
     fit_only: bool = False  # refit and report from the measurements on file; measure nothing
     timeout_s: int = 1800  # seconds one benchmark run may take before the calibration stops
     out: str = ""  # the preset file; empty = brats_seg/lms/presets/cpu_<kind>.json of this CPU's kind
-    cross_validate: bool = False  # leave each calibration configuration out in turn, fit, report its error; writes nothing
-    rule: dict[str, float] = field(default_factory=dict)  # with cross_validate: other values of MemoryModel rules, each given as +rule.<field>=<value> (e.g. +rule.backward_release_lag_layers=100)
-    under_weight: Optional[float] = None  # with cross_validate: the fit's weight of under-prediction; null = the calibration's own
-    target_bias: Optional[float] = None  # with cross_validate: how far above the measurements the fit aims; null = the calibration's own
+    cross_validate: bool = (
+        False  # leave each calibration configuration out in turn, fit, report its error; writes nothing
+    )
+    rule: dict[str, float] = field(
+        default_factory=dict
+    )  # with cross_validate: other values of MemoryModel rules, each given as +rule.<field>=<value> (e.g. +rule.backward_release_lag_layers=100)
+    under_weight: float | None = (
+        None  # with cross_validate: the fit's weight of under-prediction; null = the calibration's own
+    )
+    target_bias: float | None = (
+        None  # with cross_validate: how far above the measurements the fit aims; null = the calibration's own
+    )
 
 
 @dataclass
 class ScalingScriptConfig:
     """Config of ``scripts/scaling.py``: data-parallel workers against one process on the same cores."""
 
-    resolution: ResolutionConfig = field(default_factory=ResolutionConfig)  # the grid both set-ups train at (resolution=half, or its keys)
+    resolution: ResolutionConfig = field(
+        default_factory=ResolutionConfig
+    )  # the grid both set-ups train at (resolution=half, or its keys)
     depth: int = 3  # model.depth of both set-ups
     filters: int = 16  # model.base_filters of both set-ups
     batch: int = 2  # the global batch, split over the workers (a multiple of workers)
@@ -219,11 +260,15 @@ class ScalingScriptConfig:
 class InferencePeakConfig:
     """Config of ``scripts/measure_inference_peak.py``: whole-volume inference's first-call memory against the planner."""
 
-    shape: List[int] = field(default_factory=list)  # required: the network grid (x, y, z), each divisible by 2^depth, e.g. [96,112,80]
+    shape: list[int] = field(
+        default_factory=list
+    )  # required: the network grid (x, y, z), each divisible by 2^depth, e.g. [96,112,80]
     depth: int = 3  # U-Net depth of the measured model
     filters: int = 8  # U-Net base filters of the measured model
     mirror: bool = True  # test-time mirroring as evaluation runs it; false = one pass
-    precision: Precision = Precision.fp32  # fp32 | bf16: the model's dtype policy, as evaluate.py backend.precision= runs it
+    precision: Precision = (
+        Precision.fp32
+    )  # fp32 | bf16: the model's dtype policy, as evaluate.py backend.precision= runs it
 
 
 @dataclass
@@ -239,11 +284,17 @@ class MniGliomasScriptConfig:
 class OfficialMetricsCheckConfig:
     """Config of ``scripts/check_official_metrics.py``: score.py against the official BraTS evaluation code."""
 
-    work: str = "/tmp/brats_official_check"  # scratch folder: the designed cases, the official code fetched, their outputs
+    work: str = (
+        "/tmp/brats_official_check"  # scratch folder: the designed cases, the official code fetched, their outputs
+    )
     n_cases: int = 10  # designed cases per label convention (brats2024, brats2023, brats2021, msd)
     official: str = ""  # a folder holding brats_evaluation/ (an unpacked wheel, a site-packages); empty = installed here, else <work>/be/unpacked
-    metrics_2023: str = ""  # a clone of rachitsaluja/BraTS-2023-Metrics; empty = <work>/ref2023, else lesion23_* are not checked
-    download: bool = False  # fetch what is missing: brats-evaluation with pip download --no-deps, the 2023 code with git clone
+    metrics_2023: str = (
+        ""  # a clone of rachitsaluja/BraTS-2023-Metrics; empty = <work>/ref2023, else lesion23_* are not checked
+    )
+    download: bool = (
+        False  # fetch what is missing: brats-evaluation with pip download --no-deps, the 2023 code with git clone
+    )
     expected: str = ""  # write the official values of the small cases to this JSON (tests' data) instead of checking
 
 
@@ -260,7 +311,9 @@ class DemoSeedsScriptConfig(TrainConfig):
 class AugmentProfileConfig:
     """Config of ``scripts/profile_augment.py``: each transform of the nnunet augmentation preset alone, on one volume."""
 
-    resolution: ResolutionConfig = field(default_factory=ResolutionConfig)  # random data of its network grid (resolution.shape)
+    resolution: ResolutionConfig = field(
+        default_factory=ResolutionConfig
+    )  # random data of its network grid (resolution.shape)
 
 
 @dataclass

@@ -49,7 +49,6 @@ class Preempted(Exception):
         )
 
 
-
 class Interrupted(Exception):
     """A signal stopped preparation, evaluation or prediction; what was finished is kept.
 
@@ -62,8 +61,10 @@ class Interrupted(Exception):
     def __init__(self, signal_name: str, stage: str, progress: str = "") -> None:
         self.signal_name, self.stage, self.progress = signal_name, stage, progress
         after = f" after {progress}" if progress else ""
-        super().__init__(f"{signal_name}: {stage} stopped{after}; what it finished is kept and nothing half-written "
-                         "is. Re-run the same command to continue where it stopped.")
+        super().__init__(
+            f"{signal_name}: {stage} stopped{after}; what it finished is kept and nothing half-written "
+            "is. Re-run the same command to continue where it stopped."
+        )
 
     def __reduce__(self):
         return (type(self), (self.signal_name, self.stage, self.progress))

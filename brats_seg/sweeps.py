@@ -11,7 +11,9 @@ import re
 
 __all__ = ["MAX_DIRNAME", "sweep_dirname"]
 
-MAX_DIRNAME = 120  # characters: a longer name keeps its first part and ends in 8 hex of the whole (file systems allow 255)
+MAX_DIRNAME = (
+    120  # characters: a longer name keeps its first part and ends in 8 hex of the whole (file systems allow 255)
+)
 
 
 def sweep_dirname(overrides, exclude=()) -> str:
@@ -40,5 +42,5 @@ def sweep_dirname(overrides, exclude=()) -> str:
         parts.append(f"{name if short.count(name) == 1 else key}-{value}")
     name = "_".join(sorted(parts)) or "defaults"
     if len(name) > MAX_DIRNAME:
-        name = f"{name[:MAX_DIRNAME - 9]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+        name = f"{name[: MAX_DIRNAME - 9]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
     return name

@@ -31,7 +31,7 @@ from brats_seg.script_configs import register_configs
 register_configs()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _network(overrides: tuple[str, ...]):
     """The cost tables and the options of the benchmark's composed config for ``overrides``."""
     from hydra import compose  # inside this script's Hydra app, whose config folder holds benchmark.yaml
@@ -65,8 +65,10 @@ def _read(paths) -> list[dict]:
     here = cpu_id()
     other = {r.get("cpu_id") for r in records if r.get("cpu_id") not in (None, here)}
     if other:
-        raise ValueError(f"records from another CPU ({', '.join(sorted(other))}); this one is {here}: "
-                         "calibrate on the CPU that measured them.")
+        raise ValueError(
+            f"records from another CPU ({', '.join(sorted(other))}); this one is {here}: "
+            "calibrate on the CPU that measured them."
+        )
     return records
 
 
@@ -95,8 +97,9 @@ def _predict(record: dict, model) -> float:
     net, lms = _network(tuple(record["overrides"]))
     seconds = model.step_s(net)
     if record["strategy"] != "off":
-        options = dataclasses.replace(LMSOptions.from_config(lms, None, allow_offload=False, strategy=record["strategy"]),
-                                      time_model=model)
+        options = dataclasses.replace(
+            LMSOptions.from_config(lms, None, allow_offload=False, strategy=record["strategy"]), time_model=model
+        )
         policies, skips = fixed_config(net, record["strategy"], options)
         seconds += plan_overhead(net, policies, skips, options)
     return seconds
@@ -108,16 +111,23 @@ def _label(record: dict) -> str:
 
 
 def _row(record: dict, predicted: float) -> dict:
-    return {"point": _label(record), "file": record["_file"], "measured_s": record["step_s"],
-            "predicted_s": round(predicted, 3), "error": round(predicted / record["step_s"] - 1, 4)}
+    return {
+        "point": _label(record),
+        "file": record["_file"],
+        "measured_s": record["step_s"],
+        "predicted_s": round(predicted, 3),
+        "error": round(predicted / record["step_s"] - 1, 4),
+    }
 
 
 def _summary(rows: list[dict]) -> str:
     if not rows:
         return "no points"
     errors = [r["error"] for r in rows]
-    return (f"{len(rows)} points, error {min(errors):+.1%} to {max(errors):+.1%}, "
-            f"median |error| {statistics.median(abs(e) for e in errors):.1%}")
+    return (
+        f"{len(rows)} points, error {min(errors):+.1%} to {max(errors):+.1%}, "
+        f"median |error| {statistics.median(abs(e) for e in errors):.1%}"
+    )
 
 
 def calibrate(fit_paths, held_out_paths) -> dict:
@@ -140,8 +150,11 @@ def calibrate(fit_paths, held_out_paths) -> dict:
             loo = []
             for k, r in enumerate(records):  # each point predicted by a fit that did not see it
                 if len(points) > 3:
-                    alone = CpuTimeModel(cpu=cpu_id(), block=pad,
-                                         coefficients={dtype: fit_coefficients(points[:k] + points[k + 1:], pad)})
+                    alone = CpuTimeModel(
+                        cpu=cpu_id(),
+                        block=pad,
+                        coefficients={dtype: fit_coefficients(points[:k] + points[k + 1 :], pad)},
+                    )
                     loo.append(_row(r, _predict(r, alone)))
             worst = max((abs(row["error"]) for row in loo), default=0.0)
             if best is None or worst < best[0]:
@@ -153,12 +166,21 @@ def calibrate(fit_paths, held_out_paths) -> dict:
     model = CpuTimeModel(cpu=cpu_id(), block=block, coefficients=coefficients)
     held_rows = [_row(r, _predict(r, model)) for r in held if _dtype(r) in coefficients]
     return {
-        "cpu_name": cpu_model_name(), "kind": cpu_kind(), "block": block,
+        "cpu_name": cpu_model_name(),
+        "kind": cpu_kind(),
+        "block": block,
         "fit": {d: dataclasses.asdict(c) for d, c in coefficients.items()},
-        "fitted_on": sorted({r["_file"] for r in fitted}), "held_out_files": sorted({r["_file"] for r in held}),
+        "fitted_on": sorted({r["_file"] for r in fitted}),
+        "held_out_files": sorted({r["_file"] for r in held}),
         "date": datetime.date.today().isoformat(),
-        "fitted_points": fit_rows, "leave_one_out": loo_rows, "held_out": held_rows,
-        "summary": {"fitted_points": _summary(fit_rows), "leave_one_out": _summary(loo_rows), "held_out": _summary(held_rows)},
+        "fitted_points": fit_rows,
+        "leave_one_out": loo_rows,
+        "held_out": held_rows,
+        "summary": {
+            "fitted_points": _summary(fit_rows),
+            "leave_one_out": _summary(loo_rows),
+            "held_out": _summary(held_rows),
+        },
     }
 
 
@@ -174,17 +196,25 @@ def main(cfg) -> None:
     for name in ("fitted_points", "leave_one_out", "held_out"):
         print(f"\n{name.replace('_', ' ')}: {entry['summary'][name]}")
         for r in entry[name]:
-            print(f"  {r['point']:<90} measured {r['measured_s']:7.2f} s  predicted {r['predicted_s']:7.2f} s  "
-                  f"{r['error']:+.1%}")
+            print(
+                f"  {r['point']:<90} measured {r['measured_s']:7.2f} s  predicted {r['predicted_s']:7.2f} s  "
+                f"{r['error']:+.1%}"
+            )
     for dtype, c in entry["fit"].items():
-        print(f"{dtype}: channels padded to {c['block']}, "
-              f"{1 / c['per_flop_s'] / 1e9 if c['per_flop_s'] else float('inf'):.0f} GFLOP/s of padded "
-              f"convolution, {1 / c['per_byte_s'] / 1e9 if c['per_byte_s'] else float('inf'):.1f} GB/s of layer "
-              f"traffic, {c['per_step_s']:.3f} s a step")
+        print(
+            f"{dtype}: channels padded to {c['block']}, "
+            f"{1 / c['per_flop_s'] / 1e9 if c['per_flop_s'] else float('inf'):.0f} GFLOP/s of padded "
+            f"convolution, {1 / c['per_byte_s'] / 1e9 if c['per_byte_s'] else float('inf'):.1f} GB/s of layer "
+            f"traffic, {c['per_step_s']:.3f} s a step"
+        )
     if conf.figure:
         from brats_seg.plots import plot_step_time_fit
 
-        groups = {"fitted": entry["fitted_points"], "leave one out": entry["leave_one_out"], "held out": entry["held_out"]}
+        groups = {
+            "fitted": entry["fitted_points"],
+            "leave one out": entry["leave_one_out"],
+            "held out": entry["held_out"],
+        }
         title = f"{entry['cpu_name']} ({cpu_id()}): step-time model"
         print(f"wrote {plot_step_time_fit(groups, conf.figure, title=title)}")
     if not conf.write:

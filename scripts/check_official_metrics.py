@@ -79,28 +79,40 @@ TOL, TOL_MM = 1e-6, 1e-4
 
 # --- the official codes: where they are --------------------------------------------------
 
+
 def find_official(work: Path, official: str, download: bool) -> Path:
     """The folder holding the ``brats_evaluation`` package (first on the child's ``PYTHONPATH``)."""
     if official:
         folder = Path(official).expanduser().resolve()
         if not (folder / "brats_evaluation").is_dir():
-            raise FileNotFoundError(f"official={folder} holds no brats_evaluation/ folder: pass an unpacked "
-                                    f"{BRATS_EVALUATION} wheel or the site-packages it is installed in.")
+            raise FileNotFoundError(
+                f"official={folder} holds no brats_evaluation/ folder: pass an unpacked "
+                f"{BRATS_EVALUATION} wheel or the site-packages it is installed in."
+            )
         return folder
-    installed = subprocess.run([sys.executable, "-c", "import brats_evaluation, os; "
-                                "print(os.path.dirname(os.path.dirname(brats_evaluation.__file__)))"],
-                               capture_output=True, text=True)
+    installed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import brats_evaluation, os; print(os.path.dirname(os.path.dirname(brats_evaluation.__file__)))",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if installed.returncode == 0:
         return Path(installed.stdout.strip())
     be = work / "be"
     unpacked = be / "unpacked"  # whole or absent: an interrupted unpacking is never taken for the package
     if not (unpacked / "brats_evaluation").is_dir():
         if not download:
-            raise FileNotFoundError(f"brats-evaluation is not installed here, and not in {unpacked}: pass official="
-                                    f"<folder holding brats_evaluation/>, or download=true to fetch {BRATS_EVALUATION} "
-                                    "with pip.")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(be), BRATS_EVALUATION],
-                       check=True)
+            raise FileNotFoundError(
+                f"brats-evaluation is not installed here, and not in {unpacked}: pass official="
+                f"<folder holding brats_evaluation/>, or download=true to fetch {BRATS_EVALUATION} "
+                "with pip."
+            )
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(be), BRATS_EVALUATION], check=True
+        )
         with atomic_dir(unpacked) as tmp:
             zipfile.ZipFile(next(be.glob("brats_evaluation-*.whl"))).extractall(tmp)
     return unpacked
@@ -118,8 +130,9 @@ def find_2023(work: Path, metrics_2023: str, download: bool) -> Path | None:
     source = metrics_2023 or METRICS_2023
     with atomic_dir(clone) as tmp:  # an interrupted clone is never taken for a whole one
         if subprocess.run(["git", "clone", "-q", source, str(tmp)]).returncode != 0:
-            raise ValueError(f"could not clone {source}; pass metrics_2023=<a local clone of "
-                             "rachitsaluja/BraTS-2023-Metrics>.")
+            raise ValueError(
+                f"could not clone {source}; pass metrics_2023=<a local clone of rachitsaluja/BraTS-2023-Metrics>."
+            )
     return clone
 
 
@@ -140,9 +153,17 @@ def official_config(official: Path, work: Path, layout: str) -> Path:
 
 # --- the official runners (run in subprocesses: each has its own imports) ----------------
 
-PANOPTICA = {"nsd": "global_bin_nsd", "lesion_dice": "sq_dsc", "lesion_nsd": "sq_nsd", "lesion_hd95": "sq_hd95",
-             "lesions_ref": "n_ref_instances", "lesions_pred": "n_pred_instances", "lesions_tp": "tp",
-             "rq": "rq", "pq": "pq_dsc"}
+PANOPTICA = {
+    "nsd": "global_bin_nsd",
+    "lesion_dice": "sq_dsc",
+    "lesion_nsd": "sq_nsd",
+    "lesion_hd95": "sq_hd95",
+    "lesions_ref": "n_ref_instances",
+    "lesions_pred": "n_pred_instances",
+    "lesions_tp": "tp",
+    "rq": "rq",
+    "pq": "pq_dsc",
+}
 LESION23 = {"lesion23_dice": "LesionWise_Score_Dice", "lesion23_hd95": "LesionWise_Score_HD95"}
 
 
@@ -153,12 +174,18 @@ def _versions(official: Path) -> dict:
 
     version = None
     for meta in official.glob("brats_evaluation-*.dist-info/METADATA"):
-        version = next(line.split(":", 1)[1].strip() for line in meta.read_text().splitlines()
-                       if line.startswith("Version:"))
+        version = next(
+            line.split(":", 1)[1].strip() for line in meta.read_text().splitlines() if line.startswith("Version:")
+        )
     if version is None:
         version = metadata.version("brats-evaluation")
-    return {"brats_evaluation": version, "panoptica": metadata.version("panoptica"),
-            "SimpleITK": sitk.Version_VersionString(), "nibabel": nib.__version__, "numpy": np.__version__}
+    return {
+        "brats_evaluation": version,
+        "panoptica": metadata.version("panoptica"),
+        "SimpleITK": sitk.Version_VersionString(),
+        "nibabel": nib.__version__,
+        "numpy": np.__version__,
+    }
 
 
 def _config_differences(official_ev, layout: str) -> list[str]:
@@ -184,8 +211,9 @@ def _config_differences(official_ev, layout: str) -> list[str]:
     differ = [k for k in theirs if k != "segmentation_class_groups" and dump(theirs[k]) != dump(ours[k])]
     their_groups = theirs["segmentation_class_groups"]._yaml_repr(theirs["segmentation_class_groups"])["groups"]
     our_groups = ours["segmentation_class_groups"]._yaml_repr(ours["segmentation_class_groups"])["groups"]
-    differ += [f"group {r}" for r in our_groups
-               if r not in their_groups or dump(our_groups[r]) != dump(their_groups[r])]
+    differ += [
+        f"group {r}" for r in our_groups if r not in their_groups or dump(our_groups[r]) != dump(their_groups[r])
+    ]
     return differ
 
 
@@ -204,11 +232,18 @@ def run_official(official: Path, cfg: str, cases: str, out: str, layout: str) ->
         ev = Panoptica_Evaluator.load_from_config(cfg)
 
     def flat(r):
-        return {k: {kk: (None if vv != vv else vv) for kk, vv in v.items() if not isinstance(vv, list)}
-                for k, v in r.items() if isinstance(v, dict)}
+        return {
+            k: {kk: (None if vv != vv else vv) for kk, vv in v.items() if not isinstance(vv, list)}
+            for k, v in r.items()
+            if isinstance(v, dict)
+        }
 
-    res = {"versions": _versions(official), "config_differences": _config_differences(ev, layout),
-           "files": {}, "physical": {}}
+    res = {
+        "versions": _versions(official),
+        "config_differences": _config_differences(ev, layout),
+        "files": {},
+        "physical": {},
+    }
     for c in json.loads(Path(cases).read_text()):
         with contextlib.redirect_stdout(io.StringIO()):
             r = evaluate_single_exam(c["pred"], c["ref"], c["case_id"], ev)
@@ -247,8 +282,12 @@ def run_2023(cases: str, out: str, layout: str) -> None:
     pd.DataFrame.replace = replace_numeric
     import metrics as eval2023
 
-    mapping = {"brats2024": {1: 1, 2: 2, 3: 3}, "brats2023": {1: 1, 2: 2, 3: 3}, "brats2021": {1: 1, 2: 2, 4: 3},
-               "msd": {1: 2, 2: 1, 3: 3}}[layout]
+    mapping = {
+        "brats2024": {1: 1, 2: 2, 3: 3},
+        "brats2023": {1: 1, 2: 2, 3: 3},
+        "brats2021": {1: 1, 2: 2, 4: 3},
+        "msd": {1: 2, 2: 1, 3: 3},
+    }[layout]
     tmp = tempfile.mkdtemp()
 
     def remap(path, table, name):
@@ -267,18 +306,21 @@ def run_2023(cases: str, out: str, layout: str) -> None:
     for c in json.loads(Path(cases).read_text()):
         cid = c["case_id"]
         challenge = "-".join(cid.split("-")[:2]) if cid.startswith("BraTS-") else "BraTS-GLI"
-        df = eval2023.get_LesionWiseResults(remap(c["pred"], mapping, "p.nii.gz"), remap(c["ref"], mapping, "r.nii.gz"),
-                                            challenge)
+        df = eval2023.get_LesionWiseResults(
+            remap(c["pred"], mapping, "p.nii.gz"), remap(c["ref"], mapping, "r.nii.gz"), challenge
+        )
         res[cid] = {r["Labels"].lower(): {k: float(r[k]) for k in keys} for _, r in df.iterrows()}
         if layout == "brats2024":
-            df = eval2023.get_LesionWiseResults(remap(c["pred"], {4: 3}, "p.nii.gz"), remap(c["ref"], {4: 3}, "r.nii.gz"),
-                                                challenge)
+            df = eval2023.get_LesionWiseResults(
+                remap(c["pred"], {4: 3}, "p.nii.gz"), remap(c["ref"], {4: 3}, "r.nii.gz"), challenge
+            )
             row = df[df["Labels"] == "ET"].iloc[0]
             res[cid]["rc"] = {k: float(row[k]) for k in keys}
     write_text_atomic(out, json.dumps(res))
 
 
 # --- comparison ------------------------------------------------------------------------
+
 
 def num(x) -> float:
     if x is None or x == "":
@@ -314,8 +356,12 @@ def compare(layout: str, csv_path: Path, wd: Path, mode: str, with_2023: bool) -
 
 
 def score(preds: Path, root: Path, layout: str) -> None:
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "score.py"), f"pred_dir={preds}", f"ref_dir={root}",
-                           f"data={layout}"], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "score.py"), f"pred_dir={preds}", f"ref_dir={root}", f"data={layout}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise ValueError(f"score.py failed on {preds}:\n{done.stdout}{done.stderr}")
 
@@ -323,50 +369,69 @@ def score(preds: Path, root: Path, layout: str) -> None:
 def _child(role: str, first_on_path: Path, **args) -> None:
     """This script as a child running ``role`` with ``first_on_path`` ahead of site-packages."""
     path = os.pathsep.join(p for p in (str(first_on_path), os.environ.get("PYTHONPATH", "")) if p)
-    subprocess.run(child_command(Path(__file__).resolve(), role, **args), check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "PYTHONPATH": path})
+    subprocess.run(
+        child_command(Path(__file__).resolve(), role, **args),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
+    )
 
 
 def run_official_subprocess(official: Path, cfg: Path, cases_json: Path, out: Path, layout: str) -> dict:
-    _child("official", official, official=str(official), cfg=str(cfg), cases=str(cases_json), out=str(out),
-           layout=layout)
+    _child(
+        "official", official, official=str(official), cfg=str(cfg), cases=str(cases_json), out=str(out), layout=layout
+    )
     return json.loads(out.read_text())
 
 
 def write_expected(path: Path, work: Path, official: Path, argv: list[str]) -> int:
     """The official values of the small cases, for tests/unit/test_official_metrics.py."""
-    doc = {"about": "Official BraTS evaluation values of the small anisotropic cases of "
-                    "scripts/check_official_metrics.py (small_case): brats-evaluation's evaluate_single_exam on "
-                    "the NIfTI files with its GLI config. Numbers only; an infinite distance is written 373, an "
-                    "undefined value null. Compared with score.py's columns by tests/unit/test_official_metrics.py.",
-           "command": "python scripts/check_official_metrics.py " + " ".join(shlex.quote(a) for a in argv),
-           "config": str(OFFICIAL_CONFIG), "versions": {},
-           "cases": [{"voxel_mm": list(spacing), "storage": storage} for spacing, storage in SMALL_CASES]}
+    doc = {
+        "about": "Official BraTS evaluation values of the small anisotropic cases of "
+        "scripts/check_official_metrics.py (small_case): brats-evaluation's evaluate_single_exam on "
+        "the NIfTI files with its GLI config. Numbers only; an infinite distance is written 373, an "
+        "undefined value null. Compared with score.py's columns by tests/unit/test_official_metrics.py.",
+        "command": "python scripts/check_official_metrics.py " + " ".join(shlex.quote(a) for a in argv),
+        "config": str(OFFICIAL_CONFIG),
+        "versions": {},
+        "cases": [{"voxel_mm": list(spacing), "storage": storage} for spacing, storage in SMALL_CASES],
+    }
     failed = False
     for layout in ("brats2024", "brats2023"):
         wd = work / "small" / layout
         cases = write_small_cases(wd / "ref", wd / "pred", layout)
         write_text_atomic(wd / "cases.json", json.dumps(cases))
-        official_values = run_official_subprocess(official, official_config(official, work, layout),
-                                                  wd / "cases.json", wd / "official.json", layout)
+        official_values = run_official_subprocess(
+            official, official_config(official, work, layout), wd / "cases.json", wd / "official.json", layout
+        )
         doc["versions"] = official_values["versions"]
         if official_values["config_differences"]:
             print(f"our evaluator differs from the official config in: {official_values['config_differences']}")
             failed = True
         score(wd / "pred", wd / "ref", layout)
         worst, over = compare(layout, wd / "pred" / "metrics.csv", wd, "files", with_2023=False)
-        print(f"{layout:10s} {len(cases)} small cases, score.py vs brats-evaluation: largest difference "
-              + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items())))
+        print(
+            f"{layout:10s} {len(cases)} small cases, score.py vs brats-evaluation: largest difference "
+            + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items()))
+        )
         failed |= bool(over)
         for entry, c in zip(doc["cases"], cases):
             values = official_values["files"][c["case_id"]]
-            entry[layout] = {"case_id": c["case_id"], **{
-                region: {col: (None if math.isnan(v := num(values[region].get(k))) else v)
-                         for col, k in PANOPTICA.items()}
-                for region in region_label_values(layout)}}
+            entry[layout] = {
+                "case_id": c["case_id"],
+                **{
+                    region: {
+                        col: (None if math.isnan(v := num(values[region].get(k))) else v)
+                        for col, k in PANOPTICA.items()
+                    }
+                    for region in region_label_values(layout)
+                },
+            }
     write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {path} (brats-evaluation {doc['versions']['brats_evaluation']}, "
-          f"panoptica {doc['versions']['panoptica']})")
+    print(
+        f"wrote {path} (brats-evaluation {doc['versions']['brats_evaluation']}, "
+        f"panoptica {doc['versions']['panoptica']})"
+    )
     return 1 if failed else 0
 
 
@@ -386,8 +451,9 @@ def check(conf, argv: list[str]) -> int:
         wd = work / layout
         write_text_atomic(wd / "cases.json", json.dumps(cases))
         score(preds, root, layout)
-        result = run_official_subprocess(official, official_config(official, work, layout),
-                                         wd / "cases.json", wd / "official.json", layout)
+        result = run_official_subprocess(
+            official, official_config(official, work, layout), wd / "cases.json", wd / "official.json", layout
+        )
         if clone_2023 is not None:
             _child("2023", clone_2023, cases=str(wd / "cases.json"), out=str(wd / "ref2023.json"), layout=layout)
         if layout == LAYOUTS[0]:
@@ -401,16 +467,23 @@ def check(conf, argv: list[str]) -> int:
             print("           our panoptica evaluator: every field as in the official config")
         worst, over = compare(layout, preds / "metrics.csv", wd, "files", clone_2023 is not None)
         label = "brats-evaluation" + (" + 2023 code" if clone_2023 is not None else "")
-        print(f"           vs {label}: largest difference " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items())))
+        print(
+            f"           vs {label}: largest difference " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items()))
+        )
         if over:
-            print(f"           over tolerance in {len({o[0] for o in over})} case(s): "
-                  + "; ".join(f"{c} {col} ours {a:.6g} official {b:.6g}" for c, col, a, b in over[:12]))
+            print(
+                f"           over tolerance in {len({o[0] for o in over})} case(s): "
+                + "; ".join(f"{c} {col} ours {a:.6g} official {b:.6g}" for c, col, a, b in over[:12])
+            )
             failed = True
         else:
             print(f"           all within {TOL:g} ({TOL_MM:g} mm for distances)")
         worst, _ = compare(layout, preds / "metrics.csv", wd, "physical", False)
-        print("           (panoptica with each axis's own voxel size would differ by "
-              + ", ".join(f"{k} {worst[k]:.2g}" for k in ("lesion_hd95", "lesion_nsd")) + ")")
+        print(
+            "           (panoptica with each axis's own voxel size would differ by "
+            + ", ".join(f"{k} {worst[k]:.2g}" for k in ("lesion_hd95", "lesion_nsd"))
+            + ")"
+        )
     return 1 if failed else 0
 
 

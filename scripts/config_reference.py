@@ -26,8 +26,10 @@ def main() -> None:
     keys = sum(len(s.fields) for s in reference.schemas)
     print(f"wrote {PAGE.relative_to(REPO)}: {len(reference.schemas)} schemas, {keys} fields")
     if reference.undocumented:
-        print(f"{len(reference.undocumented)} fields have no comment in their schemas: "
-              + ", ".join(reference.undocumented))
+        print(
+            f"{len(reference.undocumented)} fields have no comment in their schemas: "
+            + ", ".join(reference.undocumented)
+        )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ def main(cfg) -> None:
     conf = to_config(cfg)
     # TensorFlow-free checks first: a wrong run_dir fails in a second, not after the TF import.
     from brats_seg.evaluation.evaluate import check_run_dir
-
     from brats_seg.evaluation.inference.run import inference_settings
     from brats_seg.resolve import resolve_inference
 
@@ -58,10 +57,15 @@ def main(cfg) -> None:
         summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate, data=other)
     layout = load_run_config(conf.run_dir).data.layout
     out = eval_dir(conf.run_dir, f"{conf.split}@{conf.on}" if conf.on else conf.split)
-    mode = (f"sliding-window ({'x'.join(map(str, conf.evaluate.window))})" if conf.evaluate.mode == "sliding"
-            else "whole-volume")
-    print(f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
-          f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n")
+    mode = (
+        f"sliding-window ({'x'.join(map(str, conf.evaluate.window))})"
+        if conf.evaluate.mode == "sliding"
+        else "whole-volume"
+    )
+    print(
+        f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
+        f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n"
+    )
     print(format_summary_table(summary, region_names(layout)))
     _print_postprocessing(summary, region_names(layout), Path(conf.run_dir))
     print(f"\n  metrics      {out / 'metrics.csv'}")
@@ -77,13 +81,21 @@ def _print_postprocessing(summary: dict, regions, run_dir: Path) -> None:
     if not applied:
         print("\npost-processing: none (masks as thresholded)")
         return
-    print(f"\npost-processing: {applied['described']} (chosen on the val split: {run_dir / 'postprocess.json'}); "
-          f"it changed {applied['cases_changed']} of {summary['n_cases']} masks")
+    print(
+        f"\npost-processing: {applied['described']} (chosen on the val split: {run_dir / 'postprocess.json'}); "
+        f"it changed {applied['cases_changed']} of {summary['n_cases']} masks"
+    )
     before = applied["unprocessed_mean"]
-    for column, title in (("dice", "Dice"), ("lesion23_dice", "lesion-wise Dice (2023)"),
-                          ("lesion_dice", "lesion-wise Dice (panoptica)")):
-        cells = [f"{r.upper()} {before[f'{column}_{r}']:.3f} -> {summary[f'{column}_{r}']['mean']:.3f}"
-                 for r in regions if before.get(f"{column}_{r}") is not None]
+    for column, title in (
+        ("dice", "Dice"),
+        ("lesion23_dice", "lesion-wise Dice (2023)"),
+        ("lesion_dice", "lesion-wise Dice (panoptica)"),
+    ):
+        cells = [
+            f"{r.upper()} {before[f'{column}_{r}']:.3f} -> {summary[f'{column}_{r}']['mean']:.3f}"
+            for r in regions
+            if before.get(f"{column}_{r}") is not None
+        ]
         if cells:
             print(f"  {title:29s} " + ", ".join(cells))
 
@@ -104,8 +116,10 @@ def _data_config(name: str):
     data = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path)))
     if data.name not in GENERATED:  # generated ones are written on first use
         if not str(data.root).strip():
-            raise ValueError(f"on={name}: configs/data/{name}.yaml sets no root; copy it with root: set to the "
-                             "other dataset's folder and pass on=<its name>.")
+            raise ValueError(
+                f"on={name}: configs/data/{name}.yaml sets no root; copy it with root: set to the "
+                "other dataset's folder and pass on=<its name>."
+            )
         check_dataset_root(data.root, data.layout, key=f"root in configs/data/{name}.yaml")
     return data
 

@@ -54,8 +54,10 @@ def main(cfg) -> None:
     print(f"  {DESCRIPTION_FILE:<18}  {folder / DESCRIPTION_FILE}")
     print(f"  predict with it:    python scripts/predict.py export={folder} input=<case> output=<folder>")
     if logged is not None:
-        print(f"  MLflow model        {logged.run_uri}  ({logged.model_uri}): "
-              f"mlflow.pyfunc.load_model('{logged.run_uri}').predict(volume)")
+        print(
+            f"  MLflow model        {logged.run_uri}  ({logged.model_uri}): "
+            f"mlflow.pyfunc.load_model('{logged.run_uri}').predict(volume)"
+        )
         if logged.version is not None:
             print(f"  registered          {run.tracking.register_as!r} version {logged.version}")
 

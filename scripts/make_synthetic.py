@@ -33,8 +33,10 @@ def main(cfg) -> None:
             raise ValueError("out is required: pass out=<the folder to write the dataset to>.")
         ids = write_synthetic_dataset(out, str(conf.layout), conf.n_cases, conf.seed, conf.labels)
     kind = "labelled" if conf.labels else "unlabelled"
-    print(f"Wrote {len(ids)} {kind} {conf.layout} cases ({ids[0]} .. {ids[-1]}) to {out.resolve()} "
-          f"in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"Wrote {len(ids)} {kind} {conf.layout} cases ({ids[0]} .. {ids[-1]}) to {out.resolve()} "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ def main(cfg) -> None:
 
     conf = to_config(cfg)
     with user_errors():
-        result = measure_inference_peak(tuple(conf.shape), conf.depth, conf.filters, mirror=conf.mirror,
-                                        precision=conf.precision)
+        result = measure_inference_peak(
+            tuple(conf.shape), conf.depth, conf.filters, mirror=conf.mirror, precision=conf.precision
+        )
     print(json.dumps(result))
 
 

@@ -45,8 +45,10 @@ def _gb(n) -> str:
 
 
 def _budget_line(conf, device: str, limit: int, budget: int) -> str:
-    return (f"lms.limit={conf.lms.limit} ({_gb(limit)}) on {device}, of which a plan may predict {_gb(budget)} "
-            f"(the planner keeps {1 - budget / limit:.1%} free for its own error)")
+    return (
+        f"lms.limit={conf.lms.limit} ({_gb(limit)}) on {device}, of which a plan may predict {_gb(budget)} "
+        f"(the planner keeps {1 - budget / limit:.1%} free for its own error)"
+    )
 
 
 def _patch_override(shape) -> str:
@@ -69,16 +71,34 @@ def _print_capacity(conf, device: str, limit: int, budget: int, found: dict) -> 
     patches = conf.plan.find == "max_patch"
     grid, whole, whole_fits = _grid(conf, found) if patches else (None, None, [])
     if conf.plan.format == "json":
-        print(json.dumps({"limit_bytes": limit, "budget_bytes": budget, "device": device, "find": conf.plan.find,
-                          "strategies": {k: c.to_dict() for k, c in found.items()},
-                          "auto_over_off_voxels_per_step": round(ratio, 3) if ratio else None,
-                          **({"grid_shape": list(grid), "largest_patch_allowed": list(whole),
-                              "whole_volume_fits": whole_fits if whole == grid else []} if patches else {})}))
+        print(
+            json.dumps(
+                {
+                    "limit_bytes": limit,
+                    "budget_bytes": budget,
+                    "device": device,
+                    "find": conf.plan.find,
+                    "strategies": {k: c.to_dict() for k, c in found.items()},
+                    "auto_over_off_voxels_per_step": round(ratio, 3) if ratio else None,
+                    **(
+                        {
+                            "grid_shape": list(grid),
+                            "largest_patch_allowed": list(whole),
+                            "whole_volume_fits": whole_fits if whole == grid else [],
+                        }
+                        if patches
+                        else {}
+                    ),
+                }
+            )
+        )
         return
     print(_capacity_header(conf, device, limit, budget, grid, whole))
     if patches and conf.trainer.patch_size:
-        print(f"(the configured trainer.patch_size={list(conf.trainer.patch_size)} is not used: "
-              "patches are searched within the grid)")
+        print(
+            f"(the configured trainer.patch_size={list(conf.trainer.patch_size)} is not used: "
+            "patches are searched within the grid)"
+        )
     if patches:
         _print_patch_rows(found)
     else:
@@ -101,43 +121,65 @@ def _capacity_header(conf, device: str, limit: int, budget: int, grid, whole) ->
     resolution grid and the largest patch it allows."""
     what = {"max_input": "input", "max_batch": "batch", "max_patch": "patch"}[conf.plan.find]
     multiple = 2**conf.model.depth
-    head = (f"largest {what} within {_budget_line(conf, device, limit, budget)}; model depth {conf.model.depth}, "
-            f"{conf.model.base_filters} filters, {conf.backend.precision}, ")
+    head = (
+        f"largest {what} within {_budget_line(conf, device, limit, budget)}; model depth {conf.model.depth}, "
+        f"{conf.model.base_filters} filters, {conf.backend.precision}, "
+    )
     if what == "batch":
         return head + f"input {tuple(conf.resolution.shape)}"
     if what == "input":
         return head + f"batch {conf.trainer.batch_size}, proportions of {tuple(conf.resolution.shape)}"
     rounded = f" (resolution.shape {grid} rounded down to multiples of {multiple})" if whole != grid else ""
-    return (head + f"batch {conf.trainer.batch_size}, proportions of {whole}{rounded}, sides multiples of "
-            f"{multiple}, each at most the grid's")
+    return (
+        head + f"batch {conf.trainer.batch_size}, proportions of {whole}{rounded}, sides multiples of "
+        f"{multiple}, each at most the grid's"
+    )
 
 
 def _whole_grid_line(conf, grid, whole, whole_fits: list[str]) -> str:
     """What the strategies whose patch is the largest the grid allows mean for patch mode."""
     fit = f"{', '.join(whole_fits)} {'fits' if len(whole_fits) == 1 else 'fit'}"
     if whole == grid:
-        return (f"{fit} the whole {'x'.join(map(str, grid))} grid: train whole volumes (trainer.patch_size=null); "
-                "a patch mode is not needed for memory")
-    return (f"{fit} the largest patch the {'x'.join(map(str, grid))} grid allows at model.depth={conf.model.depth} "
-            f"({_patch_override(whole)}); whole volumes need a grid of multiples of {2**conf.model.depth}")
+        return (
+            f"{fit} the whole {'x'.join(map(str, grid))} grid: train whole volumes (trainer.patch_size=null); "
+            "a patch mode is not needed for memory"
+        )
+    return (
+        f"{fit} the largest patch the {'x'.join(map(str, grid))} grid allows at model.depth={conf.model.depth} "
+        f"({_patch_override(whole)}); whole volumes need a grid of multiples of {2**conf.model.depth}"
+    )
 
 
 def _print_widths(conf, device: str, limit: int, budget: int, rows, chosen) -> None:
     """plan.find=max_width: auto's plan at each width, and the widest that fits."""
     if conf.plan.format == "json":
-        print(json.dumps({"limit_bytes": limit, "budget_bytes": budget, "device": device, "find": "max_width",
-                          "widths": [r.to_dict() for r in rows], "chosen_base_filters": chosen}))
+        print(
+            json.dumps(
+                {
+                    "limit_bytes": limit,
+                    "budget_bytes": budget,
+                    "device": device,
+                    "find": "max_width",
+                    "widths": [r.to_dict() for r in rows],
+                    "chosen_base_filters": chosen,
+                }
+            )
+        )
         return
-    print(f"widest U-Net within {_budget_line(conf, device, limit, budget)}; model depth {conf.model.depth}, "
-          f"{conf.model.norm} norm, {conf.backend.precision}, input {tuple(conf.resolution.shape)}, "
-          f"batch {conf.trainer.batch_size}, lms=auto at each width")
+    print(
+        f"widest U-Net within {_budget_line(conf, device, limit, budget)}; model depth {conf.model.depth}, "
+        f"{conf.model.norm} norm, {conf.backend.precision}, input {tuple(conf.resolution.shape)}, "
+        f"batch {conf.trainer.batch_size}, lms=auto at each width"
+    )
     print(f"{'base_filters':>12} {'predicted peak':>15} {'recompute':>12} {'step':>9}  fits")
     for r in rows:
         note = "yes" if r.fits else "no"
         if r.slower_than_wider:
             note += " (a wider width that fits is predicted as fast: prefer it)"
-        print(f"{r.base_filters:>12} {_gb(r.predicted_peak_bytes):>15} {r.recomputed_flops / 1e9:>8.1f} GFLOP "
-              f"{format_seconds(r.predicted_step_s):>9}  {note}")
+        print(
+            f"{r.base_filters:>12} {_gb(r.predicted_peak_bytes):>15} {r.recomputed_flops / 1e9:>8.1f} GFLOP "
+            f"{format_seconds(r.predicted_step_s):>9}  {note}"
+        )
     if chosen is None:
         print("no width fits: raise lms.limit, lower model.depth, or train patches (plan.find=max_patch)")
     else:
@@ -145,13 +187,17 @@ def _print_widths(conf, device: str, limit: int, budget: int, rows, chosen) -> N
 
 
 def _print_patch_rows(found: dict) -> None:
-    print(f"{'strategy':<10} {'patch (override)':>32} {'batch':>6} {'voxels':>12} {'predicted peak':>15} "
-          f"{'largest cube':>15}")
+    print(
+        f"{'strategy':<10} {'patch (override)':>32} {'batch':>6} {'voxels':>12} {'predicted peak':>15} "
+        f"{'largest cube':>15}"
+    )
     for name, c in found.items():
         patch = _patch_override(c.input_shape) if c.input_shape else "nothing fits"
         cube = "[" + ",".join(map(str, c.cube_shape)) + "]" if c.cube_shape else "-"
-        print(f"{name:<10} {patch:>32} {c.batch_size:>6} {c.voxels:>12,} {_gb(c.predicted_peak_bytes or None):>15} "
-              f"{cube:>15}")
+        print(
+            f"{name:<10} {patch:>32} {c.batch_size:>6} {c.voxels:>12,} {_gb(c.predicted_peak_bytes or None):>15} "
+            f"{cube:>15}"
+        )
 
 
 @hydra_entry("../configs", "plan_memory")
@@ -179,10 +225,19 @@ def main(cfg) -> None:
         except PlanDoesNotFitError as e:
             plan, error = None, e
     if conf.plan.format == "json":
-        print(json.dumps({"limit_bytes": limit, "budget_bytes": budget, "device": device,
-                          "strategy": strategy,
-                          "strategies": strategies, "plan": plan.to_dict()["plan"] if plan else None,
-                          "error": str(error) if error else None}))
+        print(
+            json.dumps(
+                {
+                    "limit_bytes": limit,
+                    "budget_bytes": budget,
+                    "device": device,
+                    "strategy": strategy,
+                    "strategies": strategies,
+                    "plan": plan.to_dict()["plan"] if plan else None,
+                    "error": str(error) if error else None,
+                }
+            )
+        )
     else:
         if plan is not None:
             print(plan.format_table())
@@ -192,9 +247,11 @@ def main(cfg) -> None:
             if s.get("predicted_peak_bytes") is None:
                 print(f"{name:<10} {'-':>10} {'':>12} {'':>10} {'':>14}  {s.get('reason', 'no')}")
                 continue
-            print(f"{name:<10} {_gb(s['predicted_peak_bytes']):>10} {s['recomputed_flops'] / 1e9:>8.1f} GFLOP "
-                  f"{_gb(s['moved_bytes']):>10} {format_seconds(s['overhead_s']):>14} "
-                  f"{format_seconds(s.get('step_s')):>9}  {'yes' if s['fits'] else 'no'}")
+            print(
+                f"{name:<10} {_gb(s['predicted_peak_bytes']):>10} {s['recomputed_flops'] / 1e9:>8.1f} GFLOP "
+                f"{_gb(s['moved_bytes']):>10} {format_seconds(s['overhead_s']):>14} "
+                f"{format_seconds(s.get('step_s')):>9}  {'yes' if s['fits'] else 'no'}"
+            )
         if error is not None:
             print(f"\n{error}")
     if error is not None:

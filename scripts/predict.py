@@ -41,8 +41,8 @@ def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.data.predict_inputs import find_input_cases
     from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.serving.exported import export_precision, predict_source, prediction_postprocessing
     from brats_seg.evaluation.inference.run import RunError, inference_settings, run_regions
+    from brats_seg.evaluation.serving.exported import export_precision, predict_source, prediction_postprocessing
     from brats_seg.resolve import resolve_inference
 
     with user_errors("prediction"):  # TensorFlow-free checks first
@@ -81,8 +81,9 @@ def main(cfg) -> None:
 
             identity, model = export.identity, load_exported_model(export.folder)
         with inference_memory_guard(run, conf.evaluate, backend.device, inference_policy(), scoring=False):
-            written = predict_new_cases(model, cases, run, conf.output, conf.evaluate, model_identity=identity,
-                                        postprocess=postprocess)
+            written = predict_new_cases(
+                model, cases, run, conf.output, conf.evaluate, model_identity=identity, postprocess=postprocess
+            )
     regions = run_regions(run)
     labels = "WT only (edema label)" if regions == ("wt",) else "/".join(r.upper() for r in regions)
     print(f"\nwrote {len(written)} mask(s) ({run.data.layout} labels, {labels}) to {Path(conf.output)}")

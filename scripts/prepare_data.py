@@ -27,12 +27,16 @@ def main(cfg) -> None:
         ds = prepare_dataset(conf.data, conf.resolution)
     n = len(ds.entries)
     shape = tuple(conf.resolution.shape)
-    print(f"prepared {n} cases ({ds.n_built} built now, {n - ds.n_built} already cached) "
-          f"in {ds.seconds:.1f} s at {conf.resolution.spacing_mm} mm")
+    print(
+        f"prepared {n} cases ({ds.n_built} built now, {n - ds.n_built} already cached) "
+        f"in {ds.seconds:.1f} s at {conf.resolution.spacing_mm} mm"
+    )
     print(f"  image  {shape + (4,)} float16, regions {shape + (3,)} uint8 (WT, TC, ET)")
     print(f"  cache  {ds.cache_root}")
-    print(f"  split  {ds.split_path}: train {len(ds.split['train'])}, val {len(ds.split['val'])}, "
-          f"test {len(ds.split['test'])}")
+    print(
+        f"  split  {ds.split_path}: train {len(ds.split['train'])}, val {len(ds.split['val'])}, "
+        f"test {len(ds.split['test'])}"
+    )
     if ds.skipped:
         print(f"skipped {len(ds.skipped)} case(s) (data.on_error=skip):")
         for _, msg in ds.skipped:

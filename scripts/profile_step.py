@@ -2,7 +2,8 @@
 """Where a training step's time goes: oneDNN's kernels and reorders, TensorFlow's other ops.
 
     python scripts/profile_step.py resolution=full model.depth=4 trainer.batch_size=1 backend=cpu_onednn
-    python scripts/profile_step.py resolution=full model.depth=4 trainer.batch_size=1 backend=cpu_onednn backend.precision=bf16 benchmark.steps=2
+    python scripts/profile_step.py resolution=full model.depth=4 trainer.batch_size=1 backend=cpu_onednn \
+        backend.precision=bf16 benchmark.steps=2
 
 Runs the step ``scripts/benchmark.py`` times (the one training runs) in a child process with
 ``ONEDNN_VERBOSE=profile_exec`` and TensorFlow's profiler on, over ``benchmark.steps`` steps
@@ -59,8 +60,13 @@ def main(cfg) -> None:
     overrides = list(HydraConfig.get().overrides.task)
     with user_errors(), tempfile.TemporaryDirectory() as logdir:
         env = {**os.environ, "ONEDNN_VERBOSE": "profile_exec", "TF_CPP_MIN_LOG_LEVEL": "2"}
-        proc = subprocess.run(child_command(Path(__file__).resolve(), "profile", overrides=overrides, logdir=logdir),
-                              capture_output=True, text=True, env=env, cwd=REPO)
+        proc = subprocess.run(
+            child_command(Path(__file__).resolve(), "profile", overrides=overrides, logdir=logdir),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         if proc.returncode != 0:
             sys.exit(f"profiling failed:\n{proc.stderr[-3000:]}")
         result = read_profile(proc.stdout, logdir)
@@ -69,16 +75,24 @@ def main(cfg) -> None:
     step_s = sum(result["step_s"]) / steps
     flops = result["flops"]
     print(f"{' '.join(overrides)}")
-    print(f"step {step_s:.2f} s ({', '.join(f'{t:.2f}' for t in result['step_s'])}), {flops / 1e12:.2f} TFLOP: "
-          f"{flops / step_s / 1e9:.0f} GFLOP/s; SGEMM 4096^2 float32, same threads: "
-          f"{result['sgemm_flops_per_s'] / 1e9:.0f} GFLOP/s -> {flops / step_s / result['sgemm_flops_per_s']:.0%}")
+    print(
+        f"step {step_s:.2f} s ({', '.join(f'{t:.2f}' for t in result['step_s'])}), {flops / 1e12:.2f} TFLOP: "
+        f"{flops / step_s / 1e9:.0f} GFLOP/s; SGEMM 4096^2 float32, same threads: "
+        f"{result['sgemm_flops_per_s'] / 1e9:.0f} GFLOP/s -> {flops / step_s / result['sgemm_flops_per_s']:.0%}"
+    )
     op_total = sum(tf_ops.values())
-    print(f"TensorFlow ops: {op_total / steps:.2f} s per step summed over threads; oneDNN primitives: "
-          f"{sum(onednn.values()) / steps:.2f} s")
-    _print_table("TensorFlow op types (s per step, share of op time)", {k: v / steps for k, v in tf_ops.items()},
-                 op_total / steps)
-    _print_table("oneDNN primitives (s per step, share of op time)", {k: v / steps for k, v in onednn.items()},
-                 op_total / steps)
+    print(
+        f"TensorFlow ops: {op_total / steps:.2f} s per step summed over threads; oneDNN primitives: "
+        f"{sum(onednn.values()) / steps:.2f} s"
+    )
+    _print_table(
+        "TensorFlow op types (s per step, share of op time)",
+        {k: v / steps for k, v in tf_ops.items()},
+        op_total / steps,
+    )
+    _print_table(
+        "oneDNN primitives (s per step, share of op time)", {k: v / steps for k, v in onednn.items()}, op_total / steps
+    )
 
 
 def child(role: str, args: dict) -> None:

@@ -48,8 +48,10 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
     features = keras.Model(model.input, model.get_layer("head_conv").output)  # logits (B, x, y, z, R)
     head = model.get_layer("head_sigmoid")
     regions = run_regions(cfg)
-    sums = {k: np.zeros(len(regions)) for k in ("voxels", "ref", "p_in", "p_out", "dice_in", "dice_out",
-                                               "bce_in", "bce_out")}
+    sums = {
+        k: np.zeros(len(regions))
+        for k in ("voxels", "ref", "p_in", "p_out", "dice_in", "dice_out", "bce_in", "bce_out")
+    }
     for image, ref in make_eval_dataset(dirs, 1, cfg.model.in_channels, cfg.model.out_channels):
         z = features(image, training=False)
         with tf.GradientTape(persistent=True) as tape:
@@ -69,11 +71,17 @@ def region_gradients(run_dir: str, split: str, checkpoint: str) -> list[dict]:
                 sums[f"{name}_in"][c] += g[..., c][inside].sum()
                 sums[f"{name}_out"][c] += g[..., c][~inside].sum()
     n = len(dirs)
-    return [{
-        "region": name, "cases": n, "share": sums["ref"][c] / sums["voxels"][c],
-        "p_inside": sums["p_in"][c] / max(sums["ref"][c], 1), "p_outside": sums["p_out"][c] / (sums["voxels"][c] - sums["ref"][c]),
-        **{k: sums[k][c] / n for k in ("dice_in", "dice_out", "bce_in", "bce_out")},
-    } for c, name in enumerate(regions)]
+    return [
+        {
+            "region": name,
+            "cases": n,
+            "share": sums["ref"][c] / sums["voxels"][c],
+            "p_inside": sums["p_in"][c] / max(sums["ref"][c], 1),
+            "p_outside": sums["p_out"][c] / (sums["voxels"][c] - sums["ref"][c]),
+            **{k: sums[k][c] / n for k in ("dice_in", "dice_out", "bce_in", "bce_out")},
+        }
+        for c, name in enumerate(regions)
+    ]
 
 
 @hydra_entry("../configs", "region_gradients")
@@ -88,13 +96,19 @@ def main(cfg) -> None:
         check_backend_config(conf.backend)
         configure(decide_backend(conf.backend))  # the command's backend and precision (a measurement's)
         rows = region_gradients(conf.run_dir, conf.split, conf.checkpoint)
-    print(f"\n{conf.run_dir}, checkpoint {conf.checkpoint}, {rows[0]['cases']} {conf.split} case(s); "
-          "-dL/dlogit summed per case (positive: raises the region's probability)\n")
-    print(f"{'region':<7}{'share':>8}{'p inside':>10}{'p outside':>11}{'Dice in':>11}{'Dice out':>11}"
-          f"{'BCE in':>11}{'BCE out':>11}")
+    print(
+        f"\n{conf.run_dir}, checkpoint {conf.checkpoint}, {rows[0]['cases']} {conf.split} case(s); "
+        "-dL/dlogit summed per case (positive: raises the region's probability)\n"
+    )
+    print(
+        f"{'region':<7}{'share':>8}{'p inside':>10}{'p outside':>11}{'Dice in':>11}{'Dice out':>11}"
+        f"{'BCE in':>11}{'BCE out':>11}"
+    )
     for r in rows:
-        print(f"{r['region'].upper():<7}{r['share']:>8.2%}{r['p_inside']:>10.4f}{r['p_outside']:>11.5f}"
-              f"{r['dice_in']:>+11.2e}{r['dice_out']:>+11.2e}{r['bce_in']:>+11.2e}{r['bce_out']:>+11.2e}")
+        print(
+            f"{r['region'].upper():<7}{r['share']:>8.2%}{r['p_inside']:>10.4f}{r['p_outside']:>11.5f}"
+            f"{r['dice_in']:>+11.2e}{r['dice_out']:>+11.2e}{r['bce_in']:>+11.2e}{r['bce_out']:>+11.2e}"
+        )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ def main(cfg) -> None:
         except RuntimeError as e:  # a training process failed: its output's tail
             sys.exit(f"error: {e}")
     single, multi = result["single_process"], result["workers"]
-    rows = [(f"1 process x {single['threads']} threads", single),
-            (f"{multi['workers']} workers x {multi['threads_each']} thread(s)", multi)]
+    rows = [
+        (f"1 process x {single['threads']} threads", single),
+        (f"{multi['workers']} workers x {multi['threads_each']} thread(s)", multi),
+    ]
     print(f"\n{'set-up':<28} {'epoch (s)':>10} {'cases/s':>9}")
     for label, r in rows:
         print(f"{label:<28} {r['epoch_s']:>10.1f} {r['cases_per_s']:>9.3f}")

@@ -38,9 +38,11 @@ def main(cfg) -> None:
     print(f"\nscored {result.summary['n_cases']} case(s) of {ref_dir} ({conf.data.layout} labels):\n")
     print(format_summary_table(result.summary, result.regions))
     if result.missing:
-        print(f"\n{len(result.missing)} case(s) had no mask in {conf.pred_dir} and were scored as empty "
-              f"predictions (Dice 0, HD95 {HD95_EMPTY_MM} mm where the reference is not empty): "
-              f"{', '.join(result.missing)}")
+        print(
+            f"\n{len(result.missing)} case(s) had no mask in {conf.pred_dir} and were scored as empty "
+            f"predictions (Dice 0, HD95 {HD95_EMPTY_MM} mm where the reference is not empty): "
+            f"{', '.join(result.missing)}"
+        )
     if result.unmatched:
         print(f"{len(result.unmatched)} mask(s) without a reference case were ignored: {', '.join(result.unmatched)}")
     print(f"\n  metrics  {result.csv_path}")

@@ -12,8 +12,8 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from brats_seg.backend import configure_environment, decide_backend  # noqa: E402
-from brats_seg.config import BackendConfig, DataConfig, ResolutionConfig  # noqa: E402
+from brats_seg.backend import configure_environment, decide_backend
+from brats_seg.config import BackendConfig, DataConfig, ResolutionConfig
 
 # TensorFlow's switches before any test imports it, as the entry points set them: oneDNN on
 # (TensorFlow turns it on by itself only on CPUs with AVX512-VNNI and up, so on an AVX2 CPU the
@@ -51,8 +51,9 @@ def dataset_copy(synthetic_root, tmp_path):
 
 def data_config(root, layout: str, tmp_path, **kw) -> DataConfig:
     """A DataConfig for ``root`` with the cache under ``tmp_path``, preparing in-process."""
-    return DataConfig(name=layout, layout=layout, root=str(root), cache_dir=str(tmp_path / "cache"),
-                      num_workers=1, **kw)
+    return DataConfig(
+        name=layout, layout=layout, root=str(root), cache_dir=str(tmp_path / "cache"), num_workers=1, **kw
+    )
 
 
 @contextlib.contextmanager
@@ -68,8 +69,9 @@ def mounted_tmpfs(folder: Path, size: str):
         yield "no mount command"
         return
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         yield f"mount -t tmpfs failed: {done.stderr.strip()}"
         return

@@ -14,14 +14,31 @@ from collections.abc import Iterator
 __all__ = ["ALONE", "profile_augment"]
 
 # Every transform off: the base each row of ALONE turns one (or two) on from.
-OFF = dict(p_rotation=0.0, p_scale=0.0, p_noise=0.0, p_blur=0.0, p_brightness=0.0, p_contrast=0.0, p_low_res=0.0,
-           p_gamma=0.0, p_gamma_inverted=0.0, mirror_axes=[])
+OFF = dict(
+    p_rotation=0.0,
+    p_scale=0.0,
+    p_noise=0.0,
+    p_blur=0.0,
+    p_brightness=0.0,
+    p_contrast=0.0,
+    p_low_res=0.0,
+    p_gamma=0.0,
+    p_gamma_inverted=0.0,
+    mirror_axes=[],
+)
 # (label, the AugmentationConfig values that force it on), in the order printed.
-ALONE = [("spatial, rotation + scaling", dict(p_rotation=1.0, p_scale=1.0)), ("spatial, scaling", dict(p_scale=1.0)),
-         ("Gaussian noise", dict(p_noise=1.0)), ("Gaussian blur", dict(p_blur=1.0)),
-         ("brightness", dict(p_brightness=1.0)), ("contrast", dict(p_contrast=1.0)),
-         ("simulated low resolution", dict(p_low_res=1.0)), ("gamma", dict(p_gamma=1.0)),
-         ("mirroring", dict(mirror_axes=[0, 1, 2])), ("none drawn", {})]
+ALONE = [
+    ("spatial, rotation + scaling", dict(p_rotation=1.0, p_scale=1.0)),
+    ("spatial, scaling", dict(p_scale=1.0)),
+    ("Gaussian noise", dict(p_noise=1.0)),
+    ("Gaussian blur", dict(p_blur=1.0)),
+    ("brightness", dict(p_brightness=1.0)),
+    ("contrast", dict(p_contrast=1.0)),
+    ("simulated low resolution", dict(p_low_res=1.0)),
+    ("gamma", dict(p_gamma=1.0)),
+    ("mirroring", dict(mirror_axes=[0, 1, 2])),
+    ("none drawn", {}),
+]
 
 
 def profile_augment(shape: tuple[int, int, int], repeats: int = 2) -> Iterator[tuple[str, float]]:

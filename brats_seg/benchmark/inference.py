@@ -13,8 +13,9 @@ import time
 __all__ = ["measure_inference_peak"]
 
 
-def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int, mirror: bool = True,
-                           precision: str = "fp32") -> dict:
+def measure_inference_peak(
+    shape: tuple[int, int, int], depth: int, filters: int, mirror: bool = True, precision: str = "fp32"
+) -> dict:
     """Build a U-Net (random weights, ``backend=cpu_onednn`` at ``precision``), run whole-volume inference
     twice on a random float16 image of ``shape`` (as the cache holds it), and return the record:
     ``first_call_peak_bytes`` (the RSS peak of the first call above the RSS before it),
@@ -26,8 +27,10 @@ def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int
     """
     shape = tuple(int(s) for s in shape)
     if len(shape) != 3 or any(s <= 0 or s % 2**depth for s in shape):
-        raise ValueError(f"shape=[{','.join(map(str, shape))}]: give the network grid as [x,y,z], each side a positive multiple of "
-                         f"2^depth = {2**depth} (e.g. shape=[96,112,80]).")
+        raise ValueError(
+            f"shape=[{','.join(map(str, shape))}]: give the network grid as [x,y,z], each side a positive multiple of "
+            f"2^depth = {2**depth} (e.g. shape=[96,112,80])."
+        )
     from brats_seg.backend import configure, decide_backend
     from brats_seg.config import BackendConfig, ModelConfig
 
@@ -58,11 +61,22 @@ def measure_inference_peak(shape: tuple[int, int, int], depth: int, filters: int
     predict_volume(model, image, mirror=mirror)
     second_s = time.perf_counter() - started
     allocator = tf.config.experimental.get_memory_info("CPU:0")["peak"] - current
-    est = estimate_inference(Workload(cfg, shape, 1, backend.policy), memory_model_for("CPU"), mirror=mirror,
-                             scoring=False)
-    return {"cpu": cpu_model_name(), "cpu_kind": cpu_kind(), "shape": list(shape), "depth": depth,
-            "filters": filters, "mirror": mirror, "precision": precision, "policy": backend.policy,
-            "first_call_peak_bytes": int(first),
-            "allocator_peak_bytes": int(allocator), "estimate_forward_bytes": int(est.forward_bytes),
-            "first_call_s": round(first_s, 2), "second_call_s": round(second_s, 2),
-            "ratio": round(first / est.forward_bytes, 3)}
+    est = estimate_inference(
+        Workload(cfg, shape, 1, backend.policy), memory_model_for("CPU"), mirror=mirror, scoring=False
+    )
+    return {
+        "cpu": cpu_model_name(),
+        "cpu_kind": cpu_kind(),
+        "shape": list(shape),
+        "depth": depth,
+        "filters": filters,
+        "mirror": mirror,
+        "precision": precision,
+        "policy": backend.policy,
+        "first_call_peak_bytes": int(first),
+        "allocator_peak_bytes": int(allocator),
+        "estimate_forward_bytes": int(est.forward_bytes),
+        "first_call_s": round(first_s, 2),
+        "second_call_s": round(second_s, 2),
+        "ratio": round(first / est.forward_bytes, 3),
+    }

@@ -42,8 +42,21 @@ from pathlib import Path
 
 from brats_seg.project import project_dir
 
-__all__ = ["AIM", "CALIBRATION", "FITTED", "FITTED_BF16", "TARGET_BIAS", "UNDER_WEIGHT", "VALIDATION", "calibrate",
-           "cross_validate", "fit", "measure", "predict", "report"]
+__all__ = [
+    "AIM",
+    "CALIBRATION",
+    "FITTED",
+    "FITTED_BF16",
+    "TARGET_BIAS",
+    "UNDER_WEIGHT",
+    "VALIDATION",
+    "calibrate",
+    "cross_validate",
+    "fit",
+    "measure",
+    "predict",
+    "report",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,36 +64,96 @@ COMMON = ["backend=cpu_onednn", "benchmark.steps=4", "tracking=none"]
 
 # name -> overrides. Shapes must divide by 2**depth.
 CALIBRATION = {
-    "d4 f8 64x64x48 b1": ["model.depth=4", "model.base_filters=8", "resolution.shape=[64,64,48]", "trainer.batch_size=1"],
+    "d4 f8 64x64x48 b1": [
+        "model.depth=4",
+        "model.base_filters=8",
+        "resolution.shape=[64,64,48]",
+        "trainer.batch_size=1",
+    ],
     "d4 f16 half b1": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=1"],
     "d4 f16 half b2": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=2"],
     "d3 f16 half b2": ["model.depth=3", "model.base_filters=16", "resolution=half", "trainer.batch_size=2"],
-    "d3 f32 64x64x48 b2": ["model.depth=3", "model.base_filters=32", "resolution.shape=[64,64,48]", "trainer.batch_size=2"],
+    "d3 f32 64x64x48 b2": [
+        "model.depth=3",
+        "model.base_filters=32",
+        "resolution.shape=[64,64,48]",
+        "trainer.batch_size=2",
+    ],
     "d4 f8 full b1": ["model.depth=4", "model.base_filters=8", "resolution=full", "trainer.batch_size=1"],
-    "d4 f16 half b1 trilinear": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=1",
-                                 "model.upsample=trilinear"],
+    "d4 f16 half b1 trilinear": [
+        "model.depth=4",
+        "model.base_filters=16",
+        "resolution=half",
+        "trainer.batch_size=1",
+        "model.upsample=trilinear",
+    ],
     # Both norms, as both up-samplings. (Its recompute runs spread 1.71-2.11 GB over five runs,
     # instance norm's 1.67-1.77 GB over three: docs/lms_calibration.md.)
-    "d4 f16 half b2 group": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=2",
-                             "model.norm=group", "model.groups=8"],
+    "d4 f16 half b2 group": [
+        "model.depth=4",
+        "model.base_filters=16",
+        "resolution=half",
+        "trainer.batch_size=2",
+        "model.norm=group",
+        "model.groups=8",
+    ],
 }
 VALIDATION = {
     "d3 f16 half b3": ["model.depth=3", "model.base_filters=16", "resolution=half", "trainer.batch_size=3"],
-    "d5 f8 96x128x96 b1": ["model.depth=5", "model.base_filters=8", "resolution.shape=[96,128,96]", "trainer.batch_size=1"],
-    "d4 f24 80x96x64 b2": ["model.depth=4", "model.base_filters=24", "resolution.shape=[80,96,64]", "trainer.batch_size=2"],
-    "d3 f12 112x128x96 b2": ["model.depth=3", "model.base_filters=12", "resolution.shape=[112,128,96]", "trainer.batch_size=2"],
-    "d3 f12 96x112x80 b2 trilinear": ["model.depth=3", "model.base_filters=12", "resolution.shape=[96,112,80]",
-                                      "trainer.batch_size=2", "model.upsample=trilinear"],
+    "d5 f8 96x128x96 b1": [
+        "model.depth=5",
+        "model.base_filters=8",
+        "resolution.shape=[96,128,96]",
+        "trainer.batch_size=1",
+    ],
+    "d4 f24 80x96x64 b2": [
+        "model.depth=4",
+        "model.base_filters=24",
+        "resolution.shape=[80,96,64]",
+        "trainer.batch_size=2",
+    ],
+    "d3 f12 112x128x96 b2": [
+        "model.depth=3",
+        "model.base_filters=12",
+        "resolution.shape=[112,128,96]",
+        "trainer.batch_size=2",
+    ],
+    "d3 f12 96x112x80 b2 trilinear": [
+        "model.depth=3",
+        "model.base_filters=12",
+        "resolution.shape=[96,112,80]",
+        "trainer.batch_size=2",
+        "model.upsample=trilinear",
+    ],
     "d4 f16 full b1": ["model.depth=4", "model.base_filters=16", "resolution=full", "trainer.batch_size=1"],
     # Added after the model's backward became a per-layer walk: points no version of it has seen.
-    "d4 f12 112x128x96 b3": ["model.depth=4", "model.base_filters=12", "resolution.shape=[112,128,96]",
-                             "trainer.batch_size=3"],
-    "d5 f16 96x128x96 b2 group": ["model.depth=5", "model.base_filters=16", "resolution.shape=[96,128,96]",
-                                  "trainer.batch_size=2", "model.norm=group", "model.groups=8"],
-    "d3 f20 80x96x80 b2 trilinear": ["model.depth=3", "model.base_filters=20", "resolution.shape=[80,96,80]",
-                                     "trainer.batch_size=2", "model.upsample=trilinear"],
-    "d4 f32 64x80x64 b1": ["model.depth=4", "model.base_filters=32", "resolution.shape=[64,80,64]",
-                           "trainer.batch_size=1"],
+    "d4 f12 112x128x96 b3": [
+        "model.depth=4",
+        "model.base_filters=12",
+        "resolution.shape=[112,128,96]",
+        "trainer.batch_size=3",
+    ],
+    "d5 f16 96x128x96 b2 group": [
+        "model.depth=5",
+        "model.base_filters=16",
+        "resolution.shape=[96,128,96]",
+        "trainer.batch_size=2",
+        "model.norm=group",
+        "model.groups=8",
+    ],
+    "d3 f20 80x96x80 b2 trilinear": [
+        "model.depth=3",
+        "model.base_filters=20",
+        "resolution.shape=[80,96,80]",
+        "trainer.batch_size=2",
+        "model.upsample=trilinear",
+    ],
+    "d4 f32 64x80x64 b1": [
+        "model.depth=4",
+        "model.base_filters=32",
+        "resolution.shape=[64,80,64]",
+        "trainer.batch_size=1",
+    ],
 }
 # bfloat16 (backend.precision=bf16), measured where the CPU computes it natively. The dtype
 # rules (brats_seg.lms.planner.layer_cost, checked on the traced graph by tests/unit/test_saved_tensors.py)
@@ -89,26 +162,74 @@ VALIDATION = {
 # on CALIBRATION_BF16 (depth 3, 8 filters, four volumes from 48x64x48 to full resolution) and
 # judged on VALIDATION_BF16 (other depths, widths, batches, norms, up-sampling).
 CALIBRATION_BF16 = {
-    "d3 f8 48x64x48 b1 bf16": ["model.depth=3", "model.base_filters=8", "resolution.shape=[48,64,48]",
-                               "trainer.batch_size=1", "backend.precision=bf16"],
-    "d3 f8 half b1 bf16": ["model.depth=3", "model.base_filters=8", "resolution=half", "trainer.batch_size=1",
-                           "backend.precision=bf16"],
-    "d3 f8 128x160x128 b2 bf16": ["model.depth=3", "model.base_filters=8", "resolution.shape=[128,160,128]",
-                                  "trainer.batch_size=2", "backend.precision=bf16"],
-    "d3 f8 full b1 bf16": ["model.depth=3", "model.base_filters=8", "resolution=full", "trainer.batch_size=1",
-                           "backend.precision=bf16"],
+    "d3 f8 48x64x48 b1 bf16": [
+        "model.depth=3",
+        "model.base_filters=8",
+        "resolution.shape=[48,64,48]",
+        "trainer.batch_size=1",
+        "backend.precision=bf16",
+    ],
+    "d3 f8 half b1 bf16": [
+        "model.depth=3",
+        "model.base_filters=8",
+        "resolution=half",
+        "trainer.batch_size=1",
+        "backend.precision=bf16",
+    ],
+    "d3 f8 128x160x128 b2 bf16": [
+        "model.depth=3",
+        "model.base_filters=8",
+        "resolution.shape=[128,160,128]",
+        "trainer.batch_size=2",
+        "backend.precision=bf16",
+    ],
+    "d3 f8 full b1 bf16": [
+        "model.depth=3",
+        "model.base_filters=8",
+        "resolution=full",
+        "trainer.batch_size=1",
+        "backend.precision=bf16",
+    ],
 }
 VALIDATION_BF16 = {
-    "d4 f16 full b1 bf16": ["model.depth=4", "model.base_filters=16", "resolution=full", "trainer.batch_size=1",
-                            "backend.precision=bf16"],
-    "d4 f16 half b2 bf16": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=2",
-                            "backend.precision=bf16"],
-    "d3 f12 112x128x96 b2 bf16": ["model.depth=3", "model.base_filters=12", "resolution.shape=[112,128,96]",
-                                  "trainer.batch_size=2", "backend.precision=bf16"],
-    "d4 f16 half b1 group bf16": ["model.depth=4", "model.base_filters=16", "resolution=half", "trainer.batch_size=1",
-                                  "model.norm=group", "model.groups=8", "backend.precision=bf16"],
-    "d3 f16 half b3 trilinear bf16": ["model.depth=3", "model.base_filters=16", "resolution=half",
-                                      "trainer.batch_size=3", "model.upsample=trilinear", "backend.precision=bf16"],
+    "d4 f16 full b1 bf16": [
+        "model.depth=4",
+        "model.base_filters=16",
+        "resolution=full",
+        "trainer.batch_size=1",
+        "backend.precision=bf16",
+    ],
+    "d4 f16 half b2 bf16": [
+        "model.depth=4",
+        "model.base_filters=16",
+        "resolution=half",
+        "trainer.batch_size=2",
+        "backend.precision=bf16",
+    ],
+    "d3 f12 112x128x96 b2 bf16": [
+        "model.depth=3",
+        "model.base_filters=12",
+        "resolution.shape=[112,128,96]",
+        "trainer.batch_size=2",
+        "backend.precision=bf16",
+    ],
+    "d4 f16 half b1 group bf16": [
+        "model.depth=4",
+        "model.base_filters=16",
+        "resolution=half",
+        "trainer.batch_size=1",
+        "model.norm=group",
+        "model.groups=8",
+        "backend.precision=bf16",
+    ],
+    "d3 f16 half b3 trilinear bf16": [
+        "model.depth=3",
+        "model.base_filters=16",
+        "resolution=half",
+        "trainer.batch_size=3",
+        "model.upsample=trilinear",
+        "backend.precision=bf16",
+    ],
 }
 STRATEGIES = ("off", "recompute")
 # lms=auto points of the validation grid: (point, limit as a fraction between the off and
@@ -142,7 +263,7 @@ def _key(name: str, strategy: str) -> str:
     return f"{name} | lms={strategy}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _workload(overrides: tuple[str, ...]):
     """The planner's workload of the benchmark's composed config for ``overrides`` (no TensorFlow)."""
     from brats_seg.lms.planner.workload import Workload
@@ -167,8 +288,9 @@ def predict(overrides: list[str], strategy: str, memory_model) -> int:
 
 def _measure(benchmark: list[str], overrides: list[str], timeout: int) -> dict:
     """One benchmark run in a fresh process (its own peak RSS): its JSON line."""
-    proc = subprocess.run([*benchmark, *COMMON, *overrides], capture_output=True, text=True, timeout=timeout,
-                          cwd=project_dir())
+    proc = subprocess.run(
+        [*benchmark, *COMMON, *overrides], capture_output=True, text=True, timeout=timeout, cwd=project_dir()
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark failed ({' '.join(overrides)}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -182,8 +304,12 @@ def _save(path: Path, record: dict) -> None:
 
 def _points(grid: str) -> list[tuple[str, str, list[str]]]:
     """``(key, grid, overrides)`` of every fixed-strategy point of ``grid``."""
-    table = {"calibration": CALIBRATION, "validation": VALIDATION, "calibration_bf16": CALIBRATION_BF16,
-             "validation_bf16": VALIDATION_BF16}[grid]
+    table = {
+        "calibration": CALIBRATION,
+        "validation": VALIDATION,
+        "calibration_bf16": CALIBRATION_BF16,
+        "validation_bf16": VALIDATION_BF16,
+    }[grid]
     return [(_key(n, s), grid, [*o, f"lms={s}"]) for n, o in table.items() for s in STRATEGIES]
 
 
@@ -197,8 +323,9 @@ def _auto_points(memory_model) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def measure(record: dict, path: Path, todo: list[tuple[str, str, list[str]]], runs: int, timeout: int,
-            benchmark: list[str]) -> None:
+def measure(
+    record: dict, path: Path, todo: list[tuple[str, str, list[str]]], runs: int, timeout: int, benchmark: list[str]
+) -> None:
     """Run every point of ``todo`` with the ``benchmark`` command until it has ``runs`` runs,
     saving after each."""
     from tqdm import tqdm
@@ -209,14 +336,30 @@ def measure(record: dict, path: Path, todo: list[tuple[str, str, list[str]]], ru
             del points[key]
         elif key in points:  # a point moved between the grids keeps its runs
             points[key]["grid"] = grid
-    jobs = [(key, grid, ov) for key, grid, ov in todo for _ in range(max(0, runs - len(points.get(key, {}).get("runs", []))))]
+    jobs = [
+        (key, grid, ov)
+        for key, grid, ov in todo
+        for _ in range(max(0, runs - len(points.get(key, {}).get("runs", []))))
+    ]
     for key, grid, overrides in tqdm(jobs, desc="benchmark runs", unit="run"):
         t0 = time.time()
         result = _measure(benchmark, overrides, timeout)
         entry = points.setdefault(key, {"grid": grid, "overrides": overrides, "runs": []})
-        entry["runs"].append({k: result.get(k) for k in (
-            "measured_bytes", "peak_bytes", "baseline_bytes", "allocator_peak_bytes", "predicted_peak_bytes",
-            "step_s", "strategy", "cpu")})
+        entry["runs"].append(
+            {
+                k: result.get(k)
+                for k in (
+                    "measured_bytes",
+                    "peak_bytes",
+                    "baseline_bytes",
+                    "allocator_peak_bytes",
+                    "predicted_peak_bytes",
+                    "step_s",
+                    "strategy",
+                    "cpu",
+                )
+            }
+        )
         entry["runs"][-1]["wall_s"] = round(time.time() - t0, 1)
         _save(path, record)
 
@@ -236,8 +379,14 @@ def _errors(record: dict, memory_model, grid: str) -> dict[str, float]:
     return out
 
 
-def fit(record: dict, base, under_weight: float = UNDER_WEIGHT, target_bias: float = TARGET_BIAS,
-        grid: str = "calibration", fields: dict | None = None) -> tuple[object, dict]:
+def fit(
+    record: dict,
+    base,
+    under_weight: float = UNDER_WEIGHT,
+    target_bias: float = TARGET_BIAS,
+    grid: str = "calibration",
+    fields: dict | None = None,
+) -> tuple[object, dict]:
     """Fit ``fields`` (:data:`FITTED`) on the points of ``grid``; returns the model and the fit report.
 
     A field that no calibration point depends on (the trilinear scratch without a trilinear
@@ -248,8 +397,9 @@ def fit(record: dict, base, under_weight: float = UNDER_WEIGHT, target_bias: flo
 
     fields = FITTED if fields is None else fields
     cal = [(k, e) for k, e in record["points"].items() if e["grid"] == grid]
-    targets = [(
-        [o for o in e["overrides"] if not o.startswith("lms")], k.rsplit("lms=", 1)[1], _measured(e)) for k, e in cal]
+    targets = [
+        ([o for o in e["overrides"] if not o.startswith("lms")], k.rsplit("lms=", 1)[1], _measured(e)) for k, e in cal
+    ]
 
     def moves_a_point(name: str) -> bool:  # e.g. no trilinear point: its scratch stays the base rule's
         lo, hi = fields[name]
@@ -262,8 +412,9 @@ def fit(record: dict, base, under_weight: float = UNDER_WEIGHT, target_bias: flo
 
     def model_of(x):
         x = np.maximum(x * scale, 0.0)  # Powell can step a rounding error below a bound of 0
-        return dataclasses.replace(base, **{n: (int(round(v)) if isinstance(getattr(base, n), int) else float(v))
-                                            for n, v in zip(names, x)})
+        return dataclasses.replace(
+            base, **{n: (round(v) if isinstance(getattr(base, n), int) else float(v)) for n, v in zip(names, x)}
+        )
 
     def loss(x):
         mm = model_of(x)
@@ -271,8 +422,13 @@ def fit(record: dict, base, under_weight: float = UNDER_WEIGHT, target_bias: flo
         return float(np.mean(np.where(errs < 0, under_weight, 1.0) * errs**2))
 
     x0 = np.array([getattr(base, n) for n in names]) / scale
-    res = minimize(loss, x0, method="Powell", bounds=[(lo / s, hi / s) for (lo, hi), s in zip(bounds, scale)],
-                   options={"xtol": 1e-3, "ftol": 1e-6, "maxfev": 400})
+    res = minimize(
+        loss,
+        x0,
+        method="Powell",
+        bounds=[(lo / s, hi / s) for (lo, hi), s in zip(bounds, scale)],
+        options={"xtol": 1e-3, "ftol": 1e-6, "maxfev": 400},
+    )
     mm = model_of(res.x)
     return mm, {n: getattr(mm, n) for n in names}
 
@@ -300,12 +456,15 @@ def report(record: dict, memory_model) -> None:
         log.info("\nlms=auto under its limit")
         for key, e in autos.items():
             limit = int(next(o for o in e["overrides"] if o.startswith("lms.limit=")).split("=")[1])
-            log.info(f"{key:<48} measured {_measured(e) / 1e9:.2f} GB, limit {limit / 1e9:.2f} GB: "
-                  f"{'under' if _measured(e) <= limit else 'OVER'}")
+            log.info(
+                f"{key:<48} measured {_measured(e) / 1e9:.2f} GB, limit {limit / 1e9:.2f} GB: "
+                f"{'under' if _measured(e) <= limit else 'OVER'}"
+            )
 
 
-def cross_validate(record: dict, base, verbose: bool = True, under_weight: float = UNDER_WEIGHT,
-                   target_bias: float = TARGET_BIAS) -> dict[str, float]:
+def cross_validate(
+    record: dict, base, verbose: bool = True, under_weight: float = UNDER_WEIGHT, target_bias: float = TARGET_BIAS
+) -> dict[str, float]:
     """Leave one calibration configuration out (both strategies), fit on the rest, predict it.
 
     How a model structure (the base rules) generalises, judged on the calibration grid alone.
@@ -325,8 +484,10 @@ def cross_validate(record: dict, base, verbose: bool = True, under_weight: float
             if verbose:
                 log.info(f"{key:<48} {err:>+7.1%}")
     inside = sum(AIM[0] <= e <= AIM[1] for e in errors.values())
-    log.info(f"leave-one-configuration-out ({len(configs)} folds): {_summary(errors)}, "
-          f"{inside} of {len(errors)} within {AIM[0]:+.0%} / {AIM[1]:+.0%}")
+    log.info(
+        f"leave-one-configuration-out ({len(configs)} folds): {_summary(errors)}, "
+        f"{inside} of {len(errors)} within {AIM[0]:+.0%} / {AIM[1]:+.0%}"
+    )
     return errors
 
 
@@ -348,8 +509,10 @@ def calibrate(conf, benchmark: list[str]) -> Path | None:
 
     tuned = conf.rule or conf.under_weight is not None or conf.target_bias is not None
     if tuned and not conf.cross_validate:
-        raise ValueError("rule, under_weight and target_bias only go with cross_validate=true (a preset is fitted "
-                         "with the rules of BASE_PRESETS and the objective in brats_seg/benchmark/memory_calibration.py).")
+        raise ValueError(
+            "rule, under_weight and target_bias only go with cross_validate=true (a preset is fitted "
+            "with the rules of BASE_PRESETS and the objective in brats_seg/benchmark/memory_calibration.py)."
+        )
     isa = cpu_kind()  # the kind of kernels oneDNN runs here (capped by ONEDNN_MAX_CPU_ISA if set)
     path = Path(conf.out) if conf.out else PRESET_DIR / f"cpu_{isa}.json"
     try:
@@ -362,12 +525,17 @@ def calibrate(conf, benchmark: list[str]) -> Path | None:
         base = base_preset(record.get("kind", isa))
         for name, value in conf.rule.items():
             if not hasattr(base, name):
-                raise ValueError(f"rule.{name}: not a MemoryModel field (+rule.<field>=<value>, "
-                                 "e.g. +rule.backward_release_lag_layers=100).")
+                raise ValueError(
+                    f"rule.{name}: not a MemoryModel field (+rule.<field>=<value>, "
+                    "e.g. +rule.backward_release_lag_layers=100)."
+                )
             base = dataclasses.replace(base, **{name: type(getattr(base, name))(float(value))})
-        cross_validate(record, base,
-                       under_weight=UNDER_WEIGHT if conf.under_weight is None else conf.under_weight,
-                       target_bias=TARGET_BIAS if conf.target_bias is None else conf.target_bias)
+        cross_validate(
+            record,
+            base,
+            under_weight=UNDER_WEIGHT if conf.under_weight is None else conf.under_weight,
+            target_bias=TARGET_BIAS if conf.target_bias is None else conf.target_bias,
+        )
         return None
     if conf.fit_only:  # refit a preset measured elsewhere (out=brats_seg/lms/presets/cpu_avx512.json)
         if not any(e.get("grid") == "calibration" for e in record.get("points", {}).values()):
@@ -388,16 +556,24 @@ def calibrate(conf, benchmark: list[str]) -> Path | None:
     # The planner keeps free what the model under-predicts a configuration it was not fitted on.
     configs = {k.rsplit(" | lms=", 1)[0] for k, e in record["points"].items() if e["grid"] == "calibration"}
     if len(configs) < 3:
-        raise ValueError(f"{path} has {len(configs)} calibration configuration(s); the planning margin "
-                         "comes from leaving one out of a fit on the others: measure the whole grid.")
+        raise ValueError(
+            f"{path} has {len(configs)} calibration configuration(s); the planning margin "
+            "comes from leaving one out of a fit on the others: measure the whole grid."
+        )
     held_out = cross_validate(record, base, verbose=False)
     fitted["planning_margin"] = math.ceil(max(0.0, -min(held_out.values())) * 1000) / 1000
     mm = dataclasses.replace(mm, planning_margin=fitted["planning_margin"])
-    record["fit"] = {"fields": fitted, "under_weight": UNDER_WEIGHT, "target_bias": TARGET_BIAS,
-                     "base": dataclasses.asdict(base)}
+    record["fit"] = {
+        "fields": fitted,
+        "under_weight": UNDER_WEIGHT,
+        "target_bias": TARGET_BIAS,
+        "base": dataclasses.asdict(base),
+    }
     _save(path, record)  # benchmark.py plans lms=auto with this fit from here on
-    log.info(f"fitted on {sum(e['grid'] == 'calibration' for e in record['points'].values())} calibration points: "
-             + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()))
+    log.info(
+        f"fitted on {sum(e['grid'] == 'calibration' for e in record['points'].values())} calibration points: "
+        + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items())
+    )
     if not conf.fit_only:
         measure(record, path, _points("validation") + _auto_points(mm), conf.validation_runs, conf.timeout_s, benchmark)
         if has_native_bf16():  # bf16 runs only where oneDNN computes it (the benchmark refuses it elsewhere)
@@ -407,21 +583,32 @@ def calibrate(conf, benchmark: list[str]) -> Path | None:
         fitted.update(fitted_bf16)
         record["fit"]["fields"] = fitted
         _save(path, record)
-        log.info("fitted on the bfloat16 calibration points: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted_bf16.items()))
+        log.info(
+            "fitted on the bfloat16 calibration points: " + ", ".join(f"{k}={v:.4g}" for k, v in fitted_bf16.items())
+        )
     if not conf.fit_only and has_native_bf16():
         measure(record, path, _points("validation_bf16"), conf.validation_runs, conf.timeout_s, benchmark)
     # The margin also covers every under-prediction measured: a point of a validation grid (or
     # an lms=auto run) that needs more than the cross-validation says is evidence that it is too
     # small (on the Sapphire Rapids one run of a trilinear point under recompute read 44% above
     # its other two, the executor's order of two inter-op threads deciding the allocator's peak).
-    measured = [err for grid in ("calibration", "validation", "calibration_bf16", "validation_bf16")
-                for err in _errors(record, mm, grid).values()]
-    measured += [r["predicted_peak_bytes"] / r["measured_bytes"] - 1 for k, e in record["points"].items()
-                 if k.endswith("lms=auto") for r in e["runs"]]
+    measured = [
+        err
+        for grid in ("calibration", "validation", "calibration_bf16", "validation_bf16")
+        for err in _errors(record, mm, grid).values()
+    ]
+    measured += [
+        r["predicted_peak_bytes"] / r["measured_bytes"] - 1
+        for k, e in record["points"].items()
+        if k.endswith("lms=auto")
+        for r in e["runs"]
+    ]
     worst = math.ceil(max(0.0, -min(measured, default=0.0)) * 1000) / 1000
     if worst > fitted["planning_margin"]:
-        log.info(f"planning margin {fitted['planning_margin']:.1%} (cross-validation) raised to {worst:.1%}, "
-                 "the worst under-prediction measured")
+        log.info(
+            f"planning margin {fitted['planning_margin']:.1%} (cross-validation) raised to {worst:.1%}, "
+            "the worst under-prediction measured"
+        )
         fitted["planning_margin"] = worst
         mm = dataclasses.replace(mm, planning_margin=worst)
         record["fit"]["fields"] = fitted

@@ -63,9 +63,12 @@ def onednn_profile(text: str) -> dict:
             ms[key] = ms.get(key, 0.0) + t
             impl[parts[i + 3]] = impl.get(parts[i + 3], 0.0) + t  # which kernel oneDNN picked
     total = sum(v for k, v in ms.items() if ":" not in k)
-    return {"onednn_ms": {k: round(v, 1) for k, v in sorted(ms.items())}, "onednn_total_ms": round(total, 1),
-            "convolution_impl_ms": {k: round(v, 1) for k, v in sorted(impl.items())},
-            "reorder_share": round(ms.get("reorder", 0.0) / total, 4) if total else None}
+    return {
+        "onednn_ms": {k: round(v, 1) for k, v in sorted(ms.items())},
+        "onednn_total_ms": round(total, 1),
+        "convolution_impl_ms": {k: round(v, 1) for k, v in sorted(impl.items())},
+        "reorder_share": round(ms.get("reorder", 0.0) / total, 4) if total else None,
+    }
 
 
 def onednn_seconds(lines: list[str]) -> dict[str, float]:

@@ -23,12 +23,29 @@ log = logging.getLogger(__name__)
 
 def _train_args(conf, tmp: Path, run_dir: Path, threads: int) -> list[str]:
     r = conf.resolution
-    grid = [f"resolution={r.name}", f"resolution.spacing_mm={r.spacing_mm}", f"resolution.shape=[{','.join(map(str, r.shape))}]"]
-    return [*grid, "data=synthetic", f"data.root={tmp / 'synthetic'}",
-            f"data.synthetic_cases={conf.cases}", f"data.cache_dir={tmp / 'cache'}", f"model.depth={conf.depth}",
-            f"model.base_filters={conf.filters}", "trainer.epochs=2", f"trainer.steps_per_epoch={conf.steps}",
-            f"trainer.batch_size={conf.batch}", "trainer.val_every=1000", "trainer.augment=false", "backend=cpu_onednn",
-            f"backend.intra_op_threads={threads}", "tracking=none", f"run_dir={run_dir}"]
+    grid = [
+        f"resolution={r.name}",
+        f"resolution.spacing_mm={r.spacing_mm}",
+        f"resolution.shape=[{','.join(map(str, r.shape))}]",
+    ]
+    return [
+        *grid,
+        "data=synthetic",
+        f"data.root={tmp / 'synthetic'}",
+        f"data.synthetic_cases={conf.cases}",
+        f"data.cache_dir={tmp / 'cache'}",
+        f"model.depth={conf.depth}",
+        f"model.base_filters={conf.filters}",
+        "trainer.epochs=2",
+        f"trainer.steps_per_epoch={conf.steps}",
+        f"trainer.batch_size={conf.batch}",
+        "trainer.val_every=1000",
+        "trainer.augment=false",
+        "backend=cpu_onednn",
+        f"backend.intra_op_threads={threads}",
+        "tracking=none",
+        f"run_dir={run_dir}",
+    ]
 
 
 def _epoch_seconds(run_dir: Path) -> float:
@@ -70,14 +87,29 @@ def measure_scaling(conf, train: list[str]) -> dict:
         log.info("%d workers x %d thread(s) ...", conf.workers, conf.threads)
         ports = free_local_ports(conf.workers)
         workers = "distribute.workers=[" + ",".join(f"127.0.0.1:{p}" for p in ports) + "]"
-        _run([[*train, *_train_args(conf, tmp, tmp / "multi", conf.threads), "distribute=multi_worker", workers,
-               f"distribute.index={i}"] for i in range(conf.workers)], tmp)
+        _run(
+            [
+                [
+                    *train,
+                    *_train_args(conf, tmp, tmp / "multi", conf.threads),
+                    "distribute=multi_worker",
+                    workers,
+                    f"distribute.index={i}",
+                ]
+                for i in range(conf.workers)
+            ],
+            tmp,
+        )
         multi = _epoch_seconds(tmp / "multi")
     cases = conf.steps * conf.batch
     return {
         "config": dataclasses.asdict(conf) | {"out": conf.out or None},
         "single_process": {"threads": total_threads, "epoch_s": single, "cases_per_s": cases / single},
-        "workers": {"workers": conf.workers, "threads_each": conf.threads, "epoch_s": multi,
-                    "cases_per_s": cases / multi},
+        "workers": {
+            "workers": conf.workers,
+            "threads_each": conf.threads,
+            "epoch_s": multi,
+            "cases_per_s": cases / multi,
+        },
         "efficiency": single / multi,
     }

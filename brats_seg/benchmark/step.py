@@ -22,8 +22,14 @@ from brats_seg.benchmark.onednn import capture_stdout, onednn_profile
 from brats_seg.choices import check_choice
 from brats_seg.config import BenchmarkInput
 
-__all__ = ["build_benchmark_step", "make_input", "measure_pipeline", "measure_sgemm_flops", "plan_benchmark",
-           "run_benchmark"]
+__all__ = [
+    "build_benchmark_step",
+    "make_input",
+    "measure_pipeline",
+    "measure_sgemm_flops",
+    "plan_benchmark",
+    "run_benchmark",
+]
 
 
 def plan_benchmark(run):
@@ -106,8 +112,8 @@ def build_benchmark_step(run, tmp: Path):
 
     from brats_seg.distribute.strategy import make_strategy
     from brats_seg.lms.planner.cost import compute_network_cost, compute_step_flops
-    from brats_seg.lms.runtime.stats import current_rss_bytes, reset_device_peak
     from brats_seg.lms.planner.workload import Workload
+    from brats_seg.lms.runtime.stats import current_rss_bytes, reset_device_peak
     from brats_seg.training.build import compile_models, training_metrics
     from brats_seg.training.steps import make_train_step
 
@@ -125,9 +131,15 @@ def build_benchmark_step(run, tmp: Path):
     def run_once():
         return {k: v.numpy() for k, v in step(iterator, stop).items()}
 
-    info = {"backend": backend, "strategy": strategy, "plan": plan, "predicted": predicted, "stats": stats,
-            "baseline": baseline,
-            "flops": compute_step_flops(compute_network_cost(Workload.from_config(conf)))}
+    info = {
+        "backend": backend,
+        "strategy": strategy,
+        "plan": plan,
+        "predicted": predicted,
+        "stats": stats,
+        "baseline": baseline,
+        "flops": compute_step_flops(compute_network_cost(Workload.from_config(conf))),
+    }
     return info, run_once
 
 
@@ -165,8 +177,15 @@ def measure_pipeline(conf) -> dict:
             x, _ = next(it)
             tf.debugging.assert_all_finite(tf.cast(x[:1, :1, :1, :1], tf.float32), "")
         seconds = time.perf_counter() - t0
-    return {"mode": "pipeline_only", "augment": conf.trainer.augment, "shape": list(conf.resolution.shape), "batch_size": b,
-            "batches": n, "seconds": round(seconds, 3), "volumes_per_s": round(n * b / seconds, 2)}
+    return {
+        "mode": "pipeline_only",
+        "augment": conf.trainer.augment,
+        "shape": list(conf.resolution.shape),
+        "batch_size": b,
+        "batches": n,
+        "seconds": round(seconds, 3),
+        "volumes_per_s": round(n * b / seconds, 2),
+    }
 
 
 def run_benchmark(conf, overrides: list[str]) -> dict:
@@ -242,5 +261,5 @@ def run_benchmark(conf, overrides: list[str]) -> dict:
         "moved_bytes": plan.moved_bytes,
     }
     if stats is not None:
-        result.update({k: v for k, v in stats.result().items()})
+        result.update(dict(stats.result().items()))
     return {**result, **profile}

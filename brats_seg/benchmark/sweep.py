@@ -36,10 +36,14 @@ def load_sweep_spec(name: str) -> tuple[Path, dict]:
         path = sweeps / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in sweeps.glob("*.yaml")))
-        raise ValueError(f"benchmark.sweep={name!r}: no {path}; use one of {known} or a YAML file with base: and axes:.")
+        raise ValueError(
+            f"benchmark.sweep={name!r}: no {path}; use one of {known} or a YAML file with base: and axes:."
+        )
     spec = yaml.safe_load(path.read_text()) or {}
     if not isinstance(spec.get("axes"), dict) or not spec["axes"]:
-        raise ValueError(f"{path}: expected 'axes:' mapping override keys to lists of values (and an optional 'base:').")
+        raise ValueError(
+            f"{path}: expected 'axes:' mapping override keys to lists of values (and an optional 'base:')."
+        )
     return path, spec
 
 

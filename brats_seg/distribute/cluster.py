@@ -13,8 +13,8 @@ import json
 import os
 import re
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from brats_seg.choices import check_choice
 
@@ -25,11 +25,11 @@ __all__ = [
     "ClusterError",
     "ClusterFailure",
     "PortInUseError",
-    "check_worker_list",
     "check_port_free",
+    "check_worker_list",
     "free_local_ports",
-    "unreachable_workers",
     "split_address",
+    "unreachable_workers",
 ]
 
 SOURCES = ("distribute.workers", "TF_CONFIG", "SLURM")
@@ -103,6 +103,7 @@ class Cluster:
 # Addresses
 # ---------------------------------------------------------------------------------------
 
+
 def split_address(address: str, label: str = "address") -> tuple[str, int]:
     """``"node1:12345" -> ("node1", 12345)``; IPv6 hosts in brackets: ``"[::1]:12345"``.
 
@@ -126,8 +127,9 @@ def split_address(address: str, label: str = "address") -> tuple[str, int]:
     return host, port
 
 
-def check_worker_list(workers: Sequence[str], index: int, label: str = "distribute.workers",
-                      index_label: str = "distribute.index") -> None:
+def check_worker_list(
+    workers: Sequence[str], index: int, label: str = "distribute.workers", index_label: str = "distribute.index"
+) -> None:
     """Check a worker list and this worker's index in it.
 
     Raises:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from brats_seg.config import DistributeConfig
 from brats_seg.distribute.cluster import WORKER_LIST_EXAMPLE, Cluster
@@ -47,8 +47,9 @@ def resolve_cluster(cfg: DistributeConfig, environ: Mapping[str, str] = os.envir
     )
 
 
-def planned_replicas(cfg: DistributeConfig, device: str, gpus: int,
-                     environ: Mapping[str, str] = os.environ) -> tuple[int, bool]:
+def planned_replicas(
+    cfg: DistributeConfig, device: str, gpus: int, environ: Mapping[str, str] = os.environ
+) -> tuple[int, bool]:
     """``(replicas, chief)``: how many replicas will share the global batch, and whether this
     process is the chief, known before TensorFlow is imported (the run's plan is made for one
     replica's share; :func:`brats_seg.training.loop.train` checks the strategy agrees).
@@ -79,10 +80,11 @@ def cluster_from_tf_config(text: str) -> Cluster:
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos}): {text[:200]!r}; "
-                         f"expected e.g. {example}.") from None
+        raise ValueError(
+            f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos}): {text[:200]!r}; expected e.g. {example}."
+        ) from None
     if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) or not spec["cluster"]:
-        raise ValueError(f"TF_CONFIG={text[:200]!r} has no \"cluster\" mapping; expected e.g. {example}.")
+        raise ValueError(f'TF_CONFIG={text[:200]!r} has no "cluster" mapping; expected e.g. {example}.')
     cluster, task = spec["cluster"], spec.get("task")
     other = sorted(set(cluster) - {"chief", "worker"})
     if other:
@@ -93,13 +95,15 @@ def cluster_from_tf_config(text: str) -> Cluster:
     for kind in ("chief", "worker"):
         entries = cluster.get(kind, [])
         if not isinstance(entries, list) or not all(isinstance(a, str) for a in entries):
-            raise ValueError(f"TF_CONFIG's cluster {kind!r} must be a list of \"host:port\" strings, got {entries!r}.")
+            raise ValueError(f'TF_CONFIG\'s cluster {kind!r} must be a list of "host:port" strings, got {entries!r}.')
     chief, worker = cluster.get("chief", []), cluster.get("worker", [])
     if len(chief) > 1:
         raise ValueError(f"TF_CONFIG lists {len(chief)} chiefs {chief}: there is at most one (the rest are workers).")
     if not isinstance(task, dict):
-        raise ValueError(f"TF_CONFIG={text[:200]!r} has no \"task\" ({{\"type\": \"worker\", \"index\": i}}) "
-                         "saying which worker this process is.")
+        raise ValueError(
+            f'TF_CONFIG={text[:200]!r} has no "task" ({{"type": "worker", "index": i}}) '
+            "saying which worker this process is."
+        )
     kind, index = task.get("type"), task.get("index", 0)
     if kind not in ("chief", "worker"):
         raise ValueError(f"TF_CONFIG's task type {kind!r}: use 'worker' (or 'chief'); others are not supported.")
@@ -107,7 +111,9 @@ def cluster_from_tf_config(text: str) -> Cluster:
         raise ValueError(f"TF_CONFIG's task index {index!r} is not an integer.")
     tasks = chief if kind == "chief" else worker
     if not 0 <= index < len(tasks):
-        raise ValueError(f"TF_CONFIG's task index={index} but its cluster lists {len(tasks)} {kind} "
-                         f"task(s) ({'none' if not tasks else f'0..{len(tasks) - 1}'}).")
+        raise ValueError(
+            f"TF_CONFIG's task index={index} but its cluster lists {len(tasks)} {kind} "
+            f"task(s) ({'none' if not tasks else f'0..{len(tasks) - 1}'})."
+        )
     position = index if kind == "chief" else len(chief) + index
     return Cluster(tuple(chief + worker), position, "TF_CONFIG")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from brats_seg.distribute.cluster import Cluster
 
@@ -103,6 +103,7 @@ def parse_tasks_per_node(text: str, label: str = "SLURM_TASKS_PER_NODE") -> list
 # Sources
 # ---------------------------------------------------------------------------------------
 
+
 def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str | None]:
     """The first of ``names`` set in ``environ``: ``(name, value)``; ``(names[0], None)`` if none."""
     for name in names:
@@ -134,8 +135,10 @@ def cluster_from_slurm(environ: Mapping[str, str], base_port: int) -> Cluster:
     tpn_name, tpn_text = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     ntasks_name, ntasks_text = _first(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
     if nodelist is None:
-        raise ValueError("SLURM_JOB_ID is set but SLURM_JOB_NODELIST/SLURM_NODELIST is not: "
-                         "start the workers with srun inside the job.")
+        raise ValueError(
+            "SLURM_JOB_ID is set but SLURM_JOB_NODELIST/SLURM_NODELIST is not: "
+            "start the workers with srun inside the job."
+        )
     if tpn_text is None:
         raise ValueError("SLURM_JOB_ID is set but SLURM_TASKS_PER_NODE is not: start the workers with srun.")
     hosts = expand_hostlist(nodelist, list_name)
@@ -143,15 +146,19 @@ def cluster_from_slurm(environ: Mapping[str, str], base_port: int) -> Cluster:
     ntasks = _int_var(ntasks_name, ntasks_text)
     procid = _int_var("SLURM_PROCID", environ.get("SLURM_PROCID"))
     if len(per_node) != len(hosts):
-        raise ValueError(f"{list_name}={nodelist!r} expands to {len(hosts)} nodes but {tpn_name}={tpn_text!r} "
-                         f"gives task counts for {len(per_node)}.")
+        raise ValueError(
+            f"{list_name}={nodelist!r} expands to {len(hosts)} nodes but {tpn_name}={tpn_text!r} "
+            f"gives task counts for {len(per_node)}."
+        )
     if sum(per_node) != ntasks:
         raise ValueError(f"{tpn_name}={tpn_text!r} adds up to {sum(per_node)} tasks but {ntasks_name}={ntasks}.")
     if procid >= ntasks:
         raise ValueError(f"SLURM_PROCID={procid} but {ntasks_name}={ntasks} (ranks 0..{ntasks - 1}).")
     if base_port + max(per_node) - 1 > 65535:
-        raise ValueError(f"distribute.port={base_port} with {max(per_node)} tasks on a node runs past port 65535: "
-                         "use a lower distribute.port.")
+        raise ValueError(
+            f"distribute.port={base_port} with {max(per_node)} tasks on a node runs past port 65535: "
+            "use a lower distribute.port."
+        )
     workers, where = [], []
     for host, count in zip(hosts, per_node):
         workers += [f"{host}:{base_port + k}" for k in range(count)]

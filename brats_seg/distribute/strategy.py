@@ -29,7 +29,7 @@ from brats_seg.distribute.resolve import resolve_cluster
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["make_strategy", "canonical_device"]
+__all__ = ["canonical_device", "make_strategy"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def canonical_device(name: str) -> str:
     return f"/device:{m.group(1).upper()}:{int(m.group(2))}"
 
 
-def make_strategy(cfg: DistributeConfig, device: str) -> tuple["tf.distribute.Strategy", Cluster | None]:
+def make_strategy(cfg: DistributeConfig, device: str) -> tuple[tf.distribute.Strategy, Cluster | None]:
     """Build the strategy ``cfg.name`` asks for on ``device``.
 
     Args:
@@ -75,8 +75,11 @@ def make_strategy(cfg: DistributeConfig, device: str) -> tuple["tf.distribute.St
     if "TF_CONFIG" in os.environ and not os.environ["TF_CONFIG"].strip():
         del os.environ["TF_CONFIG"]  # TF 2.21 parses a blank TF_CONFIG as JSON and fails, even for MirroredStrategy
     if cfg.name != "multi_worker" and os.environ.get("TF_CONFIG"):
-        log.warning("TF_CONFIG is set but distribute=%s trains on this machine only; use distribute=multi_worker "
-                    "to join its cluster", cfg.name)
+        log.warning(
+            "TF_CONFIG is set but distribute=%s trains on this machine only; use distribute=multi_worker "
+            "to join its cluster",
+            cfg.name,
+        )
     if cfg.name == "none":
         return _one_device(device), None
     if cfg.name == "mirrored":
@@ -101,8 +104,9 @@ def _mirrored(cfg: DistributeConfig, device: str):
         devices = [canonical_device(d) for d in cfg.devices]
         unknown = [d for d in devices if d not in available]
         if unknown:
-            raise ValueError(f"distribute.devices lists {unknown}, which TensorFlow does not see here; "
-                             f"available: {available}.")
+            raise ValueError(
+                f"distribute.devices lists {unknown}, which TensorFlow does not see here; available: {available}."
+            )
         if len(set(devices)) != len(devices):
             raise ValueError(f"distribute.devices={list(cfg.devices)} names a device twice.")
     else:
@@ -122,11 +126,17 @@ def _mirrored(cfg: DistributeConfig, device: str):
         # too (and is what MirroredStrategy uses anyway inside an XLA-compiled step).
         cross_device_ops = tf.distribute.ReductionToOneDevice()
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
-    log.info("distribute=mirrored: MirroredStrategy over %s with %s; %d replicas in sync",
-             ", ".join(devices), type(cross_device_ops).__name__, strategy.num_replicas_in_sync)
+    log.info(
+        "distribute=mirrored: MirroredStrategy over %s with %s; %d replicas in sync",
+        ", ".join(devices),
+        type(cross_device_ops).__name__,
+        strategy.num_replicas_in_sync,
+    )
     if strategy.num_replicas_in_sync == 1 and device == "CPU":
-        log.info("distribute=mirrored on one CPU device is one replica: TensorFlow already spreads a step over "
-                 "all cores (backend.intra_op_threads); use distribute=none, or multi_worker across machines")
+        log.info(
+            "distribute=mirrored on one CPU device is one replica: TensorFlow already spreads a step over "
+            "all cores (backend.intra_op_threads); use distribute=none, or multi_worker across machines"
+        )
     return strategy
 
 
@@ -161,10 +171,18 @@ def _multi_worker(cfg: DistributeConfig, device: str):
             "with the same worker list, check that the hosts reach each other on these ports, or raise "
             f"distribute.timeout_s. TensorFlow: {detail}"
         ) from None
-    log.info("distribute=multi_worker: MultiWorkerMirroredStrategy, worker %d of %d (%s%s), cluster from %s, "
-             "collective %s, timeout %s; %d replicas in sync", cluster.index, cluster.num_workers, cluster.address,
-             ", chief" if cluster.is_chief else "", cluster.source, cfg.collective,
-             f"{cfg.timeout_s} s to join" if cfg.timeout_s else "none", strategy.num_replicas_in_sync)
+    log.info(
+        "distribute=multi_worker: MultiWorkerMirroredStrategy, worker %d of %d (%s%s), cluster from %s, "
+        "collective %s, timeout %s; %d replicas in sync",
+        cluster.index,
+        cluster.num_workers,
+        cluster.address,
+        ", chief" if cluster.is_chief else "",
+        cluster.source,
+        cfg.collective,
+        f"{cfg.timeout_s} s to join" if cfg.timeout_s else "none",
+        strategy.num_replicas_in_sync,
+    )
     return strategy, cluster
 
 
@@ -173,8 +191,13 @@ def _warn_shared_gpus(cluster: Cluster, device: str, n_gpus: int) -> None:
     host = split_address(cluster.address)[0]
     sharing = sum(split_address(w)[0] == host for w in cluster.workers)
     if device == "GPU" and sharing > 1 and n_gpus > 1:
-        log.warning("%d workers run on %s and this one sees %d GPUs: give each its own GPU(s) (srun --gpus-per-task=1 "
-                    "or CUDA_VISIBLE_DEVICES), or run one worker per host", sharing, host, n_gpus)
+        log.warning(
+            "%d workers run on %s and this one sees %d GPUs: give each its own GPU(s) (srun --gpus-per-task=1 "
+            "or CUDA_VISIBLE_DEVICES), or run one worker per host",
+            sharing,
+            host,
+            n_gpus,
+        )
 
 
 def _bound_registration(cluster: Cluster, timeout_s: int) -> None:
@@ -196,9 +219,13 @@ def _bound_registration(cluster: Cluster, timeout_s: int) -> None:
         if ctx.coordination_service is not None:
             log.info("coordination service already configured; worker registration left unbounded by timeout_s")
             return
-        ctx.configure_coordination_service(service_type="standalone", service_leader=_LEADER,
-                                           cluster_register_timeout_in_ms=int(timeout_s * 1000))
+        ctx.configure_coordination_service(
+            service_type="standalone", service_leader=_LEADER, cluster_register_timeout_in_ms=int(timeout_s * 1000)
+        )
         ctx.coordination_service.cluster_register_with_barrier = True
     except (ImportError, AttributeError, ValueError) as e:  # internal API moved: keep TF's default
-        log.warning("could not bound worker registration by distribute.timeout_s (%s): a worker that never starts "
-                    "makes the others wait indefinitely", e)
+        log.warning(
+            "could not bound worker registration by distribute.timeout_s (%s): a worker that never starts "
+            "makes the others wait indefinitely",
+            e,
+        )

@@ -60,33 +60,33 @@ from brats_seg.data.cache import CacheEntry
 from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.nifti import load_volume, save_mask
 from brats_seg.evaluation.inference.entries import prepare_run_entries, split_case_ids
-from brats_seg.evaluation.postprocess import PostProcessing
-from brats_seg.evaluation.postprocess_run import postprocessing_for_run
 from brats_seg.evaluation.inference.predict import check_native_shape, predict_case_labels, predict_case_native
 from brats_seg.evaluation.inference.run import (
     RunError,
     check_evaluate_config,
-    inference_settings,
     checkpoint_path,
     inference_device,
     inference_policy,
+    inference_settings,
     load_run_config,
     load_run_model,
     run_regions,
 )
+from brats_seg.evaluation.postprocess import PostProcessing
+from brats_seg.evaluation.postprocess_run import postprocessing_for_run
 from brats_seg.evaluation.scoring.score import load_reference, score_case
 from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, MetricsTable
 from brats_seg.files import file_identity
-from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
 from brats_seg.locks import hold_lock, remove_stale_temporaries
+from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
 from brats_seg.run_dir import RunFolder
 from brats_seg.signals import report_progress
 
 __all__ = [
-    "eval_dir",
     "check_run_dir",
-    "split_case_ids",
+    "eval_dir",
     "evaluate_run",
+    "split_case_ids",
 ]
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,15 @@ def _flair_native(meta: dict) -> np.ndarray:
     return load_volume(first, meta["case_id"]).data
 
 
-def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: EvaluateConfig, folder: RunFolder,
-                   split: str, postprocess: PostProcessing | None = None) -> tuple[dict, dict | None]:
+def _evaluate_case(
+    model,
+    entry: CacheEntry,
+    config: TrainConfig,
+    eval_cfg: EvaluateConfig,
+    folder: RunFolder,
+    split: str,
+    postprocess: PostProcessing | None = None,
+) -> tuple[dict, dict | None]:
     """Infer, invert, threshold, post-process, write and score one case.
 
     Returns:
@@ -148,8 +155,13 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
     case_id, layout = entry.case_id, meta["layout"]
     names = run_regions(config)
     probs = predict_case_native(
-        model, entry, meta["record"], mode=eval_cfg.mode, window=eval_cfg.window, overlap=eval_cfg.window_overlap,
-        mirror=eval_cfg.mirror
+        model,
+        entry,
+        meta["record"],
+        mode=eval_cfg.mode,
+        window=eval_cfg.window,
+        overlap=eval_cfg.window_overlap,
+        mirror=eval_cfg.mirror,
     )  # (x, y, z, R) native RAS
     ref_vol, ref_labels = load_reference(case_id, meta["label"], layout)
     check_native_shape(case_id, meta["label"], probs, ref_labels.shape)
@@ -158,16 +170,21 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
     if postprocess is not None and not postprocess.is_identity:
         processed = postprocess.apply(labels, layout, ref_vol.spacing_mm)
         if not np.array_equal(processed, labels):  # scored both ways: the effect is reported
-            unprocessed = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names,
-                                     reference=ref_vol)
+            unprocessed = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names, reference=ref_vol)
             labels, pred = processed, labels_to_regions(processed, layout, names).astype(bool)
     save_mask(labels, ref_vol.original_affine, ref_vol.original_header, folder.prediction_file(split, case_id))
     metrics = score_case(case_id, labels, ref_labels, ref_vol.spacing_mm, layout, names, reference=ref_vol)
     if eval_cfg.overlays:
         dice = "  ".join(f"{r.upper()} {metrics[f'dice_{r}']:.3f}" for r in names)
-        save_overlay(_flair_native(meta), labels_to_regions(ref_labels, layout, names), pred,
-                     folder.overlay_file(split, case_id), title=f"{case_id}  Dice {dice}",
-                     spacing_mm=ref_vol.spacing_mm, region_names=names)
+        save_overlay(
+            _flair_native(meta),
+            labels_to_regions(ref_labels, layout, names),
+            pred,
+            folder.overlay_file(split, case_id),
+            title=f"{case_id}  Dice {dice}",
+            spacing_mm=ref_vol.spacing_mm,
+            region_names=names,
+        )
     return metrics, unprocessed
 
 
@@ -176,14 +193,23 @@ def _evaluate_case(model, entry: CacheEntry, config: TrainConfig, eval_cfg: Eval
 # ---------------------------------------------------------------------------------------
 
 
-def _evaluation_key(checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, config: TrainConfig,
-                    postprocess: PostProcessing | None = None) -> dict | None:
+def _evaluation_key(
+    checkpoint_identity: dict | None,
+    eval_cfg: EvaluateConfig,
+    config: TrainConfig,
+    postprocess: PostProcessing | None = None,
+) -> dict | None:
     """What every case's result depends on besides its own entry; None (nothing reused) for a model in memory."""
     if checkpoint_identity is None:
         return None
-    return {"version": _RECORD_VERSION, "checkpoint": checkpoint_identity, "evaluate": dataclasses.asdict(eval_cfg),
-            "layout": str(config.data.layout), "regions": list(run_regions(config)),
-            "postprocess": None if postprocess is None else postprocess.rules()}
+    return {
+        "version": _RECORD_VERSION,
+        "checkpoint": checkpoint_identity,
+        "evaluate": dataclasses.asdict(eval_cfg),
+        "layout": str(config.data.layout),
+        "regions": list(run_regions(config)),
+        "postprocess": None if postprocess is None else postprocess.rules(),
+    }
 
 
 def _case_fingerprint(key: dict, entry: CacheEntry) -> str:
@@ -193,22 +219,27 @@ def _case_fingerprint(key: dict, entry: CacheEntry) -> str:
 
 def _case_outputs(folder: RunFolder, split: str, case_id: str, overlays: bool) -> dict:
     """The identity of the files a case's evaluation wrote (None where a file is missing)."""
-    return {"prediction": file_identity(folder.prediction_file(split, case_id)),
-            "overlay": file_identity(folder.overlay_file(split, case_id)) if overlays else None}
+    return {
+        "prediction": file_identity(folder.prediction_file(split, case_id)),
+        "overlay": file_identity(folder.overlay_file(split, case_id)) if overlays else None,
+    }
 
 
 def _encode_row(row: dict) -> dict:
     """A metrics row as JSON: NaN (undefined) as null, infinite distances as "inf"; floats at full precision."""
-    return {k: None if math.isnan(v) else (("inf" if v > 0 else "-inf") if math.isinf(v) else v)
-            for k, v in ((k, float(v)) for k, v in row.items() if k != "case_id")}
+    return {
+        k: None if math.isnan(v) else (("inf" if v > 0 else "-inf") if math.isinf(v) else v)
+        for k, v in ((k, float(v)) for k, v in row.items() if k != "case_id")
+    }
 
 
 def _decode_row(row: dict) -> dict:
     return {k: math.nan if v is None else float(v) for k, v in row.items()}
 
 
-def _reusable_row(folder: RunFolder, split: str, case_id: str, fingerprint: str, overlays: bool
-                  ) -> tuple[dict, dict | None] | None:
+def _reusable_row(
+    folder: RunFolder, split: str, case_id: str, fingerprint: str, overlays: bool
+) -> tuple[dict, dict | None] | None:
     """The case's metrics row (and its unprocessed row, or None) from its record, if the record was
     made by the same checkpoint, settings and entry and the files it recorded are the ones in place;
     else None."""
@@ -243,8 +274,9 @@ def _metrics_columns(path: Path) -> dict[str, list]:
     return {"case_id": list(table.case_ids), **{c: table.values(c).tolist() for c in table.columns[1:]}}
 
 
-def _log_to_mlflow(run_dir: Path, config: TrainConfig, name: str, summary: dict, out: Path, split: str,
-                   case_ids: list[str]) -> None:
+def _log_to_mlflow(
+    run_dir: Path, config: TrainConfig, name: str, summary: dict, out: Path, split: str, case_ids: list[str]
+) -> None:
     """Log to the run's MLflow run: summary statistics (the mean of each column in
     ``Eval <name>/<column>``, the median and std after it:
     :func:`~brats_seg.tracking.names.evaluation_metric_key`), the cases scored as the dataset input
@@ -257,8 +289,10 @@ def _log_to_mlflow(run_dir: Path, config: TrainConfig, name: str, summary: dict,
 
         metrics = {
             evaluation_metric_key(name, column, stat): value
-            for column, stats in summary.items() if isinstance(stats, dict)
-            for stat, value in stats.items() if stat in ("mean", "median", "std") and math.isfinite(value)
+            for column, stats in summary.items()
+            if isinstance(stats, dict)
+            for stat, value in stats.items()
+            if stat in ("mean", "median", "std") and math.isfinite(value)
         }
         # The run's own tracking settings; no system metrics for a short evaluation.
         tracker = Tracker.resume(run_dir, dataclasses.replace(config.tracking, system_metrics=False))
@@ -323,8 +357,10 @@ def evaluate_run(
     name, own = split, config  # post-processing is chosen on the run's own val cases
     if data is not None and data.name != config.data.name:
         if data.layout != config.data.layout:
-            raise RunError(f"data={data.name} is in the {data.layout} layout, the run {run_dir} was trained on "
-                           f"{config.data.layout}: its labels and regions would not match.")
+            raise RunError(
+                f"data={data.name} is in the {data.layout} layout, the run {run_dir} was trained on "
+                f"{config.data.layout}: its labels and regions would not match."
+            )
         config, name = dataclasses.replace(config, data=data), f"{split}@{data.name}"
     with hold_lock(eval_dir(run_dir, name), f"evaluation of the {name} split in"):  # one evaluation writes it
         summary = _evaluate_cases(run_dir, name, checkpoint, eval_cfg, progress, model, config, case_ids, own)
@@ -332,8 +368,17 @@ def evaluate_run(
     return summary
 
 
-def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: EvaluateConfig, progress: bool, model,
-                    config: TrainConfig, case_ids: list[str], own: TrainConfig) -> dict:
+def _evaluate_cases(
+    run_dir: Path,
+    split: str,
+    checkpoint: str,
+    eval_cfg: EvaluateConfig,
+    progress: bool,
+    model,
+    config: TrainConfig,
+    case_ids: list[str],
+    own: TrainConfig,
+) -> dict:
     """:func:`evaluate_run` once its inputs are checked and its output folder locked (``own``: the
     run's config with its own dataset, whose val cases post-processing is chosen on)."""
     from tqdm.auto import tqdm
@@ -359,11 +404,21 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
     postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress, load, identity)
     key = _evaluation_key(identity, eval_cfg, config, postprocess)
     fingerprints = {e.case_id: _case_fingerprint(key, e) for e in entries} if key is not None else {}
-    rows = {e.case_id: row for e in entries if key is not None
-            and (row := _reusable_row(folder, split, e.case_id, fingerprints[e.case_id], eval_cfg.overlays)) is not None}
+    rows = {
+        e.case_id: row
+        for e in entries
+        if key is not None
+        and (row := _reusable_row(folder, split, e.case_id, fingerprints[e.case_id], eval_cfg.overlays)) is not None
+    }
     if rows:
-        log.info("%s split: %d of %d cases were evaluated before with this checkpoint and these settings; "
-                 "their rows are reused (%s)", split, len(rows), len(entries), folder.eval_cases_dir(split))
+        log.info(
+            "%s split: %d of %d cases were evaluated before with this checkpoint and these settings; "
+            "their rows are reused (%s)",
+            split,
+            len(rows),
+            len(entries),
+            folder.eval_cases_dir(split),
+        )
     todo = [e for e in entries if e.case_id not in rows]
     records = [entry.meta["record"] for entry in todo]
     guard = contextlib.nullcontext()
@@ -384,10 +439,17 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
             if reused is None:
                 row, raw = _evaluate_case(model, entry, config, eval_cfg, folder, split, postprocess)
                 if key is not None:  # last: the case is complete
-                    folder.write_eval_case(split, entry.case_id, {
-                        "case_id": entry.case_id, "fingerprint": fingerprints[entry.case_id],
-                        "outputs": _case_outputs(folder, split, entry.case_id, eval_cfg.overlays),
-                        "metrics": _encode_row(row), "unprocessed": None if raw is None else _encode_row(raw)})
+                    folder.write_eval_case(
+                        split,
+                        entry.case_id,
+                        {
+                            "case_id": entry.case_id,
+                            "fingerprint": fingerprints[entry.case_id],
+                            "outputs": _case_outputs(folder, split, entry.case_id, eval_cfg.overlays),
+                            "metrics": _encode_row(row),
+                            "unprocessed": None if raw is None else _encode_row(raw),
+                        },
+                    )
             else:
                 row, raw = reused
             table.add(entry.case_id, row)
@@ -396,18 +458,38 @@ def _evaluate_cases(run_dir: Path, split: str, checkpoint: str, eval_cfg: Evalua
             report_progress(f"{i + 1} of {len(entries)} cases")
             bar.set_postfix(dice_wt=f"{row['dice_wt']:.3f}")
     if estimate is not None:
-        log.info("evaluation peak %.2f GB above the runtime (predicted %.2f GB, at its %s step)",
-                 (peak_rss_bytes() - baseline) / 1e9, estimate.peak_bytes / 1e9, estimate.peak_at)
+        log.info(
+            "evaluation peak %.2f GB above the runtime (predicted %.2f GB, at its %s step)",
+            (peak_rss_bytes() - baseline) / 1e9,
+            estimate.peak_bytes / 1e9,
+            estimate.peak_at,
+        )
     table.save_csv(out / "metrics.csv")
     # the rules applied (chosen on the val split: postprocess.json says how) and their effect; null: none
-    applied = None if postprocess is None else {
-        "rules": postprocess.rules(), "described": postprocess.describe(), "cases_changed": changed,
-        "unprocessed_mean": {c: s["mean"] if math.isfinite(s["mean"]) else None
-                             for c, s in unprocessed.summary().items() if c.startswith(_EFFECT_COLUMNS)}}
+    applied = (
+        None
+        if postprocess is None
+        else {
+            "rules": postprocess.rules(),
+            "described": postprocess.describe(),
+            "cases_changed": changed,
+            "unprocessed_mean": {
+                c: s["mean"] if math.isfinite(s["mean"]) else None
+                for c, s in unprocessed.summary().items()
+                if c.startswith(_EFFECT_COLUMNS)
+            },
+        }
+    )
     table.save_summary_json(out / "summary.json", extra={"postprocess": applied})
     _plot_cases(table, folder.case_scores_figure(split), f"{run_dir.name}, {split} split")
     summary = {**table.summary(), "postprocess": applied}
-    log.info("evaluated %d %s cases of %s (%d computed now, %d reused): mean Dice WT %.3f", len(table), split,
-             run_dir, len(todo), len(rows), summary["dice_wt"]["mean"])
+    log.info(
+        "evaluated %d %s cases of %s (%d computed now, %d reused): mean Dice WT %.3f",
+        len(table),
+        split,
+        run_dir,
+        len(todo),
+        len(rows),
+        summary["dice_wt"]["mean"],
+    )
     return summary
-

@@ -24,7 +24,7 @@ from matplotlib.lines import Line2D
 
 from brats_seg.files import atomic_path
 
-__all__ = ["save_overlay", "compute_overlay_centre", "REGION_COLOURS"]
+__all__ = ["REGION_COLOURS", "compute_overlay_centre", "save_overlay"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +41,7 @@ _PANEL_INCHES = 4.0
 _DPI = 100
 
 
-def _check_regions(
-    name: str, regions: np.ndarray | None, shape: tuple[int, ...]
-) -> np.ndarray | None:
+def _check_regions(name: str, regions: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
     if regions is None:
         return None
     regions = np.asarray(regions)
@@ -72,7 +70,7 @@ def compute_overlay_centre(
     for regions in (ref_regions, pred_regions):
         if regions is not None and regions[..., 0].any():
             idx = np.nonzero(regions[..., 0])
-            return tuple(int(round(float(np.mean(a)))) for a in idx)  # type: ignore[return-value]
+            return tuple(round(float(np.mean(a))) for a in idx)  # type: ignore[return-value]
     return tuple(s // 2 for s in shape)  # type: ignore[return-value]
 
 
@@ -108,8 +106,9 @@ def _region_linewidth(index: int, n_regions: int) -> float:
 def _draw_contours(ax, mask_2d: np.ndarray, colour: str, linestyle: str, linewidth: float) -> None:
     # A contour of a slice that is all-False or all-True has no level to draw.
     if mask_2d.any() and not mask_2d.all():
-        ax.contour(mask_2d.astype(np.float32), levels=[0.5], colors=[colour],
-                   linestyles=linestyle, linewidths=linewidth)
+        ax.contour(
+            mask_2d.astype(np.float32), levels=[0.5], colors=[colour], linestyles=linestyle, linewidths=linewidth
+        )
 
 
 def save_overlay(
@@ -159,8 +158,7 @@ def save_overlay(
     names = tuple(region_names) if region_names is not None else ("wt", "tc", "et", "rc")[:n_regions]
     if len(names) < n_regions:
         raise ValueError(
-            f"region_names {names} has {len(names)} names for {n_regions} region channels; "
-            f"pass one name per channel."
+            f"region_names {names} has {len(names)} names for {n_regions} region channels; pass one name per channel."
         )
     sx, sy, sz = (float(s) for s in spacing_mm)
     i, j, k = compute_overlay_centre(ref, pred, shape)
@@ -183,8 +181,9 @@ def save_overlay(
                 continue
             for r in range(regions.shape[-1]):
                 mask = _to_display(regions[..., r][sel])
-                _draw_contours(ax, mask, _region_colour(r, names[r]), _LINESTYLES[source],
-                               _region_linewidth(r, n_regions))
+                _draw_contours(
+                    ax, mask, _region_colour(r, names[r]), _LINESTYLES[source], _region_linewidth(r, n_regions)
+                )
         ax.set_title(label, color="white", fontsize=10)
         for x, y, text, ha, va in (
             (0.02, 0.5, left, "left", "center"),
@@ -201,13 +200,19 @@ def save_overlay(
             continue
         for r in range(regions.shape[-1]):
             handles.append(
-                Line2D([], [], color=_region_colour(r, names[r]), linestyle=_LINESTYLES[source],
-                       linewidth=_region_linewidth(r, n_regions),
-                       label=f"{source} {names[r].upper()}")
+                Line2D(
+                    [],
+                    [],
+                    color=_region_colour(r, names[r]),
+                    linestyle=_LINESTYLES[source],
+                    linewidth=_region_linewidth(r, n_regions),
+                    label=f"{source} {names[r].upper()}",
+                )
             )
     if handles:
-        fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
-                   labelcolor="white", fontsize=9)
+        fig.legend(
+            handles=handles, loc="lower center", ncol=len(handles), frameon=False, labelcolor="white", fontsize=9
+        )
     convention = "radiological view (patient R on viewer's left)"
     fig.suptitle(f"{title} | {convention}" if title else convention, color="white", fontsize=11)
     fig.subplots_adjust(left=0.01, right=0.99, top=0.88, bottom=0.1, wspace=0.03)

@@ -93,16 +93,21 @@ class PostProcessing:
 
     def rules(self) -> dict:
         """The rules as JSON (what a fingerprint or a manifest records)."""
-        return {"min_component_mm3": {r: float(v) for r, v in sorted(self.min_component_mm3.items())},
-                "relabel_below_mm3": {r: float(v) for r, v in sorted(self.relabel_below_mm3.items())}}
+        return {
+            "min_component_mm3": {r: float(v) for r, v in sorted(self.min_component_mm3.items())},
+            "relabel_below_mm3": {r: float(v) for r, v in sorted(self.relabel_below_mm3.items())},
+        }
 
     def describe(self) -> str:
         """One line for a log."""
         if self.is_identity:
             return "none (no rule changes the mask)"
         parts = [f"{r.upper()} components < {v:g} mm3 removed" for r, v in self.min_component_mm3.items() if v > 0]
-        parts += [f"{r.upper()} < {v:g} mm3 in total relabelled as the region holding it"
-                  for r, v in self.relabel_below_mm3.items() if v > 0]
+        parts += [
+            f"{r.upper()} < {v:g} mm3 in total relabelled as the region holding it"
+            for r, v in self.relabel_below_mm3.items()
+            if v > 0
+        ]
         return "; ".join(parts)
 
     @classmethod
@@ -120,10 +125,16 @@ class PostProcessing:
                 raise PostprocessError(f"{source}: '{key}' should map regions to volumes in mm3, got {given!r}.")
             for region, value in given.items():
                 if region not in allowed:
-                    raise PostprocessError(f"{source}: '{key}' names region {region!r}; {layout} allows "
-                                           f"{', '.join(sorted(allowed)) or 'none'} there.")
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                        or value < 0:
+                    raise PostprocessError(
+                        f"{source}: '{key}' names region {region!r}; {layout} allows "
+                        f"{', '.join(sorted(allowed)) or 'none'} there."
+                    )
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                    or value < 0
+                ):
                     raise PostprocessError(f"{source}: '{key}.{region}' = {value!r}; use a volume in mm3 >= 0.")
             out[key] = {str(r): float(v) for r, v in given.items()}
         return cls(out["min_component_mm3"], out["relabel_below_mm3"])
@@ -165,8 +176,9 @@ class PostProcessing:
         return regions_to_labels(regions, layout, names).astype(labels.dtype, copy=False)
 
 
-def rules_of_record(record: Mapping | None, layout: str, source: str,
-                    checkpoint_identity: Mapping | None = None) -> PostProcessing | None:
+def rules_of_record(
+    record: Mapping | None, layout: str, source: str, checkpoint_identity: Mapping | None = None
+) -> PostProcessing | None:
     """The rules a ``postprocess.json`` record holds, for prediction and export (None: no record).
 
     A record chosen for another checkpoint than ``checkpoint_identity`` still applies, with a
@@ -178,15 +190,21 @@ def rules_of_record(record: Mapping | None, layout: str, source: str,
     if record is None:
         return None
     if not isinstance(record, Mapping) or record.get("kind") != POSTPROCESS_KIND:
-        raise PostprocessError(f"{source} is not a brats-seg post-processing record (no \"kind\": "
-                               f"\"{POSTPROCESS_KIND}\"): delete it and run scripts/evaluate.py to choose it again.")
+        raise PostprocessError(
+            f'{source} is not a brats-seg post-processing record (no "kind": '
+            f'"{POSTPROCESS_KIND}"): delete it and run scripts/evaluate.py to choose it again.'
+        )
     rules = PostProcessing.from_rules(record.get("rules"), layout, source)
-    chosen_for = (record.get("chosen_for") or {}).get("checkpoint") if isinstance(record.get("chosen_for"),
-                                                                                   Mapping) else None
+    chosen_for = (
+        (record.get("chosen_for") or {}).get("checkpoint") if isinstance(record.get("chosen_for"), Mapping) else None
+    )
     if checkpoint_identity is not None and chosen_for != dict(checkpoint_identity):
-        log.warning("%s was chosen for another checkpoint than this one; its rules (%s) are applied as they stand. "
-                    "scripts/evaluate.py with the same run_dir and checkpoint chooses them again for this one.",
-                    source, rules.describe())
+        log.warning(
+            "%s was chosen for another checkpoint than this one; its rules (%s) are applied as they stand. "
+            "scripts/evaluate.py with the same run_dir and checkpoint chooses them again for this one.",
+            source,
+            rules.describe(),
+        )
     return rules
 
 
@@ -212,10 +230,13 @@ class ValidationCase:
             box = tuple(slice(0, 1) for _ in present.shape)
         else:
             idx = np.nonzero(present)
-            box = tuple(slice(max(int(i.min()) - _MARGIN, 0), min(int(i.max()) + 1 + _MARGIN, n))
-                        for i, n in zip(idx, present.shape))
-        return ValidationCase(self.case_id, np.ascontiguousarray(self.pred[box]),
-                              np.ascontiguousarray(self.ref[box]), self.spacing_mm)
+            box = tuple(
+                slice(max(int(i.min()) - _MARGIN, 0), min(int(i.max()) + 1 + _MARGIN, n))
+                for i, n in zip(idx, present.shape)
+            )
+        return ValidationCase(
+            self.case_id, np.ascontiguousarray(self.pred[box]), np.ascontiguousarray(self.ref[box]), self.spacing_mm
+        )
 
 
 class _Scorer:
@@ -285,22 +306,37 @@ def choose_postprocessing(
     for key, region, candidates in plan:
         tried = []
         chosen, chosen_scores = 0.0, None
-        for value in sorted(set(float(v) for v in candidates) | {0.0}):
+        for value in sorted({float(v) for v in candidates} | {0.0}):
             rules = _with(current, key, region, value)
             scores = scorer.score(rules)
             ok = _allowed(scores, baseline)
-            tried.append({"mm3": value, "lesion23_dice_mean": _objective(scores), "allowed": ok,
-                          "dice": scores["dice"], "lesion23_dice": scores["lesion23_dice"]})
+            tried.append(
+                {
+                    "mm3": value,
+                    "lesion23_dice_mean": _objective(scores),
+                    "allowed": ok,
+                    "dice": scores["dice"],
+                    "lesion23_dice": scores["lesion23_dice"],
+                }
+            )
             if ok and (chosen_scores is None or _objective(scores) > _objective(chosen_scores) + 1e-9):
                 chosen, chosen_scores = value, scores
         current = _with(current, key, region, chosen)
         best_scores = chosen_scores if chosen_scores is not None else best_scores
         steps.append({"rule": key, "region": region, "chosen_mm3": chosen, "candidates": tried})
         log.debug("post-processing: %s %s -> %g mm3", key, region, chosen)
-    current = PostProcessing({r: v for r, v in current.min_component_mm3.items() if v > 0},
-                             {r: v for r, v in current.relabel_below_mm3.items() if v > 0})
-    report = {"cases": [c.case_id for c in cases], "objective": "mean over regions of lesion23_dice",
-              "legacy_tolerance": LEGACY_TOLERANCE, "unprocessed": baseline, "chosen": best_scores, "steps": steps}
+    current = PostProcessing(
+        {r: v for r, v in current.min_component_mm3.items() if v > 0},
+        {r: v for r, v in current.relabel_below_mm3.items() if v > 0},
+    )
+    report = {
+        "cases": [c.case_id for c in cases],
+        "objective": "mean over regions of lesion23_dice",
+        "legacy_tolerance": LEGACY_TOLERANCE,
+        "unprocessed": baseline,
+        "chosen": best_scores,
+        "steps": steps,
+    }
     return current, report
 
 

@@ -16,14 +16,6 @@ import numpy as np
 
 from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.evaluation.inference.entries import prepare_run_entries, split_case_ids
-from brats_seg.evaluation.postprocess import (
-    POSTPROCESS_KIND,
-    POSTPROCESS_VERSION,
-    PostProcessing,
-    PostprocessError,
-    ValidationCase,
-    choose_postprocessing,
-)
 from brats_seg.evaluation.inference.predict import check_native_shape, predict_case_labels, predict_case_native
 from brats_seg.evaluation.inference.run import (
     RunError,
@@ -31,6 +23,14 @@ from brats_seg.evaluation.inference.run import (
     inference_policy,
     load_run_model,
     run_regions,
+)
+from brats_seg.evaluation.postprocess import (
+    POSTPROCESS_KIND,
+    POSTPROCESS_VERSION,
+    PostprocessError,
+    PostProcessing,
+    ValidationCase,
+    choose_postprocessing,
 )
 from brats_seg.evaluation.scoring.score import load_reference
 from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
@@ -41,19 +41,28 @@ __all__ = ["postprocessing_for_run"]
 log = logging.getLogger(__name__)
 
 
-
-
-def _postprocess_key(checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, config: TrainConfig,
-                     val_ids: list[str]) -> dict | None:
+def _postprocess_key(
+    checkpoint_identity: dict | None, eval_cfg: EvaluateConfig, config: TrainConfig, val_ids: list[str]
+) -> dict | None:
     """What the choice depends on: the weights, the settings that make the thresholded map, the
     regions and the val cases. None for a model in memory (the choice is not kept)."""
     if checkpoint_identity is None:
         return None
-    return json.loads(json.dumps({
-        "checkpoint": checkpoint_identity, "threshold": float(eval_cfg.threshold), "mode": str(eval_cfg.mode),
-        "window": [int(w) for w in eval_cfg.window], "window_overlap": float(eval_cfg.window_overlap),
-        "mirror": bool(eval_cfg.mirror), "layout": str(config.data.layout), "regions": list(run_regions(config)),
-        "val_cases": list(val_ids)}))
+    return json.loads(
+        json.dumps(
+            {
+                "checkpoint": checkpoint_identity,
+                "threshold": float(eval_cfg.threshold),
+                "mode": str(eval_cfg.mode),
+                "window": [int(w) for w in eval_cfg.window],
+                "window_overlap": float(eval_cfg.window_overlap),
+                "mirror": bool(eval_cfg.mirror),
+                "layout": str(config.data.layout),
+                "regions": list(run_regions(config)),
+                "val_cases": list(val_ids),
+            }
+        )
+    )
 
 
 def _recorded_postprocessing(folder: RunFolder, key: dict, layout: str) -> PostProcessing | None:
@@ -67,8 +76,11 @@ def _recorded_postprocessing(folder: RunFolder, key: dict, layout: str) -> PostP
     if record is None:
         return None
     if record.get("kind") != POSTPROCESS_KIND or record.get("chosen_for") != key:
-        log.info("%s was chosen for another checkpoint, other inference settings or other val cases: "
-                 "choosing the post-processing again on the val split", path)
+        log.info(
+            "%s was chosen for another checkpoint, other inference settings or other val cases: "
+            "choosing the post-processing again on the val split",
+            path,
+        )
         return None
     try:
         return PostProcessing.from_rules(record.get("rules"), layout, str(path))
@@ -77,9 +89,16 @@ def _recorded_postprocessing(folder: RunFolder, key: dict, layout: str) -> PostP
         return None
 
 
-def postprocessing_for_run(run_dir: str | Path, config: TrainConfig, eval_cfg: EvaluateConfig,
-                           checkpoint: str = "best", model=None, progress: bool = True, load_model=None,
-                           checkpoint_identity: dict | None = None):
+def postprocessing_for_run(
+    run_dir: str | Path,
+    config: TrainConfig,
+    eval_cfg: EvaluateConfig,
+    checkpoint: str = "best",
+    model=None,
+    progress: bool = True,
+    load_model=None,
+    checkpoint_identity: dict | None = None,
+):
     """The post-processing an evaluation of the run applies, and the model if it was loaded for it.
 
     ``evaluate.postprocess=none``: None. Otherwise the rules of ``<run_dir>/postprocess.json``
@@ -117,8 +136,11 @@ def postprocessing_for_run(run_dir: str | Path, config: TrainConfig, eval_cfg: E
             log.info("post-processing (%s): %s", folder.postprocess_path, rules.describe())
             return rules, model
     if not val_ids:
-        log.warning("the run %s has no val cases to choose post-processing on: masks are written as thresholded "
-                    "(pass evaluate.postprocess=none to say so)", run_dir)
+        log.warning(
+            "the run %s has no val cases to choose post-processing on: masks are written as thresholded "
+            "(pass evaluate.postprocess=none to say so)",
+            run_dir,
+        )
         return None, model
     entries = prepare_run_entries(config, val_ids, progress)
     device, policy = inference_device(), inference_policy()
@@ -132,24 +154,44 @@ def postprocessing_for_run(run_dir: str | Path, config: TrainConfig, eval_cfg: E
     cases = []
     with inference_memory_guard(config, eval_cfg, device, policy, records):
         for entry in tqdm(entries, desc="choosing post-processing (val)", unit="case", disable=not progress):
-            probs = predict_case_native(model, entry, entry.meta["record"], mode=eval_cfg.mode, window=eval_cfg.window,
-                                        overlap=eval_cfg.window_overlap, mirror=eval_cfg.mirror)
+            probs = predict_case_native(
+                model,
+                entry,
+                entry.meta["record"],
+                mode=eval_cfg.mode,
+                window=eval_cfg.window,
+                overlap=eval_cfg.window_overlap,
+                mirror=eval_cfg.mirror,
+            )
             ref_vol, ref = load_reference(entry.case_id, entry.meta["label"], entry.meta["layout"])
             check_native_shape(entry.case_id, entry.meta["label"], probs, ref.shape)
             labels, _ = predict_case_labels(probs, entry.meta["layout"], names, eval_cfg.threshold)
-            cases.append(ValidationCase(entry.case_id, labels, ref.astype(np.uint8),
-                                        tuple(float(s) for s in ref_vol.spacing_mm)).cropped())
+            cases.append(
+                ValidationCase(
+                    entry.case_id, labels, ref.astype(np.uint8), tuple(float(s) for s in ref_vol.spacing_mm)
+                ).cropped()
+            )
     rules, report = choose_postprocessing(cases, config.data.layout, names)
     before, after = report["unprocessed"], report["chosen"]
-    log.info("post-processing chosen on %d val cases: %s; val mean lesion-wise Dice (2023) %s, legacy Dice %s",
-             len(cases), rules.describe(),
-             ", ".join(f"{r.upper()} {before['lesion23_dice'][r]:.3f} -> {after['lesion23_dice'][r]:.3f}" for r in names),
-             ", ".join(f"{r.upper()} {before['dice'][r]:.3f} -> {after['dice'][r]:.3f}" for r in names))
+    log.info(
+        "post-processing chosen on %d val cases: %s; val mean lesion-wise Dice (2023) %s, legacy Dice %s",
+        len(cases),
+        rules.describe(),
+        ", ".join(f"{r.upper()} {before['lesion23_dice'][r]:.3f} -> {after['lesion23_dice'][r]:.3f}" for r in names),
+        ", ".join(f"{r.upper()} {before['dice'][r]:.3f} -> {after['dice'][r]:.3f}" for r in names),
+    )
     if key is not None:
         from datetime import datetime, timezone
 
-        folder.write_postprocess({
-            "kind": POSTPROCESS_KIND, "version": POSTPROCESS_VERSION, "rules": rules.rules(),
-            "described": rules.describe(), "chosen_for": key, "validation": report,
-            "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        folder.write_postprocess(
+            {
+                "kind": POSTPROCESS_KIND,
+                "version": POSTPROCESS_VERSION,
+                "rules": rules.rules(),
+                "described": rules.describe(),
+                "chosen_for": key,
+                "validation": report,
+                "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+        )
     return rules, model

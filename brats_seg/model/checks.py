@@ -15,7 +15,7 @@ multiple of ``2**depth``.
 from __future__ import annotations
 
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 from brats_seg.choices import check_choice
 from brats_seg.config import ModelConfig, Norm, Precision, Upsample
@@ -37,8 +37,11 @@ IN_CHANNELS = (1, 4)  # FLAIR only | FLAIR, T1, T1ce, T2
 # Keras dtype policy -> the compute dtype of its layers (variables are float32 under each).
 DTYPE_POLICIES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 # backend.precision -> the Keras dtype policy it trains under (the one table; backend.py applies it)
-PRECISION_POLICIES = {Precision.fp32.value: "float32", Precision.bf16.value: "mixed_bfloat16",
-                      Precision.fp16.value: "mixed_float16"}
+PRECISION_POLICIES = {
+    Precision.fp32.value: "float32",
+    Precision.bf16.value: "mixed_bfloat16",
+    Precision.fp16.value: "mixed_float16",
+}
 
 
 def check_unet_config(cfg: ModelConfig, input_shape: Sequence[int]) -> None:
@@ -65,17 +68,20 @@ def check_model_config(cfg: ModelConfig) -> None:
     if not isinstance(cfg.base_filters, int) or cfg.base_filters < 1:
         raise ValueError(f"model.base_filters must be an integer >= 1, got {cfg.base_filters!r}.")
     if cfg.in_channels not in IN_CHANNELS:
-        raise ValueError(
-            f"model.in_channels must be 4 (FLAIR,T1,T1ce,T2) or 1 (FLAIR only), got {cfg.in_channels!r}."
-        )
+        raise ValueError(f"model.in_channels must be 4 (FLAIR,T1,T1ce,T2) or 1 (FLAIR only), got {cfg.in_channels!r}.")
     if not isinstance(cfg.out_channels, int) or cfg.out_channels < 1:
         raise ValueError(
             f"model.out_channels must be the number of sigmoid outputs (>= 1), got {cfg.out_channels!r}; "
             "0 means one output per region of data.layout and is resolved by "
             "brats_seg.data.labels.resolve_model_outputs before a model is built."
         )
-    check_choice(cfg.norm, Norm, "model.norm", hint=f"({cfg.norm!r} is not a normalisation this U-Net builds; "
-                 "instance and group norm keep no running statistics, so a recomputed block stays exact.)")
+    check_choice(
+        cfg.norm,
+        Norm,
+        "model.norm",
+        hint=f"({cfg.norm!r} is not a normalisation this U-Net builds; "
+        "instance and group norm keep no running statistics, so a recomputed block stays exact.)",
+    )
     if cfg.norm == "group" and (not isinstance(cfg.groups, int) or cfg.groups < 1):
         raise ValueError(f"model.groups must be an integer >= 1 for norm=group, got {cfg.groups!r}.")
     check_choice(cfg.upsample, Upsample, "model.upsample")

@@ -115,14 +115,18 @@ def _instance_norm_one(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon:
     a transposed copy in and out, and a kernel vectorised over voxels."""
     _, sx, sy, sz, channels = x.shape
     if instance_norm_is_planar(channels, x.dtype.name):
-        planar = tf.reshape(tf.transpose(tf.reshape(x, (1, sx * sy * sz, channels)), (0, 2, 1)),
-                            (1, channels, sx, sy * sz))
-        y, _, _ = tf.compat.v1.nn.fused_batch_norm(planar, gamma, beta, epsilon=epsilon, data_format="NCHW",
-                                                   is_training=True)
-        return tf.reshape(tf.transpose(tf.reshape(y, (1, channels, sx * sy * sz)), (0, 2, 1)), (1, sx, sy, sz, channels))
+        planar = tf.reshape(
+            tf.transpose(tf.reshape(x, (1, sx * sy * sz, channels)), (0, 2, 1)), (1, channels, sx, sy * sz)
+        )
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            planar, gamma, beta, epsilon=epsilon, data_format="NCHW", is_training=True
+        )
+        return tf.reshape(
+            tf.transpose(tf.reshape(y, (1, channels, sx * sy * sz)), (0, 2, 1)), (1, sx, sy, sz, channels)
+        )
     y, _, _ = tf.compat.v1.nn.fused_batch_norm(
-        tf.reshape(x, (1, sx, sy * sz, channels)), gamma, beta, epsilon=epsilon, data_format="NHWC",
-        is_training=True)
+        tf.reshape(x, (1, sx, sy * sz, channels)), gamma, beta, epsilon=epsilon, data_format="NHWC", is_training=True
+    )
     return tf.reshape(y, (1, sx, sy, sz, channels))
 
 
@@ -181,8 +185,10 @@ def _group_norm_fns(groups: int, per_group: int, epsilon: float):
         dbeta = tf.reshape(tf.reduce_sum(sum_dy, axis=[0, 1]), [channels])
         return tf.cast(tf.reshape(dx, tf.shape(x)), x.dtype), dgamma, dbeta
 
-    return (tf.function(forward, jit_compile=True, reduce_retracing=True),
-            tf.function(gradient, jit_compile=True, reduce_retracing=True))
+    return (
+        tf.function(forward, jit_compile=True, reduce_retracing=True),
+        tf.function(gradient, jit_compile=True, reduce_retracing=True),
+    )
 
 
 def _grouped(x: tf.Tensor, groups: int, per_group: int) -> tf.Tensor:

@@ -36,8 +36,8 @@ the front (see ``brats_seg.lms``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from brats_seg.config import ModelConfig
 from brats_seg.model.checks import DTYPE_POLICIES, check_depth, check_model_config, check_policy
@@ -224,10 +224,24 @@ class _Writer:
         self.layers: list[LayerSpec] = []
         self.tail_start: int | None = None
 
-    def add(self, part: str, kind: str, inputs: Sequence[TensorSpec], channels: int, *, level: int | None = None,
-            dtype: str | None = None, block_output: bool = False, **attributes) -> TensorSpec:
-        output = TensorSpec(self.name if block_output else f"{self.name}/{part}", channels,
-                            self.level if level is None else level, dtype or self.dtype)
+    def add(
+        self,
+        part: str,
+        kind: str,
+        inputs: Sequence[TensorSpec],
+        channels: int,
+        *,
+        level: int | None = None,
+        dtype: str | None = None,
+        block_output: bool = False,
+        **attributes,
+    ) -> TensorSpec:
+        output = TensorSpec(
+            self.name if block_output else f"{self.name}/{part}",
+            channels,
+            self.level if level is None else level,
+            dtype or self.dtype,
+        )
         self.layers.append(LayerSpec(f"{self.name}_{part}", kind, tuple(inputs), output, **attributes))
         return output
 
@@ -258,8 +272,9 @@ def _encoder(name: str, level: int, x: TensorSpec, filters: int, cfg: ModelConfi
     return w.block([x])
 
 
-def _decoder(name: str, level: int, x: TensorSpec, skip: TensorSpec, filters: int, cfg: ModelConfig,
-             compute: str) -> BlockSpec:
+def _decoder(
+    name: str, level: int, x: TensorSpec, skip: TensorSpec, filters: int, cfg: ModelConfig, compute: str
+) -> BlockSpec:
     """``dec{l}``: Up(x) -> Concat([up, skip]) -> TwoConv."""
     w = _Writer(name, level, compute)
     if cfg.upsample == "transpose":
@@ -286,8 +301,16 @@ def _head(x: TensorSpec, cfg: ModelConfig, compute: str) -> BlockSpec:
         logits = w.add("cast", "cast", [logits], cfg.out_channels, dtype="float32")
     parents = tuple(cfg.region_parents) or (-1,) * cfg.out_channels
     nested = any(p >= 0 for p in parents)
-    w.add("sigmoid", "nest" if nested else "sigmoid", [logits], cfg.out_channels, block_output=True, float32=True,
-          dtype="float32", parents=parents if nested else ())
+    w.add(
+        "sigmoid",
+        "nest" if nested else "sigmoid",
+        [logits],
+        cfg.out_channels,
+        block_output=True,
+        float32=True,
+        dtype="float32",
+        parents=parents if nested else (),
+    )
     return w.block([x])
 
 

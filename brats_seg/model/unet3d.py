@@ -24,8 +24,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -50,7 +51,9 @@ logger = logging.getLogger(__name__)
 NORM_EPSILON = 1e-5  # instance/group norm; the usual value (PyTorch, MONAI) rather than Keras' 1e-3
 
 # (block_name, block, inputs) -> output; see build_unet3d.
-BlockCallWrapper = Callable[[str, "Block", list], Any]  # what runs a block (brats_seg.lms.runtime.offload.BlockWrapper is one)
+BlockCallWrapper = Callable[
+    [str, "Block", list], Any
+]  # what runs a block (brats_seg.lms.runtime.offload.BlockWrapper is one)
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,10 +173,12 @@ def _block_from_spec(spec: BlockSpec, cfg: ModelConfig) -> Block:
 
     split = None
     if spec.tail_start is not None:
-        front, tail = spec.layers[: spec.tail_start], spec.layers[spec.tail_start:]
+        front, tail = spec.layers[: spec.tail_start], spec.layers[spec.tail_start :]
         feed = tail[0].inputs[0].name  # the tail reads only the front's output
-        split = (lambda *inputs: run_layers(_call, front, inputs_of(inputs)),
-                 lambda x: run_layers(_call, tail, {feed: x}))
+        split = (
+            lambda *inputs: run_layers(_call, front, inputs_of(inputs)),
+            lambda x: run_layers(_call, tail, {feed: x}),
+        )
     return Block(name=spec.name, layers=tuple(made.values()), apply=apply, build_fn=build_fn, split=split)
 
 
@@ -192,13 +197,15 @@ def _make_layer(spec: LayerSpec, cfg: ModelConfig) -> layers.Layer:
     """The Keras layer of one topology layer (initialisers and Keras options are chosen here)."""
     name, channels = spec.name, spec.output.channels
     if spec.kind == "conv" and name == "head_conv":  # compute dtype; the sigmoid after it is float32
-        return layers.Conv3D(channels, spec.kernel, name=name,
-                             bias_initializer=keras.initializers.Constant(_head_bias(cfg)))
+        return layers.Conv3D(
+            channels, spec.kernel, name=name, bias_initializer=keras.initializers.Constant(_head_bias(cfg))
+        )
     if spec.kind == "conv" and spec.kernel == 1:  # dec{l}_upconv
         return layers.Conv3D(channels, 1, name=name)
     if spec.kind == "conv":  # TwoConv: a norm and a ReLU follow
-        return layers.Conv3D(channels, spec.kernel, padding="same", use_bias=spec.bias,
-                             kernel_initializer="he_normal", name=name)
+        return layers.Conv3D(
+            channels, spec.kernel, padding="same", use_bias=spec.bias, kernel_initializer="he_normal", name=name
+        )
     if spec.kind == "norm":
         return _norm_layer(spec, cfg)
     if spec.kind == "relu":
@@ -225,8 +232,13 @@ def _norm_layer(spec: LayerSpec, cfg: ModelConfig) -> layers.Layer:
         return GroupNorm(groups=-1, epsilon=NORM_EPSILON, name=spec.name)
     if spec.norm == "group":
         if spec.groups != cfg.groups:
-            logger.debug("%s: %d groups do not divide %d channels; using %d",
-                         spec.name, cfg.groups, spec.output.channels, spec.groups)
+            logger.debug(
+                "%s: %d groups do not divide %d channels; using %d",
+                spec.name,
+                cfg.groups,
+                spec.output.channels,
+                spec.groups,
+            )
         return GroupNorm(groups=spec.groups, epsilon=NORM_EPSILON, name=spec.name)
     return layers.BatchNormalization(name=spec.name)
 
@@ -321,16 +333,19 @@ def _nested_sigmoid_fns(parents: tuple[int, ...]):
         s = tf.sigmoid(z)
         probs = []
         for r, parent in enumerate(parents):
-            probs.append(s[..., r:r + 1] if parent < 0 else s[..., r:r + 1] * probs[parent])
+            probs.append(s[..., r : r + 1] if parent < 0 else s[..., r : r + 1] * probs[parent])
         return s, tf.concat(probs, axis=-1)
 
     def gradient(dp, s, p):
-        parent_p = tf.concat([tf.ones_like(s[..., :1]) if parent < 0 else p[..., parent:parent + 1]
-                              for parent in parents], axis=-1)
+        parent_p = tf.concat(
+            [tf.ones_like(s[..., :1]) if parent < 0 else p[..., parent : parent + 1] for parent in parents], axis=-1
+        )
         return dp * s * (1.0 - s) * parent_p
 
-    return (tf.function(forward, jit_compile=True, reduce_retracing=True),
-            tf.function(gradient, jit_compile=True, reduce_retracing=True))
+    return (
+        tf.function(forward, jit_compile=True, reduce_retracing=True),
+        tf.function(gradient, jit_compile=True, reduce_retracing=True),
+    )
 
 
 def make_unet_blocks(cfg: ModelConfig) -> dict[str, Block]:
@@ -391,6 +406,10 @@ def build_unet3d(
     probabilities = tensors["head"]  # (B, x, y, z, C_out), float32
     logger.debug(
         "built unet3d depth=%d base_filters=%d norm=%s upsample=%s input=%s",
-        cfg.depth, cfg.base_filters, cfg.norm, cfg.upsample, tuple(input_shape),
+        cfg.depth,
+        cfg.base_filters,
+        cfg.norm,
+        cfg.upsample,
+        tuple(input_shape),
     )
     return keras.Model(image, probabilities, name="unet3d")

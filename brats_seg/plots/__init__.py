@@ -22,5 +22,12 @@ from brats_seg.plots.evaluation import plot_case_scores
 from brats_seg.plots.study import plot_study
 from brats_seg.plots.training import plot_training_curves
 
-__all__ = ["plot_benchmark_sweep", "plot_step_time_fit", "plot_width_sweep", "plot_case_scores", "plot_resolution_study", "plot_study",
-           "plot_training_curves"]
+__all__ = [
+    "plot_benchmark_sweep",
+    "plot_case_scores",
+    "plot_resolution_study",
+    "plot_step_time_fit",
+    "plot_study",
+    "plot_training_curves",
+    "plot_width_sweep",
+]

@@ -61,8 +61,11 @@ def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, points in _series(records, lambda r: r["voxels_per_s"]).items():
         ax.plot([p[0] / 1e6 for p in points], [p[1] / 1e6 for p in points], "o-", label=label)
-    ax.set(xlabel="input voxels per step (millions)", ylabel="training throughput (million voxels / s)",
-           title=f"{title}: training speed")
+    ax.set(
+        xlabel="input voxels per step (millions)",
+        ylabel="training throughput (million voxels / s)",
+        title=f"{title}: training speed",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     paths.append(save_figure(fig, out_dir / "throughput.png"))
@@ -74,10 +77,14 @@ def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title:
         ax.plot([p[0] / 1e6 for p in points], [p[1] for p in points], "o-", color=color, label=f"{label} measured")
         if label in predicted:
             pts = predicted[label]
-            ax.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], "--", color=color, alpha=0.8,
-                    label=f"{label} planner")
-    ax.set(xlabel="input voxels per step (millions)", ylabel="peak memory (GB)",
-           title=f"{title}: peak memory, measured and planned")
+            ax.plot(
+                [p[0] / 1e6 for p in pts], [p[1] for p in pts], "--", color=color, alpha=0.8, label=f"{label} planner"
+            )
+    ax.set(
+        xlabel="input voxels per step (millions)",
+        ylabel="peak memory (GB)",
+        title=f"{title}: peak memory, measured and planned",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     paths.append(save_figure(fig, out_dir / "memory.png"))
@@ -85,12 +92,20 @@ def plot_benchmark_sweep(records: Sequence[Mapping], out_dir: str | Path, title:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sgemm = [r["sgemm_flops_per_s"] for r in records if r.get("sgemm_flops_per_s")]
     if sgemm:
-        ax.axhspan(min(sgemm) / 1e9, max(sgemm) / 1e9, color="grey", alpha=0.25,
-                   label=f"float32 SGEMM 4096^2, same runs ({min(sgemm) / 1e9:.0f}-{max(sgemm) / 1e9:.0f})")
+        ax.axhspan(
+            min(sgemm) / 1e9,
+            max(sgemm) / 1e9,
+            color="grey",
+            alpha=0.25,
+            label=f"float32 SGEMM 4096^2, same runs ({min(sgemm) / 1e9:.0f}-{max(sgemm) / 1e9:.0f})",
+        )
     for label, points in _series(records, lambda r: r.get("flops_per_s")).items():
         ax.plot([p[0] / 1e6 for p in points], [p[1] / 1e9 for p in points], "o-", label=label)
-    ax.set(xlabel="input voxels per step (millions)", ylabel="GFLOP/s of the training step",
-           title=f"{title}: step FLOP/s against SGEMM")
+    ax.set(
+        xlabel="input voxels per step (millions)",
+        ylabel="GFLOP/s of the training step",
+        title=f"{title}: step FLOP/s against SGEMM",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     paths.append(save_figure(fig, out_dir / "flops.png"))
@@ -107,8 +122,9 @@ def _filters(r: Mapping) -> int | None:
     return None
 
 
-def plot_width_sweep(records: Sequence[Mapping], path: str | Path, profile: Sequence[Mapping] = (),
-                     title: str = "") -> Path:
+def plot_width_sweep(
+    records: Sequence[Mapping], path: str | Path, profile: Sequence[Mapping] = (), title: str = ""
+) -> Path:
     """Throughput against the U-Net's width (``configs/benchmark_sweeps/width.yaml``), one figure:
 
     - seconds per step against ``model.base_filters``, a line per precision, the planner's
@@ -126,8 +142,10 @@ def plot_width_sweep(records: Sequence[Mapping], path: str | Path, profile: Sequ
     records = [r for r in records if "step_s" in r and _filters(r) is not None]
     if not records:
         raise ValueError("no benchmark results with model.base_filters to plot")
-    title = title or f"{records[0].get('cpu', '')} ({records[0].get('cpu_kind', '')}), " \
-                     f"{'x'.join(map(str, records[0]['shape']))}"
+    title = (
+        title
+        or f"{records[0].get('cpu', '')} ({records[0].get('cpu_kind', '')}), {'x'.join(map(str, records[0]['shape']))}"
+    )
     profiled = [r for r in profile if r.get("reorder_share") is not None and _filters(r) is not None]
     fig, axes = plt.subplots(1, 3 if profiled else 2, figsize=(15 if profiled else 10.5, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -141,8 +159,13 @@ def plot_width_sweep(records: Sequence[Mapping], path: str | Path, profile: Sequ
         axes[1].plot(xs, [r["flops_per_s"] / 1e9 for r in rows], "o-", color=colors[k], label=precision)
         prof = sorted((r for r in profiled if r["precision"] == precision), key=_filters)
         if prof:
-            axes[2].plot([_filters(r) for r in prof], [100 * r["reorder_share"] for r in prof], "o-",
-                         color=colors[k], label=precision)
+            axes[2].plot(
+                [_filters(r) for r in prof],
+                [100 * r["reorder_share"] for r in prof],
+                "o-",
+                color=colors[k],
+                label=precision,
+            )
     sgemm = [r["sgemm_flops_per_s"] for r in records if r.get("sgemm_flops_per_s")]
     if sgemm:
         axes[1].axhspan(min(sgemm) / 1e9, max(sgemm) / 1e9, color="grey", alpha=0.25, label="fp32 SGEMM 4096^2")
@@ -168,22 +191,36 @@ def plot_step_time_fit(groups: Mapping[str, Sequence[Mapping]], path: str | Path
     if not values:
         raise ValueError("no step-time points to plot")
     lo, hi = min(values) / 1.3, max(values) * 1.3
-    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="grey", alpha=0.2,
-                    label="within 25%")
+    ax.fill_between(
+        [lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="grey", alpha=0.2, label="within 25%"
+    )
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
     for (label, rows), marker in zip(groups.items(), "osD^v"):
         if rows:
-            ax.plot([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows], marker, alpha=0.8,
-                    label=f"{label} ({len(rows)})")
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured seconds per step",
-           ylabel="planner's seconds per step", title=title or "step-time model against measurements")
+            ax.plot(
+                [r["measured_s"] for r in rows],
+                [r["predicted_s"] for r in rows],
+                marker,
+                alpha=0.8,
+                label=f"{label} ({len(rows)})",
+            )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        ylim=(lo, hi),
+        xlabel="measured seconds per step",
+        ylabel="planner's seconds per step",
+        title=title or "step-time model against measurements",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save_figure(fig, Path(path))
 
 
-def plot_resolution_study(rows: Sequence[Mapping], path: str | Path, regions: Sequence[str] = ("wt", "tc", "et"),
-                          title: str = "") -> Path:
+def plot_resolution_study(
+    rows: Sequence[Mapping], path: str | Path, regions: Sequence[str] = ("wt", "tc", "et"), title: str = ""
+) -> Path:
     """Dice per region against the training resolution (the seeds' chart), scored on the native grid.
 
     Args:
@@ -205,8 +242,11 @@ def plot_resolution_study(rows: Sequence[Mapping], path: str | Path, regions: Se
         for x, m in zip(xs, means):
             ax.text(x, m + 0.01, f"{m:.2f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(rows)), labels, fontsize=8)
-    ax.set(ylabel="Dice on the native grid (mean, std over test cases)", ylim=(0, 1.05),
-           title=title or "Dice per region against training resolution")
+    ax.set(
+        ylabel="Dice on the native grid (mean, std over test cases)",
+        ylim=(0, 1.05),
+        title=title or "Dice per region against training resolution",
+    )
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, Path(path))

@@ -7,9 +7,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, also on a machine without a display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from brats_seg.files import atomic_path  # noqa: E402
+from brats_seg.files import atomic_path
 
 __all__ = ["plt", "region_colors", "save_figure"]
 

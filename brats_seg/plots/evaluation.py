@@ -23,8 +23,13 @@ _NAMED_CASES = 40  # up to this many cases, the worst case of each region is nam
 def _strip(ax, values: Sequence[np.ndarray], colors: Sequence[str], seed: int = 0) -> list[np.ndarray]:
     """A box per region and its cases as jittered points; returns each point's x."""
     finite = [v[np.isfinite(v)] for v in values]
-    ax.boxplot([v if v.size else [np.nan] for v in finite], positions=range(len(values)), widths=0.5,
-               showfliers=False, medianprops={"color": "black"})
+    ax.boxplot(
+        [v if v.size else [np.nan] for v in finite],
+        positions=range(len(values)),
+        widths=0.5,
+        showfliers=False,
+        medianprops={"color": "black"},
+    )
     rng = np.random.default_rng(seed)  # the same jitter every time: figures of two runs compare
     xs = []
     for i, (v, color) in enumerate(zip(values, colors)):
@@ -34,8 +39,14 @@ def _strip(ax, values: Sequence[np.ndarray], colors: Sequence[str], seed: int = 
     return xs
 
 
-def plot_case_scores(case_ids: Sequence[str], dice: Mapping[str, np.ndarray], hd95: Mapping[str, np.ndarray],
-                     path: str | Path, title: str = "", penalty_mm: float = 373.0) -> Path:
+def plot_case_scores(
+    case_ids: Sequence[str],
+    dice: Mapping[str, np.ndarray],
+    hd95: Mapping[str, np.ndarray],
+    path: str | Path,
+    title: str = "",
+    penalty_mm: float = 373.0,
+) -> Path:
     """Dice (left) and HD95 (right) of every case, a box and points per region.
 
     Args:
@@ -70,11 +81,16 @@ def plot_case_scores(case_ids: Sequence[str], dice: Mapping[str, np.ndarray], hd
         for x, v in zip(xs, dice_values):
             if np.isfinite(v).any():
                 worst = int(np.nanargmin(v))
-                ax_dice.annotate(case_ids[worst], (x[worst], v[worst]), xytext=(5, -3), textcoords="offset points",
-                                 fontsize=6, color="dimgrey")
+                ax_dice.annotate(
+                    case_ids[worst],
+                    (x[worst], v[worst]),
+                    xytext=(5, -3),
+                    textcoords="offset points",
+                    fontsize=6,
+                    color="dimgrey",
+                )
     means = [float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for v in dice_values]
-    ax_dice.set_xticks(range(len(regions)), [f"{lab}\nmean {m:.3f}" for lab, m in zip(labels, means)],
-                      fontsize=8)
+    ax_dice.set_xticks(range(len(regions)), [f"{lab}\nmean {m:.3f}" for lab, m in zip(labels, means)], fontsize=8)
     ax_dice.set(ylabel="Dice (native grid)", ylim=(-0.03, 1.03), title="Dice per case")
 
     hd_values = [np.where(np.isinf(v), penalty_mm, v) for v in (np.asarray(hd95[r], dtype=float) for r in regions)]
@@ -86,12 +102,18 @@ def plot_case_scores(case_ids: Sequence[str], dice: Mapping[str, np.ndarray], hd
         if hit.any():
             ax_hd.scatter(x[hit], np.full(hit.sum(), penalty_mm), marker="x", s=40, color="black", zorder=4)
     ax_hd.axhline(penalty_mm, color="grey", linestyle=":", linewidth=1)
-    ax_hd.text(-0.45, penalty_mm * 1.05, f"{penalty_mm:g} mm: one side empty", fontsize=7, ha="left",
-               va="bottom", color="dimgrey")
+    ax_hd.text(
+        -0.45,
+        penalty_mm * 1.05,
+        f"{penalty_mm:g} mm: one side empty",
+        fontsize=7,
+        ha="left",
+        va="bottom",
+        color="dimgrey",
+    )
     medians = [float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan") for v in hd_values]
     ax_hd.set_yscale("log")
-    ax_hd.set_xticks(range(len(regions)), [f"{lab}\nmedian {m:.3g} mm" for lab, m in zip(labels, medians)],
-                     fontsize=8)
+    ax_hd.set_xticks(range(len(regions)), [f"{lab}\nmedian {m:.3g} mm" for lab, m in zip(labels, medians)], fontsize=8)
     ax_hd.set(ylabel="HD95 (mm, log scale)", ylim=(floor * 0.8, penalty_mm * 2), title="HD95 per case")
     for ax in (ax_dice, ax_hd):
         ax.grid(axis="y", alpha=0.3)

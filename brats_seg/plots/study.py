@@ -49,18 +49,32 @@ def plot_val_dice_vs_time(study: Mapping, path: str | Path, title: str = "") -> 
                 xs = [t / 60 for t, v in zip(c["train_time_s"], c[key]) if v is not None]
                 ys = [v for v in c[key] if v is not None]
                 alone = len(curves) == 1  # an arm of one run: its line is the arm's
-                ax.plot(xs, ys, "-o" if alone else "-", color=color, lw=1.6 if alone else 0.8,
-                        alpha=1.0 if alone else 0.6, markersize=2.5, label=arm["label"] if alone else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    "-o" if alone else "-",
+                    color=color,
+                    lw=1.6 if alone else 0.8,
+                    alpha=1.0 if alone else 0.6,
+                    markersize=2.5,
+                    label=arm["label"] if alone else None,
+                )
             mean = (arm.get("mean_curves") or {}).get(key)
             if mean is not None:
-                ax.plot([t / 60 for t in mean["train_time_s"]], mean[key], "-", color=color, lw=2.4,
-                        label=f"{arm['label']} (mean of {len(curves)})")
+                ax.plot(
+                    [t / 60 for t in mean["train_time_s"]],
+                    mean[key],
+                    "-",
+                    color=color,
+                    lw=2.4,
+                    label=f"{arm['label']} (mean of {len(curves)})",
+                )
             elif len(curves) > 1:
                 ax.plot([], [], "-", color=color, lw=0.8, label=f"{arm['label']} ({len(curves)} runs)")
         name = "mean of regions" if key == "val_dice_mean" else key.rsplit("_", 1)[1].upper()
         ax.set(xlabel="training time (min, validation excluded)", ylabel="validation Dice", title=name)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(title or "validation Dice against training time")
@@ -86,9 +100,11 @@ def plot_throughput(study: Mapping, path: str | Path, title: str = "") -> Path:
     fig, (ax_vox, ax_vol) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
 
     def scaled(stats, factor):
-        return {"mean": None if stats["mean"] is None else stats["mean"] * factor,
-                "std": None if stats["std"] is None else stats["std"] * factor,
-                "values": [None if v is None else v * factor for v in stats["values"]]}
+        return {
+            "mean": None if stats["mean"] is None else stats["mean"] * factor,
+            "std": None if stats["std"] is None else stats["std"] * factor,
+            "values": [None if v is None else v * factor for v in stats["values"]],
+        }
 
     _bars(ax_vox, arms, lambda a: scaled(a["voxels_per_s"], 1e-6))
     ax_vox.set(ylabel="training voxels/s (millions)", title="voxels per second")
@@ -109,8 +125,16 @@ def plot_set_metrics(study: Mapping, set_name: str, path: str | Path, title: str
             stats = [arm["sets"][set_name]["metrics"].get(f"{metric}_{r}", {}) for r in regions]
             xs = [i + (j - (len(arms) - 1) / 2) * width for i in range(len(regions))]
             means = [s.get("mean") if s.get("mean") is not None else math.nan for s in stats]
-            ax.bar(xs, means, width, yerr=[s.get("std") or 0.0 for s in stats], capsize=2, color=color,
-                   alpha=0.85, label=arm["label"])
+            ax.bar(
+                xs,
+                means,
+                width,
+                yerr=[s.get("std") or 0.0 for s in stats],
+                capsize=2,
+                color=color,
+                alpha=0.85,
+                label=arm["label"],
+            )
             for x, s in zip(xs, stats):
                 seeds = [v for v in s.get("values", []) if v is not None]
                 ax.plot([x] * len(seeds), seeds, "k.", markersize=3)
@@ -132,10 +156,21 @@ def _resolution_rows(study: Mapping, set_name: str) -> list[dict]:
         if entry is None or arm["spacing_mm"] is None:
             continue
         label = str(arm["values"].get("resolution.name", arm["label"]))
-        rows.append({"label": label, "spacing_mm": float(arm["spacing_mm"]),
-                     "epochs": int(round(arm["epochs_done"]["mean"] or 0)), "n_cases": entry["n_cases"],
-                     **{f"dice_{r}": {"mean": entry["metrics"][f"dice_{r}"]["mean"],
-                                      "std": entry["case_std"].get(f"dice_{r}") or 0.0} for r in study["regions"]}})
+        rows.append(
+            {
+                "label": label,
+                "spacing_mm": float(arm["spacing_mm"]),
+                "epochs": round(arm["epochs_done"]["mean"] or 0),
+                "n_cases": entry["n_cases"],
+                **{
+                    f"dice_{r}": {
+                        "mean": entry["metrics"][f"dice_{r}"]["mean"],
+                        "std": entry["case_std"].get(f"dice_{r}") or 0.0,
+                    }
+                    for r in study["regions"]
+                },
+            }
+        )
     return rows
 
 
@@ -143,9 +178,12 @@ def plot_study(study: Mapping, out_dir: str | Path, title: str = "") -> list[Pat
     """Every chart of the study into ``out_dir`` (the module doc lists them); their paths."""
     out_dir = Path(out_dir)
     prefix = f"{title}: " if title else ""
-    paths = [plot_val_dice_vs_time(study, out_dir / "val_dice_vs_time.png",
-                                   prefix + "validation Dice against training time"),
-             plot_throughput(study, out_dir / "throughput.png", prefix + "training throughput (mean ± std over seeds)")]
+    paths = [
+        plot_val_dice_vs_time(
+            study, out_dir / "val_dice_vs_time.png", prefix + "validation Dice against training time"
+        ),
+        plot_throughput(study, out_dir / "throughput.png", prefix + "training throughput (mean ± std over seeds)"),
+    ]
     for s in study["sets"]:
         if any(s in a["sets"] for a in study["arms"]):
             paths.append(plot_set_metrics(study, s, out_dir / f"{s.replace('@', '_')}_metrics.png"))
@@ -153,9 +191,14 @@ def plot_study(study: Mapping, out_dir: str | Path, title: str = "") -> list[Pat
         rows = _resolution_rows(study, study["sets"][0])
         if rows:
             common = study["common"]
-            paths.append(plot_resolution_study(
-                rows, out_dir / "resolution_study.png", regions=study["regions"],
-                title=f"{common.get('data.name', '')}: Dice on the native grid against training resolution "
-                      f"({common.get('backend.precision', 'precision varies')})"))
+            paths.append(
+                plot_resolution_study(
+                    rows,
+                    out_dir / "resolution_study.png",
+                    regions=study["regions"],
+                    title=f"{common.get('data.name', '')}: Dice on the native grid against training resolution "
+                    f"({common.get('backend.precision', 'precision varies')})",
+                )
+            )
     log.info("study charts: %s", ", ".join(p.name for p in paths))
     return paths

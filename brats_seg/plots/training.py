@@ -28,8 +28,7 @@ def _points(history: Sequence[Mapping], key: str) -> tuple[list[float], list[flo
     return xs, ys
 
 
-def plot_training_curves(history: Sequence[Mapping], regions: Sequence[str], path: str | Path,
-                         title: str = "") -> Path:
+def plot_training_curves(history: Sequence[Mapping], regions: Sequence[str], path: str | Path, title: str = "") -> Path:
     """Loss (left) and Dice per region (right) against the epoch, training dashed, validation solid.
 
     The best validation mean Dice (the epoch ``best.keras`` holds) is marked on both panels and
@@ -66,8 +65,9 @@ def plot_training_curves(history: Sequence[Mapping], regions: Sequence[str], pat
     xs, ys = _points(history, "val_dice_mean")
     if xs:
         best = max(range(len(ys)), key=ys.__getitem__)  # the first of equal bests, as the checkpoint keeps
-        ax_dice.plot(xs, ys, "-", color="black", linewidth=2,
-                     label=f"mean validation (best {ys[best]:.3f}, epoch {xs[best]:g})")
+        ax_dice.plot(
+            xs, ys, "-", color="black", linewidth=2, label=f"mean validation (best {ys[best]:.3f}, epoch {xs[best]:g})"
+        )
         for ax in (ax_loss, ax_dice):
             ax.axvline(xs[best], color="grey", linestyle=":", linewidth=1)
     ax_dice.set(xlabel="epoch", ylabel="Dice (network grid)", ylim=(0, 1.02), title="Dice per region")

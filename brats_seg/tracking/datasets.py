@@ -49,8 +49,9 @@ SPLIT_CONTEXTS = {"train": "train", "val": "validation", "test": "test"}
 EVALUATION_CONTEXT = "evaluation"
 
 
-def split_inputs(data: DataConfig, resolution: ResolutionConfig, split: Mapping[str, Sequence[str]]
-                 ) -> list[DatasetInput]:
+def split_inputs(
+    data: DataConfig, resolution: ResolutionConfig, split: Mapping[str, Sequence[str]]
+) -> list[DatasetInput]:
     """The training run's splits as MLflow dataset inputs (train, validation, test; an empty split is left out).
 
     Args:
@@ -58,12 +59,16 @@ def split_inputs(data: DataConfig, resolution: ResolutionConfig, split: Mapping[
         resolution: the run's ``resolution.*``.
         split: ``split.json``: ``{"train": [case ids], "val": [...], "test": [...]}``.
     """
-    return [_dataset_input(f"{data.name}/{name}", data, resolution, split[name], context)
-            for name, context in SPLIT_CONTEXTS.items() if split.get(name)]
+    return [
+        _dataset_input(f"{data.name}/{name}", data, resolution, split[name], context)
+        for name, context in SPLIT_CONTEXTS.items()
+        if split.get(name)
+    ]
 
 
-def evaluated_input(data: DataConfig, resolution: ResolutionConfig, split: str, case_ids: Sequence[str]
-                    ) -> DatasetInput:
+def evaluated_input(
+    data: DataConfig, resolution: ResolutionConfig, split: str, case_ids: Sequence[str]
+) -> DatasetInput:
     """The cases an evaluation scored, as the MLflow dataset input ``<data.name>/eval/<split>``.
 
     Args:
@@ -87,13 +92,25 @@ def compute_digest(data: DataConfig, resolution: ResolutionConfig, case_ids: Seq
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def _dataset_input(name: str, data: DataConfig, resolution: ResolutionConfig, case_ids: Sequence[str],
-                   context: str) -> DatasetInput:
+def _dataset_input(
+    name: str, data: DataConfig, resolution: ResolutionConfig, case_ids: Sequence[str], context: str
+) -> DatasetInput:
     source = LocalArtifactDatasetSource(str(Path(data.root).expanduser().resolve()))
     dataset = MetaDataset(source, name=name, digest=compute_digest(data, resolution, case_ids))
-    profile = {"cases": len(case_ids), "layout": str(data.layout), "resolution": resolution.name,
-               "spacing_mm": float(resolution.spacing_mm), "shape": "x".join(str(int(s)) for s in resolution.shape)}
+    profile = {
+        "cases": len(case_ids),
+        "layout": str(data.layout),
+        "resolution": resolution.name,
+        "spacing_mm": float(resolution.spacing_mm),
+        "shape": "x".join(str(int(s)) for s in resolution.shape),
+    }
     fields = dataset.to_dict()  # name, digest, source, source_type (a MetaDataset has no profile of its own)
-    entity = Dataset(name=fields["name"], digest=fields["digest"], source_type=fields["source_type"],
-                     source=fields["source"], schema=fields.get("schema"), profile=json.dumps(profile))
+    entity = Dataset(
+        name=fields["name"],
+        digest=fields["digest"],
+        source_type=fields["source_type"],
+        source=fields["source"],
+        schema=fields.get("schema"),
+        profile=json.dumps(profile),
+    )
     return DatasetInput(dataset=entity, tags=[InputTag(key=CONTEXT_TAG, value=context)])

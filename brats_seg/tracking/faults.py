@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from brats_seg.files import disk_full_error, format_bytes, is_disk_full
 from brats_seg.tracking.store import local_store_path
@@ -25,8 +25,13 @@ __all__ = ["REJECTED", "FaultPolicy", "MlflowDiskFullFilter", "disk_full_message
 log = logging.getLogger(__name__)
 
 # MLflow error codes meaning "this call was refused", not "the store is gone".
-REJECTED = {"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
-            "INVALID_STATE"}
+REJECTED = {
+    "INVALID_PARAMETER_VALUE",
+    "RESOURCE_ALREADY_EXISTS",
+    "RESOURCE_DOES_NOT_EXIST",
+    "BAD_REQUEST",
+    "INVALID_STATE",
+}
 
 
 def short_error(exc: BaseException, limit: int = 300) -> str:
@@ -98,9 +103,11 @@ def disk_full_message(exc: BaseException, tracking_uri: str, run_dir: Path, targ
             return None
         free = "unknown" if full.free_bytes is None else format_bytes(full.free_bytes)
         where = f"MLflow cannot write {full.path}: no space left on its disk ({free} free there)"
-    return (f"{where}: training goes on without MLflow; the run folder {run_dir} keeps the config, "
-            "history, plan and checkpoints. Free some space there (or point tracking.uri elsewhere) for the "
-            "next runs.")
+    return (
+        f"{where}: training goes on without MLflow; the run folder {run_dir} keeps the config, "
+        "history, plan and checkpoints. Free some space there (or point tracking.uri elsewhere) for the "
+        "next runs."
+    )
 
 
 class FaultPolicy:
@@ -144,8 +151,11 @@ class FaultPolicy:
                 self._warn_once(f"rejected:{what}", f"MLflow refused to {what} ({short_error(exc)}); training goes on.")
             elif artifacts:
                 self._artifacts_ok = False
-                self._warn_once("artifacts", f"cannot upload artifacts to MLflow at {self.tracking_uri} "
-                                             f"({short_error(exc)}); training goes on, the files stay in {self.run_dir}.")
+                self._warn_once(
+                    "artifacts",
+                    f"cannot upload artifacts to MLflow at {self.tracking_uri} "
+                    f"({short_error(exc)}); training goes on, the files stay in {self.run_dir}.",
+                )
             else:
                 self._go_offline(f"could not {what} ({short_error(exc)})")
 
@@ -153,8 +163,10 @@ class FaultPolicy:
         """Once MLflow's own thread (system metrics) met a full disk, the tracker says so and stops
         sending, as if its own call had failed there (MLflow's records of it are filtered out)."""
         if self._client is not None and self._mlflow_disk_full.seen:
-            self._go_offline("MLflow could not write (no space left)",
-                             self._disk_full_warning(OSError(errno.ENOSPC, "No space left on device")))
+            self._go_offline(
+                "MLflow could not write (no space left)",
+                self._disk_full_warning(OSError(errno.ENOSPC, "No space left on device")),
+            )
 
     def _disk_full_warning(self, exc: BaseException, target: str | None = None) -> str | None:
         return disk_full_message(exc, self.tracking_uri or "", self.run_dir, target)
@@ -163,10 +175,15 @@ class FaultPolicy:
         """Stop contacting the store, saying why once (``message``, else a warning built from
         ``reason``). MLflow's system-metrics monitor stops by itself at its next sample, when it
         cannot read the run or write to it; the run stays MLflow's active run until :meth:`end`."""
-        self._warn_once("offline", message or (
-            f"MLflow tracking at {self.tracking_uri} is not usable: {reason}. Training goes on without MLflow; the "
-            f"run folder {self.run_dir} keeps the config, history, plan and checkpoints. Start the server or fix "
-            "tracking.uri (or use tracking=none) to silence this."))
+        self._warn_once(
+            "offline",
+            message
+            or (
+                f"MLflow tracking at {self.tracking_uri} is not usable: {reason}. Training goes on without MLflow; the "
+                f"run folder {self.run_dir} keeps the config, history, plan and checkpoints. Start the server or fix "
+                "tracking.uri (or use tracking=none) to silence this."
+            ),
+        )
         self._client = None
 
     def _warn_once(self, key: str, message: str) -> None:

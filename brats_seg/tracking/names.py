@@ -28,8 +28,17 @@ from pathlib import Path
 
 from brats_seg.tracking.store import find_project_root
 
-__all__ = ["MAX_KEY_CHARS", "MAX_PARAM_CHARS", "MAX_TAG_CHARS", "evaluation_metric_key", "git_commit",
-           "make_run_name", "mlflow_key", "mlflow_value", "training_metric_key"]
+__all__ = [
+    "MAX_KEY_CHARS",
+    "MAX_PARAM_CHARS",
+    "MAX_TAG_CHARS",
+    "evaluation_metric_key",
+    "git_commit",
+    "make_run_name",
+    "mlflow_key",
+    "mlflow_value",
+    "training_metric_key",
+]
 
 MAX_KEY_CHARS = 250  # MLflow's longest param, tag or metric key
 MAX_PARAM_CHARS = 6000  # MLflow's longest param value
@@ -49,8 +58,9 @@ _TRAINING_SECTIONS = (
 )
 
 
-def make_run_name(data_name: str, resolution_name: str, model_desc: str, backend_name: str, lms_name: str,
-                  now: datetime | None = None) -> str:
+def make_run_name(
+    data_name: str, resolution_name: str, model_desc: str, backend_name: str, lms_name: str, now: datetime | None = None
+) -> str:
     """A run name readable in the MLflow UI, e.g. ``synthetic-tiny-unet3d_d3f8-cpu_onednn-lmsoff-1122-1430``.
 
     Args:
@@ -71,8 +81,9 @@ def git_commit(root: Path | None = None) -> str:
     root = Path(root) if root is not None else find_project_root()
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
 
     try:
         sha = git("rev-parse", "--short", "HEAD")

@@ -91,8 +91,9 @@ class RunClient(FaultPolicy):
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, cfg: TrackingConfig, run_dir: Path, run_name: str, params: dict[str, object],
-              tags: dict[str, str]) -> RunClient:
+    def start(
+        cls, cfg: TrackingConfig, run_dir: Path, run_name: str, params: dict[str, object], tags: dict[str, str]
+    ) -> RunClient:
         """Open the run of ``run_dir``: reopen the one ``mlflow.json`` names, or create a new one.
 
         Args:
@@ -115,8 +116,9 @@ class RunClient(FaultPolicy):
         saved = tracker._read_saved()
         uri = resolve_tracking_uri(cfg.uri)
         if saved and saved.get("tracking_uri") and saved["tracking_uri"] != uri:
-            log.info("resumed run %s stays in its store %s (tracking.uri is %s)", saved["run_id"],
-                     saved["tracking_uri"], uri)
+            log.info(
+                "resumed run %s stays in its store %s (tracking.uri is %s)", saved["run_id"], saved["tracking_uri"], uri
+            )
             uri = saved["tracking_uri"]
         if tracker._connect(uri):
             tracker._call("open the run", lambda: tracker._open(saved, cfg, params, tags))
@@ -142,8 +144,10 @@ class RunClient(FaultPolicy):
         tracker._stage, tracker.register_as = stage, cfg.register_as
         saved = tracker._read_saved()
         if saved is None or cfg.name == "none":
-            log.info("no MLflow run to reopen (%s); nothing is sent to MLflow",
-                     "tracking=none" if saved else f"no {tracker._folder.tracking_path}")
+            log.info(
+                "no MLflow run to reopen (%s); nothing is sent to MLflow",
+                "tracking=none" if saved else f"no {tracker._folder.tracking_path}",
+            )
             return tracker
         tracker.run_name = str(saved.get("run_name", ""))
         uri = resolve_tracking_uri(saved.get("tracking_uri") or cfg.uri)
@@ -161,8 +165,11 @@ class RunClient(FaultPolicy):
         if isinstance(saved, dict) and saved.get("run_id"):
             return saved
         if self._folder.tracking_path.is_file():
-            log.warning("cannot read %s (%s); a new MLflow run is created. Delete or fix the file to silence this.",
-                        self._folder.tracking_path, why)
+            log.warning(
+                "cannot read %s (%s); a new MLflow run is created. Delete or fix the file to silence this.",
+                self._folder.tracking_path,
+                why,
+            )
         return None
 
     def _connect(self, uri: str) -> bool:
@@ -176,8 +183,9 @@ class RunClient(FaultPolicy):
             return False
         return True
 
-    def _open(self, saved: dict | None, cfg: TrackingConfig, params: dict, tags: dict,
-              evaluation: bool = False) -> None:
+    def _open(
+        self, saved: dict | None, cfg: TrackingConfig, params: dict, tags: dict, evaluation: bool = False
+    ) -> None:
         """Start (or restart) the MLflow run, name it in ``mlflow.json`` if new, log the params."""
         run = self._recorded_run(saved) if saved else None
         clean_tags = {mlflow_key(k): mlflow_value(v, MAX_TAG_CHARS) for k, v in tags.items()}
@@ -188,40 +196,65 @@ class RunClient(FaultPolicy):
         if run is None:
             self.run_name = self.run_name or (saved or {}).get("run_name", "") or self.run_dir.name
             experiment_id = experiment_id_for(self._client, self.tracking_uri, cfg.experiment)
-            active = mlflow.start_run(experiment_id=experiment_id, run_name=self.run_name, tags=clean_tags,
-                                      nested=outer is not None, log_system_metrics=cfg.system_metrics)
+            active = mlflow.start_run(
+                experiment_id=experiment_id,
+                run_name=self.run_name,
+                tags=clean_tags,
+                nested=outer is not None,
+                log_system_metrics=cfg.system_metrics,
+            )
         else:
             if evaluation:
                 self._restore_status = run.info.status
             self._logged_params = dict(run.data.params)
-            active = mlflow.start_run(run_id=run.info.run_id, tags=clean_tags or None, nested=outer is not None,
-                                      log_system_metrics=cfg.system_metrics)
+            active = mlflow.start_run(
+                run_id=run.info.run_id,
+                tags=clean_tags or None,
+                nested=outer is not None,
+                log_system_metrics=cfg.system_metrics,
+            )
         self._run_active = True
         self.run_id = active.info.run_id
         self.experiment_id = active.info.experiment_id
         self.run_name = active.info.run_name
         self._artifact_uri = active.info.artifact_uri
         if run is None:
-            self._folder.write_tracking({"run_id": self.run_id, "experiment_id": self.experiment_id,
-                                         "tracking_uri": self.tracking_uri, "run_name": self.run_name})
+            self._folder.write_tracking(
+                {
+                    "run_id": self.run_id,
+                    "experiment_id": self.experiment_id,
+                    "tracking_uri": self.tracking_uri,
+                    "run_name": self.run_name,
+                }
+            )
         self._send_params(params)
         served = self.tracking_uri.startswith(("http://", "https://"))
-        log.info("MLflow run %s %s (%s), experiment %s, store %s: %s%s", "created" if run is None else "reopened",
-                 self.run_name, self.run_id, self.experiment_id, self.tracking_uri,
-                 ui_url(self.tracking_uri, self.experiment_id, self.run_id),
-                 "" if served else f" once `mlflow ui --backend-store-uri {self.tracking_uri}` runs")
+        log.info(
+            "MLflow run %s %s (%s), experiment %s, store %s: %s%s",
+            "created" if run is None else "reopened",
+            self.run_name,
+            self.run_id,
+            self.experiment_id,
+            self.tracking_uri,
+            ui_url(self.tracking_uri, self.experiment_id, self.run_id),
+            "" if served else f" once `mlflow ui --backend-store-uri {self.tracking_uri}` runs",
+        )
 
     def _recorded_run(self, saved: dict):
         """The run ``mlflow.json`` names, or None (with a warning) if the store lost or deleted it."""
         run = None
         try:
             run = self._client.get_run(saved["run_id"])
-        except Exception as exc:  # noqa: BLE001 - anything but "no such run" means the store is unusable
+        except Exception as exc:
             if getattr(exc, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
                 raise
         if run is None or run.info.lifecycle_stage == "deleted":
-            log.warning("MLflow run %s named in %s is missing or deleted in %s; a new run is created and the "
-                        "file rewritten.", saved["run_id"], self._folder.tracking_path, self.tracking_uri)
+            log.warning(
+                "MLflow run %s named in %s is missing or deleted in %s; a new run is created and the file rewritten.",
+                saved["run_id"],
+                self._folder.tracking_path,
+                self.tracking_uri,
+            )
             return None
         return run
 
@@ -256,11 +289,19 @@ class RunClient(FaultPolicy):
             return
         target = self._artifact_target(artifact_path, None if path.is_dir() else path.name)
         if path.is_dir():
-            self._call("log artifacts", lambda: self._client.log_artifacts(self.run_id, str(path), artifact_path),
-                       artifacts=True, target=target)
+            self._call(
+                "log artifacts",
+                lambda: self._client.log_artifacts(self.run_id, str(path), artifact_path),
+                artifacts=True,
+                target=target,
+            )
         else:
-            self._call("log artifact", lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
-                       artifacts=True, target=target)
+            self._call(
+                "log artifact",
+                lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
+                artifacts=True,
+                target=target,
+            )
 
     def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
         """Upload every file under ``folder`` under ``artifact_path``."""
@@ -268,8 +309,12 @@ class RunClient(FaultPolicy):
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Save ``text`` as the artifact ``artifact_file`` (e.g. ``plan/memory.txt``)."""
-        self._call("log text", lambda: self._client.log_text(self.run_id, text, artifact_file), artifacts=True,
-                   target=self._artifact_target(artifact_file))
+        self._call(
+            "log text",
+            lambda: self._client.log_text(self.run_id, text, artifact_file),
+            artifacts=True,
+            target=self._artifact_target(artifact_file),
+        )
 
     def log_datasets(self, inputs: Sequence[DatasetInput]) -> None:
         """Log dataset inputs (:mod:`~brats_seg.tracking.datasets`) that the run does not hold yet.
@@ -285,8 +330,12 @@ class RunClient(FaultPolicy):
         """Save ``{column: values}`` as MLflow's table artifact ``artifact_file`` (``.json``), which
         the UI's artifact view shows as a table. Logged again, the table replaces the one there
         (``MlflowClient.log_table`` alone appends the new rows to it)."""
-        self._call("log a table", lambda: self._send_table(columns, artifact_file), artifacts=True,
-                   target=self._artifact_target(artifact_file))
+        self._call(
+            "log a table",
+            lambda: self._send_table(columns, artifact_file),
+            artifacts=True,
+            target=self._artifact_target(artifact_file),
+        )
 
     @property
     def sending(self) -> bool:
@@ -316,8 +365,7 @@ class RunClient(FaultPolicy):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.end("FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt)
-                 else "FAILED")
+        self.end("FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
         return False
 
     # -- internals ------------------------------------------------------------------------------
@@ -360,8 +408,13 @@ class RunClient(FaultPolicy):
                 continue
             new[k] = v
         if changed:
-            log.info("MLflow params cannot change; run %s keeps its first values for %s (config.json in %s has the "
-                     "new ones)", self.run_id, "; ".join(changed), self.run_dir)
+            log.info(
+                "MLflow params cannot change; run %s keeps its first values for %s (config.json in %s has the "
+                "new ones)",
+                self.run_id,
+                "; ".join(changed),
+                self.run_dir,
+            )
         if new:
             self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in new.items()])
             self._logged_params.update(new)

@@ -103,7 +103,7 @@ def resolve_tracking_uri(uri: str, root: Path | None = None) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
     if not uri.startswith(_SQLITE):
         return uri
-    path, sep, query = uri[len(_SQLITE):].partition("?")
+    path, sep, query = uri[len(_SQLITE) :].partition("?")
     if not path or path == ":memory:" or path.startswith("/"):
         return uri
     base = Path(root) if root is not None else find_project_root()
@@ -114,7 +114,7 @@ def _sqlite_path(uri: str) -> Path | None:
     """The database file of an absolute ``sqlite:////...`` URI, else None."""
     if not uri.startswith(_SQLITE):
         return None
-    path = uri[len(_SQLITE):].partition("?")[0]
+    path = uri[len(_SQLITE) :].partition("?")[0]
     return Path(path) if path.startswith("/") else None
 
 
@@ -192,8 +192,10 @@ def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         reason = exc.reason
     except (OSError, ValueError) as exc:  # timeouts, resets, a malformed URI
         reason = exc
-    raise StoreUnreachable(f"the tracking server {uri} did not answer within {timeout_s:g} s ({reason}); "
-                           "start it, or point tracking.uri at a reachable server or a sqlite file")
+    raise StoreUnreachable(
+        f"the tracking server {uri} did not answer within {timeout_s:g} s ({reason}); "
+        "start it, or point tracking.uri at a reachable server or a sqlite file"
+    )
 
 
 def open_store(uri: str) -> MlflowClient:
@@ -242,9 +244,10 @@ def experiment_id_for(client: MlflowClient, uri: str, name: str) -> str:
             client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location_for(uri, name),
-                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-    except Exception as exc:  # noqa: BLE001 - another process may have created it meanwhile
+        return client.create_experiment(
+            name, artifact_location=artifact_location_for(uri, name), tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        )
+    except Exception as exc:
         exp = client.get_experiment_by_name(name)
         if exp is None:
             raise

@@ -66,9 +66,17 @@ class Tracker(RunClient):
         self._call("search the run's models", lambda: found.append(self._find_model(name, tags)))
         return found[0] if found else None
 
-    def log_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example=None,
-                  pip_requirements: Sequence[str] = (), tags: dict[str, str] | None = None,
-                  step: int = 0) -> str | None:
+    def log_model(
+        self,
+        name: str,
+        python_model: Path,
+        artifacts: dict[str, Path],
+        signature,
+        input_example=None,
+        pip_requirements: Sequence[str] = (),
+        tags: dict[str, str] | None = None,
+        step: int = 0,
+    ) -> str | None:
         """Log an MLflow ``pyfunc`` model into the run, from code (``mlflow.pyfunc.log_model``).
 
         Args:
@@ -87,13 +95,21 @@ class Tracker(RunClient):
             the call failed: said once, as for every call).
         """
         if self._client is not None and not self._active_here():
-            self._warn_once("model:thread", f"model {name!r} not logged: MLflow run {self.run_id} is not the active "
-                                            "run of this thread (mlflow.pyfunc.log_model logs into that one).")
+            self._warn_once(
+                "model:thread",
+                f"model {name!r} not logged: MLflow run {self.run_id} is not the active "
+                "run of this thread (mlflow.pyfunc.log_model logs into that one).",
+            )
             return None
         logged: list[str] = []
-        self._call(f"log the model {name!r}", lambda: logged.append(self._send_model(
-            name, python_model, artifacts, signature, input_example, pip_requirements, tags, step)),
-            artifacts=True, target=self._artifact_target(name))
+        self._call(
+            f"log the model {name!r}",
+            lambda: logged.append(
+                self._send_model(name, python_model, artifacts, signature, input_example, pip_requirements, tags, step)
+            ),
+            artifacts=True,
+            target=self._artifact_target(name),
+        )
         return logged[0] if logged else None
 
     def register_model(self, model_uri: str, name: str) -> str | None:
@@ -120,25 +136,44 @@ class Tracker(RunClient):
         token = None
         while True:
             page = self._client.search_logged_models(
-                experiment_ids=[self.experiment_id], filter_string=f"name = '{name}'", page_token=token)
+                experiment_ids=[self.experiment_id], filter_string=f"name = '{name}'", page_token=token
+            )
             for model in page:
-                if (model.source_run_id == self.run_id and model.status == LoggedModelStatus.READY
-                        and all(model.tags.get(k) == v for k, v in tags.items())):
+                if (
+                    model.source_run_id == self.run_id
+                    and model.status == LoggedModelStatus.READY
+                    and all(model.tags.get(k) == v for k, v in tags.items())
+                ):
                     return f"models:/{model.model_id}"
             if not page.token:
                 return None
             token = page.token
 
-    def _send_model(self, name: str, python_model: Path, artifacts: dict[str, Path], signature, input_example,
-                    pip_requirements: Sequence[str], tags: dict[str, str] | None, step: int) -> str:
+    def _send_model(
+        self,
+        name: str,
+        python_model: Path,
+        artifacts: dict[str, Path],
+        signature,
+        input_example,
+        pip_requirements: Sequence[str],
+        tags: dict[str, str] | None,
+        step: int,
+    ) -> str:
         mlflow.set_tracking_uri(self.tracking_uri)  # mlflow.pyfunc.log_model's client uses the global URI
         with _no_progress_bars(), warnings.catch_warnings():
             if input_example is None:  # left out on purpose (and said by the caller): not MLflow's advice too
                 warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
             info = mlflow.pyfunc.log_model(
-                name=name, python_model=str(python_model), artifacts={k: str(v) for k, v in artifacts.items()},
-                signature=signature, input_example=input_example, pip_requirements=list(pip_requirements),
-                tags=tags, step=int(step))
+                name=name,
+                python_model=str(python_model),
+                artifacts={k: str(v) for k, v in artifacts.items()},
+                signature=signature,
+                input_example=input_example,
+                pip_requirements=list(pip_requirements),
+                tags=tags,
+                step=int(step),
+            )
         return info.model_uri
 
     def _send_registration(self, model_uri: str, name: str) -> str | None:
@@ -149,21 +184,39 @@ class Tracker(RunClient):
             except MlflowException as exc:
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
-            held = [v for v in self._client.search_model_versions(f"name = '{name}'")  # (the SQL registry
-                    if v.source == model_uri or getattr(v, "model_id", None) == model_id]  # leaves model_id empty)
-            version = held[0] if held else self._client.create_model_version(
-                name, source=model_uri, run_id=self.run_id, model_id=model_id, await_creation_for=0)
+            held = [
+                v
+                for v in self._client.search_model_versions(f"name = '{name}'")  # (the SQL registry
+                if v.source == model_uri or getattr(v, "model_id", None) == model_id
+            ]  # leaves model_id empty)
+            version = (
+                held[0]
+                if held
+                else self._client.create_model_version(
+                    name, source=model_uri, run_id=self.run_id, model_id=model_id, await_creation_for=0
+                )
+            )
         except MlflowException as exc:
             if exc.error_code not in (*REJECTED, "PERMISSION_DENIED"):
                 raise  # the registry is unreachable: as any failed call
-            self._warn_once(f"register:{name}", (
-                f"the Model Registry at {self.tracking_uri} refused to register the model as {name!r} "
-                f"({short_error(exc)}); the model stays logged in run {self.run_id} as {model_uri}. Set "
-                f"tracking.register_as= to a name the registry takes, or register it with "
-                f"mlflow.register_model({model_uri!r}, '<name>')."))
+            self._warn_once(
+                f"register:{name}",
+                (
+                    f"the Model Registry at {self.tracking_uri} refused to register the model as {name!r} "
+                    f"({short_error(exc)}); the model stays logged in run {self.run_id} as {model_uri}. Set "
+                    f"tracking.register_as= to a name the registry takes, or register it with "
+                    f"mlflow.register_model({model_uri!r}, '<name>')."
+                ),
+            )
             return None
-        log.info("%s %s as %r version %s in the Model Registry at %s", "already registered" if held else "registered",
-                 model_uri, name, version.version, self.tracking_uri)
+        log.info(
+            "%s %s as %r version %s in the Model Registry at %s",
+            "already registered" if held else "registered",
+            model_uri,
+            name,
+            version.version,
+            self.tracking_uri,
+        )
         return str(version.version)
 
 

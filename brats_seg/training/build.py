@@ -20,6 +20,7 @@ __all__ = ["build_models", "compile_models", "make_optimizer", "training_metrics
 
 log = logging.getLogger(__name__)
 
+
 def make_optimizer(cfg: TrainConfig, steps_per_epoch: int, replicas: int = 1):
     """Adam with a per-step LR schedule (cosine with linear warm-up, or constant; with
     ``trainer.time_budget_s`` the cosine runs over the budget's time, not the epochs).
@@ -72,12 +73,24 @@ def build_models(cfg: TrainConfig, plan, backend: ResolvedBackend):
         return export_model, export_model, None
     batch = max(cfg.trainer.batch_size, 1)
     stats = OffloadStats({row.block: row.recomputed_flops / batch for row in plan.blocks})
-    wrapper = BlockWrapper(policies, host_device="/CPU:0", prefetch=cfg.lms.prefetch,
-                                 offload_skips=plan.offload_skips, stats=stats, keep_tails=plan.keep_tails,
-                                 compute_device="/GPU:0" if backend.device == "GPU" else "/CPU:0")
+    wrapper = BlockWrapper(
+        policies,
+        host_device="/CPU:0",
+        prefetch=cfg.lms.prefetch,
+        offload_skips=plan.offload_skips,
+        stats=stats,
+        keep_tails=plan.keep_tails,
+        compute_device="/GPU:0" if backend.device == "GPU" else "/CPU:0",
+    )
     model = build_unet3d(cfg.model, shape, block_wrapper=wrapper, blocks=blocks)
-    log.info("LMS: %s", ", ".join(f"{b}={p}" + (" (last conv unit kept)" if b in plan.keep_tails else "")
-                                  for b, p in policies.items() if p != "keep"))
+    log.info(
+        "LMS: %s",
+        ", ".join(
+            f"{b}={p}" + (" (last conv unit kept)" if b in plan.keep_tails else "")
+            for b, p in policies.items()
+            if p != "keep"
+        ),
+    )
     return model, export_model, stats
 
 
@@ -93,8 +106,9 @@ def compile_models(cfg: TrainConfig, plan, backend: ResolvedBackend, strategy, s
     with strategy.scope():
         model, export_model, offload_stats = build_models(cfg, plan, backend)
         loss = SoftDiceBCELoss(bce_weight=cfg.trainer.bce_weight, batch_dice=cfg.trainer.batch_dice)
-        model.compile(optimizer=make_optimizer(cfg, steps_per_epoch, strategy.num_replicas_in_sync), loss=loss,
-                      jit_compile=False)  # XLA would drop the LMS host placements
+        model.compile(
+            optimizer=make_optimizer(cfg, steps_per_epoch, strategy.num_replicas_in_sync), loss=loss, jit_compile=False
+        )  # XLA would drop the LMS host placements
         if export_model is not model:  # the plain twin saves the shared weights and optimizer as .keras
             export_model.compile(optimizer=model.optimizer, loss=loss, jit_compile=False)
         model.optimizer.build(model.trainable_variables)

@@ -30,7 +30,7 @@ from brats_seg.files import DiskFullError, atomic_path
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking.names import training_metric_key
 
-__all__ = ["RunState", "RunCheckpoint", "TrackingCallback", "TrainingCurves", "DeadRegionWarning", "load_state"]
+__all__ = ["DeadRegionWarning", "RunCheckpoint", "RunState", "TrackingCallback", "TrainingCurves", "load_state"]
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,15 @@ class RunCheckpoint(keras.callbacks.Callback):
         write: write files (the chief); other workers keep the state in memory only.
     """
 
-    def __init__(self, run_dir: str | Path, monitor: str = "val_dice_mean", patience: int = 0,
-                 state: RunState | None = None, export_model: keras.Model | None = None,
-                 write: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        monitor: str = "val_dice_mean",
+        patience: int = 0,
+        state: RunState | None = None,
+        export_model: keras.Model | None = None,
+        write: bool = True,
+    ) -> None:
         super().__init__()
         self.export_model = export_model  # saved instead of the training model (LMS wrappers can't be)
         self.folder = RunFolder(Path(run_dir))
@@ -85,8 +91,10 @@ class RunCheckpoint(keras.callbacks.Callback):
         row = {"epoch": epoch + 1, "seconds": round(time.perf_counter() - self._t0, 2)}
         row.update({k: float(v) for k, v in logs.items()})
         value = logs.get(self.monitor)
-        improved = value is not None and math.isfinite(float(value)) and (
-            self.state["best_value"] is None or float(value) > self.state["best_value"]
+        improved = (
+            value is not None
+            and math.isfinite(float(value))
+            and (self.state["best_value"] is None or float(value) > self.state["best_value"])
         )
         previous = self._snapshot()
         with self._saying_what_is_intact():
@@ -110,8 +118,13 @@ class RunCheckpoint(keras.callbacks.Callback):
                 self.folder.write_history_csv(self.state["history"])
         best_epoch = self.state["best_epoch"] or 0
         if self.patience and epoch + 1 - best_epoch >= self.patience:
-            log.info("early stopping: no %s gain for %d epochs (best %.4f at epoch %d)",
-                     self.monitor, self.patience, self.state["best_value"] or float("nan"), best_epoch)
+            log.info(
+                "early stopping: no %s gain for %d epochs (best %.4f at epoch %d)",
+                self.monitor,
+                self.patience,
+                self.state["best_value"] or float("nan"),
+                best_epoch,
+            )
             self.model.stop_training = True
 
     def save_partial(self, epoch: int, step: int, sums: dict[str, float], train_time_s: float | None = None) -> None:
@@ -168,11 +181,15 @@ class RunCheckpoint(keras.callbacks.Callback):
             if saved is None:
                 what = "No epoch was saved yet: the same command starts the run again."
             elif saved.get("step"):
-                what = (f"The run resumes from step {saved['step']} of epoch {int(saved['epoch']) + 1} "
-                        f"(the position saved last in {self.folder.state_path}).")
+                what = (
+                    f"The run resumes from step {saved['step']} of epoch {int(saved['epoch']) + 1} "
+                    f"(the position saved last in {self.folder.state_path})."
+                )
             else:
-                what = (f"The run resumes from the last completed epoch, epoch {int(saved['epoch'])} "
-                        f"({self.folder.checkpoint_file('last')} and {self.folder.state_path} are intact).")
+                what = (
+                    f"The run resumes from the last completed epoch, epoch {int(saved['epoch'])} "
+                    f"({self.folder.checkpoint_file('last')} and {self.folder.state_path} are intact)."
+                )
             raise DiskFullError(e.path, e.free_bytes, what) from e
 
     def _iterations(self) -> int | None:
@@ -252,8 +269,12 @@ class TrainingCurves(keras.callbacks.Callback):
             plot_training_curves(history, self.regions, self.path, self.title)
         except OSError as e:  # DiskFullError among them
             self._failed = True
-            log.warning("cannot write %s (%s); the training curves are in %s and MLflow. Training goes on.",
-                        self.path, e, self.checkpoint.folder.history_path)
+            log.warning(
+                "cannot write %s (%s); the training curves are in %s and MLflow. Training goes on.",
+                self.path,
+                e,
+                self.checkpoint.folder.history_path,
+            )
             return
         self._drawn_at = time.perf_counter()
         self._cost_s = self._drawn_at - start
@@ -315,6 +336,11 @@ class DeadRegionWarning(keras.callbacks.Callback):
                 "region %s: the prediction has been empty in every %s case for %d epochs up to epoch %d, while "
                 "the reference holds %.2f mL per case on average: the %s output is not learning. Its mean "
                 "probability per epoch is prob_%s in history.csv (and MLflow); see docs/training.md, 'Training monitors'.",
-                r.upper(), which, self.empty_epochs[(prefix, r)], epoch + 1,
-                float(logs[f"{prefix}ref_vol_{r}"]), r.upper(), r,
+                r.upper(),
+                which,
+                self.empty_epochs[(prefix, r)],
+                epoch + 1,
+                float(logs[f"{prefix}ref_vol_{r}"]),
+                r.upper(),
+                r,
             )

@@ -17,16 +17,34 @@ from typing import NamedTuple
 from brats_seg.config import TrainConfig, flatten_config
 from brats_seg.run_dir import OLD_BEHAVIOUR, RunFolder, has_progress
 
-__all__ = ["ResumePosition", "check_resumable", "has_progress", "load_resume", "prepare_run_dir", "restore",
-           "resume_position", "save_plan"]
+__all__ = [
+    "ResumePosition",
+    "check_resumable",
+    "has_progress",
+    "load_resume",
+    "prepare_run_dir",
+    "restore",
+    "resume_position",
+    "save_plan",
+]
 
 log = logging.getLogger(__name__)
 
 # Keys that may change between a run and its resumption (length, patience, logging).
-_RESUME_MUTABLE = {"trainer.epochs", "trainer.early_stopping_patience", "trainer.val_every", "trainer.time_budget_s",
-                   "run_name",
-                   "run_dir", "data.num_workers", "data.on_error", "tracking.", "backend.",
-                   "lms.", "distribute."}
+_RESUME_MUTABLE = {
+    "trainer.epochs",
+    "trainer.early_stopping_patience",
+    "trainer.val_every",
+    "trainer.time_budget_s",
+    "run_name",
+    "run_dir",
+    "data.num_workers",
+    "data.on_error",
+    "tracking.",
+    "backend.",
+    "lms.",
+    "distribute.",
+}
 
 
 def _mutable(key: str) -> bool:
@@ -49,8 +67,9 @@ def check_resumable(run_dir: Path, cfg: TrainConfig, progress: bool | None = Non
         return
     old = flatten_config(folder.read_config())
     new = flatten_config(cfg)
-    diff = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-            if not _mutable(k) and old.get(k) != new.get(k)}
+    diff = {
+        k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if not _mutable(k) and old.get(k) != new.get(k)
+    }
     if not diff:
         return
     lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:6])
@@ -58,8 +77,11 @@ def check_resumable(run_dir: Path, cfg: TrainConfig, progress: bool | None = Non
         log.warning("run_dir %s had no completed step: its config is replaced (%s)", run_dir, lines)
         return
     # a run from before a key whose default changed: the value that resumes it (OLD_BEHAVIOUR)
-    restore = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in OLD_BEHAVIOUR.items()
-               if k in diff and old.get(k) == v]
+    restore = [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in OLD_BEHAVIOUR.items()
+        if k in diff and old.get(k) == v
+    ]
     hint = f" A run from before these keys existed: add {' '.join(restore)} to resume it." if restore else ""
     raise ValueError(
         f"run_dir {run_dir} holds a run with a different config ({lines}). Re-running the same "
@@ -117,8 +139,10 @@ def restore(model, export_model, last: Path) -> None:
     theirs = {key(v): v for v in restored.optimizer.variables}
     missing = [v.path for v in model.optimizer.variables if key(v) not in theirs]
     if missing:
-        raise ValueError(f"{last}: its optimizer state lacks {missing[:3]}: the checkpoint is from another model. "
-                         "Resume with the config it was trained with, or start a new run_dir=.")
+        raise ValueError(
+            f"{last}: its optimizer state lacks {missing[:3]}: the checkpoint is from another model. "
+            "Resume with the config it was trained with, or start a new run_dir=."
+        )
     for v in model.optimizer.variables:
         v.assign(theirs[key(v)])
 
@@ -145,12 +169,22 @@ def resume_position(state, iterations: int | None, steps: int) -> ResumePosition
     """
     recorded = state.get("iterations")
     previous = state.get("previous")
-    if (iterations is not None and recorded is not None and int(iterations) != int(recorded)
-            and isinstance(previous, dict) and previous.get("iterations") is not None
-            and int(previous["iterations"]) == int(iterations)):
-        log.warning("state.json is one save ahead of last.keras (optimizer step %d, the weights %d): stopped between "
-                    "the two writes; resuming from the save before (epoch %d step %d)", recorded, iterations,
-                    int(previous["epoch"]), int(previous.get("step", 0)))
+    if (
+        iterations is not None
+        and recorded is not None
+        and int(iterations) != int(recorded)
+        and isinstance(previous, dict)
+        and previous.get("iterations") is not None
+        and int(previous["iterations"]) == int(iterations)
+    ):
+        log.warning(
+            "state.json is one save ahead of last.keras (optimizer step %d, the weights %d): stopped between "
+            "the two writes; resuming from the save before (epoch %d step %d)",
+            recorded,
+            iterations,
+            int(previous["epoch"]),
+            int(previous.get("step", 0)),
+        )
         state.clear()
         state.update(previous)
         recorded = state.get("iterations")
@@ -158,9 +192,16 @@ def resume_position(state, iterations: int | None, steps: int) -> ResumePosition
     partial = state.get("partial") if state.get("partial_epoch") == epoch + 1 and step else None
     if iterations is not None and recorded is not None and int(iterations) != int(recorded):
         new_epoch, new_step = divmod(int(iterations), steps)
-        log.warning("last.keras holds optimizer step %d but state.json was written at step %d (epoch %d step %d): "
-                    "stopped between the two writes; resuming at epoch %d step %d from the weights", iterations,
-                    recorded, epoch, step, new_epoch + 1, new_step)
+        log.warning(
+            "last.keras holds optimizer step %d but state.json was written at step %d (epoch %d step %d): "
+            "stopped between the two writes; resuming at epoch %d step %d from the weights",
+            iterations,
+            recorded,
+            epoch,
+            step,
+            new_epoch + 1,
+            new_step,
+        )
         return ResumePosition(new_epoch, new_step)
     return ResumePosition(epoch, step, partial)
 
@@ -180,8 +221,10 @@ def load_resume(run_dir: Path, state, model, export_model, steps: int) -> Resume
         previous = state.get("previous")
         if isinstance(previous, dict) and not previous.get("epoch") and not previous.get("step"):
             # killed between the first state.json and the first last.keras: nothing was saved
-            log.warning("%s is one save ahead of a checkpoint that was never written: starting from the beginning",
-                        folder.state_path)
+            log.warning(
+                "%s is one save ahead of a checkpoint that was never written: starting from the beginning",
+                folder.state_path,
+            )
             state.clear()
             state.update(previous)
             return ResumePosition(0, 0)

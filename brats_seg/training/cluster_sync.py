@@ -25,8 +25,9 @@ def cluster_error(error: Exception, cluster):
     down = unreachable_workers(cluster)
     if not down and not isinstance(error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
         return None
-    who = (f"unreachable: {', '.join(down)}" if down else "every worker's port still answers; see the other "
-           "workers' logs")
+    who = (
+        f"unreachable: {', '.join(down)}" if down else "every worker's port still answers; see the other workers' logs"
+    )
     return ClusterFailure(
         f"distributed training stopped: a collective operation failed ({type(error).__name__}: "
         f"{str(error).splitlines()[0][:300]}); {who}. Re-run the same command on every worker to resume "
@@ -49,9 +50,14 @@ def sync_with_chief(strategy, cluster, model, steps: int, t, n_train: int, posit
     except tuple(getattr(tf.errors, n) for n in COLLECTIVE_ERRORS) as e:
         raise (cluster_error(e, cluster) or e) from e
     names = ["steps/epoch", "trainer.epochs", "trainer.val_every", "training cases"]
-    differ = [f"{n} {a} here, {b} on the chief" for n, a, b in zip(names, [steps, t.epochs, t.val_every, n_train],
-                                                                       chiefs[2:]) if a != b]
+    differ = [
+        f"{n} {a} here, {b} on the chief"
+        for n, a, b in zip(names, [steps, t.epochs, t.val_every, n_train], chiefs[2:])
+        if a != b
+    ]
     if differ:
-        raise ValueError(f"worker {cluster.index} ({cluster.address}) disagrees with the chief: {'; '.join(differ)}. "
-                         "Start every worker with the same command and data (only distribute.index differs).")
+        raise ValueError(
+            f"worker {cluster.index} ({cluster.address}) disagrees with the chief: {'; '.join(differ)}. "
+            "Start every worker with the same command and data (only distribute.index differs)."
+        )
     return position._replace(epoch=chiefs[0], step=chiefs[1])

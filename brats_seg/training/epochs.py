@@ -77,9 +77,21 @@ def _budget_spent(strategy, clock: TrainingClock, single_worker: bool) -> bool:
     return over > 0
 
 
-def run_epochs(*, strategy, model, train_step: Callable, iterator, validate: Callable[[], EpochSums],
-               shape: LoopShape, start: ResumePosition, callbacks, preemption, is_chief: bool = True,
-               single_worker: bool = True, clock: TrainingClock | None = None) -> LoopOutcome:
+def run_epochs(
+    *,
+    strategy,
+    model,
+    train_step: Callable,
+    iterator,
+    validate: Callable[[], EpochSums],
+    shape: LoopShape,
+    start: ResumePosition,
+    callbacks,
+    preemption,
+    is_chief: bool = True,
+    single_worker: bool = True,
+    clock: TrainingClock | None = None,
+) -> LoopOutcome:
     """Train epochs ``start.epoch+1 .. shape.epochs`` (1-based), resuming at ``start.step``.
 
     Args:
@@ -110,8 +122,11 @@ def run_epochs(*, strategy, model, train_step: Callable, iterator, validate: Cal
     clock = clock or TrainingClock()
     callbacks.on_train_begin()
     if _budget_spent(strategy, clock, single_worker):
-        log.info("the training budget (trainer.time_budget_s=%g) is spent (%.0f s trained): nothing to train",
-                 clock.budget_s, clock.spent_s)
+        log.info(
+            "the training budget (trainer.time_budget_s=%g) is spent (%.0f s trained): nothing to train",
+            clock.budget_s,
+            clock.spent_s,
+        )
         callbacks.on_train_end()
         return LoopOutcome("finished", train_time_s=clock.spent_s)
     for epoch in range(initial_epoch, epochs):
@@ -119,8 +134,15 @@ def run_epochs(*, strategy, model, train_step: Callable, iterator, validate: Cal
         sums = partial if (epoch == initial_epoch and partial is not None) else EpochSums()
         callbacks.on_epoch_begin(epoch)
         log.info("epoch %d/%d: training from step %d of %d", epoch + 1, epochs, first + 1, steps)
-        bar = tqdm(total=steps, initial=first, desc=f"epoch {epoch + 1}/{epochs}", unit="step", leave=True,
-                   disable=not (is_chief and sys.stderr.isatty()), dynamic_ncols=True)
+        bar = tqdm(
+            total=steps,
+            initial=first,
+            desc=f"epoch {epoch + 1}/{epochs}",
+            unit="step",
+            leave=True,
+            disable=not (is_chief and sys.stderr.isatty()),
+            dynamic_ncols=True,
+        )
         stop = spent = False
         step_times: list[float] = []
         with bar:
@@ -142,9 +164,15 @@ def run_epochs(*, strategy, model, train_step: Callable, iterator, validate: Cal
                     return LoopOutcome("preempted", epoch, step + 1, sums, clock.spent_s)
                 spent = _budget_spent(strategy, clock, single_worker)
                 if spent:
-                    log.info("training budget spent: %.0f s of trainer.time_budget_s=%g after step %d of %d of "
-                             "epoch %d; validating and finishing", clock.spent_s, clock.budget_s, step + 1, steps,
-                             epoch + 1)
+                    log.info(
+                        "training budget spent: %.0f s of trainer.time_budget_s=%g after step %d of %d of "
+                        "epoch %d; validating and finishing",
+                        clock.spent_s,
+                        clock.budget_s,
+                        step + 1,
+                        steps,
+                        epoch + 1,
+                    )
                     break
         logs = sums.means()
         if step_times:  # seconds per training step (the median: the first one traces the step)
@@ -160,8 +188,13 @@ def run_epochs(*, strategy, model, train_step: Callable, iterator, validate: Cal
         callbacks.on_epoch_end(epoch, logs)
         # the chief's figures are the run's (history.csv, MLflow); another worker's may differ after a
         # mid-epoch resume (it does not hold the chief's partial sums), so it says them at DEBUG only
-        log.log(logging.INFO if is_chief else logging.DEBUG, "epoch %d/%d: %s", epoch + 1, epochs,
-                ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k.endswith(PROGRESS_KEYS)))
+        log.log(
+            logging.INFO if is_chief else logging.DEBUG,
+            "epoch %d/%d: %s",
+            epoch + 1,
+            epochs,
+            ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k.endswith(PROGRESS_KEYS)),
+        )
         model.stop_training = bool(chief_value(strategy, tf.constant(float(bool(model.stop_training)))).numpy())
         if model.stop_training or spent or epoch + 1 == epochs:  # done: a signal now has nothing left to save
             break

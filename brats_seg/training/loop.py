@@ -50,23 +50,22 @@ from brats_seg.data.labels import output_regions
 from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset
 from brats_seg.distribute.strategy import make_strategy
 from brats_seg.evaluation.serving.mlflow_model import log_best_model
-from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
+from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.oom import MemoryWatch, out_of_memory_guard
 from brats_seg.resolve import ResolvedRun, resolve_run
 from brats_seg.run_dir import RunFolder
+from brats_seg.signals import Preempted
 from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name, training_metric_key
 from brats_seg.tracking.datasets import split_inputs
+from brats_seg.training.budget import TrainingClock
 from brats_seg.training.build import compile_models, training_metrics
-from brats_seg.training.callbacks import (DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves,
-                                          load_state)
+from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves, load_state
 from brats_seg.training.checkpoint import ResumePosition, load_resume, prepare_run_dir, save_plan
 from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sync_with_chief
 from brats_seg.training.epochs import LoopOutcome, LoopShape, evaluate, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
-from brats_seg.signals import Preempted
 from brats_seg.training.preemption import PreemptionFlag
-from brats_seg.training.budget import TrainingClock
 from brats_seg.training.steps import chief_value, make_eval_step, make_sliding_eval_step, make_train_step
 
 __all__ = ["TrainResult", "train"]
@@ -100,18 +99,31 @@ def _prepared_data(cfg: TrainConfig):
     return ds
 
 
-def _start_tracking(run: ResolvedRun, run_dir: Path, run_name: str, replicas: int, plan_files,
-                    tags: dict[str, str] | None):
+def _start_tracking(
+    run: ResolvedRun, run_dir: Path, run_name: str, replicas: int, plan_files, tags: dict[str, str] | None
+):
     """The chief's tracked run, with its tags, the split (``split.json``, and each split as an MLflow
     dataset input: :mod:`brats_seg.tracking.datasets`) and the plan."""
     cfg, backend = run.config, run.backend
     tracker = Tracker.start(
-        cfg.tracking, run_dir, run_name, params=flatten_config(cfg),
-        tags={"backend": backend.name, "device": backend.device, "precision": backend.precision,
-              "lms": run.lms, "lms_reason": run.reason,
-              "resolution": cfg.resolution.name, "data": cfg.data.name, "git_commit": git_commit(),
-              "run_dir": str(run_dir), "distribute": cfg.distribute.name, "replicas": str(replicas),
-              **(tags or {})},
+        cfg.tracking,
+        run_dir,
+        run_name,
+        params=flatten_config(cfg),
+        tags={
+            "backend": backend.name,
+            "device": backend.device,
+            "precision": backend.precision,
+            "lms": run.lms,
+            "lms_reason": run.reason,
+            "resolution": cfg.resolution.name,
+            "data": cfg.data.name,
+            "git_commit": git_commit(),
+            "run_dir": str(run_dir),
+            "distribute": cfg.distribute.name,
+            "replicas": str(replicas),
+            **(tags or {}),
+        },
     )
     folder = RunFolder(run_dir)
     tracker.log_artifact(folder.split_path)
@@ -131,8 +143,9 @@ def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) ->
             tracker.log_artifact(folder.checkpoint_file("best"), "checkpoints")
         if is_chief and folder.history_path.is_file():
             tracker.log_artifact(folder.history_path)
-        tracker.log_metrics({training_metric_key("best_val_dice_mean"): state["best_value"] or 0.0},
-                            step=state["epoch"])
+        tracker.log_metrics(
+            {training_metric_key("best_val_dice_mean"): state["best_value"] or 0.0}, step=state["epoch"]
+        )
         if is_chief and status == "FINISHED":
             log_best_model(tracker, run_dir, step=state["best_epoch"] or 0)
     finally:
@@ -146,9 +159,13 @@ def _train_dataset_fn(cfg: TrainConfig, train_dirs, start: ResumePosition):
 
     def dataset_fn(ctx):
         return make_train_dataset(
-            train_dirs, spec, initial_epoch=start.epoch, initial_step=start.step,
+            train_dirs,
+            spec,
+            initial_epoch=start.epoch,
+            initial_step=start.step,
             shard=(ctx.input_pipeline_id, ctx.num_input_pipelines),
-            replica_batch=ctx.get_per_replica_batch_size(spec.batch_size))
+            replica_batch=ctx.get_per_replica_batch_size(spec.batch_size),
+        )
 
     return dataset_fn
 
@@ -158,8 +175,9 @@ def _model_desc(cfg: TrainConfig) -> str:
     return f"unet3d_d{m.depth}f{m.base_filters}{'' if m.in_channels == 4 else '_flair'}"
 
 
-def train(run: TrainConfig | ResolvedRun, extra_callbacks=(), tags: dict[str, str] | None = None,
-          name_suffix: str = "") -> TrainResult:
+def train(
+    run: TrainConfig | ResolvedRun, extra_callbacks=(), tags: dict[str, str] | None = None, name_suffix: str = ""
+) -> TrainResult:
     """Train (or resume) the run described by ``run``.
 
     Args:
@@ -194,11 +212,19 @@ def train(run: TrainConfig | ResolvedRun, extra_callbacks=(), tags: dict[str, st
         raise ValueError(
             f"distribute={cfg.distribute.name} made {strategy.num_replicas_in_sync} replica(s) but the run was planned "
             f"for {run.replicas} (its devices as seen before TensorFlow started): name them, "
-            "distribute.devices=[/GPU:0,/GPU:1], so both agree.")
+            "distribute.devices=[/GPU:0,/GPU:1], so both agree."
+        )
     watch = MemoryWatch(cfg, device)  # its record in the lock tells the next start why this one died
-    lock = (hold_lock(cfg.run_dir, "run folder", record=watch.lock_record(),  # one training per folder
-                      on_takeover=warn_about_dead_run(cfg, device, cfg.run_dir, run.replicas))
-            if run.chief else contextlib.nullcontext())
+    lock = (
+        hold_lock(
+            cfg.run_dir,
+            "run folder",
+            record=watch.lock_record(),  # one training per folder
+            on_takeover=warn_about_dead_run(cfg, device, cfg.run_dir, run.replicas),
+        )
+        if run.chief
+        else contextlib.nullcontext()
+    )
     with lock as watch.lock, out_of_memory_guard(watch), contextlib.ExitStack() as logs:
         if run.chief:  # what writers killed by SIGKILL left (never read: final names are whole files)
             removed = remove_stale_temporaries(cfg.run_dir)
@@ -215,8 +241,11 @@ class _RunLogHandler(logging.FileHandler):
         import sys
 
         logging.getLogger().removeHandler(self)
-        log.warning("cannot append to %s (%s): the rest of the log goes to the console only", self.baseFilename,
-                    sys.exc_info()[1])
+        log.warning(
+            "cannot append to %s (%s): the rest of the log goes to the console only",
+            self.baseFilename,
+            sys.exc_info()[1],
+        )
 
 
 @contextlib.contextmanager
@@ -241,8 +270,16 @@ def run_log(run_dir: Path):
         handler.close()
 
 
-def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags: dict[str, str] | None,
-                     name_suffix: str, watch: MemoryWatch, logs: contextlib.ExitStack) -> TrainResult:
+def _train_in_folder(
+    run: ResolvedRun,
+    strategy,
+    cluster,
+    extra_callbacks,
+    tags: dict[str, str] | None,
+    name_suffix: str,
+    watch: MemoryWatch,
+    logs: contextlib.ExitStack,
+) -> TrainResult:
     """:func:`train` from the plan on, with the run folder locked: plan -> data -> run folder ->
     model -> resume -> tracking -> epochs."""
     is_chief, cfg, replicas = run.chief, run.config, run.replicas
@@ -272,28 +309,49 @@ def _train_in_folder(run: ResolvedRun, strategy, cluster, extra_callbacks, tags:
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
         start = sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs), start)
     if state or start.epoch:
-        log.info("resuming %s from epoch %d step %d (optimizer step %d)", run_dir, start.epoch + 1, start.step,
-                 int(model.optimizer.iterations.numpy()))
+        log.info(
+            "resuming %s from epoch %d step %d (optimizer step %d)",
+            run_dir,
+            start.epoch + 1,
+            start.step,
+            int(model.optimizer.iterations.numpy()),
+        )
 
-    run_name = cfg.run_name or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg), backend.name,
-                                             run.lms) + name_suffix
-    tracker = (_start_tracking(run, run_dir, run_name, replicas, plan_files, tags) if is_chief else NullTracker())
-    checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model,
-                               write=is_chief)
-    callbacks = [MemoryStatsCallback(backend.device, offload_stats, baseline), checkpoint, TrackingCallback(tracker),
-                 MemoryRecordCallback(watch), *extra_callbacks]  # the record after the stats and the checkpoint
+    run_name = (
+        cfg.run_name
+        or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg), backend.name, run.lms) + name_suffix
+    )
+    tracker = _start_tracking(run, run_dir, run_name, replicas, plan_files, tags) if is_chief else NullTracker()
+    checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model, write=is_chief)
+    callbacks = [
+        MemoryStatsCallback(backend.device, offload_stats, baseline),
+        checkpoint,
+        TrackingCallback(tracker),
+        MemoryRecordCallback(watch),
+        *extra_callbacks,
+    ]  # the record after the stats and the checkpoint
     if is_chief:
         regions = output_regions(cfg.data.layout, cfg.model.out_channels)
         callbacks.insert(1, DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())))
         callbacks.insert(callbacks.index(checkpoint) + 1, TrainingCurves(checkpoint, regions, tracker, run_name))
-    log.info("training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
-             run_name, len(train_dirs), len(val_dirs), steps, t.batch_size, strategy.num_replicas_in_sync,
-             start.epoch + 1, t.epochs, run_dir)
+    log.info(
+        "training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
+        run_name,
+        len(train_dirs),
+        len(val_dirs),
+        steps,
+        t.batch_size,
+        strategy.num_replicas_in_sync,
+        start.epoch + 1,
+        t.epochs,
+        run_dir,
+    )
     session = _Session(cfg, strategy, cluster, model, loss, tracker, checkpoint, run_dir)
     session.run(train_dirs, val_dirs, steps, start, callbacks)
     st = checkpoint.state
-    return TrainResult(run_dir, float(st["best_value"] or 0.0), int(st["best_epoch"] or 0), int(st["epoch"]),
-                       tracker.run_id)
+    return TrainResult(
+        run_dir, float(st["best_value"] or 0.0), int(st["best_epoch"] or 0), int(st["epoch"]), tracker.run_id
+    )
 
 
 @dataclass
@@ -342,19 +400,30 @@ class _Session:
         flag = PreemptionFlag()
         with flag:  # through the save: a second SIGTERM does not cut it short
             if start.epoch < t.epochs:
-                iterator = iter(self.strategy.distribute_datasets_from_function(
-                    _train_dataset_fn(self.cfg, train_dirs, start)))
+                iterator = iter(
+                    self.strategy.distribute_datasets_from_function(_train_dataset_fn(self.cfg, train_dirs, start))
+                )
                 metrics = training_metrics(self.cfg)
-                clock = TrainingClock(t.time_budget_s, (self.checkpoint.state or {}).get("train_time_s", 0.0),
-                                      getattr(self.model.optimizer, "_learning_rate", None))
+                clock = TrainingClock(
+                    t.time_budget_s,
+                    (self.checkpoint.state or {}).get("train_time_s", 0.0),
+                    getattr(self.model.optimizer, "_learning_rate", None),
+                )
                 val_dataset = make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels)
                 outcome = run_epochs(
-                    strategy=self.strategy, model=self.model, iterator=iterator,
+                    strategy=self.strategy,
+                    model=self.model,
+                    iterator=iterator,
                     train_step=make_train_step(self.strategy, self.model, self.loss, metrics, t.batch_size),
                     validate=functools.partial(evaluate, self._eval_step(metrics), val_dataset),
-                    shape=LoopShape(t.epochs, steps, t.val_every), start=start,
-                    callbacks=keras.callbacks.CallbackList(callbacks, model=self.model), preemption=flag,
-                    is_chief=self.is_chief, single_worker=not self.multi, clock=clock)
+                    shape=LoopShape(t.epochs, steps, t.val_every),
+                    start=start,
+                    callbacks=keras.callbacks.CallbackList(callbacks, model=self.model),
+                    preemption=flag,
+                    is_chief=self.is_chief,
+                    single_worker=not self.multi,
+                    clock=clock,
+                )
             else:
                 log.info("run %s already has %d/%d epochs: nothing to train", self.run_dir, start.epoch, t.epochs)
             if outcome.status == "preempted":
@@ -376,8 +445,9 @@ class _Session:
             return make_eval_step(self.model, metrics, self.loss)
         from brats_seg.config import EvaluateConfig
 
-        return make_sliding_eval_step(self.model, metrics, self.loss, patch, EvaluateConfig().window_overlap,
-                                      self.cfg.model.depth)
+        return make_sliding_eval_step(
+            self.model, metrics, self.loss, patch, EvaluateConfig().window_overlap, self.cfg.model.depth
+        )
 
     def _save_preempted(self, outcome: LoopOutcome) -> str:
         """Save a partial epoch's position and sums; where the run stopped, in words."""

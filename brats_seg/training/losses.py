@@ -11,7 +11,7 @@ import functools
 import keras
 from keras import ops
 
-__all__ = ["SoftDiceBCELoss", "compute_soft_dice", "compute_bce", "compute_soft_dice_bce"]
+__all__ = ["SoftDiceBCELoss", "compute_bce", "compute_soft_dice", "compute_soft_dice_bce"]
 
 SPATIAL_AXES = (1, 2, 3)  # x, y, z of (B, x, y, z, R)
 
@@ -86,10 +86,14 @@ def compute_soft_dice_bce(y_true, y_pred, bce_weight: float = 1.0, smooth: float
 
     y_pred = ops.cast(y_pred, "float32")
     y_true = ops.convert_to_tensor(y_true)
-    if len(y_pred.shape) != 5 or len(y_true.shape) != 5 or any(
-            a is not None and b is not None and a != b for a, b in zip(y_true.shape, y_pred.shape)):
-        raise ValueError(f"y_true {tuple(y_true.shape)} and y_pred {tuple(y_pred.shape)} should both be "
-                         "(batch, x, y, z, regions).")
+    if (
+        len(y_pred.shape) != 5
+        or len(y_true.shape) != 5
+        or any(a is not None and b is not None and a != b for a, b in zip(y_true.shape, y_pred.shape))
+    ):
+        raise ValueError(
+            f"y_true {tuple(y_true.shape)} and y_pred {tuple(y_pred.shape)} should both be (batch, x, y, z, regions)."
+        )
     # The labels stay in their dtype (uint8 from the pipeline): the compiled passes cast them
     # where they read them, so no float32 copy of them is kept for backward.
 
@@ -178,8 +182,14 @@ class SoftDiceBCELoss(keras.losses.Loss):
     Call: ``loss(y_true (B,x,y,z,R), y_pred (B,x,y,z,R))`` -> float32 scalar.
     """
 
-    def __init__(self, bce_weight: float = 1.0, smooth: float = 1e-5, name: str = "soft_dice_bce",
-                 batch_dice: bool = False, **kwargs):
+    def __init__(
+        self,
+        bce_weight: float = 1.0,
+        smooth: float = 1e-5,
+        name: str = "soft_dice_bce",
+        batch_dice: bool = False,
+        **kwargs,
+    ):
         if bce_weight < 0:
             raise ValueError(f"bce_weight must be >= 0, got {bce_weight!r}.")
         if smooth <= 0:

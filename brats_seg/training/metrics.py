@@ -15,8 +15,15 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-__all__ = ["RegionDice", "MeanDice", "RegionProbability", "RegionVolume", "compute_hard_dice", "make_dice_metrics",
-           "make_region_monitors"]
+__all__ = [
+    "MeanDice",
+    "RegionDice",
+    "RegionProbability",
+    "RegionVolume",
+    "compute_hard_dice",
+    "make_dice_metrics",
+    "make_region_monitors",
+]
 
 SPATIAL_AXES = (1, 2, 3)  # x, y, z of (B, x, y, z, R)
 
@@ -147,7 +154,9 @@ class RegionProbability(_PerSampleMean):
     """
 
     def __init__(self, region_index: int, name: str, threshold: float = 0.5, dtype=None):
-        super().__init__(threshold=threshold, name=name, dtype=dtype)  # threshold unused: kept for the config round trip
+        super().__init__(
+            threshold=threshold, name=name, dtype=dtype
+        )  # threshold unused: kept for the config round trip
         self.region_index = int(region_index)
 
     def _values(self, y_true, y_pred):
@@ -170,8 +179,15 @@ class RegionVolume(_PerSampleMean):
         threshold: probability threshold for the prediction.
     """
 
-    def __init__(self, region_index: int, name: str, voxel_ml: float = 1.0, reference: bool = False,
-                 threshold: float = 0.5, dtype=None):
+    def __init__(
+        self,
+        region_index: int,
+        name: str,
+        voxel_ml: float = 1.0,
+        reference: bool = False,
+        threshold: float = 0.5,
+        dtype=None,
+    ):
         if voxel_ml <= 0:
             raise ValueError(f"voxel_ml must be > 0 (mL per network voxel), got {voxel_ml!r}.")
         super().__init__(threshold=threshold, name=name, dtype=dtype)
@@ -181,18 +197,23 @@ class RegionVolume(_PerSampleMean):
 
     def _values(self, y_true, y_pred):
         _check_region_index(self, y_pred)
-        mask = (y_true[..., self.region_index] if self.reference else y_pred[..., self.region_index])
+        mask = y_true[..., self.region_index] if self.reference else y_pred[..., self.region_index]
         cut = 0.5 if self.reference else self.threshold
         voxels = ops.sum(ops.cast(ops.cast(mask, "float32") > cut, "float32"), axis=SPATIAL_AXES)  # (B,)
         return voxels * self.voxel_ml
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "region_index": self.region_index, "voxel_ml": self.voxel_ml,
-                "reference": self.reference}
+        return {
+            **super().get_config(),
+            "region_index": self.region_index,
+            "voxel_ml": self.voxel_ml,
+            "reference": self.reference,
+        }
 
 
-def make_region_monitors(regions=("wt", "tc", "et"), voxel_ml: float = 1.0,
-                         threshold: float = 0.5) -> list[keras.metrics.Metric]:
+def make_region_monitors(
+    regions=("wt", "tc", "et"), voxel_ml: float = 1.0, threshold: float = 0.5
+) -> list[keras.metrics.Metric]:
     """Per-region training monitors: ``prob_<r>``, ``vol_<r>`` and ``ref_vol_<r>`` (mL).
 
     Args:
@@ -202,9 +223,11 @@ def make_region_monitors(regions=("wt", "tc", "et"), voxel_ml: float = 1.0,
     """
     out: list[keras.metrics.Metric] = []
     for i, r in enumerate(regions):
-        out += [RegionProbability(i, name=f"prob_{r}"),
-                RegionVolume(i, name=f"vol_{r}", voxel_ml=voxel_ml, threshold=threshold),
-                RegionVolume(i, name=f"ref_vol_{r}", voxel_ml=voxel_ml, reference=True)]
+        out += [
+            RegionProbability(i, name=f"prob_{r}"),
+            RegionVolume(i, name=f"vol_{r}", voxel_ml=voxel_ml, threshold=threshold),
+            RegionVolume(i, name=f"ref_vol_{r}", voxel_ml=voxel_ml, reference=True),
+        ]
     return out
 
 

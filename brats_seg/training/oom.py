@@ -49,8 +49,9 @@ class MemoryRecordCallback(keras.callbacks.Callback):
         self.watch.epoch_end(epoch, logs)
 
 
-def warn_about_dead_run(cfg: TrainConfig, device: str, run_dir: str | os.PathLike, replicas: int = 1
-                        ) -> Callable[[dict], None]:
+def warn_about_dead_run(
+    cfg: TrainConfig, device: str, run_dir: str | os.PathLike, replicas: int = 1
+) -> Callable[[dict], None]:
     """An ``on_takeover`` for ``hold_lock``: logs :func:`~brats_seg.oom.takeover_message` as a WARNING."""
 
     def on_takeover(dead: dict) -> None:

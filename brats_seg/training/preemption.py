@@ -5,7 +5,8 @@ a user presses Ctrl-C (SIGINT). Either asks the training loop to stop after the 
 step: every worker learns of it at the same step (the flag is summed over replicas inside
 the step), the chief saves a checkpoint with the position in the epoch, the MLflow run is
 marked KILLED, :class:`~brats_seg.signals.Preempted` is raised and the process exits with
-:data:`brats_seg.signals.EXIT_PREEMPTED`. Re-running the same command resumes at that step. A second Ctrl-C stops at once (KeyboardInterrupt; the last
+:data:`brats_seg.signals.EXIT_PREEMPTED`. Re-running the same command resumes at that step.
+A second Ctrl-C stops at once (KeyboardInterrupt; the last
 completed epoch or saved step stays the resume point).
 
 Under submitit (``hydra/launcher=slurm|local``), SLURM's warning signal is SIGUSR2, whose
@@ -24,6 +25,7 @@ import threading
 __all__ = ["PreemptionFlag"]
 
 log = logging.getLogger(__name__)
+
 
 class PreemptionFlag:
     """While entered, SIGTERM, SIGINT (and SIGUSR2 where a launcher handles it) set
@@ -50,8 +52,9 @@ class PreemptionFlag:
         if self.signal_name is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         if self.signal_name is None:
-            log.warning("%s received: finishing the current step, then saving a checkpoint "
-                        "(Ctrl-C again to stop at once)", name)
+            log.warning(
+                "%s received: finishing the current step, then saving a checkpoint (Ctrl-C again to stop at once)", name
+            )
         self.signal_name = self.signal_name or name
 
     def __enter__(self) -> PreemptionFlag:

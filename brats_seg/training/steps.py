@@ -25,8 +25,15 @@ from collections.abc import Callable, Mapping, Sequence
 
 import tensorflow as tf
 
-__all__ = ["EpochSums", "broadcast_from_chief", "chief_value", "chief_values", "make_eval_step",
-           "make_sliding_eval_step", "make_train_step"]
+__all__ = [
+    "EpochSums",
+    "broadcast_from_chief",
+    "chief_value",
+    "chief_values",
+    "make_eval_step",
+    "make_sliding_eval_step",
+    "make_train_step",
+]
 
 COUNT = "count"  # the per-sample sums' denominator
 
@@ -61,8 +68,7 @@ def _metric_sums(metrics: Sequence, y, pred) -> dict[str, tf.Tensor]:
     return {m.name: tf.reduce_sum(m.per_sample(y, pred)) for m in metrics}
 
 
-def make_train_step(strategy: tf.distribute.Strategy, model, loss, metrics: Sequence,
-                    global_batch: int) -> Callable:
+def make_train_step(strategy: tf.distribute.Strategy, model, loss, metrics: Sequence, global_batch: int) -> Callable:
     """``step(iterator, stop) -> {name: sum over the global batch, "count", "stop"}``.
 
     Args:
@@ -123,8 +129,9 @@ def make_eval_step(model, metrics: Sequence, loss=None) -> Callable:
     return step
 
 
-def make_sliding_eval_step(model, metrics: Sequence, loss, window: Sequence[int], overlap: float,
-                           depth: int) -> Callable:
+def make_sliding_eval_step(
+    model, metrics: Sequence, loss, window: Sequence[int], overlap: float, depth: int
+) -> Callable:
     """:func:`make_eval_step` for a model trained on patches: each whole volume of the batch is
     inferred by windows of the patch size with Gaussian blending
     (:func:`brats_seg.evaluation.inference.sliding.predict_volume`, as evaluation infers it), then scored

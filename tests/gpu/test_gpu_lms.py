@@ -20,8 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 def _has_gpu() -> bool:
     if not shutil.which("nvidia-smi"):
         return False
-    probe = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"],
-                           capture_output=True, text=True, timeout=300)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return probe.returncode == 0 and probe.stdout.strip().splitlines()[-1:] != ["0"]
 
 
@@ -33,8 +37,13 @@ LIMIT_MB = 4096  # a 4 GB GPU, emulated on any larger one
 def _bench(*overrides, timeout=1800):
     # The depth-4 U-Net of the README's LMS figures (the default depth, 3, suits the tiny grid).
     args = ["benchmark.steps=2", "trainer.batch_size=1", "model.depth=4", *overrides]
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "benchmark.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
     if proc.returncode != 0:
         return None, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1]), ""
@@ -42,8 +51,14 @@ def _bench(*overrides, timeout=1800):
 
 def _fits(shape, lms: str) -> bool:
     backend = "backend=gpu" if lms == "off" else "backend=gpu_lms"
-    result, log = _bench(backend, f"backend.gpu_memory_limit_mb={LIMIT_MB}", f"lms={lms}", "lms.limit=1.0",
-                         f"resolution.shape=[{shape[0]},{shape[1]},{shape[2]}]", "resolution.name=probe")
+    result, log = _bench(
+        backend,
+        f"backend.gpu_memory_limit_mb={LIMIT_MB}",
+        f"lms={lms}",
+        "lms.limit=1.0",
+        f"resolution.shape=[{shape[0]},{shape[1]},{shape[2]}]",
+        "resolution.name=probe",
+    )
     if result is None and "ResourceExhausted" not in log and "does not fit" not in log and "OOM" not in log:
         pytest.fail(f"benchmark failed for another reason than memory:\n{log[-3000:]}")
     return result is not None
@@ -69,5 +84,7 @@ def test_device_peak_bytes_match_the_plan(lms):
     backend = "backend=gpu" if lms == "off" else "backend=gpu_lms"
     result, log = _bench(backend, f"lms={lms}", "resolution=half")
     assert result is not None, log[-3000:]
-    print(f"\n{lms}: GPU peak {result['peak_bytes'] / 1e9:.2f} GB, predicted {result['predicted_peak_bytes'] / 1e9:.2f} GB")
+    print(
+        f"\n{lms}: GPU peak {result['peak_bytes'] / 1e9:.2f} GB, predicted {result['predicted_peak_bytes'] / 1e9:.2f} GB"
+    )
     assert abs(result["prediction_error"]) < 0.25

@@ -146,15 +146,27 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
     def start(self) -> SlurmCluster:
         self._write_config()
         f = self.folder
-        self._spawn("munged", ["munged", "--foreground", "--force", f"--socket={f}/munge/munge.socket",
-                               f"--key-file={f}/munge/munge.key", f"--log-file={f}/log/munged.log",
-                               f"--pid-file={f}/run/munged.pid", f"--seed-file={f}/munge/munged.seed"])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={f}/munge/munge.socket",
+                f"--key-file={f}/munge/munge.key",
+                f"--log-file={f}/log/munged.log",
+                f"--pid-file={f}/run/munged.pid",
+                f"--seed-file={f}/munge/munged.seed",
+            ],
+        )
         self._wait(lambda: (f / "munge" / "munge.socket").exists(), "munged's socket")
         # -c: no state from an earlier cluster; -D: in the foreground, so the PID is ours
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.conf)])
         self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
-        self._wait(lambda: self.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip() == "idle",
-                   "the node to be idle in sinfo")
+        self._wait(
+            lambda: self.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip() == "idle",
+            "the node to be idle in sinfo",
+        )
         return self
 
     def _wait(self, ready, what: str) -> None:
@@ -197,8 +209,9 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
     def run(self, *cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         """A SLURM client command against this cluster."""
-        done = subprocess.run(list(cmd), capture_output=True, text=True, env=kw.pop("env", self.env),
-                              timeout=kw.pop("timeout", 60), **kw)
+        done = subprocess.run(
+            list(cmd), capture_output=True, text=True, env=kw.pop("env", self.env), timeout=kw.pop("timeout", 60), **kw
+        )
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited with {done.returncode}: {done.stderr.strip()}")
         return done

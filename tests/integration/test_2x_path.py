@@ -58,14 +58,23 @@ def test_prepare_train_evaluate_predict_at_twice_the_native_resolution(tmp_path)
     root = tmp_path / "four_mm"
     _coarsen(tmp_path / "one_mm", root)
     precision = "bf16" if has_native_bf16() else "fp32"
-    common = ["data=brats2021", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "resolution=half",
-              "model.depth=3", "model.base_filters=8", "trainer.batch_size=1", "backend=cpu_onednn",
-              f"backend.precision={precision}"]
+    common = [
+        "data=brats2021",
+        f"data.root={root}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "resolution=half",
+        "model.depth=3",
+        "model.base_filters=8",
+        "trainer.batch_size=1",
+        "backend=cpu_onednn",
+        f"backend.precision={precision}",
+    ]
 
     # The limit: between what keeping everything and recomputing everything are predicted to
     # need (as calibrate_memory.py's lms=auto points), so the plan must recompute some blocks.
-    plan = _python([str(REPO / "scripts" / "plan_memory.py"), *common, "lms=auto", "lms.limit=64GB",
-                    "plan.format=json"], tmp_path)
+    plan = _python(
+        [str(REPO / "scripts" / "plan_memory.py"), *common, "lms=auto", "lms.limit=64GB", "plan.format=json"], tmp_path
+    )
     planned = json.loads(plan.stdout.strip().splitlines()[-1])
     off, rec = (planned["strategies"][s]["predicted_peak_bytes"] for s in ("off", "recompute"))
     margin = 1 - planned["budget_bytes"] / planned["limit_bytes"]
@@ -73,19 +82,40 @@ def test_prepare_train_evaluate_predict_at_twice_the_native_resolution(tmp_path)
     assert limit < off / (1 - margin)  # keeping everything would not fit the budget
 
     run_dir = tmp_path / "run"
-    _python([str(REPO / "train.py"), *common, "trainer.epochs=1", "trainer.steps_per_epoch=3", "lms=auto",
-             f"lms.limit={limit}", "tracking=none", f"run_dir={run_dir}"], tmp_path)
+    _python(
+        [
+            str(REPO / "train.py"),
+            *common,
+            "trainer.epochs=1",
+            "trainer.steps_per_epoch=3",
+            "lms=auto",
+            f"lms.limit={limit}",
+            "tracking=none",
+            f"run_dir={run_dir}",
+        ],
+        tmp_path,
+    )
     plan = json.loads((run_dir / "plan.json").read_text())
     assert any(b["policy"] == "recompute" for b in plan["plan"]), plan["plan"]
     assert plan["timeline"][-1]["step"] == "validation"  # the plan covers the validation pass
     epoch = json.loads((run_dir / "state.json").read_text())["history"][-1]
     assert 0 < epoch["measured_bytes"] <= limit, (epoch["measured_bytes"], limit)  # training and validation
 
-    evaluation = _python([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=test",
-                          "backend=cpu_onednn", "evaluate.overlays=false"], tmp_path)
+    evaluation = _python(
+        [
+            str(REPO / "scripts" / "evaluate.py"),
+            f"run_dir={run_dir}",
+            "split=test",
+            "backend=cpu_onednn",
+            "evaluate.overlays=false",
+        ],
+        tmp_path,
+    )
     log = evaluation.stdout + evaluation.stderr
-    measured, predicted = (float(x) for x in re.search(
-        r"evaluation peak ([\d.]+) GB above the runtime \(predicted ([\d.]+) GB", log).groups())
+    measured, predicted = (
+        float(x)
+        for x in re.search(r"evaluation peak ([\d.]+) GB above the runtime \(predicted ([\d.]+) GB", log).groups()
+    )
     assert measured * 1e9 <= limit and measured <= predicted * 1.15, (measured, predicted, limit)
     split = json.loads((run_dir / "split.json").read_text())
     for case_id in split["test"]:  # masks on the 4 mm grid of the label files, with their header
@@ -96,11 +126,21 @@ def test_prepare_train_evaluate_predict_at_twice_the_native_resolution(tmp_path)
     assert len(rows) == 1 + len(split["test"])
 
     case = split["test"][0]
-    _python([str(REPO / "scripts" / "predict.py"), f"run_dir={run_dir}", f"input={root / case}",
-             f"output={tmp_path / 'predicted'}", "backend=cpu_onednn", "evaluate.overlays=false"], tmp_path)
+    _python(
+        [
+            str(REPO / "scripts" / "predict.py"),
+            f"run_dir={run_dir}",
+            f"input={root / case}",
+            f"output={tmp_path / 'predicted'}",
+            "backend=cpu_onednn",
+            "evaluate.overlays=false",
+        ],
+        tmp_path,
+    )
     written = nib.load(tmp_path / "predicted" / f"{case}.nii.gz")
     image = nib.load(root / case / f"{case}_flair.nii.gz")
     assert written.shape == image.shape and np.allclose(written.affine, image.affine)
-    same = np.asarray(written.dataobj) == np.asarray(nib.load(run_dir / "eval" / "test" / "predictions"
-                                                              / f"{case}.nii.gz").dataobj)
+    same = np.asarray(written.dataobj) == np.asarray(
+        nib.load(run_dir / "eval" / "test" / "predictions" / f"{case}.nii.gz").dataobj
+    )
     assert same.mean() > 0.999  # prediction of a new case and evaluation of the cached one agree

@@ -132,14 +132,25 @@ MIRRORED = textwrap.dedent("""
 def test_mirrored_on_two_logical_cpus_with_recompute_matches_one_device(tmp_path):
     script = tmp_path / "mirrored.py"
     script.write_text(MIRRORED)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     history = json.loads(proc.stdout.split("HISTORY ", 1)[1])
     one, two = history["none"], history["mirrored"]
     assert [h["epoch"] for h in two] == [1, 2]
-    print("largest differences:", {k: max(abs(a[k] - b[k]) for a, b in zip(one, two))
-                                   for k in ("loss", "prob_wt", "val_loss", "dice_mean", "val_dice_mean")})
+    print(
+        "largest differences:",
+        {
+            k: max(abs(a[k] - b[k]) for a, b in zip(one, two))
+            for k in ("loss", "prob_wt", "val_loss", "dice_mean", "val_dice_mean")
+        },
+    )
     for a, b in zip(one, two):
         for key in ("loss", "prob_wt", "val_loss"):  # smooth in the weights
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=ATOL), (key, a[key], b[key])
@@ -151,11 +162,23 @@ def test_mirrored_on_two_logical_cpus_with_recompute_matches_one_device(tmp_path
 
 def _overrides(base, uri, filters="4"):
     """The runs compared with one another: data and cache under ``base`` (the reference run writes them)."""
-    return ["resolution=tiny", "data=synthetic", f"data.root={base / 'synthetic'}", "data.synthetic_cases=10",
-            f"data.cache_dir={base / 'cache'}", "model.depth=2", f"model.base_filters={filters}", "trainer.epochs=3",
-            "trainer.batch_size=2", "trainer.seed=4",
-            "trainer.batch_dice=false",  # a per-sample loss: the batch Dice is taken per replica (README, Known limits)
-            "backend=cpu_onednn", "backend.intra_op_threads=1", f"tracking.uri={uri}", "tracking.system_metrics=false"]
+    return [
+        "resolution=tiny",
+        "data=synthetic",
+        f"data.root={base / 'synthetic'}",
+        "data.synthetic_cases=10",
+        f"data.cache_dir={base / 'cache'}",
+        "model.depth=2",
+        f"model.base_filters={filters}",
+        "trainer.epochs=3",
+        "trainer.batch_size=2",
+        "trainer.seed=4",
+        "trainer.batch_dice=false",  # a per-sample loss: the batch Dice is taken per replica (README, Known limits)
+        "backend=cpu_onednn",
+        "backend.intra_op_threads=1",
+        f"tracking.uri={uri}",
+        "tracking.system_metrics=false",
+    ]
 
 
 def _train_cmd(base, run_dir, uri, *extra):
@@ -168,8 +191,13 @@ def reference(tmp_path_factory) -> Path:
     preempted runs of this module are compared; it also writes their data and cache in ``<base>``.
     One intra-op thread, as each worker has (module doc: the norms' statistics depend on it)."""
     base = tmp_path_factory.mktemp("reference")
-    single = subprocess.run(_train_cmd(base, base / "single", f"sqlite:///{base / 'single.db'}"), cwd=base,
-                            capture_output=True, text=True, timeout=900)
+    single = subprocess.run(
+        _train_cmd(base, base / "single", f"sqlite:///{base / 'single.db'}"),
+        cwd=base,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert single.returncode == 0, single.stderr[-4000:]
     return base
 
@@ -198,8 +226,14 @@ class Worker:
         Worker.count += 1
         self.log = Path(cwd) / f"worker-{Worker.count}.log"
         self._file = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=self._file, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def wait_for(self, text: str, timeout: float = 600) -> None:
         end = time.monotonic() + timeout
@@ -235,7 +269,7 @@ def adam_step_bound(t: int, beta_1: float = 0.9, beta_2: float = 0.999) -> float
 def _load_run(run_dir: Path):
     import keras
 
-    import brats_seg.model.unet3d  # noqa: F401  registers the custom layers
+    import brats_seg.model.unet3d
     import brats_seg.training.losses  # noqa: F401
 
     return keras.models.load_model(run_dir / "checkpoints" / "last.keras", compile=True)
@@ -284,12 +318,17 @@ def compare_weights(single_dir: Path, other_dir: Path) -> dict[str, float]:
             excess = np.abs(w.astype(np.float64) - init) - envelope - rounding
             assert np.all(np.isfinite(w)) and excess.max() <= 0, (
                 f"{name}: {var.path} moved {np.abs(w - init).max():.3g} from its initial value, more than "
-                f"Adam's {steps} steps can ({envelope:.3g})")
+                f"Adam's {steps} steps can ({envelope:.3g})"
+            )
     flat = lambda ws: np.concatenate([w.ravel() for w in ws]).astype(np.float64)  # noqa: E731
     diff, moved = flat(wa) - flat(wb), flat(wa) - flat(w0)
-    figures = {"steps": steps, "envelope": envelope, "max_moved": float(np.abs(moved).max()),
-               "max_diff": float(np.abs(diff).max()),
-               "bulk_rel": float(np.linalg.norm(diff) / np.linalg.norm(moved))}
+    figures = {
+        "steps": steps,
+        "envelope": envelope,
+        "max_moved": float(np.abs(moved).max()),
+        "max_diff": float(np.abs(diff).max()),
+        "bulk_rel": float(np.linalg.norm(diff) / np.linalg.norm(moved)),
+    }
 
     def slots(model, kind):
         return flat([v.numpy() for v in model.optimizer.variables if v.path.endswith(f"_{kind}")])
@@ -300,7 +339,8 @@ def compare_weights(single_dir: Path, other_dir: Path) -> dict[str, float]:
         figures[key] = float(np.linalg.norm(ma - mb) / np.linalg.norm(ma))
     for key in ("bulk_rel", "m_rel", "v_rel"):
         assert figures[key] <= BULK_REL[key], (
-            f"{key} = {figures[key]:.3g} > {BULK_REL[key]}: the runs trained differently, not by rounding ({figures})")
+            f"{key} = {figures[key]:.3g} > {BULK_REL[key]}: the runs trained differently, not by rounding ({figures})"
+        )
     return figures
 
 
@@ -308,8 +348,9 @@ def _only_mlflow_run(uri: str, run_dir: Path):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs(client.get_experiment_by_name("brats-seg").experiment_id,
-                              filter_string=f"tags.run_dir = '{run_dir}'")
+    runs = client.search_runs(
+        client.get_experiment_by_name("brats-seg").experiment_id, filter_string=f"tags.run_dir = '{run_dir}'"
+    )
     assert len(runs) == 1, [r.info.run_name for r in runs]
     return client, runs[0]
 
@@ -323,8 +364,13 @@ def test_two_workers_one_killed_then_resumed_without_shared_files_end_as_one_pro
 
     def start(other_run_dir=None):
         dirs = [run_dir, other_run_dir or run_dir]
-        return [Worker(_train_cmd(reference, dirs[i], uri, "distribute=multi_worker", workers, f"distribute.index={i}"),
-                       tmp_path) for i in range(2)]
+        return [
+            Worker(
+                _train_cmd(reference, dirs[i], uri, "distribute=multi_worker", workers, f"distribute.index={i}"),
+                tmp_path,
+            )
+            for i in range(2)
+        ]
 
     # 1. worker 1 dies in epoch 2: worker 0 stops within the bound, naming it. (SIGTERM to both,
     # saved and resumed mid-epoch, is the sbatch test's, under SLURM.)
@@ -405,17 +451,28 @@ def test_sbatch_two_workers_preempted_requeued_and_resumed_end_as_one_process(sl
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     run_dir, port = tmp_path / "mw", free_port_pair()
     log = tmp_path / "slurm.out"
-    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}",
-                       str(REPO / "scripts" / "slurm" / "train_multi_worker.sbatch"), *_overrides(reference, uri),
-                       cwd=REPO, env={"PYTHON": sys.executable, "RUN_DIR": str(run_dir), "PORT": str(port)})
+    job = slurm.sbatch(
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        "--cpus-per-task=1",
+        f"--output={log}",
+        str(REPO / "scripts" / "slurm" / "train_multi_worker.sbatch"),
+        *_overrides(reference, uri),
+        cwd=REPO,
+        env={"PYTHON": sys.executable, "RUN_DIR": str(run_dir), "PORT": str(port)},
+    )
     # the workers found each other from SLURM's variables: the node's name, the k-th task on PORT+k
     _wait_for_text(log, f"worker 0 of 2 ({slurm.node}:{port}, chief), cluster from SLURM", 300, slurm, job)
     _wait_for_text(log, "epoch 2/3: training from step 1", 600, slurm, job)
 
     slurm.run("scancel", "--signal=TERM", "--batch", job)
     t0 = time.monotonic()
-    fields = slurm.wait_job(job, lambda f: f["JobState"] == "PENDING" and int(f["Restarts"]) >= 1,
-                            "requeued (PENDING, Restarts 1)", timeout=300)
+    fields = slurm.wait_job(
+        job,
+        lambda f: f["JobState"] == "PENDING" and int(f["Restarts"]) >= 1,
+        "requeued (PENDING, Restarts 1)",
+        timeout=300,
+    )
     assert time.monotonic() - t0 < 120, "a step, the save and the requeue took too long"
     out = log.read_text()
     assert out.count("training stopped after") == 2, out[-4000:]  # both saved and stopped (in or after epoch 2)
@@ -425,11 +482,17 @@ def test_sbatch_two_workers_preempted_requeued_and_resumed_end_as_one_process(sl
     state = json.loads((run_dir / "state.json").read_text())
     assert state["epoch"] == 2 or (state["epoch"] == 1 and state["step"] >= 1)  # stopped in epoch 2, saved
 
-    fields = slurm.wait_job(job, lambda f: f["JobState"] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"),
-                            "the requeued job's end", timeout=900)
+    fields = slurm.wait_job(
+        job,
+        lambda f: f["JobState"] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"),
+        "the requeued job's end",
+        timeout=900,
+    )
     out = log.read_text()
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (
-        fields, out[-4000:])
+        fields,
+        out[-4000:],
+    )
     assert f"resuming {run_dir} from epoch" in out  # the requeued job resumed, not restarted
     # srun --label: each worker's lines start with its number; the epoch's figures are the chief's alone
     assert re.search(r"^0: epoch 3/3: loss", out, re.M) and re.search(r"^1: epoch 3/3: training from step", out, re.M)
@@ -450,7 +513,11 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
     the folders (as the README's sweep): the jobs land in multirun/<their values>, submitit's logs
     in multirun/.submitit/<job id>, and the same command again continues the same two folders."""
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    typed = ["hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30", *_overrides(reference, uri, filters="4,6")]
+    typed = [
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=30",
+        *_overrides(reference, uri, filters="4,6"),
+    ]
     cmd = [sys.executable, str(REPO / "train.py"), "-m", "hydra/launcher=slurm", *typed]
 
     def job_folders() -> dict[str, Path]:  # the sweep's job number -> its run folder, multirun/<its values>
@@ -464,8 +531,14 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
 
     log = tmp_path / "launcher.log"
     with open(log, "w") as out:
-        launcher = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                    env={**slurm.env, "PYTHONUNBUFFERED": "1"})
+        launcher = subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**slurm.env, "PYTHONUNBUFFERED": "1"},
+        )
     try:
         end = time.monotonic() + 300  # the sweep is one job array; -r lists its tasks one by one
         while not (ids := slurm.run("squeue", "-h", "-r", "-o", "%i").stdout.split()) and time.monotonic() < end:
@@ -483,8 +556,12 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
         assert slurm.job(f"{array}_1")["JobState"] == "RUNNING"  # both jobs side by side, a CPU each
 
         slurm.run("scancel", "--signal=USR2", job0)
-        slurm.wait_job(job0, lambda f: f["JobState"] == "PENDING" and int(f["Restarts"]) >= 1,
-                       "requeued by submitit (PENDING, Restarts 1)", timeout=300)
+        slurm.wait_job(
+            job0,
+            lambda f: f["JobState"] == "PENDING" and int(f["Restarts"]) >= 1,
+            "requeued by submitit (PENDING, Restarts 1)",
+            timeout=300,
+        )
         state = json.loads((runs["0"] / "state.json").read_text())
         assert state["epoch"] == 2 or (state["epoch"] == 1 and state["step"] >= 1)  # saved before the requeue
         assert launcher.wait(timeout=900) == 0, log.read_text()[-4000:]
@@ -492,7 +569,9 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-    assert sorted((tmp_path / "multirun" / ".submitit").glob(f"{array}_0/*_log.out"))  # submitit's logs, found where said
+    assert sorted(
+        (tmp_path / "multirun" / ".submitit").glob(f"{array}_0/*_log.out")
+    )  # submitit's logs, found where said
     job_log = (runs["0"] / "train.log").read_text()
     assert "passing SIGUSR2 on to the launcher (requeue)" in job_log
     assert f"resuming {runs['0']} from epoch" in job_log
@@ -513,11 +592,13 @@ def test_sweep_through_submitit_on_slurm_requeues_a_preempted_job_and_resumes(sl
     assert len(names) == 2
 
     # the same command again: the same two folders, each finished run passed over, no third folder
-    again = subprocess.run(cmd, cwd=tmp_path, env={**slurm.env, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
-                           timeout=900)
+    again = subprocess.run(
+        cmd, cwd=tmp_path, env={**slurm.env, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True, timeout=900
+    )
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert job_folders() == runs
-    assert sorted(p for p in (tmp_path / "multirun").iterdir() if p.is_dir() and not p.name.startswith(".")) \
-        == sorted(runs.values())
+    assert sorted(p for p in (tmp_path / "multirun").iterdir() if p.is_dir() and not p.name.startswith(".")) == sorted(
+        runs.values()
+    )
     for folder in runs.values():
         assert "already has 3/3 epochs: nothing to train" in (folder / "train.log").read_text()

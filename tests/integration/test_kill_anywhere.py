@@ -31,10 +31,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _command(tmp_path: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, str(REPO / "train.py"), "resolution=tiny", "data=synthetic",
-            f"data.root={tmp_path / 'synthetic'}", "data.synthetic_cases=8", f"data.cache_dir={tmp_path / 'cache'}",
-            "data.num_workers=1", "model.depth=2", "model.base_filters=4", "trainer.epochs=3", "trainer.batch_size=1",
-            "backend=cpu_onednn", "tracking=none", f"run_dir={run_dir}"]
+    return [
+        sys.executable,
+        str(REPO / "train.py"),
+        "resolution=tiny",
+        "data=synthetic",
+        f"data.root={tmp_path / 'synthetic'}",
+        "data.synthetic_cases=8",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.num_workers=1",
+        "model.depth=2",
+        "model.base_filters=4",
+        "trainer.epochs=3",
+        "trainer.batch_size=1",
+        "backend=cpu_onednn",
+        "tracking=none",
+        f"run_dir={run_dir}",
+    ]
 
 
 def _run(tmp_path: Path, run_dir: Path, crash_at: str | None = None) -> subprocess.CompletedProcess:
@@ -42,14 +55,21 @@ def _run(tmp_path: Path, run_dir: Path, crash_at: str | None = None) -> subproce
     env.pop("BRATS_SEG_CRASH_AT", None)
     if crash_at:
         env["BRATS_SEG_CRASH_AT"] = crash_at
-    return subprocess.run(_command(tmp_path, run_dir), cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                          env=env)
+    return subprocess.run(
+        _command(tmp_path, run_dir), cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
+    )
 
 
 def _kill_mid_epoch(tmp_path: Path, run_dir: Path, epoch: int, delay_s: float) -> str:
     """Start the command, SIGKILL it ``delay_s`` after epoch ``epoch`` starts; its output."""
-    proc = subprocess.Popen(_command(tmp_path, run_dir), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        _command(tmp_path, run_dir),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -65,7 +85,7 @@ def _kill_mid_epoch(tmp_path: Path, run_dir: Path, epoch: int, delay_s: float) -
 def _weights(run_dir: Path) -> list[np.ndarray]:
     import keras
 
-    import brats_seg.model.unet3d  # noqa: F401  registers the custom layers
+    import brats_seg.model.unet3d
     import brats_seg.training.losses  # noqa: F401
 
     model = keras.models.load_model(run_dir / "checkpoints" / "last.keras", compile=True)

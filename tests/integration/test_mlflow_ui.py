@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import skip_outside_ci
-
 from brats_seg.tracking.store import LOCAL_UI, ui_url
+from tests.conftest import skip_outside_ci
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE_TIMEOUT_S = 90  # the first page of a cold server on 2 busy cores takes ~10-20 s
@@ -99,9 +98,19 @@ def _chromium(chromium: str, driver: str, profile: Path):
     options.binary_location = chromium
     # As root in a container, without a GPU, and without the background connections a closed
     # network refuses; a profile of its own so that no earlier choice of the user's carries over.
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--window-size=1600,1200", f"--user-data-dir={profile}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1600,1200",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(arg)
     browser = webdriver.Chrome(options=options, service=Service(driver))
     browser.set_page_load_timeout(PAGE_TIMEOUT_S)
@@ -115,14 +124,28 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-
     db = tmp_path / "mlruns.db"
     uri = f"sqlite:///{db}"
     run_dir = tmp_path / "run"
-    _run([str(REPO / "train.py"), "resolution=tiny", "data=synthetic", f"data.root={tmp_path / 'synthetic'}",
-          "data.synthetic_cases=5", f"data.cache_dir={tmp_path / 'cache'}", "model.depth=2", "model.base_filters=4",
-          "trainer.epochs=2", "trainer.batch_size=1", f"run_dir={run_dir}", f"tracking.uri={uri}",
-          "tracking.system_metrics=false", f"tracking.register_as={REGISTERED}"], cwd=tmp_path)
+    _run(
+        [
+            str(REPO / "train.py"),
+            "resolution=tiny",
+            "data=synthetic",
+            f"data.root={tmp_path / 'synthetic'}",
+            "data.synthetic_cases=5",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "model.depth=2",
+            "model.base_filters=4",
+            "trainer.epochs=2",
+            "trainer.batch_size=1",
+            f"run_dir={run_dir}",
+            f"tracking.uri={uri}",
+            "tracking.system_metrics=false",
+            f"tracking.register_as={REGISTERED}",
+        ],
+        cwd=tmp_path,
+    )
     _run([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}"], cwd=tmp_path)
     tracked = json.loads((run_dir / "mlflow.json").read_text())
     overlay = sorted((run_dir / "eval" / "test" / "overlays").glob("*.png"))[0].name
@@ -131,9 +154,25 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"
     with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-                                   "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                                  stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                uri,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
     browser = None
     shots = []
 
@@ -152,20 +191,29 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
         browser.get(ui_url(uri, tracked["experiment_id"], server=base))
         run_link = wait.until(ec.element_to_be_clickable((By.LINK_TEXT, tracked["run_name"])))
         row = f"[role='row'][row-id='{tracked['run_id']}']"
-        datasets = wait.until(lambda _: browser.find_elements(
-            By.CSS_SELECTOR, f"{row} [col-id='attributes.`Dataset`'] [data-testid='open-dataset-drawer']"))
+        datasets = wait.until(
+            lambda _: browser.find_elements(
+                By.CSS_SELECTOR, f"{row} [col-id='attributes.`Dataset`'] [data-testid='open-dataset-drawer']"
+            )
+        )
         models = browser.find_elements(By.CSS_SELECTOR, f"{row} [col-id='attributes.`Models`'] a[href*='/models/']")
         shot("experiment")
         assert _view(browser) == "model training"
         assert datasets[0].get_attribute("textContent").startswith("synthetic/train ("), datasets[0].get_attribute(
-            "textContent")
+            "textContent"
+        )
         assert [m.get_attribute("textContent") for m in models] == ["model"]
         run_link.click()
 
         # The run's metric charts: sections led by Dice, the evaluation and Loss; a Dice chart drawn.
-        wait.until(ec.element_to_be_clickable((By.XPATH, "//*[@role='tab'][normalize-space()='Model metrics']"))).click()
-        dice_chart = wait.until(ec.presence_of_element_located((
-            By.XPATH, "//*[@data-testid='experiment-view-compare-runs-card'][.//h4[@title='Dice/val_mean']]")))
+        wait.until(
+            ec.element_to_be_clickable((By.XPATH, "//*[@role='tab'][normalize-space()='Model metrics']"))
+        ).click()
+        dice_chart = wait.until(
+            ec.presence_of_element_located(
+                (By.XPATH, "//*[@data-testid='experiment-view-compare-runs-card'][.//h4[@title='Dice/val_mean']]")
+            )
+        )
         wait.until(lambda _: dice_chart.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace"))  # plotly drew it
         headers = browser.find_elements(By.CSS_SELECTOR, "[data-testid='experiment-view-compare-runs-section-header']")
         sections = dict(h.text.split("\n")[:2] for h in headers)  # name -> "(number of charts)"
@@ -176,14 +224,21 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
         # The artifacts: an evaluation overlay opens as an image.
         browser.find_element(By.XPATH, "//*[@role='tab'][normalize-space()='Artifacts']").click()
         for name in ("eval", "test", "overlays", overlay):
-            wait.until(ec.element_to_be_clickable((
-                By.CSS_SELECTOR, f"[data-testid='artifact-tree-node'][artifact-name='{name}']"))).click()
+            wait.until(
+                ec.element_to_be_clickable(
+                    (By.CSS_SELECTOR, f"[data-testid='artifact-tree-node'][artifact-name='{name}']")
+                )
+            ).click()
         wait.until(ec.presence_of_element_located((By.XPATH, f"//*[normalize-space()='eval/test/overlays/{overlay}']")))
         png = (run_dir / "eval" / "test" / "overlays" / overlay).read_bytes()
         size = [int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")]  # the PNG header's
-        shown = wait.until(lambda _: browser.execute_script(  # the preview, decoded (from a blob: URL)
-            "return Array.from(document.images).filter(i => i.complete && i.naturalWidth === arguments[0]"
-            " && i.naturalHeight === arguments[1] && i.getBoundingClientRect().width > 200).length", *size))
+        shown = wait.until(
+            lambda _: browser.execute_script(  # the preview, decoded (from a blob: URL)
+                "return Array.from(document.images).filter(i => i.complete && i.naturalWidth === arguments[0]"
+                " && i.naturalHeight === arguments[1] && i.getBoundingClientRect().width > 200).length",
+                *size,
+            )
+        )
         shot("overlay")
         assert shown == 1
 

@@ -30,10 +30,23 @@ LIMIT_SHARE = 0.7  # of the predicted peak, above the anonymous memory at the fi
 
 
 def _command(tmp_path: Path) -> list[str]:
-    return [sys.executable, str(REPO / "train.py"), "resolution=half", "data=synthetic",
-            f"data.root={tmp_path / 'synthetic'}", "data.synthetic_cases=4", f"data.cache_dir={tmp_path / 'cache'}",
-            "data.num_workers=1", "model.depth=2", "model.base_filters=4", "trainer.epochs=1", "trainer.batch_size=2",
-            "backend=cpu_onednn", "tracking=none", f"run_dir={tmp_path / 'run'}"]
+    return [
+        sys.executable,
+        str(REPO / "train.py"),
+        "resolution=half",
+        "data=synthetic",
+        f"data.root={tmp_path / 'synthetic'}",
+        "data.synthetic_cases=4",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.num_workers=1",
+        "model.depth=2",
+        "model.base_filters=4",
+        "trainer.epochs=1",
+        "trainer.batch_size=2",
+        "backend=cpu_onednn",
+        "tracking=none",
+        f"run_dir={tmp_path / 'run'}",
+    ]
 
 
 def _anon_bytes(cgroup: Path) -> int:
@@ -43,12 +56,15 @@ def _anon_bytes(cgroup: Path) -> int:
 
 
 def _set_limit(cgroup: Path, nbytes: int) -> None:
-    (cgroup / ("memory.limit_in_bytes" if (cgroup / "memory.limit_in_bytes").exists() else "memory.max")
-     ).write_text(str(nbytes))
+    (cgroup / ("memory.limit_in_bytes" if (cgroup / "memory.limit_in_bytes").exists() else "memory.max")).write_text(
+        str(nbytes)
+    )
 
 
 def _oom_kills(cgroup: Path) -> int:
-    text = (cgroup / ("memory.oom_control" if (cgroup / "memory.oom_control").exists() else "memory.events")).read_text()
+    text = (
+        cgroup / ("memory.oom_control" if (cgroup / "memory.oom_control").exists() else "memory.events")
+    ).read_text()
     return int(next(line.split()[1] for line in text.splitlines() if line.startswith("oom_kill ")))
 
 
@@ -58,9 +74,14 @@ def test_a_run_killed_by_the_oom_killer_is_named_on_the_next_start_which_trains_
     proc = None
     try:
         proc = subprocess.Popen(
-            _command(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            _command(tmp_path),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())))  # in it from the start
+            preexec_fn=lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())),
+        )  # in it from the start
         lines, predicted = [], None
         for line in proc.stdout:
             lines.append(line)
@@ -72,19 +93,27 @@ def test_a_run_killed_by_the_oom_killer_is_named_on_the_next_start_which_trains_
                 break
         first = "".join(lines) + proc.communicate(timeout=600)[0]
         assert proc.returncode == -signal.SIGKILL and _oom_kills(cgroup) >= 1, (
-            f"not killed by the OOM killer (exit {proc.returncode}): {first[-3000:]}")
+            f"not killed by the OOM killer (exit {proc.returncode}): {first[-3000:]}"
+        )
         assert (tmp_path / "run" / ".lock").exists()  # left behind, with its record
 
-        second = subprocess.run(_command(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        second = subprocess.run(
+            _command(tmp_path),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         log = second.stdout + second.stderr
         assert second.returncode == 0, log[-3000:]
         diagnosis = next((line for line in log.splitlines() if "the previous run (PID " in line), "")
         assert f"was killed by the kernel's out-of-memory killer (memory cgroup {cgroup}" in diagnosis, log[-3000:]
         assert "in training epoch 1" in diagnosis and "The plan predicted a peak of" in diagnosis
         assert "Memory available to the run: " in diagnosis and f"memory cgroup {cgroup}: limit " in diagnosis
-        assert re.search(r"Settings predicted to fit [0-9.]+ GB \(.*\): `[^`]*lms\.limit=[0-9.]+[MG]B`", diagnosis), \
+        assert re.search(r"Settings predicted to fit [0-9.]+ GB \(.*\): `[^`]*lms\.limit=[0-9.]+[MG]B`", diagnosis), (
             diagnosis
+        )
         assert "best val Dice" in log and (tmp_path / "run" / "checkpoints" / "last.keras").is_file()
         assert not (tmp_path / "run" / ".lock").exists()
     finally:

@@ -32,14 +32,32 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 UNDER, OVER = -0.08, 0.60
 POINTS = [  # (name, overrides, lms)
-    ("d5 f8 96x128x96 b1", ["model.depth=5", "model.base_filters=8", "resolution.shape=[96,128,96]",
-                            "trainer.batch_size=1"], "off"),
-    ("d4 f24 80x96x64 b2", ["model.depth=4", "model.base_filters=24", "resolution.shape=[80,96,64]",
-                            "trainer.batch_size=2"], "recompute"),
-    ("d3 f12 112x128x96 b2", ["model.depth=3", "model.base_filters=12", "resolution.shape=[112,128,96]",
-                              "trainer.batch_size=2"], "off"),
-    ("d3 f12 96x112x80 b2 trilinear", ["model.depth=3", "model.base_filters=12", "resolution.shape=[96,112,80]",
-                                       "trainer.batch_size=2", "model.upsample=trilinear"], "recompute"),
+    (
+        "d5 f8 96x128x96 b1",
+        ["model.depth=5", "model.base_filters=8", "resolution.shape=[96,128,96]", "trainer.batch_size=1"],
+        "off",
+    ),
+    (
+        "d4 f24 80x96x64 b2",
+        ["model.depth=4", "model.base_filters=24", "resolution.shape=[80,96,64]", "trainer.batch_size=2"],
+        "recompute",
+    ),
+    (
+        "d3 f12 112x128x96 b2",
+        ["model.depth=3", "model.base_filters=12", "resolution.shape=[112,128,96]", "trainer.batch_size=2"],
+        "off",
+    ),
+    (
+        "d3 f12 96x112x80 b2 trilinear",
+        [
+            "model.depth=3",
+            "model.base_filters=12",
+            "resolution.shape=[96,112,80]",
+            "trainer.batch_size=2",
+            "model.upsample=trilinear",
+        ],
+        "recompute",
+    ),
     ("d3 f16 half b3", ["model.depth=3", "model.base_filters=16", "resolution=half", "trainer.batch_size=3"], "auto"),
 ]
 
@@ -47,7 +65,10 @@ POINTS = [  # (name, overrides, lms)
 def _bench(overrides):
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "benchmark.py"), *overrides, "benchmark.steps=4", "backend=cpu_onednn"],
-        capture_output=True, text=True, timeout=1800, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -79,7 +100,9 @@ def test_predicted_peak_within_bounds_where_not_fitted():
             limit = _auto_limit(overrides)
             extra.append(f"lms.limit={limit}")
         r = _bench([*overrides, *extra])
-        rows.append((name, strategy, r["measured_bytes"], r["predicted_peak_bytes"], r["prediction_error"], r["step_s"]))
+        rows.append(
+            (name, strategy, r["measured_bytes"], r["predicted_peak_bytes"], r["prediction_error"], r["step_s"])
+        )
         if limit is not None and r["measured_bytes"] > limit:
             over_limit.append((name, r["measured_bytes"], limit))
     lines = [f"{'point':<26} {'lms':<10} {'measured':>10} {'predicted':>10} {'error':>7} {'step_s':>7}"]

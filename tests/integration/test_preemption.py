@@ -19,16 +19,29 @@ EXIT_PREEMPTED = 75
 
 
 def _command(tmp_path, run_dir, uri):
-    return [sys.executable, str(REPO / "train.py"), "resolution=tiny", "data=synthetic",
-            f"data.root={tmp_path / 'synthetic'}", "data.synthetic_cases=8", f"data.cache_dir={tmp_path / 'cache'}",
-            "model.depth=2", "model.base_filters=4", "trainer.epochs=2", "trainer.batch_size=1",
-            "backend=cpu_onednn", f"tracking.uri={uri}", "tracking.system_metrics=false", f"run_dir={run_dir}"]
+    return [
+        sys.executable,
+        str(REPO / "train.py"),
+        "resolution=tiny",
+        "data=synthetic",
+        f"data.root={tmp_path / 'synthetic'}",
+        "data.synthetic_cases=8",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "model.depth=2",
+        "model.base_filters=4",
+        "trainer.epochs=2",
+        "trainer.batch_size=1",
+        "backend=cpu_onednn",
+        f"tracking.uri={uri}",
+        "tracking.system_metrics=false",
+        f"run_dir={run_dir}",
+    ]
 
 
 def _weights(run_dir):
     import keras
 
-    import brats_seg.model.unet3d  # noqa: F401  registers the custom layers
+    import brats_seg.model.unet3d
     import brats_seg.training.losses  # noqa: F401
 
     model = keras.models.load_model(run_dir / "checkpoints" / "last.keras", compile=True)
@@ -45,8 +58,14 @@ def test_signal_saves_the_step_and_the_same_command_resumes_to_the_same_end(tmp_
     done = subprocess.run(_command(tmp_path, full_dir, uri), cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    proc = subprocess.Popen(_command(tmp_path, cut_dir, uri), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        _command(tmp_path, cut_dir, uri),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     lines = []
     for line in proc.stdout:  # the loop logs each epoch's start once its signal handlers are in place
         lines.append(line)

@@ -44,8 +44,13 @@ REPO = Path(__file__).resolve().parents[2]
 N_CASES = 8
 EXIT_STOPPED = 75
 BACKEND = ["backend=cpu_onednn", "backend.intra_op_threads=1", "backend.inter_op_threads=1"]  # 2 cores shared
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "-1",
-       "PYTHONUNBUFFERED": "1"}
+ENV = {
+    **os.environ,
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "OMP_NUM_THREADS": "1",
+    "CUDA_VISIBLE_DEVICES": "-1",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 # ---------------------------------------------------------------------------------------
@@ -62,18 +67,21 @@ def _run(command: list[str], cwd: Path, crash_at: str | None = None) -> subproce
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _interrupt(command: list[str], cwd: Path, started, sig: int, group: bool = False,
-               delay_s: float = 0.0) -> tuple[subprocess.CompletedProcess, list[psutil.Process]]:
+def _interrupt(
+    command: list[str], cwd: Path, started, sig: int, group: bool = False, delay_s: float = 0.0
+) -> tuple[subprocess.CompletedProcess, list[psutil.Process]]:
     """Run ``command``; once ``started()`` is true (polled), wait ``delay_s`` and send ``sig`` (to the
     whole process group if ``group``). Returns the result and the processes it had then."""
-    proc = subprocess.Popen(command, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 300
     while not started():
         if proc.poll() is not None or time.monotonic() > deadline:
             out, err = proc.communicate()
-            pytest.fail(f"{command[1]} ended (status {proc.returncode}) before the signal could be sent:\n"
-                        f"{(out + err)[-3000:]}")
+            pytest.fail(
+                f"{command[1]} ended (status {proc.returncode}) before the signal could be sent:\n{(out + err)[-3000:]}"
+            )
         time.sleep(0.02)
     time.sleep(delay_s)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -89,7 +97,11 @@ def _assert_stopped(result: subprocess.CompletedProcess, family: list[psutil.Pro
     """Exit 75 with the stage's message, no traceback, and no process of the command left."""
     text = result.stdout + result.stderr
     assert result.returncode == EXIT_STOPPED, text[-3000:]
-    said = [line for line in result.stderr.splitlines() if line.startswith(f"{signal.Signals(sig).name}: {stage} stopped after ")]
+    said = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith(f"{signal.Signals(sig).name}: {stage} stopped after ")
+    ]
     assert len(said) == 1, text[-3000:]
     assert "Re-run the same command to continue" in said[0] and "Traceback" not in text, text[-3000:]
     _assert_no_process_left(family)
@@ -104,7 +116,7 @@ def _assert_nothing_half_written(folder: Path) -> None:
     """No temporary name, no lock; every file a later step reads loads."""
     leftovers = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.name.startswith((".tmp-", ".old-"))]
     assert leftovers == [], leftovers
-    assert [p for p in folder.rglob(".lock")] == []
+    assert list(folder.rglob(".lock")) == []
     for p in folder.rglob("*.json"):
         json.loads(p.read_text())
     for p in folder.rglob("*.npy"):
@@ -145,10 +157,25 @@ def world(synthetic_root, tmp_path_factory):
     root = base / "data"
     write_small_dataset(synthetic_root["brats2021"], root, N_CASES)
     run_dir = base / "run"
-    trained = _run(_command("train.py", "data=brats2021", f"data.root={root}", f"data.cache_dir={base / 'cache'}",
-                            "data.num_workers=1", "model.depth=2", "model.base_filters=4", "trainer.epochs=1",
-                            "trainer.batch_size=1", "trainer.steps_per_epoch=2", "tracking=none",
-                            f"run_dir={run_dir}", "resolution=tiny", *BACKEND), base)
+    trained = _run(
+        _command(
+            "train.py",
+            "data=brats2021",
+            f"data.root={root}",
+            f"data.cache_dir={base / 'cache'}",
+            "data.num_workers=1",
+            "model.depth=2",
+            "model.base_filters=4",
+            "trainer.epochs=1",
+            "trainer.batch_size=1",
+            "trainer.steps_per_epoch=2",
+            "tracking=none",
+            f"run_dir={run_dir}",
+            "resolution=tiny",
+            *BACKEND,
+        ),
+        base,
+    )
     assert trained.returncode == 0, (trained.stdout + trained.stderr)[-3000:]
     return base, root, run_dir
 
@@ -179,8 +206,14 @@ def test_the_interrupted_message_says_how_far_the_stage_got_and_a_second_signal_
 
 
 def _prepare_command(root: Path, cache_dir: Path, workers: int) -> list[str]:
-    return _command("scripts/prepare_data.py", "data=brats2021", f"data.root={root}", f"data.cache_dir={cache_dir}",
-                    f"data.num_workers={workers}", "resolution=tiny")
+    return _command(
+        "scripts/prepare_data.py",
+        "data=brats2021",
+        f"data.root={root}",
+        f"data.cache_dir={cache_dir}",
+        f"data.num_workers={workers}",
+        "resolution=tiny",
+    )
 
 
 @pytest.mark.slow
@@ -236,8 +269,9 @@ def test_signals_and_kills_during_preparation_then_the_same_command_gives_the_sa
 def evaluated(world, tmp_path_factory):
     """The uninterrupted evaluation's files (split=all), kept aside; the run's eval/ is left empty."""
     base, _, run_dir = world
-    done = _run(_command("scripts/evaluate.py", f"run_dir={run_dir}", "split=all", "evaluate.overlays=false",
-                       *BACKEND), base)
+    done = _run(
+        _command("scripts/evaluate.py", f"run_dir={run_dir}", "split=all", "evaluate.overlays=false", *BACKEND), base
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     kept = tmp_path_factory.mktemp("evaluated") / "all"
     shutil.move(run_dir / "eval" / "all", kept)
@@ -248,8 +282,7 @@ def evaluated(world, tmp_path_factory):
 def test_signals_and_kills_during_evaluation_then_the_same_command_gives_the_same_metrics(world, evaluated):
     base, _, run_dir = world
     out = run_dir / "eval" / "all"
-    command = _command("scripts/evaluate.py", f"run_dir={run_dir}", "split=all", "evaluate.overlays=false",
-                       *BACKEND)
+    command = _command("scripts/evaluate.py", f"run_dir={run_dir}", "split=all", "evaluate.overlays=false", *BACKEND)
 
     def more_than(n: int):
         return lambda: _complete(out / "cases", "*.json") > n
@@ -301,11 +334,17 @@ def _recorded(out: Path) -> int:
 
 @pytest.mark.slow
 def test_signals_during_prediction_then_the_same_command_writes_the_same_masks(world, tmp_path):
-    base, root, run_dir = world
+    _base, root, run_dir = world
 
     def command(output: Path) -> list[str]:
-        return _command("scripts/predict.py", f"run_dir={run_dir}", f"input={root}", f"output={output}",
-                        "evaluate.overlays=false", *BACKEND)
+        return _command(
+            "scripts/predict.py",
+            f"run_dir={run_dir}",
+            f"input={root}",
+            f"output={output}",
+            "evaluate.overlays=false",
+            *BACKEND,
+        )
 
     reference = tmp_path / "reference"
     done = _run(command(reference), tmp_path)
@@ -319,8 +358,9 @@ def test_signals_during_prediction_then_the_same_command_writes_the_same_masks(w
     assert 1 <= first < N_CASES
     assert _recorded(out) in (first - 1, first)  # the mask, then its record (none yet: no predict.json)
 
-    result, family = _interrupt(command(out), tmp_path, lambda: _complete(out, "*.nii.gz") > first, signal.SIGINT,
-                                group=True)
+    result, family = _interrupt(
+        command(out), tmp_path, lambda: _complete(out, "*.nii.gz") > first, signal.SIGINT, group=True
+    )
     _assert_stopped(result, family, signal.SIGINT, "prediction")
     _assert_nothing_half_written(out)
     assert _complete(out, "*.nii.gz") < N_CASES

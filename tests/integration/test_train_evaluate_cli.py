@@ -27,9 +27,23 @@ def test_train_then_evaluate_is_tracked_in_mlflow(tmp_path):
     uri = f"sqlite:///{db}"
     run_dir = tmp_path / "run"
     common = [f"tracking.uri={uri}", "tracking.system_metrics=false"]
-    _run([str(REPO / "train.py"), "resolution=tiny", "data=synthetic", f"data.root={tmp_path / 'synthetic'}",
-          "data.synthetic_cases=5", f"data.cache_dir={tmp_path / 'cache'}", "model.depth=2", "model.base_filters=4",
-          "trainer.epochs=2", "trainer.batch_size=1", f"run_dir={run_dir}", *common], cwd=tmp_path)
+    _run(
+        [
+            str(REPO / "train.py"),
+            "resolution=tiny",
+            "data=synthetic",
+            f"data.root={tmp_path / 'synthetic'}",
+            "data.synthetic_cases=5",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "model.depth=2",
+            "model.base_filters=4",
+            "trainer.epochs=2",
+            "trainer.batch_size=1",
+            f"run_dir={run_dir}",
+            *common,
+        ],
+        cwd=tmp_path,
+    )
     assert (run_dir / "checkpoints" / "best.keras").is_file()
     assert json.loads((run_dir / "state.json").read_text())["epoch"] == 2
 

@@ -20,14 +20,22 @@ def ModelConfig(**kw) -> _ModelConfig:  # noqa: N802 - the planner needs resolve
     return _ModelConfig(**{"out_channels": 3, **kw})
 
 
-def network(cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32",
-            memory_model: MemoryModel | None = None) -> NetworkCost:
+def network(
+    cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32", memory_model: MemoryModel | None = None
+) -> NetworkCost:
     """The cost tables of ``cfg`` at ``shape`` (Adam)."""
     return compute_network_cost(Workload(cfg, shape, batch, policy), memory_model)
 
 
-def estimate(cfg: _ModelConfig, shape, batch: int = 1, policy: str = "float32", strategy: str = "off",
-             memory_model: MemoryModel | None = None, **options) -> Timeline:
+def estimate(
+    cfg: _ModelConfig,
+    shape,
+    batch: int = 1,
+    policy: str = "float32",
+    strategy: str = "off",
+    memory_model: MemoryModel | None = None,
+    **options,
+) -> Timeline:
     """The timeline of a fixed strategy (``options``: other LMSOptions fields)."""
     return estimate_peak(Workload(cfg, shape, batch, policy), LMSOptions(strategy=strategy, **options), memory_model)
 

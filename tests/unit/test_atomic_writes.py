@@ -141,8 +141,8 @@ def _write_target(call: ast.Call) -> tuple[str, ast.AST] | None:
     if attr in ("GzipFile", "ZipFile", "File", "TarFile") and _writes_mode(_arg(call, 1, "mode")):
         return name, _arg(call, 3, "fileobj") or _arg(call, 0, "filename", "file", "name")
     if attr in ("NamedTemporaryFile",) and any(
-            kw.arg == "delete" and isinstance(kw.value, ast.Constant) and kw.value.value is False
-            for kw in call.keywords):
+        kw.arg == "delete" and isinstance(kw.value, ast.Constant) and kw.value.value is False for kw in call.keywords
+    ):
         return name, _NO_DESTINATION  # a temporary file kept: a hand-made atomic write
     return None
 
@@ -239,20 +239,26 @@ def _sources() -> dict[str, str]:
 # Writes that do not go through brats_seg.files, each with its reason. Keys are
 # "<path>:<function>: <call>"; an entry that matches nothing fails the test (remove it).
 ALLOWED = {
-    "brats_seg/lms/runtime/stats.py:reset_peak_rss: write_text":
-        "/proc/self/clear_refs is a kernel control file: nothing reads it back, and it cannot be renamed onto",
-    "brats_seg/evaluation/studies/study_run.py:run_logged: open":
-        "the training's console output appended to <res>.log for a person to read; no step reads it back",
+    "brats_seg/lms/runtime/stats.py:reset_peak_rss: write_text": (
+        "/proc/self/clear_refs is a kernel control file: nothing reads it back, and it cannot be renamed onto"
+    ),
+    "brats_seg/evaluation/studies/study_run.py:run_logged: open": (
+        "the training's console output appended to <res>.log for a person to read; no step reads it back"
+    ),
 }
-EXEMPT = {"brats_seg/files.py", "brats_seg/locks.py"}  # the helpers themselves (temporary file; the lock file's O_EXCL create)
+EXEMPT = {
+    "brats_seg/files.py",
+    "brats_seg/locks.py",
+}  # the helpers themselves (temporary file; the lock file's O_EXCL create)
 
 
 def _assert_every_write_is_atomic(sources: dict[str, str]) -> None:
     found = [w for rel, text in sources.items() if rel not in EXEMPT for w in find_unguarded_writes(text, rel)]
     unguarded = [f"{w.path}:{w.line} {w.function}: {w.call}" for w in found if w.key not in ALLOWED]
-    assert not unguarded, ("write these through brats_seg.files (write_text_atomic, write_bytes_atomic, "
-                           "`with atomic_path(path) as tmp:`, `with atomic_dir(folder) as tmp:`):\n"
-                           + "\n".join(unguarded))
+    assert not unguarded, (
+        "write these through brats_seg.files (write_text_atomic, write_bytes_atomic, "
+        "`with atomic_path(path) as tmp:`, `with atomic_dir(folder) as tmp:`):\n" + "\n".join(unguarded)
+    )
     stale = sorted(set(ALLOWED) - {w.key for w in found})
     assert not stale, f"allow-list entries that match no write any more; remove them from ALLOWED: {stale}"
 
@@ -263,7 +269,7 @@ def test_every_file_write_goes_through_the_atomic_helpers():
     _assert_every_write_is_atomic(sources)
 
 
-PLANTED = '''
+PLANTED = """
 import gzip, io, json, os, shutil, sys, tempfile, zipfile
 import nibabel as nib
 import numpy as np
@@ -323,7 +329,7 @@ def good(path, model, fig, img, df, arr, d):
     fig.savefig(io.BytesIO())
     text = json.dumps({})
     csv_text = df.to_csv()
-'''
+"""
 
 
 def test_the_check_finds_every_kind_of_planted_write(tmp_path):
@@ -338,9 +344,11 @@ def test_the_check_finds_every_kind_of_planted_write(tmp_path):
     got = {}
     for w in found:
         got[w.line] = got.get(w.line, 0) + 1
-    assert got == expected, "\n".join(f"{n}: {PLANTED.splitlines()[n - 1].strip()} (found {got.get(n, 0)}, "
-                                      f"expected {expected.get(n, 0)})"
-                                      for n in sorted(set(got) | set(expected)) if got.get(n) != expected.get(n))
+    assert got == expected, "\n".join(
+        f"{n}: {PLANTED.splitlines()[n - 1].strip()} (found {got.get(n, 0)}, expected {expected.get(n, 0)})"
+        for n in sorted(set(got) | set(expected))
+        if got.get(n) != expected.get(n)
+    )
     assert {w.function for w in found} == {"bad"}
 
 
@@ -354,6 +362,7 @@ def test_the_check_fails_on_a_module_planted_in_the_tree(tmp_path):
 
 
 # --- files.py ------------------------------------------------------------------------------------
+
 
 def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path):
     target = tmp_path / "state.json"
@@ -394,21 +403,31 @@ def test_disk_full_error_names_the_file_and_the_free_bytes_and_pickles(tmp_path)
     assert isinstance(err, OSError) and err.errno == errno.ENOSPC
     back = pickle.loads(pickle.dumps(err))
     assert (type(back), back.path, back.free_bytes, back.what, str(back)) == (
-        DiskFullError, err.path, 12_345, err.what, text)
+        DiskFullError,
+        err.path,
+        12_345,
+        err.what,
+        text,
+    )
     assert "unknown free" in str(DiskFullError("x", None)) and "intact" in str(DiskFullError("x", None))
     told = disk_full_error(DiskFullError(err.path, 10), err.path, "The run resumes from epoch 2.")
     assert told.what == "The run resumes from epoch 2." and told.free_bytes == 10  # what is intact, added
     assert disk_full_error(err, err.path, "other words") is err  # already said: kept
 
 
-@pytest.mark.parametrize("exc", [
-    OSError(errno.ENOSPC, "No space left on device"),
-    OSError(errno.EDQUOT, "Disk quota exceeded"),
-    sqlite3.OperationalError("database or disk is full"),
-    RuntimeError("Unable to synchronously write data (file write failed: errno = 28, error message = "
-                 "'No space left on device')"),  # h5py's words
-    OSError("1048576 requested and 131056 written"),  # numpy's np.save/tofile to a path: a short write, no errno
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        sqlite3.OperationalError("database or disk is full"),
+        RuntimeError(
+            "Unable to synchronously write data (file write failed: errno = 28, error message = "
+            "'No space left on device')"
+        ),  # h5py's words
+        OSError("1048576 requested and 131056 written"),  # numpy's np.save/tofile to a path: a short write, no errno
+    ],
+)
 def test_library_wrapped_out_of_space_errors_are_recognised(tmp_path, exc):
     full = disk_full_error(exc, tmp_path / "x.h5")
     assert isinstance(full, DiskFullError) and full.path == tmp_path / "x.h5"
@@ -444,20 +463,29 @@ for n in range(int(sys.argv[2])):
 """
 
 
-@pytest.mark.parametrize("spec,writes,left,temporaries", [
-    ("split.json", 1, ["old"], 1),  # killed before the first replace: the old file, a temporary left
-    ("split.json:1:after", 1, ["new0"], 0),  # killed just after: the new file, nothing left
-    ("split.json:2", 3, ["new0"], 1),  # the second write: the first in place, the second not
-    ("spl*.json:3:after", 3, ["new2"], 0),  # a name pattern
-])
+@pytest.mark.parametrize(
+    "spec,writes,left,temporaries",
+    [
+        ("split.json", 1, ["old"], 1),  # killed before the first replace: the old file, a temporary left
+        ("split.json:1:after", 1, ["new0"], 0),  # killed just after: the new file, nothing left
+        ("split.json:2", 3, ["new0"], 1),  # the second write: the first in place, the second not
+        ("spl*.json:3:after", 3, ["new2"], 0),  # a name pattern
+    ],
+)
 def test_a_crash_point_kills_the_writer_and_leaves_a_whole_file(tmp_path, spec, writes, left, temporaries):
     from brats_seg.data.splits import load_split, save_split
 
     target = tmp_path / "run" / "split.json"
     save_split({"train": ["old"], "val": [], "test": []}, target)
     env = {**os.environ, "BRATS_SEG_CRASH_AT": spec, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", _WRITER, str(target), str(writes)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITER, str(target), str(writes)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == -9, done.stderr[-2000:]  # SIGKILL: nothing ran on the way out
     assert load_split(target)["train"] == left
     leftovers = [p for p in target.parent.iterdir() if p != target]
@@ -472,10 +500,19 @@ def test_a_crash_point_kills_the_writer_and_leaves_a_whole_file(tmp_path, spec, 
 
 def test_remove_stale_temporaries_cleans_killed_writers_leftovers_at_any_depth(tmp_path):
     run = tmp_path / "run"
-    keep = [run / "state.json", run / "checkpoints" / "last.keras", run / "eval" / "test" / "metrics.csv",
-            run / "notes.tmp", run / "tmp-not-ours.json", run / "eval" / "test" / ".lock"]
-    stale = [run / ".tmp-state.json.k2j3.json", run / "checkpoints" / ".tmp-last.keras.x1.keras",
-             run / "eval" / "test" / "predictions" / ".tmp-case.nii.gz.a1.nii.gz"]
+    keep = [
+        run / "state.json",
+        run / "checkpoints" / "last.keras",
+        run / "eval" / "test" / "metrics.csv",
+        run / "notes.tmp",
+        run / "tmp-not-ours.json",
+        run / "eval" / "test" / ".lock",
+    ]
+    stale = [
+        run / ".tmp-state.json.k2j3.json",
+        run / "checkpoints" / ".tmp-last.keras.x1.keras",
+        run / "eval" / "test" / "predictions" / ".tmp-case.nii.gz.a1.nii.gz",
+    ]
     stale_dirs = [run / ".tmp-cache-1234abcd", run / "eval" / ".old-test-5678abcd"]
     for p in keep + stale:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -502,8 +539,11 @@ def test_remove_stale_temporaries_leaves_a_folder_a_live_process_has_locked(tmp_
     (run / ".tmp-state.json.k2.json").write_text("x")
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (evaluating / ".lock").write_text(json.dumps({
-            "pid": holder.pid, "pid_start": psutil.Process(holder.pid).create_time(), "host": socket.gethostname()}))
+        (evaluating / ".lock").write_text(
+            json.dumps(
+                {"pid": holder.pid, "pid_start": psutil.Process(holder.pid).create_time(), "host": socket.gethostname()}
+            )
+        )
         assert remove_stale_temporaries(run) == [run / ".tmp-state.json.k2.json"]
         assert writing.exists()
     finally:
@@ -546,8 +586,12 @@ def test_a_lock_whose_record_is_not_written_yet_is_waited_for_not_misnamed(tmp_p
     fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # the first start, between create and record
 
     def write_record():
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": "now",
-                                 "command": "train.py first"}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "since": "now", "command": "train.py first"}
+            ).encode(),
+        )
         os.close(fd)
 
     threading.Timer(0.3, write_record).start()

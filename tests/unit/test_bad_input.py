@@ -226,8 +226,15 @@ def test_data_root_does_not_exist(tmp_path):
 def test_cli_exits_nonzero_with_message_and_skip_lists_cases(dataset_copy, tmp_path):
     root = dataset_copy("brats2021")
     case_id, _, _ = _bad_label_value(root)
-    base = [sys.executable, str(REPO / "scripts/prepare_data.py"), "data=brats2021", f"data.root={root}",
-            f"data.cache_dir={tmp_path / 'cache'}", "resolution=tiny", "data.num_workers=2"]
+    base = [
+        sys.executable,
+        str(REPO / "scripts/prepare_data.py"),
+        "data=brats2021",
+        f"data.root={root}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "resolution=tiny",
+        "data.num_workers=2",
+    ]
     bad = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode != 0
     assert case_id in bad.stderr and "label values [3]" in bad.stderr and "Traceback" not in bad.stderr

@@ -32,8 +32,8 @@ import brats_seg.data.workers as workers
 from brats_seg.config import STANDARD_RESOLUTIONS
 from brats_seg.data.cache import prepare_cases
 from brats_seg.data.errors import DataError
-from brats_seg.data.prep_memory import preparation_memory_advice
 from brats_seg.data.layouts import discover_cases
+from brats_seg.data.prep_memory import preparation_memory_advice
 from brats_seg.data.preprocess import estimate_preparation_bytes
 from brats_seg.files import DiskFullError, format_bytes
 from tests.conftest import TINY, mounted_tmpfs, skip_outside_ci
@@ -78,8 +78,10 @@ def _check_disk_full_then_resume(cases, root: Path, err: DiskFullError, num_work
     assert f"writing {err.path} (" in message and " free there)" in message and err.free_bytes is not None
     built = sorted(p.name for p in root.iterdir() if (p / "meta.json").is_file())
     assert 1 <= len(built) < len(cases) and err.path.name not in built
-    assert (f"{len(built)} of the {len(cases)} cache entries are complete and kept; the next run builds only the "
-            f"{len(cases) - len(built)} missing.") in message  # counted from the disk, whichever worker ended first
+    assert (
+        f"{len(built)} of the {len(cases)} cache entries are complete and kept; the next run builds only the "
+        f"{len(cases) - len(built)} missing."
+    ) in message  # counted from the disk, whichever worker ended first
     assert _temporaries(root) == []  # the failed entry's folder went, giving its space back
     for case_id in built:
         _assert_valid(root, case_id)
@@ -117,8 +119,9 @@ def small_tmpfs(tmp_path):
     mnt = tmp_path / "tmpfs"
     with mounted_tmpfs(mnt, "2m") as why_not:
         if why_not:
-            skip_outside_ci(f"cannot mount a tmpfs here ({why_not}); the injected ENOSPC test covers the same "
-                            "path in one process")
+            skip_outside_ci(
+                f"cannot mount a tmpfs here ({why_not}); the injected ENOSPC test covers the same path in one process"
+            )
         yield mnt
 
 
@@ -154,15 +157,18 @@ NEED_FULL = estimate_preparation_bytes(NATIVE, ZOOMS, 1.0, (192, 224, 160))  # ~
 NEED_HALF = estimate_preparation_bytes(NATIVE, ZOOMS, 2.0, (96, 112, 80))
 
 
-@pytest.mark.parametrize("workers,available,expect,refuse", [
-    # failed while the other workers held their cases: as many workers as the memory they had between them holds
-    (4, NEED_FULL // 2, "data.num_workers=3 (about", "resolution="),
-    (3, 0, "data.num_workers=2 (about", "resolution="),
-    (2, NEED_FULL // 2, "data.num_workers=1 (about", "resolution="),
-    # alone, and one case at 1 mm does not fit: the finest resolution whose case does
-    (1, NEED_FULL // 2, f"resolution=half (about {format_bytes(NEED_HALF)} a case at 2 mm)", "data.num_workers="),
-    (1, 1000, "none: no standard resolution coarser than 1 mm fits", "resolution="),
-])
+@pytest.mark.parametrize(
+    "workers,available,expect,refuse",
+    [
+        # failed while the other workers held their cases: as many workers as the memory they had between them holds
+        (4, NEED_FULL // 2, "data.num_workers=3 (about", "resolution="),
+        (3, 0, "data.num_workers=2 (about", "resolution="),
+        (2, NEED_FULL // 2, "data.num_workers=1 (about", "resolution="),
+        # alone, and one case at 1 mm does not fit: the finest resolution whose case does
+        (1, NEED_FULL // 2, f"resolution=half (about {format_bytes(NEED_HALF)} a case at 2 mm)", "data.num_workers="),
+        (1, 1000, "none: no standard resolution coarser than 1 mm fits", "resolution="),
+    ],
+)
 def test_out_of_memory_advice_is_computed_from_the_estimate(workers, available, expect, refuse):
     problem, fix = preparation_memory_advice(NATIVE, ZOOMS, 1.0, (192, 224, 160), workers, available)
     assert f"a case needs about {format_bytes(NEED_FULL)}" in problem
@@ -177,8 +183,9 @@ def test_out_of_memory_with_room_by_the_estimate_points_at_a_process_limit():
     assert "resolution=half" in fix and "ulimit -v" in fix
 
 
-def test_a_memory_error_while_preparing_names_the_case_the_estimate_the_memory_and_what_fits(cases, tmp_path,
-                                                                                             monkeypatch):
+def test_a_memory_error_while_preparing_names_the_case_the_estimate_the_memory_and_what_fits(
+    cases, tmp_path, monkeypatch
+):
     import nibabel as nib
     import psutil
 
@@ -200,7 +207,9 @@ def test_a_memory_error_while_preparing_names_the_case_the_estimate_the_memory_a
     assert entries == [] and n_built == 0 and len(errors) == 1
     message = str(errors[0])
     assert message.startswith(f"case {case.case_id}: out of memory preparing it at 4 mm")
-    assert f"a case needs about {format_bytes(need)}" in message and f"{format_bytes(available)} was available" in message
+    assert (
+        f"a case needs about {format_bytes(need)}" in message and f"{format_bytes(available)} was available" in message
+    )
     # 4 mm is the coarsest standard resolution: nothing coarser to suggest, and it says so
     assert "none: no standard resolution coarser than 4 mm fits" in message
     assert _temporaries(tmp_path / "cache") == []
@@ -255,9 +264,17 @@ def test_a_live_builders_folders_are_left_alone(cases, one_entry, tmp_path):
     planted = _plant_leftovers(root, cases[1].case_id)
     builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (root / ".lock").write_text(json.dumps({"pid": builder.pid, "pid_start": psutil.Process(builder.pid).create_time(),
-                                                "host": socket.gethostname(), "command": "another builder",
-                                                "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        (root / ".lock").write_text(
+            json.dumps(
+                {
+                    "pid": builder.pid,
+                    "pid_start": psutil.Process(builder.pid).create_time(),
+                    "host": socket.gethostname(),
+                    "command": "another builder",
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            )
+        )
         _, _, n_built = _prepare(cases[:1], root)  # nothing to build: it does not wait for the builder
         assert n_built == 0 and all(p.exists() for p in planted)
     finally:
@@ -271,13 +288,15 @@ def test_a_live_builders_folders_are_left_alone(cases, one_entry, tmp_path):
 # ---------------------------------------------------------------------------------------
 
 
-def test_a_worker_killed_from_outside_ends_in_one_message_and_the_next_run_builds_the_rest(cases, tmp_path,
-                                                                                          monkeypatch):
+def test_a_worker_killed_from_outside_ends_in_one_message_and_the_next_run_builds_the_rest(
+    cases, tmp_path, monkeypatch
+):
     import psutil
 
-
     root = tmp_path / "cache"
-    monkeypatch.setenv("BRATS_SEG_CRASH_AT", f"{cases[0].case_id}:1")  # inherited by the workers; only they write entries
+    monkeypatch.setenv(
+        "BRATS_SEG_CRASH_AT", f"{cases[0].case_id}:1"
+    )  # inherited by the workers; only they write entries
     with pytest.raises(DataError) as err:
         _prepare(cases, root, num_workers=2)
     message = str(err.value)

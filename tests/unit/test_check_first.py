@@ -47,7 +47,11 @@ def _set(cfg: TrainConfig, key: str, value) -> TrainConfig:
     "key,value,message",
     [
         ("trainer.batch_size", -1, r"trainer\.batch_size=-1: use an integer >= 1"),
-        ("trainer.lr_schedule", "cosin", r"trainer\.lr_schedule='cosin': use cosine or constant\. Did you mean 'cosine'"),
+        (
+            "trainer.lr_schedule",
+            "cosin",
+            r"trainer\.lr_schedule='cosin': use cosine or constant\. Did you mean 'cosine'",
+        ),
         ("lms.limit", "1MB", r"LMS plan does not fit.*To fix"),
     ],
 )
@@ -83,23 +87,50 @@ def test_the_corrected_command_trains_in_the_same_run_dir(synthetic_root, tmp_pa
         ("tracking.name", "wandb", r"tracking='wandb': use mlflow or none"),
         ("distribute.name", "horovod", r"distribute='horovod'"),
         # refused at the start, not after training, where the model is registered
-        ("tracking.register_as", "team/model", r"tracking\.register_as='team/model': the Model Registry refuses "
-                                               r"this name \(.*cannot contain '/'"),
+        (
+            "tracking.register_as",
+            "team/model",
+            r"tracking\.register_as='team/model': the Model Registry refuses "
+            r"this name \(.*cannot contain '/'",
+        ),
         ("tracking.register_as", "..", r"tracking\.register_as='\.\.': the Model Registry refuses"),
     ],
 )
 def test_a_bad_value_is_named_before_anything_is_written(tmp_path, key, value, message):
     from brats_seg.checks import check_train_config
 
-    cfg = _set(TrainConfig(resolution=dataclasses.replace(TINY), model=ModelConfig(depth=2, base_filters=4, out_channels=3),
-                           run_dir=str(tmp_path / "run")), key, value)
+    cfg = _set(
+        TrainConfig(
+            resolution=dataclasses.replace(TINY),
+            model=ModelConfig(depth=2, base_filters=4, out_channels=3),
+            run_dir=str(tmp_path / "run"),
+        ),
+        key,
+        value,
+    )
     with pytest.raises(ValueError, match=message) as err:
         check_train_config(cfg)
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["brats-demo", "team/model", "a:b", "", "  ", ".", "..", "..x", "x..", "a.b",
-                                  "BraTS 2023 (whole)", "models", "m-1_2"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "brats-demo",
+        "team/model",
+        "a:b",
+        "",
+        "  ",
+        ".",
+        "..",
+        "..x",
+        "x..",
+        "a.b",
+        "BraTS 2023 (whole)",
+        "models",
+        "m-1_2",
+    ],
+)
 def test_the_register_as_rule_agrees_with_the_registrys_own(name):
     """checks.check_register_as copies MLflow's rule (its validator is not public API, which the
     package does not import): this holds the copy to it."""
@@ -124,8 +155,12 @@ def test_the_register_as_rule_agrees_with_the_registrys_own(name):
 def test_register_as_without_mlflow_tracking_is_refused_and_a_good_name_passes(tmp_path):
     from brats_seg.checks import check_train_config
 
-    cfg = TrainConfig(resolution=dataclasses.replace(TINY), model=ModelConfig(depth=2, base_filters=4, out_channels=3),
-                      tracking=TrackingConfig(name="none", register_as="brats-demo"), run_dir=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        resolution=dataclasses.replace(TINY),
+        model=ModelConfig(depth=2, base_filters=4, out_channels=3),
+        tracking=TrackingConfig(name="none", register_as="brats-demo"),
+        run_dir=str(tmp_path / "run"),
+    )
     with pytest.raises(ValueError, match=r"register_as='brats-demo'.*tracking=none: use tracking=mlflow"):
         check_train_config(cfg)
     cfg.tracking.name = "mlflow"
@@ -135,28 +170,49 @@ def test_register_as_without_mlflow_tracking_is_refused_and_a_good_name_passes(t
 def test_data_root_unset_says_so_not_no_cases_under_the_cwd(tmp_path, backend):
     from brats_seg.training.loop import train
 
-    cfg = TrainConfig(data=DataConfig(name="brats2021", layout="brats2021", root="", cache_dir=str(tmp_path / "c")),
-                      resolution=TINY, model=ModelConfig(depth=2, base_filters=4), run_dir=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        data=DataConfig(name="brats2021", layout="brats2021", root="", cache_dir=str(tmp_path / "c")),
+        resolution=TINY,
+        model=ModelConfig(depth=2, base_filters=4),
+        run_dir=str(tmp_path / "run"),
+    )
     with pytest.raises(ValueError, match=r"data\.root is not set: pass data\.root=") as err:
         train(cfg)
     assert "no cases" not in str(err.value) and not (tmp_path / "run").exists()
 
 
 # Runs an entry point as `python <script>` does, and says on stderr at exit whether TensorFlow was imported.
-_WATCH_TF = ("import atexit, runpy, sys; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
-             "atexit.register(lambda: print('tensorflow imported:', 'tensorflow' in sys.modules, file=sys.stderr)); "
-             "runpy.run_path(script, run_name='__main__')")
+_WATCH_TF = (
+    "import atexit, runpy, sys; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
+    "atexit.register(lambda: print('tensorflow imported:', 'tensorflow' in sys.modules, file=sys.stderr)); "
+    "runpy.run_path(script, run_name='__main__')"
+)
 
 
-@pytest.mark.parametrize("script, args, message", [
-    ("train.py", ["data=brats2021", "data.root={tmp}/nowhere"], r"error: data root .*/nowhere does not exist or is not a folder: check data\.root=\.$"),
-    ("train.py", ["data=brats2023", "data.root={synthetic}"],
-     r"error: no cases found under .* for layout brats2023 .*try data=brats2021"),
-    ("train.py", ["data=msd", "data.root={tmp}"], r"error: no cases found under .* for layout msd \(expected dataset\.json"),
-    ("scripts/evaluate.py", ["run_dir={tmp}/none"], r"error: run folder .*/none does not exist"),
-])
-def test_a_path_that_can_be_checked_without_tensorflow_fails_before_it_is_imported(synthetic_root, tmp_path, script,
-                                                                                   args, message):
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        (
+            "train.py",
+            ["data=brats2021", "data.root={tmp}/nowhere"],
+            r"error: data root .*/nowhere does not exist or is not a folder: check data\.root=\.$",
+        ),
+        (
+            "train.py",
+            ["data=brats2023", "data.root={synthetic}"],
+            r"error: no cases found under .* for layout brats2023 .*try data=brats2021",
+        ),
+        (
+            "train.py",
+            ["data=msd", "data.root={tmp}"],
+            r"error: no cases found under .* for layout msd \(expected dataset\.json",
+        ),
+        ("scripts/evaluate.py", ["run_dir={tmp}/none"], r"error: run folder .*/none does not exist"),
+    ],
+)
+def test_a_path_that_can_be_checked_without_tensorflow_fails_before_it_is_imported(
+    synthetic_root, tmp_path, script, args, message
+):
     """A missing or wrong data.root (a missing run folder for evaluation) is said in about a second
     (0.9-1.4 s on an AMD EPYC Zen 5), where TensorFlow's import alone takes 5-16 s and prints its
     own lines first (one an alarming 'CUDA error'). Decisive: TensorFlow is never imported; the
@@ -165,16 +221,30 @@ def test_a_path_that_can_be_checked_without_tensorflow_fails_before_it_is_import
 
     filled = [a.format(tmp=tmp_path, synthetic=synthetic_root["brats2021"]) for a in args]
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", _WATCH_TF, str(REPO / script), *filled, f"run_dir={tmp_path}/run"
-                           if script == "train.py" else "split=test", "tracking=none" if script == "train.py" else
-                           "checkpoint=best"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WATCH_TF,
+            str(REPO / script),
+            *filled,
+            f"run_dir={tmp_path}/run" if script == "train.py" else "split=test",
+            "tracking=none" if script == "train.py" else "checkpoint=best",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     seconds = time.monotonic() - t0
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "tensorflow imported: False" in lines, proc.stderr[-2000:]
     errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
     assert len(errors) == 1 and re.search(message, lines[errors[0]]), proc.stderr[-2000:]
-    assert not any(re.match(r"[IWEF]\d{4} ", line) for line in lines[:errors[0]]), proc.stderr[-2000:]  # no TF/absl line
+    assert not any(re.match(r"[IWEF]\d{4} ", line) for line in lines[: errors[0]]), proc.stderr[
+        -2000:
+    ]  # no TF/absl line
     assert seconds < 12, f"{seconds:.1f} s"
     assert not (tmp_path / "run").exists()
 
@@ -207,10 +277,22 @@ def test_train_py_with_a_bad_value_exits_2_and_leaves_no_folder(tmp_path):
     """One line on stderr naming the key; no run folder, no stray outputs/<date>/<time>/."""
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "resolution=tiny", f"data.root={tmp_path / 'synthetic'}",
-         f"data.cache_dir={tmp_path / 'cache'}", "backend=cpu_onednn", "tracking=none", "trainer.batch_size=-1",
-         f"run_dir={run_dir}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "resolution=tiny",
+            f"data.root={tmp_path / 'synthetic'}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "backend=cpu_onednn",
+            "tracking=none",
+            "trainer.batch_size=-1",
+            f"run_dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: trainer.batch_size=-1: use an integer >= 1 (the global batch)."], proc.stderr[-2000:]

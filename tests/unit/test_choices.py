@@ -10,12 +10,24 @@ from brats_seg.choices import check_choice, format_choices
 @pytest.mark.parametrize(
     "value,allowed,key,message",
     [
-        ("cosin", ("cosine", "constant"), "trainer.lr_schedule",
-         "trainer.lr_schedule='cosin': use cosine or constant. Did you mean 'cosine'?"),
-        ("layer", ("instance", "group", "batch"), "model.norm",
-         "model.norm='layer': use one of instance, group, batch."),
-        ("bf61", ("fp32", "fp16", "bf16"), "backend.precision",
-         "backend.precision='bf61': use one of fp32, fp16, bf16. Did you mean 'bf16'?"),
+        (
+            "cosin",
+            ("cosine", "constant"),
+            "trainer.lr_schedule",
+            "trainer.lr_schedule='cosin': use cosine or constant. Did you mean 'cosine'?",
+        ),
+        (
+            "layer",
+            ("instance", "group", "batch"),
+            "model.norm",
+            "model.norm='layer': use one of instance, group, batch.",
+        ),
+        (
+            "bf61",
+            ("fp32", "fp16", "bf16"),
+            "backend.precision",
+            "backend.precision='bf61': use one of fp32, fp16, bf16. Did you mean 'bf16'?",
+        ),
         (3, (1, 4), "model.in_channels", "model.in_channels=3: use 1 or 4."),
     ],
 )
@@ -40,7 +52,9 @@ def test_config_errors_reach_the_user_through_it():
     from brats_seg.config import DistributeConfig, check_distribute_config
     from brats_seg.model.checks import check_policy
 
-    with pytest.raises(ValueError, match=r"^distribute\.lr_scaling='lin': use none or linear\. Did you mean 'linear'\?$"):
+    with pytest.raises(
+        ValueError, match=r"^distribute\.lr_scaling='lin': use none or linear\. Did you mean 'linear'\?$"
+    ):
         check_distribute_config(DistributeConfig(lr_scaling="lin"))
     with pytest.raises(ValueError, match=r"dtype policy='float64': use one of float32, mixed_float16, mixed_bfloat16"):
         check_policy("float64")

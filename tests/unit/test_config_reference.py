@@ -20,7 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "configuration.md"
 
 
-
 @pytest.fixture(scope="module")
 def reference():
     return build_config_reference(configs_dir=REPO / "configs")
@@ -29,10 +28,17 @@ def reference():
 def test_the_page_is_what_the_generator_writes_now(reference):
     page = PAGE.read_text() if PAGE.exists() else ""
     if page != reference.markdown:
-        diff = "".join(list(difflib.unified_diff(page.splitlines(True), reference.markdown.splitlines(True),
-                                                 "docs/configuration.md", "generated now"))[:60])
-        pytest.fail("docs/configuration.md differs from the config schemas: run `python scripts/config_reference.py` "
-                    f"and commit the page.\n{diff}")
+        diff = "".join(
+            list(
+                difflib.unified_diff(
+                    page.splitlines(True), reference.markdown.splitlines(True), "docs/configuration.md", "generated now"
+                )
+            )[:60]
+        )
+        pytest.fail(
+            "docs/configuration.md differs from the config schemas: run `python scripts/config_reference.py` "
+            f"and commit the page.\n{diff}"
+        )
 
 
 def _nested(cls: type) -> dict[str, type]:
@@ -55,17 +61,28 @@ def _keys(cls: type, prefix: str, reached: set) -> list[str]:
 
 
 def test_every_field_of_every_schema_appears(reference):
-    schemas = [c for module in (config, script_configs) for c in vars(module).values()
-               if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
+    schemas = [
+        c
+        for module in (config, script_configs)
+        for c in vars(module).values()
+        if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == module.__name__
+    ]
     held = {sub for c in schemas for sub in _nested(c).values()}
     entry_points = [c for c in schemas if c not in held]
     assert config.TrainConfig in entry_points and script_configs.EvaluateScriptConfig in entry_points, entry_points
     reached: set = set()
-    missing = [f"{c.__name__}: `{key}`" for c in entry_points for key in _keys(c, "", reached)
-               if f"| `{key}` |" not in reference.markdown]
+    missing = [
+        f"{c.__name__}: `{key}`"
+        for c in entry_points
+        for key in _keys(c, "", reached)
+        if f"| `{key}` |" not in reference.markdown
+    ]
     assert reached == set(schemas)
-    missing += [c.__name__ for c in schemas if f"`{c.__name__}`" not in reference.markdown
-                and f"### {c.__name__}" not in reference.markdown]
+    missing += [
+        c.__name__
+        for c in schemas
+        if f"`{c.__name__}`" not in reference.markdown and f"### {c.__name__}" not in reference.markdown
+    ]
     assert not missing, "keys missing from the configuration reference: " + ", ".join(missing)
     for key in config.CHOICES:  # each closed set is listed with its values
         assert f"| `{key}` | " + " \\| ".join(f"`{m.value}`" for m in config.CHOICES[key]) in reference.markdown
@@ -76,7 +93,8 @@ def test_every_config_key_has_a_comment(reference):
         "config keys without a comment in brats_seg/config.py or script_configs.py: "
         + ", ".join(sorted(reference.undocumented))
         + ". Give each a trailing `# what it is, and why the default is what it is`, then run "
-          "`python scripts/config_reference.py`.")
+        "`python scripts/config_reference.py`."
+    )
 
 
 def test_a_field_without_a_comment_is_reported(tmp_path, monkeypatch):
@@ -135,8 +153,9 @@ def test_a_field_without_a_comment_is_reported(tmp_path, monkeypatch):
     for option in ("a", "b"):
         (configs / "inner" / f"{option}.yaml").write_text("mode: fast\n")
     (configs / "base.yaml").write_text("defaults:\n  - inner: a\n")
-    (configs / "tool.yaml").write_text("defaults:\n  - tool_schema\n  - base\n  - override inner: b\n"
-                                       "  - override hydra/job_logging: stdout\n")
+    (configs / "tool.yaml").write_text(
+        "defaults:\n  - tool_schema\n  - base\n  - override inner: b\n  - override hydra/job_logging: stdout\n"
+    )
     page = build_config_reference(module, configs_dir=configs).markdown
     assert "Options (`inner=<option>`, `configs/inner/<option>.yaml`): `a`, `b`." in page
     assert "| `configs/tool.yaml` | [ToolConfig](#toolconfig) | `inner=b` |" in page

@@ -44,14 +44,24 @@ def test_a_composed_config_round_trips_through_config_json_and_mlflow_params(tmp
     from hydra import compose, initialize_config_dir
 
     from brats_seg.cli import to_config
-    from brats_seg.script_configs import register_configs
     from brats_seg.data.labels import resolve_model_outputs
     from brats_seg.run_dir import RunFolder
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = to_config(compose("train", overrides=["backend=cpu_onednn", "backend.precision=bf16", "lms=recompute",
-                                                    "data.on_error=skip", "model.norm=group"]))
+        cfg = to_config(
+            compose(
+                "train",
+                overrides=[
+                    "backend=cpu_onednn",
+                    "backend.precision=bf16",
+                    "lms=recompute",
+                    "data.on_error=skip",
+                    "model.norm=group",
+                ],
+            )
+        )
     assert isinstance(cfg.backend.precision, Precision) and cfg.backend.precision == "bf16"
     cfg.run_dir = str(tmp_path / "run")
     folder = RunFolder.of(cfg.run_dir)
@@ -82,11 +92,11 @@ def test_every_config_option_composes_and_passes_the_checks(tmp_path, synthetic_
     is not generated gets a folder of its layout's cases as data.root (the checks look for them)."""
     from hydra import compose, initialize_config_dir
 
+    from brats_seg.checks import check_train_config
     from brats_seg.cli import to_config
-    from brats_seg.script_configs import register_configs
     from brats_seg.data.dataset import GENERATED
     from brats_seg.data.labels import resolve_model_outputs
-    from brats_seg.checks import check_train_config
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     overrides = [f"{group}={option}", f"run_dir={tmp_path / 'run'}"]
@@ -100,8 +110,9 @@ def test_every_config_option_composes_and_passes_the_checks(tmp_path, synthetic_
     check_train_config(resolve_model_outputs(cfg))
 
 
-@pytest.mark.parametrize("given,preset", [("true", "light"), ("false", "none"), ("light", "light"),
-                                          ("nnunet", "nnunet"), ("none", "none")])
+@pytest.mark.parametrize(
+    "given,preset", [("true", "light"), ("false", "none"), ("light", "light"), ("nnunet", "nnunet"), ("none", "none")]
+)
 def test_trainer_augment_is_a_preset_and_the_old_switch_still_means_light_or_none(given, preset, tmp_path):
     from hydra import compose, initialize_config_dir
 
@@ -110,8 +121,16 @@ def test_trainer_augment_is_a_preset_and_the_old_switch_still_means_light_or_non
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = to_config(compose("train", overrides=[f"trainer.augment={given}", "trainer.augmentation.p_gamma=0.5",
-                                                    "trainer.augmentation.gamma_range=[0.8,1.2]"]))
+        cfg = to_config(
+            compose(
+                "train",
+                overrides=[
+                    f"trainer.augment={given}",
+                    "trainer.augmentation.p_gamma=0.5",
+                    "trainer.augmentation.gamma_range=[0.8,1.2]",
+                ],
+            )
+        )
     assert cfg.trainer.augment == preset and cfg.trainer.augmentation.p_gamma == 0.5
     stored = config_to_dict(cfg)
     assert config_to_dict(config_from_dict(TrainConfig, json.loads(json.dumps(stored)))) == stored
@@ -121,12 +140,15 @@ def test_trainer_augment_is_a_preset_and_the_old_switch_still_means_light_or_non
         assert config_from_dict(TrainConfig, old).trainer.augment == preset  # resumes as the same recipe
 
 
-@pytest.mark.parametrize("override,message", [
-    ("trainer.augment=heavy", "trainer.augment='heavy': use one of none, light, nnunet"),
-    ("trainer.augmentation.p_noise=1.5", "trainer.augmentation.p_noise=1.5: a probability, in [0, 1]"),
-    ("trainer.augmentation.scale_range=[1.4,0.7]", "trainer.augmentation.scale_range=[1.4, 0.7]: use [low, high]"),
-    ("trainer.augmentation.mirror_axes=[3]", "trainer.augmentation.mirror_axes=[3]: spatial axes 0 (x)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("trainer.augment=heavy", "trainer.augment='heavy': use one of none, light, nnunet"),
+        ("trainer.augmentation.p_noise=1.5", "trainer.augmentation.p_noise=1.5: a probability, in [0, 1]"),
+        ("trainer.augmentation.scale_range=[1.4,0.7]", "trainer.augmentation.scale_range=[1.4, 0.7]: use [low, high]"),
+        ("trainer.augmentation.mirror_axes=[3]", "trainer.augmentation.mirror_axes=[3]: spatial axes 0 (x)"),
+    ],
+)
 def test_a_bad_augmentation_value_is_one_line_naming_it(override, message, capsys):
     from hydra import compose, initialize_config_dir
 

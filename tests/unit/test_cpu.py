@@ -36,9 +36,17 @@ def test_kinds_tell_amx_from_avx512_bf16_alone():
     assert cpu_isa(ZEN4, {}) == cpu_isa(SAPPHIRE_RAPIDS, {}) == "avx512"
 
 
-@pytest.mark.parametrize("cap, kind, bf16", [
-    ("AVX2", "avx2", False), ("avx512_core", "avx512", False), ("AVX512_CORE_BF16", "avx512", True),
-    ("AVX512_CORE_AMX", "avx512_amx", True), ("DEFAULT", "avx512_amx", True), ("bogus", "avx512_amx", True)])
+@pytest.mark.parametrize(
+    "cap, kind, bf16",
+    [
+        ("AVX2", "avx2", False),
+        ("avx512_core", "avx512", False),
+        ("AVX512_CORE_BF16", "avx512", True),
+        ("AVX512_CORE_AMX", "avx512_amx", True),
+        ("DEFAULT", "avx512_amx", True),
+        ("bogus", "avx512_amx", True),
+    ],
+)
 def test_onednn_cap_lowers_what_the_cpu_is_taken_for(cap, kind, bf16):
     """oneDNN runs the capped set's kernels: the presets and the bf16 check must follow it
     (an unknown value caps nothing, as oneDNN ignores it)."""
@@ -74,6 +82,7 @@ def test_unknown_cpu():
 
 
 # --- backend.precision against what the CPU can do (issue: bf16 on a CPU without native bf16) ---
+
 
 def test_bf16_refused_on_a_cpu_without_native_bf16_with_the_reason_and_the_fix():
     with pytest.raises(BackendError) as err:

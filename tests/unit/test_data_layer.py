@@ -32,9 +32,19 @@ def test_each_layout_is_discovered(synthetic_root, layout):
         assert len(case.images) == (1 if layout == "msd" else 4)
         assert all(p.is_file() for p in case.images)
     if layout == "brats2021":  # project channel order, whatever the file order on disk
-        assert [p.name.split("_")[-1] for p in cases[0].images] == ["flair.nii.gz", "t1.nii.gz", "t1ce.nii.gz", "t2.nii.gz"]
+        assert [p.name.split("_")[-1] for p in cases[0].images] == [
+            "flair.nii.gz",
+            "t1.nii.gz",
+            "t1ce.nii.gz",
+            "t2.nii.gz",
+        ]
     if layout == "brats2023":
-        assert [p.name.split("-")[-1] for p in cases[0].images] == ["t2f.nii.gz", "t1n.nii.gz", "t1c.nii.gz", "t2w.nii.gz"]
+        assert [p.name.split("-")[-1] for p in cases[0].images] == [
+            "t2f.nii.gz",
+            "t1n.nii.gz",
+            "t1c.nii.gz",
+            "t2w.nii.gz",
+        ]
 
 
 def test_brats2018_hgg_lgg_subfolders(dataset_copy):
@@ -62,8 +72,11 @@ def test_brats2024_cases_carry_the_resection_cavity_and_prepare_four_regions(syn
     assert [c.case_id for c in cases] == ["BraTS-GLI-00000-100", "BraTS-GLI-00001-100", "BraTS-GLI-00002-100"]
     labels = [np.unique(load_volume(c.label, c.case_id).data) for c in cases]
     assert any(4 in v for v in labels)
-    with pytest.raises(DataError, match=r"label values \[4\] are not in the brats2023.*use data=brats2024|"
-                                        r"label values \[4\] are not in the brats2023.*data=brats2024"):
+    with pytest.raises(
+        DataError,
+        match=r"label values \[4\] are not in the brats2023.*use data=brats2024|"
+        r"label values \[4\] are not in the brats2023.*data=brats2024",
+    ):
         prepare_dataset(data_config(root, "brats2023", tmp_path / "as2023"), TINY, progress=False)
     ds = prepare_dataset(data_config(root, "brats2024", tmp_path), TINY, progress=False)
     regions = [np.load(e.regions_path) for e in ds.entries]
@@ -111,12 +124,15 @@ def test_msd_channels_are_mapped_by_the_names_in_dataset_json(dataset_copy, tmp_
     np.testing.assert_array_equal(image, reference)
 
 
-@pytest.mark.parametrize("modality, match", [
-    ({"0": "FLAIR", "1": "T1w", "2": "t1gd"}, "not the four contrasts"),
-    ({"0": "FLAIR", "1": "T1w", "2": "DWI", "3": "T2w"}, "not the four contrasts"),
-    ({"0": "FLAIR", "1": "FLAIR", "2": "t1gd", "3": "T2w"}, "not the four contrasts"),
-    (None, "no 'modality' entry"),
-])
+@pytest.mark.parametrize(
+    "modality, match",
+    [
+        ({"0": "FLAIR", "1": "T1w", "2": "t1gd"}, "not the four contrasts"),
+        ({"0": "FLAIR", "1": "T1w", "2": "DWI", "3": "T2w"}, "not the four contrasts"),
+        ({"0": "FLAIR", "1": "FLAIR", "2": "t1gd", "3": "T2w"}, "not the four contrasts"),
+        (None, "no 'modality' entry"),
+    ],
+)
 def test_msd_unknown_modality_sets_are_errors_naming_the_file(dataset_copy, modality, match):
     from brats_seg.data.errors import DatasetError
 
@@ -163,8 +179,14 @@ def test_non_nested_regions_are_painted_innermost_first(layout):
     """ET outside WT is ET; TC-only is the core label; a voxel of tumour and cavity is tumour."""
     table = LABELS[layout]
     names = table.region_names
-    cases = {("et",): table.enhancing, ("tc",): table.core, ("wt", "et"): table.enhancing,
-             ("wt", "tc"): table.core, ("wt",): table.edema, (): 0}
+    cases = {
+        ("et",): table.enhancing,
+        ("tc",): table.core,
+        ("wt", "et"): table.enhancing,
+        ("wt", "tc"): table.core,
+        ("wt",): table.edema,
+        (): 0,
+    }
     if "rc" in names:
         cases.update({("rc",): table.cavity, ("wt", "rc"): table.edema, ("et", "rc"): table.enhancing})
     regions = np.zeros((len(cases), 1, 1, len(names)), bool)
@@ -213,7 +235,7 @@ def test_prediction_nifti_round_trip_keeps_grid_and_header(tmp_path, affine):
     np.testing.assert_array_equal(out.affine, ref.affine)
     assert nib.aff2axcodes(out.affine) == nib.aff2axcodes(ref.affine)
     np.testing.assert_array_equal(np.asanyarray(out.dataobj), label)
-    for key in ref.header.keys():
+    for key in ref.header:
         np.testing.assert_array_equal(ref.header[key], out.header[key], err_msg=key)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
@@ -300,7 +322,9 @@ def _strata(n: int, without_et: int, empty: int = 0) -> dict[str, str]:
     return {c: "none" if i < empty else "WT TC" if i < empty + without_et else "WT TC ET" for i, c in enumerate(ids)}
 
 
-@pytest.mark.parametrize("n, without_et, empty", [(40, 8, 0), (40, 3, 0), (12, 3, 0), (40, 8, 2), (1251, 150, 4), (5, 1, 0)])
+@pytest.mark.parametrize(
+    "n, without_et, empty", [(40, 8, 0), (40, 3, 0), (12, 3, 0), (40, 8, 2), (1251, 150, 4), (5, 1, 0)]
+)
 def test_stratified_split_gives_val_and_test_each_groups_share(n, without_et, empty):
     strata = _strata(n, without_et, empty)
     ids = sorted(strata)
@@ -325,7 +349,11 @@ def test_a_random_split_of_the_demo_can_leave_val_without_a_case_lacking_et():
     # why the split is stratified: 40 cases, 8 without enhancing tumour, 6 in val: a random split
     # leaves none of the 8 in val about one time in four (C(32,6)/C(40,6) = 0.24); a stratified one never
     strata = _strata(40, 8)
-    unlucky = [s for s in range(20) if not {c for c, g in strata.items() if g == "WT TC"} & set(make_split(sorted(strata), 0.15, 0.2, s)["val"])]
+    unlucky = [
+        s
+        for s in range(20)
+        if not {c for c, g in strata.items() if g == "WT TC"} & set(make_split(sorted(strata), 0.15, 0.2, s)["val"])
+    ]
     assert unlucky  # some seeds do leave val without such a case
     for s in unlucky:
         val = make_split(sorted(strata), 0.15, 0.2, s, strata=strata)["val"]
@@ -357,8 +385,9 @@ def test_the_split_is_stratified_by_the_regions_each_cached_case_holds(synthetic
     assert load_entry_meta(entry.path)["fingerprint"] == meta["fingerprint"]  # still a valid entry
     again = prepare_dataset(data_config(synthetic_root["brats2021"], "brats2021", tmp_path), TINY, progress=False)
     assert again.n_built == 0 and again.split == ds.split
-    plain = prepare_dataset(data_config(synthetic_root["brats2021"], "brats2021", tmp_path, stratify=False), TINY,
-                            progress=False)
+    plain = prepare_dataset(
+        data_config(synthetic_root["brats2021"], "brats2021", tmp_path, stratify=False), TINY, progress=False
+    )
     assert plain.split_path.name == "split_seed0.json" and "strata" not in plain.split
 
 

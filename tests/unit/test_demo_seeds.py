@@ -18,8 +18,13 @@ def _write_eval(folder: RunFolder, split: str, cases: dict[str, tuple[int, int]]
     """``cases``: case id -> (ET lesions in the reference, ET lesions predicted)."""
     out = folder.eval_dir(split)
     out.mkdir(parents=True)
-    summary = {"n_cases": len(cases), "postprocess": {"described": "ET < 200 mm3 in total relabelled",
-                                                     "unprocessed_mean": {"dice_et": dice_et - 0.1}}}
+    summary = {
+        "n_cases": len(cases),
+        "postprocess": {
+            "described": "ET < 200 mm3 in total relabelled",
+            "unprocessed_mean": {"dice_et": dice_et - 0.1},
+        },
+    }
     for m in ("dice", "lesion23_dice"):
         for r in REGIONS:
             summary[f"{m}_{r}"] = {"mean": dice_et if r == "et" else 0.9}
@@ -43,15 +48,33 @@ def test_an_arms_scores_name_false_and_missed_et_for_each_set(tmp_path):
 
 
 def test_means_over_seeds_and_the_tables_of_both_sets():
-    runs = [{"seed": s, "dice_et": v, "train_s": 60.0, "n_cases": 8, "without_et": 2, "et_false": [], "et_missed": [],
-             **{f"{m}_{r}{u}": v for m in ("dice", "lesion23_dice") for r in REGIONS for u in ("", "_unprocessed")}}
-            for s, v in ((0, 0.8), (1, 0.9), (2, 0.7))]
+    runs = [
+        {
+            "seed": s,
+            "dice_et": v,
+            "train_s": 60.0,
+            "n_cases": 8,
+            "without_et": 2,
+            "et_false": [],
+            "et_missed": [],
+            **{f"{m}_{r}{u}": v for m in ("dice", "lesion23_dice") for r in REGIONS for u in ("", "_unprocessed")},
+        }
+        for s, v in ((0, 0.8), (1, 0.9), (2, 0.7))
+    ]
     means = compute_means(runs)
     assert means["dice_et"]["mean"] == pytest.approx(0.8) and means["dice_et"]["std"] == pytest.approx(0.1)
     for run in runs:
         run["heldout"] = {**run, "set": "synthetic_heldout", "n_cases": 40, "without_et": 9}
-    text = format_demo_seeds({"cpu": "AMD EPYC", "cpu_kind": "avx512", "overrides": [], "runs": runs, "means": means,
-                              "heldout_means": compute_means([r["heldout"] for r in runs])})
+    text = format_demo_seeds(
+        {
+            "cpu": "AMD EPYC",
+            "cpu_kind": "avx512",
+            "overrides": [],
+            "runs": runs,
+            "means": means,
+            "heldout_means": compute_means([r["heldout"] for r in runs]),
+        }
+    )
     assert "test split (8 cases, 2 without ET)" in text and "synthetic_heldout: 40 cases (9 without ET)" in text
     assert text.count("| mean ± std | 0.800 ± 0.100") == 2
 

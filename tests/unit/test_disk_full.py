@@ -44,6 +44,7 @@ SMALL_FS = "4m"
 
 # --- a disk that fills up on demand ---------------------------------------------------------
 
+
 def fill(folder: Path) -> Path:
     """Write ``folder/filler`` until the file system refuses a single byte; returns the filler."""
     filler = folder / "filler"
@@ -119,6 +120,7 @@ def disk(tmp_path, monkeypatch):
 
 # --- tiny training runs -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def backend():
     from brats_seg.backend import configure, decide_backend
@@ -145,7 +147,7 @@ def _cfg(root, shared: Path, run_dir: Path, tracking: TrackingConfig | None = No
 def _last_checkpoint(run_dir: Path):
     import keras
 
-    import brats_seg.model.unet3d  # noqa: F401  registers the custom layers
+    import brats_seg.model.unet3d
     import brats_seg.training.losses  # noqa: F401
 
     return keras.models.load_model(Path(run_dir) / "checkpoints" / "last.keras", compile=True)
@@ -185,8 +187,10 @@ def _temporaries(folder: Path) -> list[Path]:
 
 # --- checkpoint ---------------------------------------------------------------------------------
 
+
 def test_a_full_disk_at_a_checkpoint_names_it_keeps_epoch_1_and_the_run_resumes_to_the_same_end(
-        disk, synthetic_root, shared, backend, reference_run, caplog):
+    disk, synthetic_root, shared, backend, reference_run, caplog
+):
     from brats_seg.run_dir import RunFolder
     from brats_seg.training.loop import train
 
@@ -259,8 +263,9 @@ def _predict(script_args: list[str], out: Path, kind: str | None) -> subprocess.
     script = str(REPO / "scripts" / "predict.py")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-c", _PREDICT, str(out), kind, script] if kind else [sys.executable, script]
-    return subprocess.run([*command, *script_args], cwd=out.parent, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [*command, *script_args], cwd=out.parent, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def _predict_args(run_dir: Path, root: Path) -> list[str]:
@@ -279,7 +284,8 @@ def spare_masks(synthetic_root, reference_run, shared) -> Path:
 
 @pytest.mark.slow  # runs the entry point scripts/predict.py
 def test_a_full_disk_while_predicting_names_the_mask_and_the_masks_written_stay_valid(
-        disk, synthetic_root, reference_run, spare_masks):
+    disk, synthetic_root, reference_run, spare_masks
+):
     import nibabel as nib
 
     args = _predict_args(reference_run, synthetic_root["brats2021"])
@@ -308,11 +314,13 @@ def test_a_full_disk_while_predicting_names_the_mask_and_the_masks_written_stay_
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir() if p.name.endswith(".nii.gz")) == expected
     for name in expected:
-        np.testing.assert_array_equal(np.asarray(nib.load(out / name).dataobj),
-                                      np.asarray(nib.load(spare_masks / name).dataobj))
+        np.testing.assert_array_equal(
+            np.asarray(nib.load(out / name).dataobj), np.asarray(nib.load(spare_masks / name).dataobj)
+        )
 
 
 # --- tracking store -----------------------------------------------------------------------------
+
 
 class _Records(logging.Handler):
     def __init__(self) -> None:
@@ -347,7 +355,8 @@ def _database_full(monkeypatch, disk: InjectedEnospc, only_system_metrics: bool 
 
 
 def test_a_full_tracking_store_is_said_once_and_training_goes_on(
-        disk, synthetic_root, shared, backend, tmp_path, monkeypatch, caplog):
+    disk, synthetic_root, shared, backend, tmp_path, monkeypatch, caplog
+):
     from brats_seg.run_dir import RunFolder
     from brats_seg.training.loop import train
 
@@ -360,13 +369,19 @@ def test_a_full_tracking_store_is_said_once_and_training_goes_on(
     logging.getLogger("mlflow").addHandler(mlflow_records)
     try:
         with caplog.at_level(logging.WARNING):
-            result = train(_cfg(synthetic_root["brats2021"], shared, run_dir, tracking), extra_callbacks=[_fill_after_epoch(disk, 1)])
+            result = train(
+                _cfg(synthetic_root["brats2021"], shared, run_dir, tracking),
+                extra_callbacks=[_fill_after_epoch(disk, 1)],
+            )
     finally:
         logging.getLogger("mlflow").removeHandler(mlflow_records)
 
     assert result.epochs_done == 2
-    said = [r for r in caplog.records if r.levelno >= logging.WARNING
-            and any(w in r.getMessage() for w in ("MLflow", "mlflow", "disk", "space"))]
+    said = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and any(w in r.getMessage() for w in ("MLflow", "mlflow", "disk", "space"))
+    ]
     assert len(said) == 1, [r.getMessage() for r in said]
     message = said[0].getMessage()
     assert said[0].name == "brats_seg.tracking.faults"
@@ -400,8 +415,13 @@ def test_a_full_store_met_first_by_mlflows_system_metrics_thread_is_said_once(di
     logging.getLogger("mlflow").addHandler(mlflow_records)
     try:
         with caplog.at_level(logging.WARNING):
-            tracker = Tracker.start(TrackingConfig(uri=f"sqlite:///{db}", experiment="disk-full", system_metrics=True),
-                                    tmp_path / "run", "run", {"model.depth": 2}, {})
+            tracker = Tracker.start(
+                TrackingConfig(uri=f"sqlite:///{db}", experiment="disk-full", system_metrics=True),
+                tmp_path / "run",
+                "run",
+                {"model.depth": 2},
+                {},
+            )
             assert tracker.run_id is not None
             disk.fill()
             deadline = time.monotonic() + 60
@@ -435,8 +455,13 @@ def test_a_full_store_only_mlflows_thread_met_is_said_at_the_trackers_next_call(
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
     db = disk.folder / "mlruns.db"
     with caplog.at_level(logging.WARNING):
-        tracker = Tracker.start(TrackingConfig(uri=f"sqlite:///{db}", experiment="disk-full", system_metrics=True),
-                                tmp_path / "run", "run", {}, {})
+        tracker = Tracker.start(
+            TrackingConfig(uri=f"sqlite:///{db}", experiment="disk-full", system_metrics=True),
+            tmp_path / "run",
+            "run",
+            {},
+            {},
+        )
         disk.fill()
         deadline = time.monotonic() + 60
         while any(t.name == "SystemMetricsMonitor" for t in threading.enumerate()):
@@ -469,8 +494,13 @@ def test_a_full_artifact_store_names_the_artifact_once_and_tracking_stops(disk, 
     best.parent.mkdir(parents=True)
     best.write_bytes(os.urandom(5_000_000))  # more than the 4 MB file system holds
     with caplog.at_level(logging.WARNING):
-        tracker = Tracker.start(TrackingConfig(uri=f"sqlite:///{db}", experiment="disk-full", system_metrics=False),
-                                tmp_path / "run", "run", {}, {})
+        tracker = Tracker.start(
+            TrackingConfig(uri=f"sqlite:///{db}", experiment="disk-full", system_metrics=False),
+            tmp_path / "run",
+            "run",
+            {},
+            {},
+        )
         if disk.kind == "injected":
             disk.fill()  # the tmpfs has room for small writes, not for the checkpoint
         tracker.log_artifact(best, "checkpoints")
@@ -502,7 +532,8 @@ def test_the_checkpoint_error_says_where_the_run_resumes_from(tmp_path, monkeypa
         return str(caught.value)
 
     assert "No epoch was saved yet: the same command starts the run again." in failure(
-        lambda: checkpoint.on_epoch_end(0, {"val_dice_mean": 0.5}))
+        lambda: checkpoint.on_epoch_end(0, {"val_dice_mean": 0.5})
+    )
     checkpoint = RunCheckpoint(disk.folder / "run")  # a new start: the failed one's state is gone with it
     checkpoint.set_model(model)
     checkpoint.on_epoch_end(0, {"val_dice_mean": 0.5})

@@ -77,13 +77,24 @@ print(json.dumps({"replicas": strategy.num_replicas_in_sync, "sum": float(total)
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
-            "TF_CONFIG": ""}
+    return {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONPATH": str(REPO),
+        "CUDA_VISIBLE_DEVICES": "",
+        "TF_CONFIG": "",
+    }
 
 
 def _start(script: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO,
+        env=_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _result(proc: subprocess.Popen, timeout_s: float = 120) -> dict:
@@ -130,8 +141,15 @@ def test_port_in_use_refused_before_tensorflow():
             make_strategy(cfg, "CPU")
 
 
-@pytest.mark.parametrize("name, canonical", [("/GPU:1", "/device:GPU:1"), ("cpu:0", "/device:CPU:0"),
-                                             ("/device:CPU:2", "/device:CPU:2"), ("/gpu:10", "/device:GPU:10")])
+@pytest.mark.parametrize(
+    "name, canonical",
+    [
+        ("/GPU:1", "/device:GPU:1"),
+        ("cpu:0", "/device:CPU:0"),
+        ("/device:CPU:2", "/device:CPU:2"),
+        ("/gpu:10", "/device:GPU:10"),
+    ],
+)
 def test_canonical_device(name, canonical):
     assert canonical_device(name) == canonical
 

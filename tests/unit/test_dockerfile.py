@@ -63,10 +63,12 @@ class Dockerfile:
 
     def expand(self, text: str) -> str:
         """``${NAME}``, ``${NAME:-default}`` and ``$NAME`` replaced by ARG/ENV values."""
+
         def sub(match: re.Match) -> str:
             name = match.group(1) or match.group(3)
             default = match.group(2)
             return self.variables.get(name, default if default is not None else "")
+
         return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", sub, text)
 
 
@@ -188,8 +190,8 @@ def pip_installs(dockerfile: Dockerfile) -> list[list[str]]:
         for words in shell_commands(dockerfile.expand(run.args)):
             for i, word in enumerate(words):  # pip, pip3, /path/to/pip, python -m pip
                 if re.fullmatch(r"pip(3(\.\d+)?)?", PurePosixPath(word).name):
-                    if words[i + 1:i + 2] == ["install"]:
-                        found.append(words[i + 2:])
+                    if words[i + 1 : i + 2] == ["install"]:
+                        found.append(words[i + 2 :])
                     break
     return found
 
@@ -261,7 +263,7 @@ def project_relative_defaults() -> dict[str, str]:
 
 def sqlite_file(uri: str) -> str | None:
     """The file of a ``sqlite:///`` URI (relative or absolute), else None."""
-    return uri[len("sqlite:///"):].partition("?")[0] if uri.startswith("sqlite:///") else None
+    return uri[len("sqlite:///") :].partition("?")[0] if uri.startswith("sqlite:///") else None
 
 
 def workdir_at_cmd(dockerfile: Dockerfile) -> str:
@@ -289,10 +291,12 @@ def test_runs_as_a_non_root_user_before_the_command(dockerfile):
     assert starts, "no CMD or ENTRYPOINT"
     for start in starts:
         assert dockerfile.index(last_user) < dockerfile.index(start), (
-            f"USER comes after {start.keyword}: {start.keyword} {start.args}")
+            f"USER comes after {start.keyword}: {start.keyword} {start.args}"
+        )
     groups = [i for i in dockerfile.all("RUN") if "useradd" in i.args]
-    assert groups and dockerfile.index(groups[0]) < dockerfile.index(last_user), \
+    assert groups and dockerfile.index(groups[0]) < dockerfile.index(last_user), (
         "the user is not created (useradd) before USER"
+    )
 
 
 def test_volumes_hold_datasets_cache_outputs_and_the_mlflow_store(dockerfile):
@@ -302,10 +306,12 @@ def test_volumes_hold_datasets_cache_outputs_and_the_mlflow_store(dockerfile):
     own_volume = {
         "the prepared cache (data.cache_dir)": landing(dockerfile, defaults["data.cache_dir"]),
         "the datasets (data=synthetic data.root's folder)": landing(
-            dockerfile, str(PurePosixPath(defaults["data=synthetic data.root"]).parent)),
+            dockerfile, str(PurePosixPath(defaults["data=synthetic data.root"]).parent)
+        ),
         "the run folders (hydra.run.dir)": landing(dockerfile, defaults["hydra.run.dir"]),
         "the MLflow store (tracking.uri's database folder)": landing(
-            dockerfile, defaults["tracking.uri (configs/tracking/mlflow.yaml)"]).parent,
+            dockerfile, defaults["tracking.uri (configs/tracking/mlflow.yaml)"]
+        ).parent,
     }
     for what, path in own_volume.items():
         assert path in declared, f"{what} lands in {path}, which is not a declared VOLUME {declared}"
@@ -348,11 +354,13 @@ def test_installs_non_editable_without_dev_extra_constrained_by_the_lock(dockerf
     assert LOCK in copied(dockerfile), f"{LOCK} is not copied into the image"
     for words in installs:
         command = "pip install " + " ".join(words)
-        assert not {"-e", "--editable"} & set(words) and not any(w.startswith("--editable=") for w in words), \
+        assert not {"-e", "--editable"} & set(words) and not any(w.startswith("--editable=") for w in words), (
             f"editable install: {command}"
+        )
         assert not any(re.search(r"\[[^\]]*\bdev\b[^\]]*\]", w) for w in words), f"dev extra installed: {command}"
-        assert not option_values(words, "-r", "--requirement"), \
+        assert not option_values(words, "-r", "--requirement"), (
             f"installs a requirements file (the lock as requirements would bring every extra): {command}"
+        )
         constraints = option_values(words, "-c", "--constraint")
         assert constraints, f"not constrained by the lock: {command}"
         assert all(PurePosixPath(c).name == LOCK for c in constraints), f"constraints other than {LOCK}: {command}"
@@ -367,8 +375,9 @@ def test_entry_points_and_configs_sit_in_workdir_without_the_package_source(dock
         assert source in destinations, f"{source} is not copied into the image"
         assert destinations[source].parent == workdir, f"{source} goes to {destinations[source]}, not {workdir}/"
     package = destinations.get("brats_seg")
-    assert package is None or workdir not in (package, *package.parents), \
+    assert package is None or workdir not in (package, *package.parents), (
         f"brats_seg/ is copied to {package}, inside WORKDIR {workdir}: the scripts would import it instead of the install"
+    )
     cmd = exec_or_shell(dockerfile.all("CMD")[-1].args)
     assert cmd[:2] == ["python", "train.py"], f"CMD {cmd}"
 
@@ -413,11 +422,21 @@ def ignored(path: str) -> bool:
     return verdict
 
 
-@pytest.mark.parametrize("path", [
-    ".venv/bin/python", ".venv", "data/BraTS2021/x.nii.gz", "data/cache/synthetic/meta.json",
-    "data/synthetic/case/case_seg.nii.gz", ".git/HEAD", "outputs/demo/state.json",
-    "mlruns.db", "mlartifacts/brats-seg/x.png", "multirun/a/0/config.json",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".venv/bin/python",
+        ".venv",
+        "data/BraTS2021/x.nii.gz",
+        "data/cache/synthetic/meta.json",
+        "data/synthetic/case/case_seg.nii.gz",
+        ".git/HEAD",
+        "outputs/demo/state.json",
+        "mlruns.db",
+        "mlartifacts/brats-seg/x.png",
+        "multirun/a/0/config.json",
+    ],
+)
 def test_dockerignore_keeps_environment_data_and_stores_out(path):
     assert ignored(path), f"{path} would be sent to the Docker daemon (.dockerignore)"
 
@@ -455,11 +474,20 @@ def lock_pins() -> dict[str, list[tuple[str, Marker | None]]]:
 
 
 def linux_environment(python: str) -> dict[str, str]:
-    return {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
-            "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
-            "implementation_name": "cpython", "platform_python_implementation": "CPython",
-            "platform_release": "", "platform_version": "", "implementation_version": f"{python}.0",
-            "extra": ""}
+    return {
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_machine": "x86_64",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "platform_release": "",
+        "platform_version": "",
+        "implementation_version": f"{python}.0",
+        "extra": "",
+    }
 
 
 def pyproject_requirements() -> list[tuple[str, Requirement]]:
@@ -471,10 +499,13 @@ def pyproject_requirements() -> list[tuple[str, Requirement]]:
 
 
 def test_supported_pythons_are_the_pyproject_ones():
-    specifier = Requirement(f"x{tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['requires-python']}").specifier
+    specifier = Requirement(
+        f"x{tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['requires-python']}"
+    ).specifier
     assert [p for p in SUPPORTED_PYTHONS if Version(p) in specifier] == list(SUPPORTED_PYTHONS)
-    assert Version("3.9") not in specifier and Version("3.14") not in specifier, \
+    assert Version("3.9") not in specifier and Version("3.14") not in specifier, (
         "requires-python changed: update SUPPORTED_PYTHONS here and relock (`make lock`)"
+    )
 
 
 @pytest.mark.parametrize("python", SUPPORTED_PYTHONS)
@@ -488,8 +519,10 @@ def test_lock_pins_every_pyproject_requirement_within_its_range(python):
         name = canonicalize_name(requirement.name)
         applying = [v for v, marker in pins.get(name, []) if marker is None or marker.evaluate(env)]
         if len(applying) != 1:
-            problems.append(f"{requirement} ({where}): {len(applying)} pins apply on Python {python} "
-                            f"(lock has {pins.get(name, [])})")
+            problems.append(
+                f"{requirement} ({where}): {len(applying)} pins apply on Python {python} "
+                f"(lock has {pins.get(name, [])})"
+            )
         elif not requirement.specifier.contains(applying[0], prereleases=True):
             problems.append(f"{requirement} ({where}): the lock pins {applying[0]}")
     assert not problems, f"{LOCK} is out of date with pyproject.toml (run `make lock`):\n" + "\n".join(problems)
@@ -498,8 +531,9 @@ def test_lock_pins_every_pyproject_requirement_within_its_range(python):
 @pytest.mark.parametrize("python", SUPPORTED_PYTHONS)
 def test_lock_has_one_pin_per_package_and_python(python):
     env = linux_environment(python)
-    duplicated = {name: [v for v, m in versions if m is None or m.evaluate(env)]
-                  for name, versions in lock_pins().items()}
+    duplicated = {
+        name: [v for v, m in versions if m is None or m.evaluate(env)] for name, versions in lock_pins().items()
+    }
     assert not {n: v for n, v in duplicated.items() if len(v) > 1}
 
 
@@ -521,5 +555,7 @@ def test_make_installs_from_the_lock():
     for target in ("test", "demo", "install"):
         assert re.search(rf"^{target}:.*\$\(STAMP\)", makefile, re.M), f"make {target} does not install first"
     lock_rule = re.search(r"^lock:.*\n((?:\t.*\n)+)", makefile, re.M)
-    assert lock_rule and "pip compile pyproject.toml" in lock_rule.group(1), "no `make lock` that compiles pyproject.toml"
+    assert lock_rule and "pip compile pyproject.toml" in lock_rule.group(1), (
+        "no `make lock` that compiles pyproject.toml"
+    )
     assert "--extra dev" in lock_rule.group(1), "`make lock` does not cover the dev extra"

@@ -56,8 +56,14 @@ def _commands() -> list[tuple[str, int, str, list[str], bool]]:
                 except ValueError:
                     words = match.group(2).split()
                 words = [_unbracket(w) for w in words]  # [optional=args] as the pages mark them
-                args = [w for w in words if "=" in w and not w.startswith(("-", "hydra.", "+hydra")) and
-                        not PLACEHOLDER.search(w.split("=", 1)[1]) and not PLACEHOLDER.search(w.split("=", 1)[0])]
+                args = [
+                    w
+                    for w in words
+                    if "=" in w
+                    and not w.startswith(("-", "hydra.", "+hydra"))
+                    and not PLACEHOLDER.search(w.split("=", 1)[1])
+                    and not PLACEHOLDER.search(w.split("=", 1)[0])
+                ]
                 refused = i < len(lines) and lines[i].strip().startswith("error:")
                 flags = [w for w in words if w.startswith("--") and w.split("=")[0] not in HYDRA_FLAGS]
                 out.append((page.relative_to(REPO).as_posix(), number, match.group(1), args + flags, refused))
@@ -69,13 +75,22 @@ COMMANDS = _commands()
 
 def test_the_pages_show_commands_of_every_main_entry_point():
     shown = {script for _, _, script, _, _ in COMMANDS}
-    for script in ("train.py", "scripts/evaluate.py", "scripts/predict.py", "scripts/plan_memory.py",
-                   "scripts/export.py", "scripts/prepare_data.py", "scripts/benchmark.py", "scripts/study.py"):
+    for script in (
+        "train.py",
+        "scripts/evaluate.py",
+        "scripts/predict.py",
+        "scripts/plan_memory.py",
+        "scripts/export.py",
+        "scripts/prepare_data.py",
+        "scripts/benchmark.py",
+        "scripts/study.py",
+    ):
         assert script in shown, script
 
 
-@pytest.mark.parametrize("page, line, script, overrides, refused", COMMANDS,
-                         ids=[f"{p}:{n}:{s}" for p, n, s, _, _ in COMMANDS])
+@pytest.mark.parametrize(
+    "page, line, script, overrides, refused", COMMANDS, ids=[f"{p}:{n}:{s}" for p, n, s, _, _ in COMMANDS]
+)
 def test_a_documented_command_composes_as_written(page, line, script, overrides, refused):
     from hydra import compose, initialize_config_dir
 
@@ -92,8 +107,9 @@ def test_a_documented_command_composes_as_written(page, line, script, overrides,
     flags = [o for o in overrides if o.startswith("--")]
     assert not flags, f"{page}:{line}: python {script} {' '.join(flags)}: an option of the argparse era; use key=value"
     sweep = [o for o in overrides if "," in o.split("=", 1)[1] and not o.split("=", 1)[1].startswith("[")]
-    overrides = [o for o in overrides if o not in sweep] + [f"{o.split('=', 1)[0]}={o.split('=', 1)[1].split(',')[0]}"
-                                                            for o in sweep]  # a -m sweep: its first job
+    overrides = [o for o in overrides if o not in sweep] + [
+        f"{o.split('=', 1)[0]}={o.split('=', 1)[1].split(',')[0]}" for o in sweep
+    ]  # a -m sweep: its first job
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         try:
@@ -118,12 +134,18 @@ def _shown_commands() -> list[tuple[str, int, str, bool]]:
             if line.startswith("    "):
                 match = COMMAND.search(line)
                 if match:
-                    out.append((page.relative_to(REPO).as_posix(), number, line[match.start():], True))
+                    out.append((page.relative_to(REPO).as_posix(), number, line[match.start() :], True))
         text = re.sub(r"(?m)^    .*$", "", page.read_text())  # code blocks blanked, lines kept
         for span in re.finditer(r"`([^`]+)`", text):  # an inline span, continued on the next line or not
             if COMMAND.search(span.group(1)):
-                out.append((page.relative_to(REPO).as_posix(), text.count("\n", 0, span.start()) + 1,
-                            " ".join(span.group(1).split()), False))
+                out.append(
+                    (
+                        page.relative_to(REPO).as_posix(),
+                        text.count("\n", 0, span.start()) + 1,
+                        " ".join(span.group(1).split()),
+                        False,
+                    )
+                )
     return out
 
 
@@ -134,8 +156,9 @@ SHELL_TRAPS = (
 )
 
 
-@pytest.mark.parametrize("page, line, text, in_block", _shown_commands(),
-                         ids=[f"{p}:{n}" for p, n, _, _ in _shown_commands()])
+@pytest.mark.parametrize(
+    "page, line, text, in_block", _shown_commands(), ids=[f"{p}:{n}" for p, n, _, _ in _shown_commands()]
+)
 def test_a_documented_command_pasted_into_bash_is_the_command_the_page_means(page, line, text, in_block):
     """A command pasted into bash runs as written: no placeholder or alternative that the shell reads
     as its own syntax (``outputs/<run>`` is a redirection, ``layout=a|b`` a pipe, ``[split=test]`` a
@@ -147,16 +170,23 @@ def test_a_documented_command_pasted_into_bash_is_the_command_the_page_means(pag
         found = pattern.search(bare)
         assert not found, f"{page}:{line}: {found.group(0).strip()!r} is {what}: {text.strip()}"
     if in_block:
-        assert not re.search(r"(?:^|\s)\.\.\.(?:\s|$)", bare), f"{page}:{line}: '...' in a command to paste: {text.strip()}"
+        assert not re.search(r"(?:^|\s)\.\.\.(?:\s|$)", bare), (
+            f"{page}:{line}: '...' in a command to paste: {text.strip()}"
+        )
 
 
 def test_the_shell_check_catches_each_trap():
-    for text in ("python scripts/export.py run_dir=outputs/<run>", "python scripts/make_synthetic.py layout=brats2021|msd",
-                 "python scripts/evaluate.py run_dir=outputs/full [split=val]"):
+    for text in (
+        "python scripts/export.py run_dir=outputs/<run>",
+        "python scripts/make_synthetic.py layout=brats2021|msd",
+        "python scripts/evaluate.py run_dir=outputs/full [split=val]",
+    ):
         with pytest.raises(AssertionError):
             test_a_documented_command_pasted_into_bash_is_the_command_the_page_means("page", 1, text, True)
-    for text in ("python scripts/benchmark.py resolution=half 2>&1 | grep Extending",
-                 "python train.py 'trainer.patch_size=[48,48,48]'   # or [64,64,64] | whole <run>"):
+    for text in (
+        "python scripts/benchmark.py resolution=half 2>&1 | grep Extending",
+        "python train.py 'trainer.patch_size=[48,48,48]'   # or [64,64,64] | whole <run>",
+    ):
         test_a_documented_command_pasted_into_bash_is_the_command_the_page_means("page", 1, text, True)
 
 
@@ -164,11 +194,17 @@ def test_the_code_map_names_every_module():
     """docs/development.md's code map names each module and package of brats_seg/ (a new module
     without its line fails here)."""
     page = (REPO / "docs" / "development.md").read_text()
-    block = page[page.index("## Code map"):page.index("## GPU acceptance")]
+    block = page[page.index("## Code map") : page.index("## GPU acceptance")]
     words = set(re.findall(r"[a-z_0-9]+", block))
     package = REPO / "brats_seg"
-    missing = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
-                     if p.stem != "__init__" and "presets" not in p.parts and p.stem not in words)
-    missing += sorted(str(p.relative_to(package)) for p in package.iterdir()
-                      if p.is_dir() and (p / "__init__.py").is_file() and p.name not in words)
+    missing = sorted(
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if p.stem != "__init__" and "presets" not in p.parts and p.stem not in words
+    )
+    missing += sorted(
+        str(p.relative_to(package))
+        for p in package.iterdir()
+        if p.is_dir() and (p / "__init__.py").is_file() and p.name not in words
+    )
     assert not missing, f"docs/development.md's code map does not name: {', '.join(missing)}"

@@ -93,7 +93,7 @@ def test_empty_mask_rules(pred, ref, dice, hd95, sens, spec):
 
 
 def test_hd95_empty_constant_is_the_brats_diagonal():
-    assert HD95_EMPTY_MM == pytest.approx(math.sqrt(240**2 + 240**2 + 155**2), abs=0.01)
+    assert pytest.approx(math.sqrt(240**2 + 240**2 + 155**2), abs=0.01) == HD95_EMPTY_MM
 
 
 def test_specificity_mirrors_sensitivity_on_background():

@@ -30,19 +30,35 @@ from brats_seg.data.dataset import dataset_cache_dir
 from brats_seg.data.labels import LABELS
 from brats_seg.data.layouts import discover_cases
 from brats_seg.evaluation.evaluate import evaluate_run, split_case_ids
-from brats_seg.evaluation.scoring.metrics import HD95_EMPTY_MM
 from brats_seg.evaluation.inference.predict import regions_to_mask
 from brats_seg.evaluation.inference.run import RunError, check_evaluate_config
+from brats_seg.evaluation.inference.sliding import (
+    default_window,
+    gaussian_importance_map,
+    predict_volume,
+    sliding_window_starts,
+)
+from brats_seg.evaluation.scoring.metrics import HD95_EMPTY_MM
 from brats_seg.evaluation.scoring.score import score_masks
-from brats_seg.evaluation.inference.sliding import default_window, gaussian_importance_map, predict_volume, sliding_window_starts
 from brats_seg.evaluation.scoring.table import metric_columns
 from tests.conftest import TINY, data_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = ModelConfig(depth=2, base_filters=4, out_channels=3)
 CONTRACT_COLUMNS = [
-    "case_id", "dice_wt", "dice_tc", "dice_et", "hd95_wt", "hd95_tc", "hd95_et",
-    "sens_wt", "sens_tc", "sens_et", "spec_wt", "spec_tc", "spec_et",
+    "case_id",
+    "dice_wt",
+    "dice_tc",
+    "dice_et",
+    "hd95_wt",
+    "hd95_tc",
+    "hd95_et",
+    "sens_wt",
+    "sens_tc",
+    "sens_et",
+    "spec_wt",
+    "spec_tc",
+    "spec_et",
 ]
 # Scripts in subprocesses: one thread each (2 cores are shared), CPU backend.
 CLI_BACKEND = ["backend=cpu_onednn", "backend.intra_op_threads=1", "backend.inter_op_threads=1"]
@@ -54,11 +70,24 @@ CLI_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1", "C
 # ---------------------------------------------------------------------------------------
 
 
-def make_run_dir(run_dir: Path, root: Path, layout: str, cache_base: Path, split: dict,
-                 model_cfg: ModelConfig = TINY_MODEL, tracking: str = "none", model=None) -> TrainConfig:
+def make_run_dir(
+    run_dir: Path,
+    root: Path,
+    layout: str,
+    cache_base: Path,
+    split: dict,
+    model_cfg: ModelConfig = TINY_MODEL,
+    tracking: str = "none",
+    model=None,
+) -> TrainConfig:
     """A run folder as train.py writes it: config.json, split.json, optionally checkpoints/best.keras."""
-    cfg = TrainConfig(data=data_config(root, layout, cache_base), resolution=TINY, model=model_cfg,
-                      tracking=TrackingConfig(name=tracking), run_dir=str(run_dir))
+    cfg = TrainConfig(
+        data=data_config(root, layout, cache_base),
+        resolution=TINY,
+        model=model_cfg,
+        tracking=TrackingConfig(name=tracking),
+        run_dir=str(run_dir),
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=1))
     (run_dir / "split.json").write_text(json.dumps({"seed": 0, **split}))
@@ -131,8 +160,14 @@ def read_csv(path: Path) -> tuple[list[str], list[dict]]:
 
 
 def run_script(name: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], cwd=ROOT, env=CLI_ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        cwd=ROOT,
+        env=CLI_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,12 +193,15 @@ def test_sliding_window_starts(size, window, overlap, expected):
     assert all(b - a <= math.ceil(window * (1 - overlap)) for a, b in zip(starts, starts[1:]))
 
 
-@pytest.mark.parametrize("shape,depth,expected", [
-    ((48, 56, 40), 2, (24, 28, 20)),
-    ((48, 56, 40), 4, (32, 32, 16)),
-    ((96, 112, 80), 4, (48, 64, 48)),  # halves 48, 56, 40: ties round up
-    ((16, 16, 16), 4, (16, 16, 16)),  # never below 2**depth
-])
+@pytest.mark.parametrize(
+    "shape,depth,expected",
+    [
+        ((48, 56, 40), 2, (24, 28, 20)),
+        ((48, 56, 40), 4, (32, 32, 16)),
+        ((96, 112, 80), 4, (48, 64, 48)),  # halves 48, 56, 40: ties round up
+        ((16, 16, 16), 4, (16, 16, 16)),  # never below 2**depth
+    ],
+)
 def test_default_window_is_half_the_grid_rounded(shape, depth, expected):
     assert default_window(shape, depth) == expected
 
@@ -228,7 +266,9 @@ def test_sliding_agrees_with_whole_for_a_unet():
 
     keras.utils.set_random_seed(0)
     # foreground_prior=0.5: head bias 0, probabilities spread around 0.5 (the sensitive case).
-    model = build_unet3d(ModelConfig(depth=2, base_filters=4, norm="batch", foreground_prior=0.5, out_channels=3), TINY.shape)
+    model = build_unet3d(
+        ModelConfig(depth=2, base_filters=4, norm="batch", foreground_prior=0.5, out_channels=3), TINY.shape
+    )
     image = _image(1)
     whole = predict_volume(model, image)
     sliding = predict_volume(model, image, mode="sliding", window=[32, 32, 32], overlap=0.5)
@@ -238,11 +278,14 @@ def test_sliding_agrees_with_whole_for_a_unet():
     assert 2 * np.sum(a & b) / (a.sum() + b.sum()) > 0.9
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(mode="sliding", window=[30, 32, 32]), "not divisible by 2\\*\\*depth = 4"),
-    (dict(mode="tiles"), "evaluate.mode='tiles'"),
-    (dict(mode="sliding", overlap=1.0), "window_overlap=1.0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(mode="sliding", window=[30, 32, 32]), "not divisible by 2\\*\\*depth = 4"),
+        (dict(mode="tiles"), "evaluate.mode='tiles'"),
+        (dict(mode="sliding", overlap=1.0), "window_overlap=1.0"),
+    ],
+)
 def test_predict_volume_rejects_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         predict_volume(_conv_model(1), _image(), depth=2, **kwargs)
@@ -270,8 +313,17 @@ def _evaluate_fake_run(layout: str, synthetic_root, tmp_path_factory):
     cfg = make_run_dir(base / "run", root, layout, base, split)
     entries = prepare_entries(cfg, ids[1:])
     summary = evaluate_run(base / "run", "test", model=OracleModel(entries), progress=False)
-    return types.SimpleNamespace(layout=layout, root=root, base=base, run_dir=base / "run", cfg=cfg,
-                                 split=split, test_ids=ids[1:], entries=entries, summary=summary)
+    return types.SimpleNamespace(
+        layout=layout,
+        root=root,
+        base=base,
+        run_dir=base / "run",
+        cfg=cfg,
+        split=split,
+        test_ids=ids[1:],
+        entries=entries,
+        summary=summary,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -294,8 +346,22 @@ def _label_file(ev, case_id: str) -> Path:
 
 
 def test_masks_sit_on_the_original_label_grid(evaluated):
-    header_keys = ("dim", "pixdim", "qform_code", "sform_code", "quatern_b", "quatern_c", "quatern_d",
-                   "qoffset_x", "qoffset_y", "qoffset_z", "srow_x", "srow_y", "srow_z", "xyzt_units")
+    header_keys = (
+        "dim",
+        "pixdim",
+        "qform_code",
+        "sform_code",
+        "quatern_b",
+        "quatern_c",
+        "quatern_d",
+        "qoffset_x",
+        "qoffset_y",
+        "qoffset_z",
+        "srow_x",
+        "srow_y",
+        "srow_z",
+        "xyzt_units",
+    )
     for case_id in evaluated.test_ids:
         ref = nib.load(_label_file(evaluated, case_id))
         mask = nib.load(evaluated.run_dir / "eval" / "test" / "predictions" / f"{case_id}.nii.gz")
@@ -341,8 +407,9 @@ def test_overlays_are_written(evaluated):
 
 def _assert_score_py_reproduces(run_dir: Path, root: Path, layout: str, test_ids, tmp_path) -> list[dict]:
     """scripts/score.py's code path on the written masks gives metrics.csv cell for cell."""
-    result = score_masks(run_dir / "eval" / "test" / "predictions", root, layout, out=tmp_path / "scores.csv",
-                         progress=False)
+    result = score_masks(
+        run_dir / "eval" / "test" / "predictions", root, layout, out=tmp_path / "scores.csv", progress=False
+    )
     columns, evaluated_rows = read_csv(run_dir / "eval" / "test" / "metrics.csv")
     scored_columns, scored_rows = read_csv(result.csv_path)
     assert scored_columns == columns
@@ -370,8 +437,13 @@ def test_non_nested_network_output_is_scored_as_the_mask_that_is_written(brats_e
 
     run_dir = brats_eval.base / "run_non_nested"
     make_run_dir(run_dir, brats_eval.root, "brats2021", brats_eval.base, brats_eval.split)
-    evaluate_run(run_dir, "test", eval_cfg=EvaluateConfig(overlays=False, mirror=False),
-                 model=OracleModel(brats_eval.entries, transform=shift_et), progress=False)
+    evaluate_run(
+        run_dir,
+        "test",
+        eval_cfg=EvaluateConfig(overlays=False, mirror=False),
+        model=OracleModel(brats_eval.entries, transform=shift_et),
+        progress=False,
+    )
     rows = _assert_score_py_reproduces(run_dir, brats_eval.root, "brats2021", brats_eval.test_ids, tmp_path)
     table = LABELS["brats2021"]
     with_et = 0
@@ -423,14 +495,29 @@ def test_wt_only_model_scores_wt_and_logs_to_mlflow(evaluated, monkeypatch):
     from brats_seg.tracking import datasets  # noqa: F401 - imported while brats_seg.tracking is itself
     from brats_seg.tracking.names import evaluation_metric_key
 
-    monkeypatch.setitem(sys.modules, "brats_seg.tracking", types.SimpleNamespace(
-        Tracker=_FakeTracker, evaluation_metric_key=evaluation_metric_key))
+    monkeypatch.setitem(
+        sys.modules,
+        "brats_seg.tracking",
+        types.SimpleNamespace(Tracker=_FakeTracker, evaluation_metric_key=evaluation_metric_key),
+    )
     _FakeTracker.calls = []
     run_dir = evaluated.base / "run_wt"
-    make_run_dir(run_dir, evaluated.root, evaluated.layout, evaluated.base, evaluated.split,
-                 model_cfg=ModelConfig(depth=2, base_filters=4, out_channels=1), tracking="mlflow")
-    summary = evaluate_run(run_dir, "test", eval_cfg=EvaluateConfig(overlays=False),
-                           model=OracleModel(evaluated.entries, out_channels=1), progress=False)
+    make_run_dir(
+        run_dir,
+        evaluated.root,
+        evaluated.layout,
+        evaluated.base,
+        evaluated.split,
+        model_cfg=ModelConfig(depth=2, base_filters=4, out_channels=1),
+        tracking="mlflow",
+    )
+    summary = evaluate_run(
+        run_dir,
+        "test",
+        eval_cfg=EvaluateConfig(overlays=False),
+        model=OracleModel(evaluated.entries, out_channels=1),
+        progress=False,
+    )
 
     columns, rows = read_csv(run_dir / "eval" / "test" / "metrics.csv")
     assert columns == list(metric_columns(("wt", "tc", "et")))
@@ -479,11 +566,18 @@ def test_run_without_config_or_checkpoint_says_train_first(brats_eval, tmp_path)
 
 def test_bad_evaluate_settings_are_refused_before_any_work(brats_eval):
     run_dir = brats_eval.base / "run_batchnorm"
-    make_run_dir(run_dir, brats_eval.root, "brats2021", brats_eval.base, brats_eval.split,
-                 model_cfg=ModelConfig(depth=2, base_filters=4, out_channels=3, norm="batch"))
+    make_run_dir(
+        run_dir,
+        brats_eval.root,
+        "brats2021",
+        brats_eval.base,
+        brats_eval.split,
+        model_cfg=ModelConfig(depth=2, base_filters=4, out_channels=3, norm="batch"),
+    )
     with pytest.raises(RunError, match="evaluate.window=\\[30, 32, 32\\] is not divisible"):
-        evaluate_run(run_dir, "test", eval_cfg=EvaluateConfig(mode="sliding", window=[30, 32, 32]),
-                     model=OracleModel([]))
+        evaluate_run(
+            run_dir, "test", eval_cfg=EvaluateConfig(mode="sliding", window=[30, 32, 32]), model=OracleModel([])
+        )
 
 
 @pytest.mark.parametrize("norm", ["instance", "group"])
@@ -519,8 +613,9 @@ def test_load_run_model_restores_the_checkpoint(tmp_path):
     from brats_seg.evaluation.inference.run import load_run_model
 
     model = fixed_head_unet(bias=(1.0, 0.0, -1.0))
-    cfg = make_run_dir(tmp_path / "run", tmp_path / "data", "brats2021", tmp_path, {"train": [], "val": [], "test": []},
-                       model=model)
+    cfg = make_run_dir(
+        tmp_path / "run", tmp_path / "data", "brats2021", tmp_path, {"train": [], "val": [], "test": []}, model=model
+    )
     loaded = load_run_model(tmp_path / "run", "best", cfg)
     image = _image()
     np.testing.assert_allclose(predict_volume(loaded, image), predict_volume(model, image), atol=1e-6)
@@ -545,15 +640,17 @@ def test_evaluate_script_runs_on_a_checkpoint(brats_eval, tmp_path):
     assert len(list((run_dir / "eval" / "test" / "predictions").glob("*.nii.gz"))) == len(rows)
 
 
-@pytest.mark.parametrize("args,message", [
-    ([], "train first: python train.py run_dir="),
-    (["split=train"], "split='train': use one of val, test, all"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ([], "train first: python train.py run_dir="),
+        (["split=train"], "split='train': use one of val, test, all"),
+    ],
+)
 def test_evaluate_script_exits_2_with_a_message(tmp_path, args, message):
     result = run_script("evaluate.py", f"run_dir={tmp_path / 'no_run'}", *args, *CLI_BACKEND, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
-
 
 
 def test_mirror_averages_the_left_right_mirrored_prediction():
@@ -579,12 +676,18 @@ def test_a_split_scored_on_another_dataset_of_its_cases_goes_to_its_own_folder(b
     copy = Path(shutil.copytree(brats_eval.root, tmp_path / "copy"))
     other = dataclasses.replace(brats_eval.cfg.data, name="copy", root=str(copy))
     own = (brats_eval.run_dir / "eval" / "test" / "metrics.csv").read_bytes()
-    summary = evaluate_run(brats_eval.run_dir, "test", model=OracleModel(brats_eval.entries), progress=False,
-                           data=other)
+    summary = evaluate_run(
+        brats_eval.run_dir, "test", model=OracleModel(brats_eval.entries), progress=False, data=other
+    )
     out = brats_eval.run_dir / "eval" / "test@copy"
     assert read_csv(out / "metrics.csv") == read_csv(brats_eval.run_dir / "eval" / "test" / "metrics.csv")
     assert (brats_eval.run_dir / "eval" / "test" / "metrics.csv").read_bytes() == own  # untouched
     assert summary["n_cases"] == len(brats_eval.test_ids) and (out / "predictions").is_dir()
     with pytest.raises(RunError, match="data=copy is in the msd layout, the run .* was trained on brats2021"):
-        evaluate_run(brats_eval.run_dir, "test", model=OracleModel(brats_eval.entries), progress=False,
-                     data=dataclasses.replace(other, layout="msd"))
+        evaluate_run(
+            brats_eval.run_dir,
+            "test",
+            model=OracleModel(brats_eval.entries),
+            progress=False,
+            data=dataclasses.replace(other, layout="msd"),
+        )

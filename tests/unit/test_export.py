@@ -24,9 +24,9 @@ import pytest
 from brats_seg.config import EvaluateConfig, ModelConfig, TrainConfig, config_to_dict, flatten_config
 from brats_seg.data.labels import LABELS, output_regions, resolve_model_outputs
 from brats_seg.data.layouts import CHANNELS, discover_cases
+from brats_seg.evaluation.inference.run import RunError
 from brats_seg.evaluation.serving.export import check_export_output, describe_export, is_export_dir
 from brats_seg.evaluation.serving.exported import check_export_settings, export_precision, predict_source, read_export
-from brats_seg.evaluation.inference.run import RunError
 from brats_seg.run_dir import RunFolder
 from tests.conftest import TINY
 from tests.unit.test_evaluate import (
@@ -79,8 +79,9 @@ def exported(tmp_path_factory):
     root = base / "data"
     write_small_dataset(base / "source", root, 1)
     run_dir = base / "run"
-    config = make_run_dir(run_dir, root, "brats2021", base, {"train": [], "val": [], "test": []},
-                          model=_random_head_unet())
+    config = make_run_dir(
+        run_dir, root, "brats2021", base, {"train": [], "val": [], "test": []}, model=_random_head_unet()
+    )
     folder = export_run(run_dir, base / "saved")
     (case,) = discover_cases(root, "brats2021")[0]
     return SimpleNamespace(base=base, root=root, run_dir=run_dir, config=config, folder=folder, case=case)
@@ -95,15 +96,24 @@ def patch_exported(exported):
 
     base = exported.base / "patch"
     run_dir = base / "run"
-    config = make_run_dir(run_dir, exported.root, "brats2021", base, {"train": [], "val": [], "test": []},
-                          model_cfg=PATCH_MODEL, model=_random_head_unet(PATCH_MODEL, PATCH))
+    config = make_run_dir(
+        run_dir,
+        exported.root,
+        "brats2021",
+        base,
+        {"train": [], "val": [], "test": []},
+        model_cfg=PATCH_MODEL,
+        model=_random_head_unet(PATCH_MODEL, PATCH),
+    )
     config.trainer.patch_size = list(PATCH)
     (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=1))
     start = time.perf_counter()
     folder = export_run(run_dir, base / "saved")
     export_s = time.perf_counter() - start
-    print(f"export of the tiny patch run ({'x'.join(map(str, PATCH))} over {'x'.join(map(str, TINY.shape))}): "
-          f"{export_s:.1f} s, saved_model.pb {(folder / 'saved_model.pb').stat().st_size / 1e6:.2f} MB")
+    print(
+        f"export of the tiny patch run ({'x'.join(map(str, PATCH))} over {'x'.join(map(str, TINY.shape))}): "
+        f"{export_s:.1f} s, saved_model.pb {(folder / 'saved_model.pb').stat().st_size / 1e6:.2f} MB"
+    )
     return SimpleNamespace(run_dir=run_dir, config=config, folder=folder, export_s=export_s)
 
 
@@ -152,12 +162,26 @@ def test_the_savedmodel_serves_in_a_process_without_brats_seg_as_the_keras_model
     np.save(tmp_path / "inputs.npy", batch)
     model = load_run_model(exported.run_dir, "best")
     expected = np.stack([predict_volume(model, x) for x in batch])  # brats_seg's own whole-volume inference
-    threads = [tf.config.threading.get_intra_op_parallelism_threads(),
-               tf.config.threading.get_inter_op_parallelism_threads()]
-    child = subprocess.run([sys.executable, "-c", _CHILD, str(exported.folder), str(tmp_path / "inputs.npy"),
-                            str(tmp_path / "out.npy"), *map(str, threads)],
-                           cwd=tmp_path, env={k: v for k, v in CLI_ENV.items() if k != "PYTHONPATH"},
-                           capture_output=True, text=True, timeout=300)
+    threads = [
+        tf.config.threading.get_intra_op_parallelism_threads(),
+        tf.config.threading.get_inter_op_parallelism_threads(),
+    ]
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            str(exported.folder),
+            str(tmp_path / "inputs.npy"),
+            str(tmp_path / "out.npy"),
+            *map(str, threads),
+        ],
+        cwd=tmp_path,
+        env={k: v for k, v in CLI_ENV.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     report = json.loads(child.stdout.strip().splitlines()[-1])
     assert report["brats_seg_imported"] is False
@@ -194,10 +218,13 @@ def test_preprocessing_json_describes_the_run(exported):
     assert flatten_config(read_export(exported.folder).config) == flatten_config(config)
 
 
-@pytest.mark.parametrize("layout,out_channels,regions,paint", [
-    ("brats2024", 0, ["wt", "tc", "et", "rc"], [["rc", 4], ["wt", 2], ["tc", 1], ["et", 3]]),
-    ("msd", 1, ["wt"], [["wt", 1]]),  # WT only: written with the edema label
-])
+@pytest.mark.parametrize(
+    "layout,out_channels,regions,paint",
+    [
+        ("brats2024", 0, ["wt", "tc", "et", "rc"], [["rc", 4], ["wt", 2], ["tc", 1], ["et", 3]]),
+        ("msd", 1, ["wt"], [["wt", 1]]),  # WT only: written with the edema label
+    ],
+)
 def test_regions_and_paint_order_follow_the_layout_and_the_outputs(layout, out_channels, regions, paint):
     cfg = TrainConfig(resolution=TINY, model=ModelConfig(depth=2, base_filters=4, out_channels=out_channels))
     cfg.data.layout = layout
@@ -209,18 +236,26 @@ def test_regions_and_paint_order_follow_the_layout_and_the_outputs(layout, out_c
 
 def test_predicting_with_the_export_writes_the_runs_masks(exported, tmp_path):
     from brats_seg.data.predict_inputs import find_input_cases
-    from brats_seg.evaluation.serving.exported import load_exported_model
     from brats_seg.evaluation.inference.predict import predict_new_cases
     from brats_seg.evaluation.inference.run import load_run_model
+    from brats_seg.evaluation.serving.exported import load_exported_model
 
     cases = find_input_cases(exported.case.images[0].parent, "brats2021")
     export = read_export(exported.folder)
     settings = EvaluateConfig(overlays=False)  # test-time mirroring on, as by default
     check_export_settings(export, settings)
-    (by_run,) = predict_new_cases(load_run_model(exported.run_dir, "best"), cases, exported.config, tmp_path / "run",
-                                  settings, progress=False)
-    (by_export,) = predict_new_cases(load_exported_model(exported.folder), cases, export.config,
-                                     tmp_path / "export", settings, progress=False, model_identity=export.identity)
+    (by_run,) = predict_new_cases(
+        load_run_model(exported.run_dir, "best"), cases, exported.config, tmp_path / "run", settings, progress=False
+    )
+    (by_export,) = predict_new_cases(
+        load_exported_model(exported.folder),
+        cases,
+        export.config,
+        tmp_path / "export",
+        settings,
+        progress=False,
+        model_identity=export.identity,
+    )
     run_mask, export_mask = nib.load(by_run), nib.load(by_export)
     assert set(np.unique(np.asarray(run_mask.dataobj))) == {0, 1, 2, 4}  # every label: a mask worth comparing
     np.testing.assert_array_equal(np.asarray(export_mask.dataobj), np.asarray(run_mask.dataobj))
@@ -243,8 +278,9 @@ def test_a_patch_runs_savedmodel_serves_the_gaussian_blended_sliding_windows_of_
     assert serve.structured_input_signature[1]["image"].shape.as_list() == [None, *TINY.shape, 4]
     probs = serve(image=tf.constant(batch))["probabilities"].numpy()
     model = load_run_model(patch_exported.run_dir, "best")
-    expected = np.stack([predict_volume(model, x, mode="sliding", window=PATCH, overlap=0.5, depth=PATCH_MODEL.depth)
-                         for x in batch])
+    expected = np.stack(
+        [predict_volume(model, x, mode="sliding", window=PATCH, overlap=0.5, depth=PATCH_MODEL.depth) for x in batch]
+    )
     assert probs.shape == (2, *TINY.shape, 3) and probs.dtype == np.float32
     assert (probs.std(axis=(0, 1, 2, 3)) > 0.05).all()  # no region constant: the comparison tells models apart
     np.testing.assert_allclose(probs, expected, rtol=0, atol=ATOL)
@@ -266,8 +302,11 @@ def test_preprocessing_json_states_the_inference_sliding_for_a_patch_run_whole_o
     assert json.loads((exported.folder / "preprocessing.json").read_text())["inference"] == {"mode": "whole"}
     old = {k: v for k, v in info.description.items() if k != "inference"}  # an export made before the key
     assert dataclasses.replace(info, description=old).inference == {"mode": "whole"}
-    with pytest.raises(RunError, match="runs the run's sliding windows \\(24x32x24, overlap 0.5, Gaussian "
-                                       "blending\\) inside it; use evaluate.mode=whole"):
+    with pytest.raises(
+        RunError,
+        match="runs the run's sliding windows \\(24x32x24, overlap 0.5, Gaussian "
+        "blending\\) inside it; use evaluate.mode=whole",
+    ):
         check_export_settings(info, EvaluateConfig(mode="sliding"))
     check_export_settings(info, EvaluateConfig())  # whole: the SavedModel slides the windows itself
     check_export_settings(info, EvaluateConfig(window=list(PATCH)))  # its own window, said: fine
@@ -278,24 +317,38 @@ def test_preprocessing_json_states_the_inference_sliding_for_a_patch_run_whole_o
     check_export_settings(read_export(exported.folder), EvaluateConfig(window_overlap=0.25))  # whole: as before
 
 
-def test_predicting_with_a_patch_runs_export_writes_the_masks_of_its_sliding_windows(exported, patch_exported,
-                                                                                     tmp_path):
+def test_predicting_with_a_patch_runs_export_writes_the_masks_of_its_sliding_windows(
+    exported, patch_exported, tmp_path
+):
     """predict.py export= (the export called as a whole-volume model, mirrored on the host) writes the
     masks the run's own model writes with the patch's sliding windows."""
     from brats_seg.data.predict_inputs import find_input_cases
-    from brats_seg.evaluation.serving.exported import load_exported_model
     from brats_seg.evaluation.inference.predict import predict_new_cases
     from brats_seg.evaluation.inference.run import load_run_model
+    from brats_seg.evaluation.serving.exported import load_exported_model
 
     cases = find_input_cases(exported.case.images[0].parent, "brats2021")
     export = read_export(patch_exported.folder)
     settings = EvaluateConfig(overlays=False)  # test-time mirroring on, as by default
     check_export_settings(export, settings)
     windows = EvaluateConfig(overlays=False, mode="sliding", window=list(PATCH), window_overlap=0.5)
-    (by_run,) = predict_new_cases(load_run_model(patch_exported.run_dir, "best"), cases, patch_exported.config,
-                                  tmp_path / "run", windows, progress=False)
-    (by_export,) = predict_new_cases(load_exported_model(patch_exported.folder), cases, export.config,
-                                     tmp_path / "export", settings, progress=False, model_identity=export.identity)
+    (by_run,) = predict_new_cases(
+        load_run_model(patch_exported.run_dir, "best"),
+        cases,
+        patch_exported.config,
+        tmp_path / "run",
+        windows,
+        progress=False,
+    )
+    (by_export,) = predict_new_cases(
+        load_exported_model(patch_exported.folder),
+        cases,
+        export.config,
+        tmp_path / "export",
+        settings,
+        progress=False,
+        model_identity=export.identity,
+    )
     run_mask = np.asarray(nib.load(by_run).dataobj)
     assert len(np.unique(run_mask)) > 1  # not an empty mask: a comparison worth making
     np.testing.assert_array_equal(np.asarray(nib.load(by_export).dataobj), run_mask)
@@ -307,8 +360,9 @@ def test_sliding_windows_are_refused_for_an_export(exported):
 
     export = read_export(exported.folder)
     batch_norm = dataclasses.replace(export.config, model=dataclasses.replace(export.config.model, norm="batch"))
-    with pytest.raises(RunError, match="evaluate.mode=sliding with export=.*whole network grid \\(48x56x40\\); "
-                                       "use evaluate.mode=whole"):
+    with pytest.raises(
+        RunError, match="evaluate.mode=sliding with export=.*whole network grid \\(48x56x40\\); use evaluate.mode=whole"
+    ):
         check_export_settings(dataclasses.replace(export, config=batch_norm), EvaluateConfig(mode="sliding"))
     check_export_settings(dataclasses.replace(export, config=batch_norm), EvaluateConfig())  # whole: fine
 
@@ -331,8 +385,9 @@ def test_a_folder_that_is_not_an_export_is_refused_naming_it(exported, tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(RunError, match=f"export={tmp_path / 'empty'} is not a brats-seg export"):
         read_export(tmp_path / "empty")
-    with pytest.raises(RunError, match=f"export={exported.run_dir} is a training run, not an export: pass "
-                                       f"run_dir={exported.run_dir}"):
+    with pytest.raises(
+        RunError, match=f"export={exported.run_dir} is a training run, not an export: pass run_dir={exported.run_dir}"
+    ):
         read_export(exported.run_dir)
     with pytest.raises(RunError, match="does not exist"):
         read_export(tmp_path / "nowhere")
@@ -357,15 +412,30 @@ def test_an_export_never_replaces_a_folder_of_other_files(exported, tmp_path):
 
 
 def test_predict_script_exits_2_with_one_line_on_a_folder_that_is_not_an_export(exported, tmp_path):
-    result = run_script("predict.py", f"export={exported.run_dir}", f"input={exported.root}",
-                        f"output={tmp_path / 'out'}", *CLI_BACKEND, timeout=120)
+    result = run_script(
+        "predict.py",
+        f"export={exported.run_dir}",
+        f"input={exported.root}",
+        f"output={tmp_path / 'out'}",
+        *CLI_BACKEND,
+        timeout=120,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
-    assert line == (f"error: export={exported.run_dir} is a training run, not an export: pass "
-                    f"run_dir={exported.run_dir}, or export it first: python scripts/export.py "
-                    f"run_dir={exported.run_dir}")
-    both = run_script("predict.py", f"run_dir={exported.run_dir}", f"export={exported.folder}",
-                      f"input={exported.root}", f"output={tmp_path / 'out'}", *CLI_BACKEND, timeout=120)
+    assert line == (
+        f"error: export={exported.run_dir} is a training run, not an export: pass "
+        f"run_dir={exported.run_dir}, or export it first: python scripts/export.py "
+        f"run_dir={exported.run_dir}"
+    )
+    both = run_script(
+        "predict.py",
+        f"run_dir={exported.run_dir}",
+        f"export={exported.folder}",
+        f"input={exported.root}",
+        f"output={tmp_path / 'out'}",
+        *CLI_BACKEND,
+        timeout=120,
+    )
     assert both.returncode == 2 and "are both given: pass one" in both.stderr
     assert not (tmp_path / "out").exists()
 
@@ -385,8 +455,14 @@ def test_export_script_then_predict_script_write_the_runs_masks(exported, tmp_pa
     masks = {}
     for source in (f"run_dir={exported.run_dir}", f"export={folder}", f"run_dir={folder}"):
         out = tmp_path / f"out{len(masks)}"
-        result = run_script("predict.py", source, f"input={exported.case.images[0].parent}", f"output={out}",
-                            "evaluate.overlays=false", *CLI_BACKEND)
+        result = run_script(
+            "predict.py",
+            source,
+            f"input={exported.case.images[0].parent}",
+            f"output={out}",
+            "evaluate.overlays=false",
+            *CLI_BACKEND,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         masks[source] = nib.load(out / f"{exported.case.case_id}.nii.gz")
     by_run, *by_exports = masks.values()
@@ -404,9 +480,20 @@ def test_an_export_killed_before_it_is_in_place_leaves_the_previous_one(exported
     shutil.copytree(exported.folder, folder)  # a previous export
     before = (folder / "preprocessing.json").read_bytes()
     # SIGKILL once the new folder is complete, before it replaces the previous one (brats_seg.files)
-    killed = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"), f"run_dir={exported.run_dir}",
-                             f"output={folder}", *CLI_BACKEND], cwd=ROOT, capture_output=True, text=True,
-                            env={**CLI_ENV, "BRATS_SEG_CRASH_AT": "model"}, timeout=300)
+    killed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "export.py"),
+            f"run_dir={exported.run_dir}",
+            f"output={folder}",
+            *CLI_BACKEND,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**CLI_ENV, "BRATS_SEG_CRASH_AT": "model"},
+        timeout=300,
+    )
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert (folder / "preprocessing.json").read_bytes() == before and is_export_dir(folder)
     assert [p.name.startswith(".tmp-model-") for p in tmp_path.iterdir() if p != folder] == [True]
@@ -417,8 +504,8 @@ def test_the_runs_post_processing_goes_into_the_export_and_prediction_takes_it_f
     import shutil
     from pathlib import Path
 
-    from brats_seg.evaluation.serving.exported import prediction_postprocessing
     from brats_seg.evaluation.postprocess import POSTPROCESS_KIND
+    from brats_seg.evaluation.serving.exported import prediction_postprocessing
 
     export = read_export(exported.folder)
     assert export.description["postprocessing"]["chosen"] is None  # the run had none chosen
@@ -427,8 +514,15 @@ def test_the_runs_post_processing_goes_into_the_export_and_prediction_takes_it_f
     folder = RunFolder(run_dir)
     identity = folder.checkpoint_identity("best")
     rules = {"min_component_mm3": {"tc": 30.0}, "relabel_below_mm3": {"et": 500.0}}
-    folder.write_postprocess({"kind": POSTPROCESS_KIND, "version": 1, "rules": rules, "chosen_for": {
-        "checkpoint": identity}, "validation": {"cases": ["BraTS2021_00000"], "chosen": {"dice": {"wt": 0.9}}}})
+    folder.write_postprocess(
+        {
+            "kind": POSTPROCESS_KIND,
+            "version": 1,
+            "rules": rules,
+            "chosen_for": {"checkpoint": identity},
+            "validation": {"cases": ["BraTS2021_00000"], "chosen": {"dice": {"wt": 0.9}}},
+        }
+    )
     description = describe_export(exported.config, run_dir, "best", identity, "float32")
     chosen = description["postprocessing"]["chosen"]
     assert chosen["rules"] == rules and chosen["chosen_for"]["checkpoint"] == identity

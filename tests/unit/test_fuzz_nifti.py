@@ -105,7 +105,7 @@ def _flip_bytes(raw: bytes, start: int, stop: int) -> bytes:
 def _with_voxel(raw: bytes, index: int, value: float) -> bytes:
     """``raw`` (float32, data at byte 352) with voxel ``index`` (file order) set to ``value``."""
     at = 352 + 4 * index
-    return raw[:at] + np.float32(value).tobytes() + raw[at + 4:]
+    return raw[:at] + np.float32(value).tobytes() + raw[at + 4 :]
 
 
 def _gz(raw: bytes) -> bytes:
@@ -124,90 +124,219 @@ ROWS = {
     "dim0_negative": ("dim0_negative.nii", lambda: _patch(_valid(), dim={0: -3}), 3, r"dim\[0\]=-3.*1 to 7"),
     "2d_image": ("two_d.nii", lambda: _valid(shape=(8, 8)), 3, r"expected a 3D volume.*found 2D"),
     "5d_image": ("five_d.nii", lambda: _valid(shape=(8, 8, 8, 2, 2)), 3, r"expected a 3D volume.*found 5D"),
-    "4d_where_3d": ("four_d.nii.gz", lambda: _gz(_valid(shape=(8, 8, 8, 2))), 3,
-                    r"expected a 3D volume.*found 4D with shape \(8, 8, 8, 2\)"),
+    "4d_where_3d": (
+        "four_d.nii.gz",
+        lambda: _gz(_valid(shape=(8, 8, 8, 2))),
+        3,
+        r"expected a 3D volume.*found 4D with shape \(8, 8, 8, 2\)",
+    ),
     "3d_where_4d": ("three_d.nii.gz", lambda: _gz(_valid()), 4, r"expected a 4D image.*found 3D"),
     "zero_dim_size": ("zero_dim.nii", lambda: _patch(_valid(), dim={2: 0}), 3, r"dim\[2\]=0.*at least one voxel"),
-    "negative_dim_size": ("negative_dim.nii", lambda: _patch(_valid(), dim={1: -8}), 3,
-                          r"dim\[1\]=-8.*at least one voxel"),
-    "zero_pixdim": ("zero_pixdim.nii", lambda: _patch(_valid(), pixdim={1: 0.0}), 3,
-                    r"pixdim\[1\]=0.*voxel sizes must be finite and positive"),
-    "negative_pixdim": ("negative_pixdim.nii", lambda: _patch(_valid(), pixdim={2: -1.0}), 3,
-                        r"pixdim\[2\]=-1.*voxel sizes must be finite and positive"),
-    "nan_pixdim": ("nan_pixdim.nii.gz", lambda: _gz(_patch(_valid(), pixdim={3: np.nan})), 3,
-                   r"pixdim\[3\]=nan.*finite and positive"),
+    "negative_dim_size": (
+        "negative_dim.nii",
+        lambda: _patch(_valid(), dim={1: -8}),
+        3,
+        r"dim\[1\]=-8.*at least one voxel",
+    ),
+    "zero_pixdim": (
+        "zero_pixdim.nii",
+        lambda: _patch(_valid(), pixdim={1: 0.0}),
+        3,
+        r"pixdim\[1\]=0.*voxel sizes must be finite and positive",
+    ),
+    "negative_pixdim": (
+        "negative_pixdim.nii",
+        lambda: _patch(_valid(), pixdim={2: -1.0}),
+        3,
+        r"pixdim\[2\]=-1.*voxel sizes must be finite and positive",
+    ),
+    "nan_pixdim": (
+        "nan_pixdim.nii.gz",
+        lambda: _gz(_patch(_valid(), pixdim={3: np.nan})),
+        3,
+        r"pixdim\[3\]=nan.*finite and positive",
+    ),
     "inf_pixdim": ("inf_pixdim.nii", lambda: _patch(_valid(), pixdim={1: np.inf}), 3, r"pixdim\[1\]=inf.*finite"),
     "zero_pixdim_no_sform_qform": (
         "all_zero_affine.nii",
-        lambda: _patch(_valid(), sform_code=0, qform_code=0, pixdim={1: 0.0, 2: 0.0, 3: 0.0},
-                       srow_x=[0, 0, 0, 0], srow_y=[0, 0, 0, 0], srow_z=[0, 0, 0, 0]),
-        3, r"pixdim\[1\]=0.*finite and positive"),
-    "singular_sform": ("singular_sform.nii",
-                       lambda: _patch(_valid(), srow_x=[0, 0, 0, 0], srow_y=[0, 0, 0, 0], srow_z=[0, 0, 0, 0]),
-                       3, r"sform affine.*singular"),
-    "parallel_sform_axes": ("parallel_sform.nii", lambda: _patch(_valid(), srow_y=[1, 0, 0, 0]), 3,
-                            r"sform affine.*singular"),
+        lambda: _patch(
+            _valid(),
+            sform_code=0,
+            qform_code=0,
+            pixdim={1: 0.0, 2: 0.0, 3: 0.0},
+            srow_x=[0, 0, 0, 0],
+            srow_y=[0, 0, 0, 0],
+            srow_z=[0, 0, 0, 0],
+        ),
+        3,
+        r"pixdim\[1\]=0.*finite and positive",
+    ),
+    "singular_sform": (
+        "singular_sform.nii",
+        lambda: _patch(_valid(), srow_x=[0, 0, 0, 0], srow_y=[0, 0, 0, 0], srow_z=[0, 0, 0, 0]),
+        3,
+        r"sform affine.*singular",
+    ),
+    "parallel_sform_axes": (
+        "parallel_sform.nii",
+        lambda: _patch(_valid(), srow_y=[1, 0, 0, 0]),
+        3,
+        r"sform affine.*singular",
+    ),
     "nan_sform": ("nan_sform.nii", lambda: _patch(_valid(), srow_x={0: np.nan}), 3, r"sform affine.*NaN or Inf"),
-    "nan_qform": ("nan_qform.nii", lambda: _patch(_valid(), sform_code=0, quatern_c=np.nan), 3,
-                  r"qform affine.*(NaN or Inf|cannot be computed)"),
-    "impossible_quaternion": ("bad_quaternion.nii",
-                              lambda: _patch(_valid(), sform_code=0, quatern_b=1.0, quatern_c=1.0, quatern_d=1.0),
-                              3, r"qform affine cannot be computed"),
-    "absurd_size_nii": ("absurd.nii", lambda: _big_dims(), 3,
-                        r"declares .* bytes \(.* GB\) of voxel data.*file holds"),
-    "absurd_size_nifti2": ("absurd2.nii", lambda: _big_dims(nifti2=True, size=100_000), 3,
-                           r"declares .* bytes \(.* GB\) of voxel data.*file holds"),
-    "absurd_size_gz": ("absurd.nii.gz", lambda: _gz(_big_dims()), 3,
-                       r"declares .* bytes \(.* GB\) of voxel data.*gzip file .* can hold at most"),
-    "int64_overflowing_dims": ("overflow.nii", lambda: _patch(_valid(nifti2=True), nifti2=True,
-                                                              dim={1: 2**40, 2: 2**40, 3: 2**40}),
-                               3, r"declares .* bytes \(.* GB\) of voxel data"),
-    "vox_offset_beyond_file": ("far_offset.nii", lambda: _patch(_valid(), vox_offset=1e6), 3,
-                               r"from byte 1000000.*file holds 2400 bytes"),
-    "vox_offset_inside_header": ("low_offset.nii", lambda: _patch(_valid(), vox_offset=100.0), 3,
-                                 r"vox_offset=100.*inside the 352-byte header"),
-    "vox_offset_zero": ("zero_offset.nii", lambda: _patch(_valid(), vox_offset=0.0), 3,  # nibabel read header as voxels
-                        r"vox_offset=0 lies inside the 352-byte header"),
-    "vox_offset_nan": ("nan_offset.nii", lambda: _patch(_valid(), vox_offset=np.nan), 3,
-                       r"vox_offset=nan is not a byte offset"),
-    "unknown_datatype": ("dtype999.nii", lambda: _patch(_valid(), datatype=999), 3,
-                         r"datatype code 999 is not a NIfTI data type"),
-    "rgb24": ("rgb.nii", lambda: _patch(_valid(), datatype=128, bitpix=24), 3,
-              r"RGB.*\(datatype 128\).*one integer or float value per voxel"),
-    "rgba32": ("rgba.nii.gz", lambda: _gz(_patch(_valid(), datatype=2304, bitpix=32)), 3,
-               r"RGBA.*\(datatype 2304\).*one integer or float value per voxel"),
-    "complex64": ("complex.nii", lambda: _patch(_valid(), datatype=32, bitpix=64), 3,
-                  r"COMPLEX64.*\(datatype 32\).*one integer or float value per voxel"),
-    "float128": ("float128.nii", lambda: _patch(_valid(), datatype=1536, bitpix=128), 3,
-                 r"FLOAT128.*\(datatype 1536\)"),
-    "huge_extension": ("huge_ext.nii", lambda: _with_extension(_valid(), 2**31 - 1), 3,
-                       r"extension at byte 352 declares 2147483647 bytes.*voxel data at byte 368"),
-    "huge_extension_gz": ("huge_ext.nii.gz", lambda: _gz(_with_extension(_valid(), 2**31 - 1)), 3,
-                          r"extension at byte 352 declares 2147483647 bytes"),
-    "negative_extension_size": ("neg_ext.nii", lambda: _with_extension(_valid(), -16), 3,
-                                r"extension at byte 352 declares -16 bytes.*8-byte size"),
+    "nan_qform": (
+        "nan_qform.nii",
+        lambda: _patch(_valid(), sform_code=0, quatern_c=np.nan),
+        3,
+        r"qform affine.*(NaN or Inf|cannot be computed)",
+    ),
+    "impossible_quaternion": (
+        "bad_quaternion.nii",
+        lambda: _patch(_valid(), sform_code=0, quatern_b=1.0, quatern_c=1.0, quatern_d=1.0),
+        3,
+        r"qform affine cannot be computed",
+    ),
+    "absurd_size_nii": ("absurd.nii", lambda: _big_dims(), 3, r"declares .* bytes \(.* GB\) of voxel data.*file holds"),
+    "absurd_size_nifti2": (
+        "absurd2.nii",
+        lambda: _big_dims(nifti2=True, size=100_000),
+        3,
+        r"declares .* bytes \(.* GB\) of voxel data.*file holds",
+    ),
+    "absurd_size_gz": (
+        "absurd.nii.gz",
+        lambda: _gz(_big_dims()),
+        3,
+        r"declares .* bytes \(.* GB\) of voxel data.*gzip file .* can hold at most",
+    ),
+    "int64_overflowing_dims": (
+        "overflow.nii",
+        lambda: _patch(_valid(nifti2=True), nifti2=True, dim={1: 2**40, 2: 2**40, 3: 2**40}),
+        3,
+        r"declares .* bytes \(.* GB\) of voxel data",
+    ),
+    "vox_offset_beyond_file": (
+        "far_offset.nii",
+        lambda: _patch(_valid(), vox_offset=1e6),
+        3,
+        r"from byte 1000000.*file holds 2400 bytes",
+    ),
+    "vox_offset_inside_header": (
+        "low_offset.nii",
+        lambda: _patch(_valid(), vox_offset=100.0),
+        3,
+        r"vox_offset=100.*inside the 352-byte header",
+    ),
+    "vox_offset_zero": (
+        "zero_offset.nii",
+        lambda: _patch(_valid(), vox_offset=0.0),
+        3,  # nibabel read header as voxels
+        r"vox_offset=0 lies inside the 352-byte header",
+    ),
+    "vox_offset_nan": (
+        "nan_offset.nii",
+        lambda: _patch(_valid(), vox_offset=np.nan),
+        3,
+        r"vox_offset=nan is not a byte offset",
+    ),
+    "unknown_datatype": (
+        "dtype999.nii",
+        lambda: _patch(_valid(), datatype=999),
+        3,
+        r"datatype code 999 is not a NIfTI data type",
+    ),
+    "rgb24": (
+        "rgb.nii",
+        lambda: _patch(_valid(), datatype=128, bitpix=24),
+        3,
+        r"RGB.*\(datatype 128\).*one integer or float value per voxel",
+    ),
+    "rgba32": (
+        "rgba.nii.gz",
+        lambda: _gz(_patch(_valid(), datatype=2304, bitpix=32)),
+        3,
+        r"RGBA.*\(datatype 2304\).*one integer or float value per voxel",
+    ),
+    "complex64": (
+        "complex.nii",
+        lambda: _patch(_valid(), datatype=32, bitpix=64),
+        3,
+        r"COMPLEX64.*\(datatype 32\).*one integer or float value per voxel",
+    ),
+    "float128": (
+        "float128.nii",
+        lambda: _patch(_valid(), datatype=1536, bitpix=128),
+        3,
+        r"FLOAT128.*\(datatype 1536\)",
+    ),
+    "huge_extension": (
+        "huge_ext.nii",
+        lambda: _with_extension(_valid(), 2**31 - 1),
+        3,
+        r"extension at byte 352 declares 2147483647 bytes.*voxel data at byte 368",
+    ),
+    "huge_extension_gz": (
+        "huge_ext.nii.gz",
+        lambda: _gz(_with_extension(_valid(), 2**31 - 1)),
+        3,
+        r"extension at byte 352 declares 2147483647 bytes",
+    ),
+    "negative_extension_size": (
+        "neg_ext.nii",
+        lambda: _with_extension(_valid(), -16),
+        3,
+        r"extension at byte 352 declares -16 bytes.*8-byte size",
+    ),
     "truncated_header": ("short_header.nii", lambda: _valid()[:200], 3, r"header is truncated \(200 of 348 bytes\)"),
-    "truncated_header_gz": ("short_header.nii.gz", lambda: _gz(_valid()[:300]), 3,
-                            r"header is truncated \(300 of 348 bytes\)"),
+    "truncated_header_gz": (
+        "short_header.nii.gz",
+        lambda: _gz(_valid()[:300]),
+        3,
+        r"header is truncated \(300 of 348 bytes\)",
+    ),
     "truncated_data": ("short_data.nii", lambda: _valid()[:1000], 3, r"file holds 1000 bytes"),
-    "truncated_gzip_stream": ("cut.nii.gz", lambda: _gz(_valid())[:-40], 3,
-                              r"cannot be read as NIfTI.*(ended before|truncated)"),
+    "truncated_gzip_stream": (
+        "cut.nii.gz",
+        lambda: _gz(_valid())[:-40],
+        3,
+        r"cannot be read as NIfTI.*(ended before|truncated)",
+    ),
     "not_gzip_named_gz": ("plain.nii.gz", lambda: _valid(), 3, r"named \.nii\.gz but is not gzip-compressed"),
-    "garbage_named_gz": ("garbage.nii.gz", lambda: b"this is not a NIfTI file at all", 3,
-                         r"cannot be read as NIfTI.*not gzip-compressed"),
-    "corrupt_deflate": ("corrupt.nii.gz", lambda: _flip_bytes(_gz(_valid()), 20, 60), 3,
-                        r"cannot be read as NIfTI \(zlib.error: Error -3 while decompressing"),
+    "garbage_named_gz": (
+        "garbage.nii.gz",
+        lambda: b"this is not a NIfTI file at all",
+        3,
+        r"cannot be read as NIfTI.*not gzip-compressed",
+    ),
+    "corrupt_deflate": (
+        "corrupt.nii.gz",
+        lambda: _flip_bytes(_gz(_valid()), 20, 60),
+        3,
+        r"cannot be read as NIfTI \(zlib.error: Error -3 while decompressing",
+    ),
     "gzip_named_nii": ("gz_inside.nii", lambda: _gz(_valid()), 3, r"gzip-compressed but named \.nii"),
     "empty_nii": ("empty.nii", lambda: b"", 3, r"file is empty"),
     "empty_gz": ("empty.nii.gz", lambda: b"", 3, r"file is empty"),
     "empty_gzip_stream": ("empty_stream.nii.gz", lambda: _gz(b""), 3, r"header is truncated \(0 of 348 bytes\)"),
     "wrong_magic": ("magic.nii", lambda: _patch(_valid(), magic=b"abc"), 3, r"magic string 'abc'.*'n\+1'"),
-    "pair_magic_in_single_file": ("pair.nii", lambda: _patch(_valid(), magic=b"ni1"), 3,
-                                  r"magic string 'ni1'.*separate \.img"),
-    "wrong_sizeof_hdr": ("sizeof.nii", lambda: _patch(_valid(), sizeof_hdr=1234), 3,
-                         r"sizeof_hdr.*1234.*348 \(NIfTI-1\) or 540 \(NIfTI-2\)"),
-    "nan_scl_inter": ("nan_inter.nii", lambda: _patch(_valid(dtype=np.int16), scl_slope=2.0, scl_inter=np.nan), 3,
-                      r"scl_inter=nan with scl_slope=2.*scaling is undefined"),
+    "pair_magic_in_single_file": (
+        "pair.nii",
+        lambda: _patch(_valid(), magic=b"ni1"),
+        3,
+        r"magic string 'ni1'.*separate \.img",
+    ),
+    "wrong_sizeof_hdr": (
+        "sizeof.nii",
+        lambda: _patch(_valid(), sizeof_hdr=1234),
+        3,
+        r"sizeof_hdr.*1234.*348 \(NIfTI-1\) or 540 \(NIfTI-2\)",
+    ),
+    "nan_scl_inter": (
+        "nan_inter.nii",
+        lambda: _patch(_valid(dtype=np.int16), scl_slope=2.0, scl_inter=np.nan),
+        3,
+        r"scl_inter=nan with scl_slope=2.*scaling is undefined",
+    ),
     "nan_voxels": ("nan_voxels.nii", lambda: _with_voxel(_valid(), 5, np.nan), 3, r"1 voxels are NaN or Inf"),
 }
 
@@ -216,7 +345,11 @@ def _load_in_capped_child(path: Path, expect_ndim: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path), "case7", str(expect_ndim), str(ADDRESS_SPACE_CAP_BYTES)],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=15,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=15,
     )
     assert proc.returncode == 0, f"the loader crashed the interpreter (exit {proc.returncode}): {proc.stderr[-2000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -251,15 +384,22 @@ def test_zero_or_non_finite_scl_slope_means_unscaled(slope, tmp_path):
     np.testing.assert_array_equal(vol.data.ravel(), np.arange(512, dtype=np.float32))
 
 
-@pytest.mark.parametrize("name, raw", [
-    ("plain.nii", _valid()),
-    ("plain.nii.gz", _gz(_valid())),
-    ("nifti2.nii.gz", _gz(_valid(nifti2=True))),
-    ("big_endian.nii", _big_endian()),
-    ("trailing_singleton.nii", _valid(shape=(8, 8, 8, 1))),
-    ("with_extension.nii", (lambda img: (img.header.extensions.append(nib.nifti1.Nifti1Extension(6, b"hello")),
-                                         img.to_bytes())[1])(_image())),
-])
+@pytest.mark.parametrize(
+    "name, raw",
+    [
+        ("plain.nii", _valid()),
+        ("plain.nii.gz", _gz(_valid())),
+        ("nifti2.nii.gz", _gz(_valid(nifti2=True))),
+        ("big_endian.nii", _big_endian()),
+        ("trailing_singleton.nii", _valid(shape=(8, 8, 8, 1))),
+        (
+            "with_extension.nii",
+            (lambda img: (img.header.extensions.append(nib.nifti1.Nifti1Extension(6, b"hello")), img.to_bytes())[1])(
+                _image()
+            ),
+        ),
+    ],
+)
 def test_valid_variants_still_load(name, raw, tmp_path):
     path = tmp_path / name
     path.write_bytes(raw)

@@ -39,9 +39,11 @@ def test_the_planner_imports_no_tensorflow_and_not_the_runtime():
             if name.split(".")[0] in ("tensorflow", "keras") or name.startswith("brats_seg.lms.runtime"):
                 offenders.append(f"{path.relative_to(REPO)} imports {name}")
     assert not offenders, "\n".join(offenders)
-    code = ("import sys, brats_seg.lms.planner, brats_seg.lms.planner.preflight; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras') "
-            "or m.startswith('brats_seg.lms.runtime')))")
+    code = (
+        "import sys, brats_seg.lms.planner, brats_seg.lms.planner.preflight; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras') "
+        "or m.startswith('brats_seg.lms.runtime')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -51,8 +53,9 @@ def test_no_import_circles_between_modules():
     modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
-        graph[name] = {m for m in _imports(path) if m in modules and m != name
-                       and not name.startswith(m + ".")}  # a module's own package face is not an arrow
+        graph[name] = {
+            m for m in _imports(path) if m in modules and m != name and not name.startswith(m + ".")
+        }  # a module's own package face is not an arrow
     # Tarjan's strongly connected components
     index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
 
@@ -94,37 +97,49 @@ def test_config_and_data_import_nothing_above_them():
     config_reference.py and cli.py read, only adds config.py; data/ (phantoms included) takes only
     config, files, the leaves and itself; a leaf imports nothing of the package."""
     below_data = ("brats_seg.data", "brats_seg.config", "brats_seg.files", "brats_seg.locks", *LEAVES)
-    offenders = [f"brats_seg/config.py imports {n}" for n in _imports(PACKAGE / "config.py")
-                 if n.startswith("brats_seg") and not n.startswith(LEAVES)]
-    offenders += [f"brats_seg/script_configs.py imports {n}" for n in _imports(PACKAGE / "script_configs.py")
-                  if n.startswith("brats_seg") and not n.startswith(LEAVES)
-                  and n.split(".")[:2] != ["brats_seg", "config"]]
+    offenders = [
+        f"brats_seg/config.py imports {n}"
+        for n in _imports(PACKAGE / "config.py")
+        if n.startswith("brats_seg") and not n.startswith(LEAVES)
+    ]
+    offenders += [
+        f"brats_seg/script_configs.py imports {n}"
+        for n in _imports(PACKAGE / "script_configs.py")
+        if n.startswith("brats_seg") and not n.startswith(LEAVES) and n.split(".")[:2] != ["brats_seg", "config"]
+    ]
     for leaf in LEAVES:
         path = PACKAGE / f"{leaf.split('.', 1)[1]}.py"
         offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path) if n.startswith("brats_seg")]
     for path in sorted((PACKAGE / "data").rglob("*.py")):
-        offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path)
-                      if n.startswith("brats_seg") and not n.startswith(below_data)]
+        offenders += [
+            f"{path.relative_to(REPO)} imports {n}"
+            for n in _imports(path)
+            if n.startswith("brats_seg") and not n.startswith(below_data)
+        ]
     assert not offenders, "\n".join(offenders)
 
 
 def test_no_package_module_imports_the_cli():
     """cli.py is the entry points' glue (Hydra's command line, exit codes): library code that needs
     the project's folder or a composed config takes them from brats_seg.project, never from it."""
-    offenders = [f"{path.relative_to(REPO)} imports {name}" for path in sorted(PACKAGE.rglob("*.py"))
-                 if path != PACKAGE / "cli.py"
-                 for name in _imports(path) if name == "brats_seg.cli" or name.startswith("brats_seg.cli.")]
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "cli.py"
+        for name in _imports(path)
+        if name == "brats_seg.cli" or name.startswith("brats_seg.cli.")
+    ]
     assert not offenders, "\n".join(offenders)
 
 
 #: brats_seg/evaluation/'s rooms, bottom floor first: a room imports only rooms on floors below its own.
 EVALUATION_FLOORS = (
-    ("scoring",),                      # label maps scored: no model
-    ("postprocess", "overlays"),       # rules for a label map (chosen with scoring's metrics); pictures
-    ("inference",),                    # a run's model turned into label maps (applies the rules)
-    ("postprocess_run", "serving"),    # rules chosen on a run's val split; the model outside brats_seg
-    ("evaluate",),                     # a run's split end to end
-    ("studies",),                      # many runs, run as commands
+    ("scoring",),  # label maps scored: no model
+    ("postprocess", "overlays"),  # rules for a label map (chosen with scoring's metrics); pictures
+    ("inference",),  # a run's model turned into label maps (applies the rules)
+    ("postprocess_run", "serving"),  # rules chosen on a run's val split; the model outside brats_seg
+    ("evaluate",),  # a run's split end to end
+    ("studies",),  # many runs, run as commands
 )
 
 
@@ -133,9 +148,14 @@ def test_evaluation_rooms_import_only_floors_below_and_plots_import_none():
     a lower floor of EVALUATION_FLOORS (or itself); plots/ imports nothing of evaluation."""
     floor = {room: level for level, rooms in enumerate(EVALUATION_FLOORS) for room in rooms}
     evaluation = PACKAGE / "evaluation"
-    rooms = {p.stem if p.is_file() else p.name for p in evaluation.iterdir()
-             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
-    assert rooms == set(floor), f"rooms of brats_seg/evaluation/ not on a floor (or floors naming no room): {rooms ^ set(floor)}"
+    rooms = {
+        p.stem if p.is_file() else p.name
+        for p in evaluation.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    }
+    assert rooms == set(floor), (
+        f"rooms of brats_seg/evaluation/ not on a floor (or floors naming no room): {rooms ^ set(floor)}"
+    )
     offenders = []
     for path in sorted(evaluation.rglob("*.py")):
         parts = path.relative_to(evaluation).with_suffix("").parts
@@ -147,16 +167,28 @@ def test_evaluation_rooms_import_only_floors_below_and_plots_import_none():
             if target is not None and target != room and floor.get(target, len(floor)) >= floor[room]:
                 offenders.append(f"{path.relative_to(REPO)} ({room}) imports {name} ({target})")
     for path in sorted((PACKAGE / "plots").rglob("*.py")):
-        offenders += [f"{path.relative_to(REPO)} imports {n}" for n in _imports(path)
-                      if n == "brats_seg.evaluation" or n.startswith("brats_seg.evaluation.")]
+        offenders += [
+            f"{path.relative_to(REPO)} imports {n}"
+            for n in _imports(path)
+            if n == "brats_seg.evaluation" or n.startswith("brats_seg.evaluation.")
+        ]
     assert not offenders, "\n".join(offenders)
 
 
 #: The size past which a module is two concerns more often than one (issue 45 split tracker.py,
-#: config.py, oom.py and evaluation/ at it). A module may exceed it only when named here with the
-#: reason it is one concern.
-MODULE_LINES = 450
-LONG_MODULES: dict[str, str] = {}
+#: config.py, oom.py and evaluation/ at ~450 lines of the dense style before ruff format; the same
+#: modules are 8-12% longer formatted, hence 500). A module may exceed it only when named here with
+#: the reason it is one concern.
+MODULE_LINES = 500
+LONG_MODULES: dict[str, str] = {
+    "brats_seg/benchmark/memory_calibration.py": (
+        "one measurement: the sweep of measured peaks, the fit of the memory model and its held-out check, "
+        "in the order docs/lms_calibration.md describes them"
+    ),
+    "scripts/check_official_metrics.py": (
+        "one check: the challenge's published metric code run beside ours on the same label maps, case by case"
+    ),
+}
 
 
 def test_no_module_is_long_without_a_reason():

@@ -17,7 +17,12 @@ import pytest
 from brats_seg.data.errors import CaseError
 from brats_seg.data.labels import region_label_values
 from brats_seg.evaluation.scoring import panoptica_metrics
-from brats_seg.evaluation.scoring.lesion23 import LESION23_PARAMS, Lesion23Params, compute_lesion23_metrics, lesion23_params_for
+from brats_seg.evaluation.scoring.lesion23 import (
+    LESION23_PARAMS,
+    Lesion23Params,
+    compute_lesion23_metrics,
+    lesion23_params_for,
+)
 from brats_seg.evaluation.scoring.lesion_input import LesionwiseError
 from brats_seg.evaluation.scoring.lesionwise import compute_lesionwise_metrics
 from brats_seg.evaluation.scoring.panoptica_metrics import compute_panoptica_metrics
@@ -30,7 +35,7 @@ ONE = {"r": [1]}
 
 def cube(mask, at, size=4):
     x, y, z = at
-    mask[x:x + size, y:y + size, z:z + size] = 1
+    mask[x : x + size, y : y + size, z : z + size] = 1
     return mask
 
 
@@ -125,17 +130,23 @@ def test_spacing_scales_distances():
     assert compute_panoptica_metrics(pred, ref, ISO, ONE)["lesion_hd95_r"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("stored, z_shift_mm, x_shift_mm", [
-    ("as given", 1.5, 3.0),  # file axes (x, y, z): SimpleITK's array is (z, y, x), spacing (1.5, 1, 3)
-    ("LPS", 1.5, 3.0),  # flips do not change which size goes with which axis
-    ("y, x, z", 1.0, 1.5),  # file axes (y, x, z): array (z, x, y), spacing (1, 1.5, 3)
-])
+@pytest.mark.parametrize(
+    "stored, z_shift_mm, x_shift_mm",
+    [
+        ("as given", 1.5, 3.0),  # file axes (x, y, z): SimpleITK's array is (z, y, x), spacing (1.5, 1, 3)
+        ("LPS", 1.5, 3.0),  # flips do not change which size goes with which axis
+        ("y, x, z", 1.0, 1.5),  # file axes (y, x, z): array (z, x, y), spacing (1, 1.5, 3)
+    ],
+)
 def test_panoptica_distances_pair_the_spacing_as_the_official_evaluation_reads_the_file(stored, z_shift_mm, x_shift_mm):
     """The official evaluation reads the file with SimpleITK, (k, j, i) array with the (i, j, k)
     spacing; the 2023 code measures each axis with its own size (z 3 mm, x 1.5 mm)."""
     spacing = (1.5, 1.0, 3.0)  # (x, y, z) mm
-    affine = {"as given": np.diag([*spacing, 1.0]), "LPS": np.diag([-1.5, -1.0, 3.0, 1.0]),
-              "y, x, z": np.array([[0, 1.5, 0, 0], [1.0, 0, 0, 0], [0, 0, 3.0, 0], [0, 0, 0, 1]])}[stored]
+    affine = {
+        "as given": np.diag([*spacing, 1.0]),
+        "LPS": np.diag([-1.5, -1.0, 3.0, 1.0]),
+        "y, x, z": np.array([[0, 1.5, 0, 0], [1.0, 0, 0, 0], [0, 0, 3.0, 0], [0, 0, 0, 1]]),
+    }[stored]
     ref = cube(empty(), (4, 4, 4), 6)
     for axis, expected in ((2, z_shift_mm), (0, x_shift_mm)):
         pred = np.roll(ref, 1, axis=axis)
@@ -156,9 +167,23 @@ def test_regions_come_from_the_label_table():
     assert values["lesion23_dice_tc"] == pytest.approx(1.0) and values["lesion23_dice_wt"] == pytest.approx(1.0)
     assert values["lesion23_dice_et"] == 1.0 and math.isnan(values["lesion_dice_et"])  # both empty
     assert values["lesion23_dice_rc"] == 0.0 and values["lesions_ref_rc"] == 1 and values["lesions_tp_rc"] == 0
-    assert set(values) == {f"{m}_{r}" for r in table for m in (
-        "nsd", "lesion_dice", "lesion_hd95", "lesion_nsd", "lesions_ref", "lesions_pred", "lesions_tp", "rq", "pq",
-        "lesion23_dice", "lesion23_hd95")}
+    assert set(values) == {
+        f"{m}_{r}"
+        for r in table
+        for m in (
+            "nsd",
+            "lesion_dice",
+            "lesion_hd95",
+            "lesion_nsd",
+            "lesions_ref",
+            "lesions_pred",
+            "lesions_tp",
+            "rq",
+            "pq",
+            "lesion23_dice",
+            "lesion23_hd95",
+        )
+    }
 
 
 def test_sub_challenge_parameters():

@@ -12,8 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from brats_seg.lms.planner.capacity import (cube_shape_at, find_capacity, input_shape_at, largest_input,
-                                            largest_patch, largest_patch_allowed, patch_shape_at)
+from brats_seg.lms.planner.capacity import (
+    cube_shape_at,
+    find_capacity,
+    input_shape_at,
+    largest_input,
+    largest_patch,
+    largest_patch_allowed,
+    patch_shape_at,
+)
 from brats_seg.lms.planner.memory_model import memory_model_for
 from brats_seg.lms.planner.search import fits_with, largest_batch, plan_lms, planning_budget
 from brats_seg.lms.planner.workload import LMSOptions, Workload
@@ -135,12 +142,14 @@ def test_largest_patch_fits_and_the_next_larger_one_does_not(strategy):
     cap = largest_patch(workload, MM, strategy, options)
     fixed = ["recompute"] if strategy == "auto" else [strategy]
     budget = planning_budget(options.limit_bytes, MM)
-    for shape, steps in ((cap.input_shape, _patch_steps(FULL, 16)),
-                         (cap.cube_shape, [cube_shape_at(FULL, 16, s) for s in range(1, max(FULL) // 16 + 1)])):
+    for shape, steps in (
+        (cap.input_shape, _patch_steps(FULL, 16)),
+        (cap.cube_shape, [cube_shape_at(FULL, 16, s) for s in range(1, max(FULL) // 16 + 1)]),
+    ):
         assert shape is not None and _obeys_patch_rules(shape, FULL, 16)
         ok, peak = fits_with(workload.with_input(input_shape=shape), MM, fixed, options)
         assert ok and peak <= budget
-        larger = steps[steps.index(shape) + 1:]
+        larger = steps[steps.index(shape) + 1 :]
         if larger:  # not the whole grid: the next larger step does not fit
             assert not fits_with(workload.with_input(input_shape=larger[0]), MM, fixed, options)[0]
     if strategy != "auto":
@@ -155,8 +164,10 @@ def test_a_bigger_budget_never_gives_a_smaller_patch():
         found = find_capacity("max_patch", workload, MM, LMSOptions(limit_bytes=limit, allow_offload=False))
         for name, cap in found.items():
             before = previous.get(name)
-            for now, then in ((cap.input_shape, before and before.input_shape),
-                              (cap.cube_shape, before and before.cube_shape)):
+            for now, then in (
+                (cap.input_shape, before and before.input_shape),
+                (cap.cube_shape, before and before.cube_shape),
+            ):
                 assert then is None or (now is not None and all(a >= b for a, b in zip(now, then)))
             assert cap.input_shape is None or _obeys_patch_rules(cap.input_shape, FULL, 16)
         previous = found
@@ -168,8 +179,7 @@ def test_a_large_budget_gives_the_whole_grid_and_a_tiny_one_nothing():
     assert set(huge) == {"off", "recompute", "offload", "auto"}
     assert all(c.input_shape == c.cube_shape == FULL and c.batch_size == 2 for c in huge.values())
     tiny = find_capacity("max_patch", workload, MM, LMSOptions(limit_bytes=10**6, allow_offload=False))
-    assert all(c.input_shape is None and c.cube_shape is None and c.predicted_peak_bytes == 0
-               for c in tiny.values())
+    assert all(c.input_shape is None and c.cube_shape is None and c.predicted_peak_bytes == 0 for c in tiny.values())
     assert tiny["off"].to_dict()["input_shape"] is None and huge["off"].to_dict()["cube_shape"] == list(FULL)
 
 
@@ -185,9 +195,21 @@ def test_max_patch_takes_the_grid_not_the_configured_patch():
 
 
 def test_plan_memory_prints_the_largest_patch_to_pass():
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "plan_memory.py"), "resolution=full",
-                          "model.depth=4", "lms.limit=4GB", "backend=cpu_onednn", "plan.find=max_patch"],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "plan_memory.py"),
+            "resolution=full",
+            "model.depth=4",
+            "lms.limit=4GB",
+            "backend=cpu_onednn",
+            "plan.find=max_patch",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if "trainer.patch_size=[" in line}
     assert set(rows) == {"off", "recompute", "auto"}  # no offload on a CPU

@@ -53,8 +53,9 @@ def test_hand_count_tiny_network():
     # The float16 batch image (4ch*64*2 = 512) lives only while Keras casts it, as forward starts:
     # the same network without it differs by 512 at enc0's forward and nowhere else.
     assert net.tensor_bytes["batch_image"] == 512
-    without = dataclasses.replace(net, tensor_bytes={t: (0 if t == "batch_image" else b)
-                                                     for t, b in net.tensor_bytes.items()})
+    without = dataclasses.replace(
+        net, tensor_bytes={t: (0 if t == "batch_image" else b) for t, b in net.tensor_bytes.items()}
+    )
     other = simulate(without, ["keep"] * 4, size_bytes=0, prefetch=1)
     assert [a - b for a, b in zip(timeline.kept_bytes, other.kept_bytes)] == [512] + [0] * 8
 
@@ -92,8 +93,10 @@ def test_hand_count_kept_tail_of_the_last_block():
     assert Plan.from_json(plan.to_json()).keep_tails == {"dec0"}
 
 
-@pytest.mark.parametrize("filters, precision, planar", [(8, "bf16", True), (16, "bf16", False), (6, "fp32", True),
-                                                       (8, "fp32", False), (12, "fp32", False)])
+@pytest.mark.parametrize(
+    "filters, precision, planar",
+    [(8, "bf16", True), (16, "bf16", False), (6, "fp32", True), (8, "fp32", False), (12, "fp32", False)],
+)
 def test_planar_norm_counts_one_copy_of_the_tensor_in_each_pass(filters, precision, planar):
     """Instance norm of a channel count oneDNN's channels-last kernel does not vectorise runs on
     a transposed copy (brats_seg.model.norm): one more tensor of its size in forward and backward."""
@@ -126,7 +129,16 @@ def test_hand_count_backward_walk_frees_saved_tensors_with_the_release_lag(lag, 
     mm = MemoryModel(backward_release_lag_layers=lag, norm_planar_tensors=0)
     dec0 = network(cfg, (4, 4, 4), memory_model=mm).blocks[2]
     assert [layer.kind for layer in dec0.layers] == [
-        "up_trilinear", "conv", "concat", "conv", "norm", "relu", "conv", "norm", "relu"]
+        "up_trilinear",
+        "conv",
+        "concat",
+        "conv",
+        "norm",
+        "relu",
+        "conv",
+        "norm",
+        "relu",
+    ]
     assert dec0.internal_saved_bytes == 3616
     assert dec0.backward_working_bytes == working
 
@@ -140,6 +152,7 @@ def test_norm_saves_its_input_in_its_own_dtype_under_mixed_precision():
     assert bf16.blocks[0].keep_saved_bytes == 512 + 2 * 256 + 2 * 256 + 2 * 16
     # float32: the image itself (4ch*64*4), r1, r2, c1, c2 (2ch*64*4) and stats: twice the activations.
     assert f32.blocks[0].keep_saved_bytes == 1024 + 4 * 512 + 2 * 16
+
     # Instance norm (oneDNN's kernel) has no temporaries at one sample, one copy of its tensor
     # (its dtype) per pass at two (split and concatenated); the XLA group path float32 ones
     # under bf16 only.

@@ -68,12 +68,16 @@ def batch_independent(workload, mm) -> bool:
 
 
 def test_inference_over_the_limit_is_refused_with_what_would_fit(tmp_path):
-    from brats_seg.config import LMSConfig, ResolutionConfig, TrainConfig, DataConfig
+    from brats_seg.config import DataConfig, LMSConfig, ResolutionConfig, TrainConfig
     from brats_seg.oom_inference import check_inference_memory
     from brats_seg.run_dir import RunError
 
-    run = TrainConfig(data=DataConfig(layout="brats2021"), resolution=ResolutionConfig(name="x", spacing_mm=1.0,
-                      shape=[192, 224, 160]), model=ModelConfig(depth=4, base_filters=16), lms=LMSConfig(limit="1GB"))
+    run = TrainConfig(
+        data=DataConfig(layout="brats2021"),
+        resolution=ResolutionConfig(name="x", spacing_mm=1.0, shape=[192, 224, 160]),
+        model=ModelConfig(depth=4, base_filters=16),
+        lms=LMSConfig(limit="1GB"),
+    )
     with pytest.raises(RunError) as err:
         check_inference_memory(run, EvaluateConfig(), "CPU", "float32")
     message = str(err.value)
@@ -98,6 +102,7 @@ def test_forward_only_estimate_covers_the_allocators_peak_of_whole_volume_infere
         pytest.skip("this CPU has no native bfloat16: oneDNN cannot run bf16 convolutions here")
     import keras
     import tensorflow as tf
+
     from brats_seg.evaluation.inference.sliding import predict_volume
     from brats_seg.model.unet3d import build_unet3d
 
@@ -124,6 +129,7 @@ def test_the_mirrored_pass_runs_after_the_first_not_beside_it():
     and the mirrored input, where two passes side by side held both passes' activations (measured at
     full resolution on a Zen 5: 1.99 against 1.35 GB, docs/measurements/inference_first_call_zen5/)."""
     import tensorflow as tf
+
     from brats_seg.evaluation.inference.sliding import predict_volume
     from brats_seg.model.unet3d import build_unet3d
 

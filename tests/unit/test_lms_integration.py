@@ -27,9 +27,14 @@ def backend():
 def _cfg(strategy: str) -> TrainConfig:
     from brats_seg.data.labels import resolve_model_outputs
 
-    return resolve_model_outputs(TrainConfig(resolution=SMALL, model=ModelConfig(depth=2, base_filters=4),
-                                             trainer=TrainerConfig(batch_size=2),
-                                             lms=LMSConfig(name=strategy, limit="1e12", size=0)))
+    return resolve_model_outputs(
+        TrainConfig(
+            resolution=SMALL,
+            model=ModelConfig(depth=2, base_filters=4),
+            trainer=TrainerConfig(batch_size=2),
+            lms=LMSConfig(name=strategy, limit="1e12", size=0),
+        )
+    )
 
 
 def _resolved(cfg: TrainConfig, tmp_path, name: str = "cpu_onednn", gpus: int = 0, **backend):
@@ -182,8 +187,13 @@ def test_a_backend_without_its_gpu_is_refused_where_decided_and_where_applied(ba
 
 
 def _plan_memory(*args):
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "plan_memory.py"), "backend=cpu_onednn", *args],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "plan_memory.py"), "backend=cpu_onednn", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 def test_plan_memory_json_and_table():
@@ -195,7 +205,7 @@ def test_plan_memory_json_and_table():
     for name in ("off", "recompute", "auto"):
         assert {"predicted_peak_bytes", "recomputed_flops", "moved_bytes"} <= set(data["strategies"][name])
     assert data["strategies"]["recompute"]["predicted_peak_bytes"] < data["strategies"]["off"]["predicted_peak_bytes"]
-    assert [row["block"] for row in data["plan"]][0] == "enc0" and "policy" in data["plan"][0]
+    assert next(row["block"] for row in data["plan"]) == "enc0" and "policy" in data["plan"][0]
     table = _plan_memory("resolution=full", "lms.limit=16GB", "trainer.batch_size=1")
     assert table.returncode == 0 and "dec0" in table.stdout and "recompute" in table.stdout
 
@@ -207,16 +217,24 @@ def test_plan_memory_says_what_would_fit():
 
 
 def test_plan_memory_finds_the_largest_input_per_strategy():
-    out = _plan_memory("resolution=full", "model.depth=4", "trainer.batch_size=1", "lms.limit=8GB",
-                       "plan.find=max_input", "plan.format=json")
+    out = _plan_memory(
+        "resolution=full",
+        "model.depth=4",
+        "trainer.batch_size=1",
+        "lms.limit=8GB",
+        "plan.find=max_input",
+        "plan.format=json",
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout.strip().splitlines()[-1])
     s = data["strategies"]
     assert data["limit_bytes"] == 8 * 10**9 and set(s) == {"off", "recompute", "auto"}
     # A plan leaves the preset's margin free: the budget is below the limit, every answer within it.
     assert 0.5 * 8 * 10**9 < data["budget_bytes"] < 8 * 10**9
-    assert all(v["predicted_peak_bytes"] <= data["budget_bytes"] and all(d % 16 == 0 for d in v["input_shape"])
-               for v in s.values())
+    assert all(
+        v["predicted_peak_bytes"] <= data["budget_bytes"] and all(d % 16 == 0 for d in v["input_shape"])
+        for v in s.values()
+    )
     assert data["auto_over_off_voxels_per_step"] == pytest.approx(s["auto"]["voxels"] / s["off"]["voxels"], rel=1e-3)
     table = _plan_memory("resolution=half", "model.depth=4", "lms.limit=8GB", "plan.find=max_batch")
     assert table.returncode == 0 and "largest batch" in table.stdout and "auto trains" in table.stdout

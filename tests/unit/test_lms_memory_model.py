@@ -33,8 +33,12 @@ from tests.unit.lms_workloads import FULL, GB, HALF, ModelConfig, estimate, netw
 # is within the preset's planning margin, the share of lms.limit a plan keeps free.
 UNDER, OVER = -0.08, 0.30
 PRESET_FILES = sorted(PRESET_DIR.glob("cpu_*.json"))
-POINTS = [(f, key) for f in PRESET_FILES for key, e in json.loads(f.read_text())["points"].items()
-          if not key.endswith("lms=auto")]
+POINTS = [
+    (f, key)
+    for f in PRESET_FILES
+    for key, e in json.loads(f.read_text())["points"].items()
+    if not key.endswith("lms=auto")
+]
 
 
 @pytest.mark.parametrize("path,key", POINTS, ids=lambda v: v.stem if isinstance(v, Path) else v)
@@ -138,16 +142,21 @@ def test_memory_model_for_picks_the_preset_of_the_kind_or_the_safe_side():
         assert safe.planning_margin >= 0.1
     assert memory_model_for("CPU", "avx2").conv_weight_grad_scratch == 1.0  # AVX2's gemm scratch, a rule of its own
     assert memory_model_for("CPU", "avx2").rebuild_fragmentation == PREVIOUS_FITS["avx2"]["rebuild_fragmentation"]
-    withdrawn = json.loads((PRESET_DIR.parents[2] / "docs" / "measurements" / "cpu_avx2_before_fused_norm.json").read_text())
+    withdrawn = json.loads(
+        (PRESET_DIR.parents[2] / "docs" / "measurements" / "cpu_avx2_before_fused_norm.json").read_text()
+    )
     for name, value in PREVIOUS_FITS["avx2"].items():  # the withdrawn preset's own fit, rounded
         assert value == pytest.approx(withdrawn["fit"]["fields"][name], abs=1e-4)
     safe = memory_model_for("CPU", "avx2")
     for cfg, shape, batch, policy, strategy in [
-            (ModelConfig(depth=4, base_filters=16), FULL, 1, "float32", "off"),
-            (ModelConfig(depth=3, base_filters=12, upsample="trilinear"), HALF, 2, "mixed_bfloat16", "recompute"),
-            (ModelConfig(depth=4, base_filters=8, norm="group"), HALF, 3, "float32", "recompute")]:
-        peaks = [estimate(cfg, shape, batch, policy, strategy=strategy, memory_model=m).peak_bytes
-                 for m in CPU_MEMORY_MODELS.values()]
+        (ModelConfig(depth=4, base_filters=16), FULL, 1, "float32", "off"),
+        (ModelConfig(depth=3, base_filters=12, upsample="trilinear"), HALF, 2, "mixed_bfloat16", "recompute"),
+        (ModelConfig(depth=4, base_filters=8, norm="group"), HALF, 3, "float32", "recompute"),
+    ]:
+        peaks = [
+            estimate(cfg, shape, batch, policy, strategy=strategy, memory_model=m).peak_bytes
+            for m in CPU_MEMORY_MODELS.values()
+        ]
         assert estimate(cfg, shape, batch, policy, strategy=strategy, memory_model=safe).peak_bytes >= max(peaks)
 
 
@@ -163,7 +172,8 @@ def test_runtime_allowance_excludes_the_imported_runtime():
     assert network(ModelConfig(depth=3), HALF, 1).persistent["runtime_bytes"] < net.persistent["runtime_bytes"]
     assert net.persistent["workspace_bytes"] == 0  # oneDNN's direct convolutions take no workspace tensor
     assert network(ModelConfig(depth=4), HALF, 1, memory_model=MemoryModel(workspace_factor=1.0)).persistent[
-        "workspace_bytes"] == max(layer.workspace_ref_bytes for blk in net.blocks for layer in blk.layers)
+        "workspace_bytes"
+    ] == max(layer.workspace_ref_bytes for blk in net.blocks for layer in blk.layers)
 
 
 def test_rebuilding_costs_its_runtime_and_a_share_of_the_largest_rebuild():
@@ -180,8 +190,10 @@ def test_rebuilding_costs_its_runtime_and_a_share_of_the_largest_rebuild():
             continue
         assert len(extra) == 1  # resident for the whole step
         net = network(cfg, HALF, 1)
-        rebuilt = max(blk.internal_saved_bytes - (blk.tail_saved_bytes if tail_kept(net, i, strategy) else 0)
-                      for i, blk in enumerate(net.blocks))
+        rebuilt = max(
+            blk.internal_saved_bytes - (blk.tail_saved_bytes if tail_kept(net, i, strategy) else 0)
+            for i, blk in enumerate(net.blocks)
+        )
         mm = MemoryModel()
         assert extra.pop() == pytest.approx(mm.rebuild_runtime_bytes + mm.rebuild_fragmentation * rebuilt, abs=2)
 
@@ -199,8 +211,16 @@ def test_bf16_scratch_grows_with_the_volume_only_and_only_under_bfloat16():
     """What a bfloat16 step holds outside the allocator (MemoryModel.bf16_scratch_*): measured
     the same at batch 1 and 2 and at 8 and 16 filters, growing with the volume."""
     mm = MemoryModel(bf16_scratch_bytes=30_000_000, bf16_scratch_bytes_per_voxel=120.0)
-    scratch = lambda cfg, shape, batch, policy: network(cfg, shape, batch, policy,  # noqa: E731
-                                                        memory_model=mm).persistent["bf16_scratch_bytes"]
+
+    def scratch(cfg, shape, batch, policy):
+        return network(
+            cfg,
+            shape,
+            batch,
+            policy,
+            memory_model=mm,
+        ).persistent["bf16_scratch_bytes"]
+
     voxels = 96 * 112 * 80
     one = scratch(ModelConfig(depth=3, base_filters=8), HALF, 1, "mixed_bfloat16")
     assert one == 30_000_000 + 120 * voxels
@@ -208,8 +228,10 @@ def test_bf16_scratch_grows_with_the_volume_only_and_only_under_bfloat16():
     assert scratch(ModelConfig(depth=3, base_filters=8), FULL, 1, "mixed_bfloat16") == 30_000_000 + 120 * 8 * voxels
     assert scratch(ModelConfig(depth=3, base_filters=8), HALF, 1, "float32") == 0
     plain = estimate(ModelConfig(depth=3, base_filters=8), HALF, 1, "mixed_bfloat16").peak_bytes
-    assert estimate(ModelConfig(depth=3, base_filters=8), HALF, 1, "mixed_bfloat16", memory_model=mm).peak_bytes \
-        == plain + one  # alive the whole step: it adds to the peak wherever that is
+    assert (
+        estimate(ModelConfig(depth=3, base_filters=8), HALF, 1, "mixed_bfloat16", memory_model=mm).peak_bytes
+        == plain + one
+    )  # alive the whole step: it adds to the peak wherever that is
 
 
 def test_bf16_scratch_grows_more_slowly_past_full_resolution():
@@ -217,10 +239,19 @@ def test_bf16_scratch_grows_more_slowly_past_full_resolution():
     rule from points past full resolution); without it, the same line; the safe side of two
     presets takes the larger slope, a rule one of them does not set included."""
     knee = 192 * 224 * 160
-    mm = MemoryModel(bf16_scratch_bytes=30_000_000, bf16_scratch_bytes_per_voxel=120.0,
-                     bf16_scratch_bytes_per_voxel_beyond=54.0)
-    scratch = lambda shape, m: network(ModelConfig(depth=4, base_filters=8), shape, 1, "mixed_bfloat16",  # noqa: E731
-                                       memory_model=m).persistent["bf16_scratch_bytes"]
+    mm = MemoryModel(
+        bf16_scratch_bytes=30_000_000, bf16_scratch_bytes_per_voxel=120.0, bf16_scratch_bytes_per_voxel_beyond=54.0
+    )
+
+    def scratch(shape, m):
+        return network(
+            ModelConfig(depth=4, base_filters=8),
+            shape,
+            1,
+            "mixed_bfloat16",
+            memory_model=m,
+        ).persistent["bf16_scratch_bytes"]
+
     assert scratch(FULL, mm) == 30_000_000 + 120 * knee
     twice = (384, 448, 320)
     assert scratch(twice, mm) == 30_000_000 + 120 * knee + 54 * 7 * knee
@@ -246,8 +277,14 @@ def test_the_sapphire_rapids_2x_run_it_was_not_fitted_on_is_predicted_within_the
     recomputed = re.search(r"LMS: (.*) \(last conv unit kept\)", log).group(1)
     policies = dict(item.split("=") for item in recomputed.split(", "))
     filters = int(re.search(r"model\.base_filters=(\d+)", log).group(1))
-    workload = Workload(ModelConfig(depth=4, base_filters=filters, out_channels=3), (384, 448, 320), 1, "bf16",
-                        input_batches=pipeline_batches(DataConfig().prefetch_batches), validates=True)
+    workload = Workload(
+        ModelConfig(depth=4, base_filters=filters, out_channels=3),
+        (384, 448, 320),
+        1,
+        "bf16",
+        input_batches=pipeline_batches(DataConfig().prefetch_batches),
+        validates=True,
+    )
     net = compute_network_cost(workload, memory_model_for("CPU", "avx512_amx"))
     peak = simulate(net, [policies.get(b.name, "keep") for b in net.blocks], [False] * len(net.blocks), 0, 1).peak_bytes
     assert -0.08 <= peak / measured - 1 <= 0.15, f"measured {measured / 1e9:.2f} GB, predicted {peak / 1e9:.2f} GB"
@@ -256,9 +293,19 @@ def test_the_sapphire_rapids_2x_run_it_was_not_fitted_on_is_predicted_within_the
 def test_bf16_scratch_on_avx512_without_amx_grows_with_the_width_where_the_first_level_is_narrow():
     """MemoryModel.bf16_scratch_bytes_per_voxel_filter: the larger of the per-voxel rule and bytes
     per voxel and base filter, for widths whose first level does not fill 16 channels."""
-    mm = MemoryModel(bf16_scratch_bytes=1000, bf16_scratch_bytes_per_voxel=10.0, bf16_scratch_bytes_per_voxel_filter=16.0)
-    scratch = lambda f: network(ModelConfig(depth=4, base_filters=f), FULL, 1, "mixed_bfloat16",  # noqa: E731
-                                memory_model=mm).persistent["bf16_scratch_bytes"]
+    mm = MemoryModel(
+        bf16_scratch_bytes=1000, bf16_scratch_bytes_per_voxel=10.0, bf16_scratch_bytes_per_voxel_filter=16.0
+    )
+
+    def scratch(f):
+        return network(
+            ModelConfig(depth=4, base_filters=f),
+            FULL,
+            1,
+            "mixed_bfloat16",
+            memory_model=mm,
+        ).persistent["bf16_scratch_bytes"]
+
     voxels = 192 * 224 * 160
     assert scratch(8) == 16 * 8 * voxels and scratch(10) == 16 * 10 * voxels
     assert scratch(16) == 1000 + 10 * voxels  # 16 channels fill the block: the per-voxel rule
@@ -275,11 +322,18 @@ def test_the_zen5_2x_step_it_was_not_fitted_on_is_predicted_within_the_aim():
 
     folder = Path(__file__).resolve().parents[2] / "docs/measurements/2x_zen5/f10"
     record = json.loads((folder / "step_benchmark.jsonl").read_text().splitlines()[-1])
-    policies = dict(line.split()[:2] for line in (folder / "plan.txt").read_text().splitlines()
-                    if line.split()[:1] and line.split()[0] in ("enc0", "enc1", "enc2", "enc3", "bottleneck",
-                                                                 "dec3", "dec2", "dec1", "dec0", "head"))
-    workload = Workload(ModelConfig(depth=4, base_filters=record["base_filters"], out_channels=3),
-                        tuple(record["shape"]), 1, record["precision"])
+    policies = dict(
+        line.split()[:2]
+        for line in (folder / "plan.txt").read_text().splitlines()
+        if line.split()[:1]
+        and line.split()[0] in ("enc0", "enc1", "enc2", "enc3", "bottleneck", "dec3", "dec2", "dec1", "dec0", "head")
+    )
+    workload = Workload(
+        ModelConfig(depth=4, base_filters=record["base_filters"], out_channels=3),
+        tuple(record["shape"]),
+        1,
+        record["precision"],
+    )
     net = compute_network_cost(workload, memory_model_for("CPU", "avx512"))
     peak = simulate(net, [policies[b.name].rstrip("*") for b in net.blocks], [False] * len(net.blocks), 0, 1).peak_bytes
     assert -0.08 <= peak / record["measured_bytes"] - 1 <= 0.15, (peak, record["measured_bytes"])

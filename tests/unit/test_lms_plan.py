@@ -39,4 +39,3 @@ def test_format_table_names_every_block():
     for name in ["enc0", "enc1", "enc2", "bottleneck", "dec2", "dec1", "dec0", "head"]:
         assert f"\n{name} " in table
     assert "GB" in table and "GFLOP" in table and "recompute" in table
-

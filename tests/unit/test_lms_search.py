@@ -46,36 +46,40 @@ def test_auto_without_offload_fits_whenever_recompute_fits(fraction):
     p = peaks(ModelConfig(depth=4), FULL, 1, allow_offload=False)
     assert p["offload"] is None
     limit = limit_for(int(p["recompute"] + fraction * (p["off"] - p["recompute"])))
-    plan = plan_lms(Workload(ModelConfig(depth=4), FULL, 1),
-                    LMSOptions(limit_bytes=limit, strategy="auto", allow_offload=False))
+    plan = plan_lms(
+        Workload(ModelConfig(depth=4), FULL, 1), LMSOptions(limit_bytes=limit, strategy="auto", allow_offload=False)
+    )
     assert plan.fits and plan.predicted_peak_bytes <= plan.budget_bytes < limit
 
 
 @pytest.mark.parametrize("limit_gb", [1e6, 8.0, 6.5, 5.8, 4.0])
 def test_allow_offload_false_never_offloads(limit_gb):
     try:
-        plan = plan_lms(Workload(ModelConfig(depth=4), FULL, 1),
-                        LMSOptions(limit_bytes=int(limit_gb * GB), strategy="auto", allow_offload=False))
+        plan = plan_lms(
+            Workload(ModelConfig(depth=4), FULL, 1),
+            LMSOptions(limit_bytes=int(limit_gb * GB), strategy="auto", allow_offload=False),
+        )
     except PlanDoesNotFitError as err:
         assert err.best_strategy != "offload" and "offload" not in str(err)
         return
-    assert all(b.policy in ("keep", "recompute") and not b.skip_offloaded and b.moved_bytes == 0
-               for b in plan.blocks)
+    assert all(b.policy in ("keep", "recompute") and not b.skip_offloaded and b.moved_bytes == 0 for b in plan.blocks)
     assert plan.strategies["offload"]["predicted_peak_bytes"] is None
     assert plan.strategies["offload"]["reason"]
 
 
 def test_offload_strategy_needs_a_gpu():
     with pytest.raises(ValueError, match="lms=recompute or lms=auto"):
-        plan_lms(Workload(ModelConfig(depth=4), HALF, 1),
-                 LMSOptions(limit_bytes=10**15, strategy="offload", allow_offload=False))
+        plan_lms(
+            Workload(ModelConfig(depth=4), HALF, 1),
+            LMSOptions(limit_bytes=10**15, strategy="offload", allow_offload=False),
+        )
 
 
 def test_size_threshold_respected():
     cfg = ModelConfig(depth=4)
     net = network(cfg, HALF, 1)
     size = 20 * 10**6  # between the small deep tensors and the big shallow ones at half resolution
-    sizes = [b for b in net.tensor_bytes.values()]
+    sizes = list(net.tensor_bytes.values())
     assert min(sizes) < size < max(sizes)
     plan = plan_lms(Workload(cfg, HALF, 1), LMSOptions(limit_bytes=10**15, strategy="offload", size_bytes=size))
     for row, blk in zip(plan.blocks, net.blocks):
@@ -157,8 +161,9 @@ def test_a_plan_keeps_the_planning_margin_of_the_limit_free():
     plan = plan_lms(work, LMSOptions(limit_bytes=limit, strategy="off"), MemoryModel(planning_margin=0.0))
     assert plan.fits and plan.budget_bytes == limit and plan.margin == 0.0
 
-    plan = plan_lms(work, LMSOptions(limit_bytes=limit, strategy="auto", allow_offload=False),
-                    MemoryModel(planning_margin=0.1))
+    plan = plan_lms(
+        work, LMSOptions(limit_bytes=limit, strategy="auto", allow_offload=False), MemoryModel(planning_margin=0.1)
+    )
     assert plan.budget_bytes == int(0.9 * limit) and plan.predicted_peak_bytes <= plan.budget_bytes < off
     assert plan.recomputed_flops > 0 and plan.margin == pytest.approx(0.1, abs=1e-6)
     assert f"budget {plan.budget_bytes / 1e9:.2f} GB (lms.limit {limit / 1e9:.2f} GB less 10.0%" in plan.format_table()
@@ -184,8 +189,13 @@ def test_a_plan_keeps_the_planning_margin_of_the_limit_free():
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
-    workload = {"model_cfg": ModelConfig(depth=4), "input_shape": HALF, "batch_size": 1, "policy": "float32",
-                "optimizer": "adam"}
+    workload = {
+        "model_cfg": ModelConfig(depth=4),
+        "input_shape": HALF,
+        "batch_size": 1,
+        "policy": "float32",
+        "optimizer": "adam",
+    }
     options = {"limit_bytes": 10**15, "strategy": "auto"}
     for key, value in kwargs.items():
         (workload if key in workload else options)[key] = value
@@ -214,9 +224,11 @@ def test_estimate_peak_takes_a_fixed_strategy():
 
 
 def test_planner_does_not_import_tensorflow():
-    code = ("import sys; from brats_seg.config import ModelConfig; "
-            "from brats_seg.lms.planner.search import plan_lms; from brats_seg.lms.planner.workload import LMSOptions, Workload; "
-            "plan_lms(Workload(ModelConfig(depth=4, out_channels=3), (96, 112, 80), 1), LMSOptions(10**15)); "
-            "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys; from brats_seg.config import ModelConfig; "
+        "from brats_seg.lms.planner.search import plan_lms; from brats_seg.lms.planner.workload import LMSOptions, Workload; "
+        "plan_lms(Workload(ModelConfig(depth=4, out_channels=3), (96, 112, 80), 1), LMSOptions(10**15)); "
+        "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -45,6 +45,10 @@ def test_parse_limit_fraction_needs_device_size():
 
 
 def test_sizes_print_in_si_units():
-    assert [format_bytes(n) for n in (512, 3_100, 840_200_000, 12_345_000_000)] == ["512 B", "3.1 kB", "840.2 MB",
-                                                                                      "12.35 GB"]
+    assert [format_bytes(n) for n in (512, 3_100, 840_200_000, 12_345_000_000)] == [
+        "512 B",
+        "3.1 kB",
+        "840.2 MB",
+        "12.35 GB",
+    ]
     assert format_gb(16 * GB) == "16.00 GB" and format_shape((192, 224, 160)) == "192x224x160"

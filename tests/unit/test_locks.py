@@ -19,8 +19,10 @@ import pytest
 from brats_seg.locks import LockedError, hold_lock
 
 REPO = Path(__file__).resolve().parents[2]
-HOLDER = ("import sys, time; sys.path.insert(0, sys.argv[2]); from brats_seg.locks import hold_lock\n"
-          "with hold_lock(sys.argv[1], 'run folder'):\n    print('held', flush=True); time.sleep(120)")
+HOLDER = (
+    "import sys, time; sys.path.insert(0, sys.argv[2]); from brats_seg.locks import hold_lock\n"
+    "with hold_lock(sys.argv[1], 'run folder'):\n    print('held', flush=True); time.sleep(120)"
+)
 
 
 def _hold_in_another_process(folder: Path) -> subprocess.Popen:
@@ -61,8 +63,16 @@ def test_the_lock_is_released_and_a_dead_holders_lock_taken_over(tmp_path, caplo
 def test_a_lock_from_another_host_is_refused_with_the_file_to_delete(tmp_path):
     (tmp_path / "run").mkdir()
     lock = tmp_path / "run" / ".lock"
-    lock.write_text(json.dumps({"pid": 1, "host": "node17." + socket.gethostname(), "since": "2026-11-25 01:00:00",
-                                "command": "train.py run_dir=run"}))
+    lock.write_text(
+        json.dumps(
+            {
+                "pid": 1,
+                "host": "node17." + socket.gethostname(),
+                "since": "2026-11-25 01:00:00",
+                "command": "train.py run_dir=run",
+            }
+        )
+    )
     with pytest.raises(LockedError, match=rf"PID 1 on host node17\..*train\.py run_dir=run.*delete {lock}"):
         with hold_lock(tmp_path / "run", "run folder"):
             pass
@@ -72,8 +82,9 @@ def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path, caplog):
     """A dead holder's PID now belongs to another process (here: this one's parent): the start
     time recorded with it tells them apart, so the lock is stale."""
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / ".lock").write_text(json.dumps({"pid": os.getppid(), "pid_start": 1.0,
-                                                        "host": socket.gethostname(), "since": "long ago"}))
+    (tmp_path / "run" / ".lock").write_text(
+        json.dumps({"pid": os.getppid(), "pid_start": 1.0, "host": socket.gethostname(), "since": "long ago"})
+    )
     with caplog.at_level(logging.WARNING, logger="brats_seg.locks"):
         with hold_lock(tmp_path / "run", "run folder"):
             pass
@@ -87,13 +98,17 @@ def test_building_a_cache_entry_waits_for_the_job_building_it(synthetic_root, tm
     from brats_seg.data.layouts import discover_cases
 
     cases, _ = discover_cases(synthetic_root["brats2021"], "brats2021")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER.replace("120", "3"), str(tmp_path / "cache"), str(REPO)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.replace("120", "3"), str(tmp_path / "cache"), str(REPO)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="brats_seg.locks"):
-        entries, errors, built = prepare_cases(cases[:1], tmp_path / "cache", 4.0, (48, 56, 40), num_workers=1,
-                                               progress=False)
+        _entries, errors, built = prepare_cases(
+            cases[:1], tmp_path / "cache", 4.0, (48, 56, 40), num_workers=1, progress=False
+        )
     assert holder.wait(timeout=30) == 0 and time.monotonic() - started > 1.0  # it waited for the holder
     assert f"cache entry {tmp_path / 'cache'} is in use by PID {holder.pid}" in caplog.text and "waiting" in caplog.text
     assert built == 1 and not errors and not (tmp_path / "cache" / ".lock").exists()
@@ -106,10 +121,22 @@ def test_train_py_in_a_folder_another_training_holds_is_refused_then_a_killed_on
     """Two train.py in one run_dir: the second exits 2 naming the first. The first, SIGKILLed
     mid-run, leaves its lock; the same command takes it over and finishes the run."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, str(REPO / "train.py"), "resolution=tiny", "data=synthetic",
-           f"data.root={tmp_path / 'synthetic'}", "data.synthetic_cases=5", f"data.cache_dir={tmp_path / 'cache'}",
-           "model.depth=2", "model.base_filters=4", "trainer.batch_size=1", "trainer.epochs=30", "backend=cpu_onednn",
-           "tracking=none", f"run_dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "resolution=tiny",
+        "data=synthetic",
+        f"data.root={tmp_path / 'synthetic'}",
+        "data.synthetic_cases=5",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "model.depth=2",
+        "model.base_filters=4",
+        "trainer.batch_size=1",
+        "trainer.epochs=30",
+        "backend=cpu_onednn",
+        "tracking=none",
+        f"run_dir={run_dir}",
+    ]
     first = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300

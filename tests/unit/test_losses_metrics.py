@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
-import keras
-
-from brats_seg.training.losses import SoftDiceBCELoss, compute_bce, compute_soft_dice  # noqa: E402
-from brats_seg.training.metrics import (  # noqa: E402
+from brats_seg.training.losses import SoftDiceBCELoss, compute_bce, compute_soft_dice
+from brats_seg.training.metrics import (
     MeanDice,
     RegionDice,
     compute_hard_dice,

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from tests.conftest import new_memory_cgroup
 
 REPO = Path(__file__).resolve().parents[2]
-PRINT_AVAILABLE = ("import sys; sys.path.insert(0, sys.argv[1]); from brats_seg.backend import device_memory_bytes; "
-                   "print(device_memory_bytes('CPU'))")
+PRINT_AVAILABLE = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from brats_seg.backend import device_memory_bytes; "
+    "print(device_memory_bytes('CPU'))"
+)
 
 
 def test_the_cpu_budget_is_held_to_the_memory_cgroup(tmp_path):
@@ -23,21 +24,28 @@ def test_the_cpu_budget_is_held_to_the_memory_cgroup(tmp_path):
     cgroup = new_memory_cgroup(f"brats_seg_memory_test_{os.getpid()}")
     limit = 1 << 30
     try:
-        (cgroup / ("memory.limit_in_bytes" if (cgroup / "memory.limit_in_bytes").exists() else "memory.max")
-         ).write_text(str(limit))
+        (
+            cgroup / ("memory.limit_in_bytes" if (cgroup / "memory.limit_in_bytes").exists() else "memory.max")
+        ).write_text(str(limit))
 
         def join():  # the child joins the cgroup before it runs Python
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
-        out = subprocess.run([sys.executable, "-c", PRINT_AVAILABLE, str(REPO)], capture_output=True, text=True,
-                             timeout=120, preexec_fn=join)
+        out = subprocess.run(
+            [sys.executable, "-c", PRINT_AVAILABLE, str(REPO)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=join,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         inside = int(out.stdout.split()[-1])
         assert 0 < inside <= limit < psutil.virtual_memory().available  # the cgroup's room, not the machine's RAM
         assert inside > limit // 2  # the limit less what the interpreter holds, not a made-up figure
 
-        outside = subprocess.run([sys.executable, "-c", PRINT_AVAILABLE, str(REPO)], capture_output=True, text=True,
-                                 timeout=120)
+        outside = subprocess.run(
+            [sys.executable, "-c", PRINT_AVAILABLE, str(REPO)], capture_output=True, text=True, timeout=120
+        )
         assert int(outside.stdout.split()[-1]) > limit  # this machine has more than 1 GB free
     finally:
         cgroup.rmdir()

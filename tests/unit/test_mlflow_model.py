@@ -57,8 +57,14 @@ def trained(synthetic_root, tmp_path_factory, backend):
     )
     start = time.perf_counter()
     result = train(cfg)
-    return SimpleNamespace(base=base, uri=uri, cfg=cfg, run_dir=Path(result.run_dir), run_id=result.run_id,
-                           train_s=time.perf_counter() - start)
+    return SimpleNamespace(
+        base=base,
+        uri=uri,
+        cfg=cfg,
+        run_dir=Path(result.run_dir),
+        run_id=result.run_id,
+        train_s=time.perf_counter() - start,
+    )
 
 
 def _client(uri: str):
@@ -70,8 +76,11 @@ def _client(uri: str):
 def _models(uri: str, run_id: str, name: str = "model") -> list:
     client = _client(uri)
     experiment_id = client.get_run(run_id).info.experiment_id
-    return [m for m in client.search_logged_models([experiment_id], filter_string=f"name = '{name}'")
-            if m.source_run_id == run_id]
+    return [
+        m
+        for m in client.search_logged_models([experiment_id], filter_string=f"name = '{name}'")
+        if m.source_run_id == run_id
+    ]
 
 
 def _resumed(trained, register_as: str = REGISTERED):
@@ -106,8 +115,11 @@ def test_training_logs_the_best_model_and_registers_it(trained):
     info = mlflow.models.get_model_info(f"runs:/{trained.run_id}/model")
     (spec_in,), (spec_out,) = info.signature.inputs.inputs, info.signature.outputs.inputs
     assert (spec_in.name, spec_in.type, tuple(spec_in.shape)) == (None, np.dtype("float32"), (-1, *TINY.shape, 4))
-    assert (spec_out.name, spec_out.type, tuple(spec_out.shape)) == ("probabilities", np.dtype("float32"),
-                                                                     (-1, *TINY.shape, 3))
+    assert (spec_out.name, spec_out.type, tuple(spec_out.shape)) == (
+        "probabilities",
+        np.dtype("float32"),
+        (-1, *TINY.shape, 3),
+    )
     assert info.saved_input_example_info["type"] == "ndarray"  # tiny: a zero volume (1, x, y, z, 4)
 
     (version,) = _client(trained.uri).search_model_versions(f"name='{REGISTERED}'")
@@ -149,11 +161,26 @@ def test_the_logged_model_predicts_the_keras_models_output_without_brats_seg(tra
     expected = load_run_model(trained.run_dir, "best")(volume, training=False).numpy()
     (tmp_path / "child.py").write_text(_CHILD)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    threads = [str(tf.config.threading.get_intra_op_parallelism_threads()),
-               str(tf.config.threading.get_inter_op_parallelism_threads())]
-    done = subprocess.run([sys.executable, str(tmp_path / "child.py"), f"runs:/{trained.run_id}/model", trained.uri,
-                           str(tmp_path / "volume.npy"), str(tmp_path / "out.npy"), *threads],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    threads = [
+        str(tf.config.threading.get_intra_op_parallelism_threads()),
+        str(tf.config.threading.get_inter_op_parallelism_threads()),
+    ]
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(tmp_path / "child.py"),
+            f"runs:/{trained.run_id}/model",
+            trained.uri,
+            str(tmp_path / "volume.npy"),
+            str(tmp_path / "out.npy"),
+            *threads,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report == {**report, "type": "ndarray", "dtype": "float32", "brats_seg_imported": False}
@@ -175,10 +202,13 @@ def test_a_finished_run_trained_again_logs_no_second_model(trained, caplog):
     assert "not logged again" in caplog.text
 
 
-@pytest.mark.parametrize("name,refusal", [
-    ("brats/demo", None),  # the registry's own rule: no '/' or ':' in a name
-    ("brats-denied", "PERMISSION_DENIED"),  # a registry that refuses this user the name
-])
+@pytest.mark.parametrize(
+    "name,refusal",
+    [
+        ("brats/demo", None),  # the registry's own rule: no '/' or ':' in a name
+        ("brats-denied", "PERMISSION_DENIED"),  # a registry that refuses this user the name
+    ],
+)
 def test_a_refused_registration_name_warns_once_by_name(trained, caplog, monkeypatch, name, refusal):
     """(d) one warning naming the name, nothing raised, the model stays logged in the run."""
     from mlflow import MlflowClient
@@ -188,6 +218,7 @@ def test_a_refused_registration_name_warns_once_by_name(trained, caplog, monkeyp
     from brats_seg.evaluation.serving.mlflow_model import log_best_model
 
     if refusal:
+
         def refuse(self, *args, **kwargs):
             raise MlflowException(f"no permission to create {args[0]!r}", error_code=getattr(databricks_pb2, refusal))
 
@@ -209,12 +240,14 @@ def _fail_export(*args, **kwargs):
     raise OSError(errno.EIO, "Input/output error")
 
 
-@pytest.mark.parametrize("target,failure", [
-    ("mlflow.pyfunc.log_model", _fail_log_model),  # the store's disk is full
-    ("brats_seg.evaluation.serving.mlflow_model.export_run", _fail_export),  # the export cannot be written
-])
-def test_a_model_log_that_fails_warns_once_and_the_files_stand(trained, tmp_path, caplog, monkeypatch, target,
-                                                               failure):
+@pytest.mark.parametrize(
+    "target,failure",
+    [
+        ("mlflow.pyfunc.log_model", _fail_log_model),  # the store's disk is full
+        ("brats_seg.evaluation.serving.mlflow_model.export_run", _fail_export),  # the export cannot be written
+    ],
+)
+def test_a_model_log_that_fails_warns_once_and_the_files_stand(trained, tmp_path, caplog, monkeypatch, target, failure):
     """A new run of a copy of the run folder: the failure is one warning, the tracker ends the run,
     and the run folder is as it was."""
     from brats_seg.evaluation.serving.mlflow_model import log_best_model
@@ -239,9 +272,9 @@ def test_the_export_script_logs_its_export_into_the_run(trained, tmp_path):
     """``scripts/export.py``'s step after the export: the export it wrote becomes a model of the run
     (``model_last`` for checkpoint=last), the best checkpoint's export is the model training
     logged, and the run's status is left as training left it."""
+    from brats_seg.evaluation.inference.run import load_run_config
     from brats_seg.evaluation.serving.export import export_run
     from brats_seg.evaluation.serving.mlflow_model import log_export_to_run
-    from brats_seg.evaluation.inference.run import load_run_config
 
     config = load_run_config(trained.run_dir)
     config.tracking.register_as = ""  # the registry is test (c)'s
@@ -276,13 +309,31 @@ def test_the_logged_model_serves_over_http(trained, tmp_path):
         port = s.getsockname()[1]
     bin_dir = Path(sys.executable).parent  # the environment's mlflow, and the uvicorn it runs by name
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(MLFLOW_TRACKING_URI=trained.uri, PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-               TF_NUM_INTRAOP_THREADS=str(tf.config.threading.get_intra_op_parallelism_threads()),
-               TF_NUM_INTEROP_THREADS=str(tf.config.threading.get_inter_op_parallelism_threads()))
+    env.update(
+        MLFLOW_TRACKING_URI=trained.uri,
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        TF_NUM_INTRAOP_THREADS=str(tf.config.threading.get_intra_op_parallelism_threads()),
+        TF_NUM_INTEROP_THREADS=str(tf.config.threading.get_inter_op_parallelism_threads()),
+    )
     log_file = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen([str(bin_dir / "mlflow"), "models", "serve", "-m", f"runs:/{trained.run_id}/model",
-                               "--env-manager", "local", "-p", str(port)], cwd=tmp_path, env=env, stdout=log_file,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            str(bin_dir / "mlflow"),
+            "models",
+            "serve",
+            "-m",
+            f"runs:/{trained.run_id}/model",
+            "--env-manager",
+            "local",
+            "-p",
+            str(port),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -294,9 +345,11 @@ def test_the_logged_model_serves_over_http(trained, tmp_path):
             except OSError:
                 time.sleep(0.5)
         volume = np.random.default_rng(7).normal(0.0, 1.0, (1, *TINY.shape, 4)).astype(np.float32)
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations",
-                                         data=json.dumps({"inputs": volume.tolist()}).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps({"inputs": volume.tolist()}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         answer = json.load(urllib.request.urlopen(request, timeout=120))
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server's process group: mlflow and its uvicorn

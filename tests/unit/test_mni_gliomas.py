@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 
 import nibabel as nib
+import nilearn  # noqa: F401  (a dependency: its MNI152 templates)
 import numpy as np
 import pytest
 
@@ -15,8 +16,6 @@ from brats_seg.data.dataset import ensure_synthetic
 from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.phantoms.mni_gliomas import GRID_SHAPE, generate_mni_case, write_mni_glioma_dataset
-
-import nilearn  # noqa: F401  (a dependency: its MNI152 templates)
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +109,12 @@ def test_the_shifted_protocol_shows_less_tumour_contrast_and_more_noise():
 
     same = replace(GEOMETRY_SHIFT, gamma=(1.0, 1.0), bias=0.0)
     plain = generate_mni_case(np.random.default_rng([3, 0]), same, np.random.default_rng([3, 0, 1]))
-    faint = generate_mni_case(np.random.default_rng([3, 0]), replace(same, contrast=(0.5, 0.5)),
-                              np.random.default_rng([3, 0, 1]))
-    noisy = generate_mni_case(np.random.default_rng([3, 0]), replace(same, noise=0.08),
-                              np.random.default_rng([3, 0, 1]))
+    faint = generate_mni_case(
+        np.random.default_rng([3, 0]), replace(same, contrast=(0.5, 0.5)), np.random.default_rng([3, 0, 1])
+    )
+    noisy = generate_mni_case(
+        np.random.default_rng([3, 0]), replace(same, noise=0.08), np.random.default_rng([3, 0, 1])
+    )
     et, core = plain.labels == 4, plain.labels == 1
     assert et.sum() > 100 and core.sum() > 100
 
@@ -121,7 +122,10 @@ def test_the_shifted_protocol_shows_less_tumour_contrast_and_more_noise():
         return float(np.median(case.images["t1ce"][et]) / np.median(case.images["t1ce"][core]) - 1)
 
     # half the difference in pure tissue; less measured over labels blurred by partial volume and 4 mm slices
-    assert enhancement(plain) > 0.2 and enhancement(faint) < 0.8 * enhancement(plain), (enhancement(plain), enhancement(faint))
+    assert enhancement(plain) > 0.2 and enhancement(faint) < 0.8 * enhancement(plain), (
+        enhancement(plain),
+        enhancement(faint),
+    )
     np.testing.assert_array_equal(faint.labels, plain.labels)  # the same tumour, seen differently
 
     brain = plain.images["flair"] > 0
@@ -145,7 +149,8 @@ def test_a_root_written_with_another_acquisition_is_written_again(tmp_path, capl
     case_dir(matched)
     _check_shift_record(matched, None)  # a matched root from before the record: its cases are what it holds
     assert (matched / "MNIG_00000").is_dir() and json.loads((matched / "acquisition.json").read_text()) == {
-        "shift": None}
+        "shift": None
+    }
     case_dir(shifted)  # written by the first shift, before the record
     with caplog.at_level(logging.WARNING):
         _check_shift_record(shifted, SHIFT)

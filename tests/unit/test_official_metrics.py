@@ -57,9 +57,11 @@ def test_score_py_equals_the_official_evaluation_on_anisotropic_files(layout, tm
                 continue
             for column, want in values.items():
                 got, want = _cell(row[f"{column}_{region}"]), math.nan if want is None else want
-                where = (f"{case['case_id']} ({case['voxel_mm']} mm, {case['storage']}) {column}_{region}: "
-                         f"ours {got!r}, official {want!r} (brats-evaluation {DOC['versions']['brats_evaluation']}, "
-                         f"panoptica {DOC['versions']['panoptica']})")
+                where = (
+                    f"{case['case_id']} ({case['voxel_mm']} mm, {case['storage']}) {column}_{region}: "
+                    f"ours {got!r}, official {want!r} (brats-evaluation {DOC['versions']['brats_evaluation']}, "
+                    f"panoptica {DOC['versions']['panoptica']})"
+                )
                 if math.isnan(want):
                     assert math.isnan(got), where
                 else:

@@ -14,23 +14,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 import tensorflow as tf
+from keras import layers
 
-from keras import layers  # noqa: E402
-
-from brats_seg.lms.runtime.offload import BlockWrapper, LMSBlock  # noqa: E402
-from brats_seg.lms.runtime.stats import OffloadStats  # noqa: E402
-from brats_seg.lms.runtime.recompute_safety import RecomputeError, find_recompute_unsafe_layers  # noqa: E402
+from brats_seg.lms.runtime.offload import BlockWrapper, LMSBlock
+from brats_seg.lms.runtime.recompute_safety import RecomputeError, find_recompute_unsafe_layers
+from brats_seg.lms.runtime.stats import OffloadStats
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKS = ["enc0", "enc1", "bottleneck", "dec1", "dec0", "head"]  # forward order, depth 2
 SHAPE = (1, 8, 8, 8, 2)  # (B, x, y, z, C)
-MIXED_PLAN = {"enc0": "offload", "enc1": "recompute", "bottleneck": "keep", "dec1": "offload",
-              "dec0": "recompute", "head": "keep"}
+MIXED_PLAN = {
+    "enc0": "offload",
+    "enc1": "recompute",
+    "bottleneck": "keep",
+    "dec1": "offload",
+    "dec0": "recompute",
+    "head": "keep",
+}
 
 
 # ---------------------------------------------------------------------------------------
@@ -59,12 +63,17 @@ def make_tiny_blocks(filters: int = 4, down: str = "max", extra: dict | None = N
         "enc0": _conv_norm_relu("enc0", filters),
         "enc1": [down_layer("enc1", filters)] + _conv_norm_relu("enc1", 2 * filters),
         "bottleneck": [down_layer("bottleneck", 2 * filters)] + _conv_norm_relu("bottleneck", 4 * filters),
-        "dec1": [layers.Conv3DTranspose(2 * filters, 2, strides=2, name="dec1_up"),
-                 layers.Concatenate(name="dec1_concat")] + _conv_norm_relu("dec1", 2 * filters),
-        "dec0": [layers.Conv3DTranspose(filters, 2, strides=2, name="dec0_up"),
-                 layers.Concatenate(name="dec0_concat")] + _conv_norm_relu("dec0", filters),
-        "head": [layers.Conv3D(1, 1, dtype="float32", name="head_conv"),
-                 layers.Activation("sigmoid", dtype="float32", name="head_sigmoid")],
+        "dec1": [
+            layers.Conv3DTranspose(2 * filters, 2, strides=2, name="dec1_up"),
+            layers.Concatenate(name="dec1_concat"),
+        ]
+        + _conv_norm_relu("dec1", 2 * filters),
+        "dec0": [layers.Conv3DTranspose(filters, 2, strides=2, name="dec0_up"), layers.Concatenate(name="dec0_concat")]
+        + _conv_norm_relu("dec0", filters),
+        "head": [
+            layers.Conv3D(1, 1, dtype="float32", name="head_conv"),
+            layers.Activation("sigmoid", dtype="float32", name="head_sigmoid"),
+        ],
     }
     for name, layer in (extra or {}).items():
         blocks[name].append(layer)
@@ -89,8 +98,10 @@ def block_apply(block_layers: list):
 
     apply.layers = block_layers
     if len(block_layers) > 3 and block_layers[-3].name.endswith("_conv1"):
-        apply.split = (lambda x, skip=None: _run_layers(block_layers[:-3], x, skip),
-                       lambda x: _run_layers(block_layers[-3:], x))
+        apply.split = (
+            lambda x, skip=None: _run_layers(block_layers[:-3], x, skip),
+            lambda x: _run_layers(block_layers[-3:], x),
+        )
     return apply
 
 
@@ -128,7 +139,7 @@ def tiny_functional_unet(wrapper, filters: int = 4) -> keras.Model:
 def make_model(policy, seed: int = 1, x_shape=SHAPE, **kwargs) -> TinyUNet:
     """A built TinyUNet with identical weights for a given seed, whatever the plan."""
     keras.utils.set_random_seed(seed)
-    plan = policy if isinstance(policy, dict) else {name: policy for name in BLOCKS}
+    plan = policy if isinstance(policy, dict) else dict.fromkeys(BLOCKS, policy)
     wrapper_args = kwargs.pop("wrapper_args", {})
     model = TinyUNet(BlockWrapper(plan, **wrapper_args), **kwargs)
     model(tf.zeros(x_shape))
@@ -234,8 +245,9 @@ def test_unwatched_input_gets_no_gradient(x):
         return tape.gradient(loss, model.trainable_variables)
 
     graph = step.get_concrete_function(x).graph
-    first_conv_grads = [op for op in graph.get_operations()
-                        if op.type == "Conv3DBackpropInputV2" and "lms_enc0_recompute" in op.name]
+    first_conv_grads = [
+        op for op in graph.get_operations() if op.type == "Conv3DBackpropInputV2" and "lms_enc0_recompute" in op.name
+    ]
     assert len(first_conv_grads) == 1
     assert all(not t.consumers() for t in first_conv_grads[0].outputs)
     ref = make_model("keep")
@@ -290,8 +302,11 @@ def test_functional_model_wraps_blocks_in_layers():
     for a, b in zip(ref_weights, weights):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
     # Inference runs the layers directly (no tape: nothing to save).
-    np.testing.assert_allclose(model.predict(np.ones((1, *SHAPE[1:]), "float32"), verbose=0),
-                               ref.predict(np.ones((1, *SHAPE[1:]), "float32"), verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(
+        model.predict(np.ones((1, *SHAPE[1:]), "float32"), verbose=0),
+        ref.predict(np.ones((1, *SHAPE[1:]), "float32"), verbose=0),
+        rtol=1e-6,
+    )
 
 
 def test_stats_count_bytes_and_flops_per_pass():
@@ -303,7 +318,8 @@ def test_stats_count_bytes_and_flops_per_pass():
     per_example = 4 * (
         8**3 * 2  # enc0 input (offload)
         + 8**3 * f  # enc0 output, skip to host
-        + 2**3 * 4 * f + 4**3 * 2 * f  # dec1 inputs: bottleneck output, enc1 output (offload)
+        + 2**3 * 4 * f
+        + 4**3 * 2 * f  # dec1 inputs: bottleneck output, enc1 output (offload)
     )
     result = stats.result()
     assert result["lms_passes"] == 2
@@ -337,8 +353,7 @@ def test_batchnorm_in_recompute_block_is_refused(compiled, x):
 
 def test_batchnorm_in_kept_block_is_fine(x):
     keras.utils.set_random_seed(1)
-    model = TinyUNet(BlockWrapper({"enc0": "recompute"}),
-                     extra={"enc1": layers.BatchNormalization(name="enc1_bn")})
+    model = TinyUNet(BlockWrapper({"enc0": "recompute"}), extra={"enc1": layers.BatchNormalization(name="enc1_bn")})
     model(x)
     assert all(np.all(np.isfinite(g)) for g in gradients(model, x))
 
@@ -436,8 +451,9 @@ print(json.dumps(out))
 
 def _run_script(script: str, timeout: int = 240) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, env=env,
-                          timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -16,10 +16,9 @@ import re
 
 import numpy as np
 import pytest
-
 import tensorflow as tf
 
-from tests.unit.test_offload import (  # noqa: E402
+from tests.unit.test_offload import (
     BLOCKS,
     SHAPE,
     _fit,
@@ -53,7 +52,7 @@ class Traced:
 
         self.graph = step.get_concrete_function(tf.TensorSpec(SHAPE)).graph
         ops = self.graph.get_operations()
-        self.forward, self.backward = ops[: marks[0]], ops[marks[0]:]
+        self.forward, self.backward = ops[: marks[0]], ops[marks[0] :]
         self.backward_set = set(self.backward)
 
     def _spy(self, name, apply):
@@ -163,7 +162,7 @@ def test_copy_back_waits_for_gradient_prefetch_blocks_ahead(prefetch):
             assert not own & (traced.fan_in(op) | {op}), op.name
             # ...and not at the start of backward: the partner's gradient needs the backward
             # (recomputation) of every block after the partner
-            after = BLOCKS[BLOCKS.index(partner) + 1:]
+            after = BLOCKS[BLOCKS.index(partner) + 1 :]
             depends = traced.fan_in(signal)
             for later in after:
                 assert any(d.name.startswith(f"gradient_tape/lms_{later}_recompute/") for d in depends), (name, later)
@@ -178,8 +177,9 @@ def test_copy_back_signalled_by_a_kept_block():
         fetch = traced.ops(rf"lms_{name}_fetch/(release|copy_back)(_\d+)?$")
         assert fetch and all(set(op.control_inputs) == {signal} for op in fetch)
         if later:  # the kept decoder's own backward (its conv's input gradient) comes first
-            assert any(op.type == "Conv3DBackpropInputV2" and f"{later}_conv1" in op.name
-                       for op in traced.fan_in(signal))
+            assert any(
+                op.type == "Conv3DBackpropInputV2" and f"{later}_conv1" in op.name for op in traced.fan_in(signal)
+            )
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,8 +251,13 @@ def test_fit_step_holds_gated_copies():
         for concrete in cell.cell_contents._list_all_concrete_functions()
         for f in concrete.graph.as_graph_def().library.function
     ]
-    releases = [n for f in functions if "one_step_on_data" in f.signature.name
-                for n in f.node_def if re.search(r"_fetch/release(_\d+)?$", n.name)]
+    releases = [
+        n
+        for f in functions
+        if "one_step_on_data" in f.signature.name
+        for n in f.node_def
+        if re.search(r"_fetch/release(_\d+)?$", n.name)
+    ]
     assert len(releases) == len(BLOCKS) + 2  # one per block input; dec1 and dec0 take two
     for node in releases:
         assert node.device.endswith("CPU:1")

@@ -50,19 +50,37 @@ HALF = ResolutionConfig(name="half", spacing_mm=2.0, shape=[96, 112, 80])
 
 # (overrides as a user types them, the same config as dataclasses, the budget in bytes)
 RUNS = [
-    (["resolution=half", "model.depth=3", "model.base_filters=16", "trainer.batch_size=4"],
-     dict(resolution=HALF, model=ModelConfig(depth=3, base_filters=16), trainer=TrainerConfig(batch_size=4)),
-     2_500_000_000),
-    (["resolution=full", "model.depth=4", "model.base_filters=16", "model.norm=group", "trainer.batch_size=2",
-      "lms=recompute"],
-     dict(resolution=ResolutionConfig(name="full", spacing_mm=1.0, shape=[192, 224, 160]),
-          model=ModelConfig(depth=4, base_filters=16, norm="group"), trainer=TrainerConfig(batch_size=2),
-          lms=LMSConfig(name="recompute")),
-     9_000_000_000),
-    (["resolution=tiny", "model.depth=2", "model.base_filters=8", "trainer.batch_size=2"],
-     dict(resolution=dataclasses.replace(TINY), model=ModelConfig(depth=2, base_filters=8),
-          trainer=TrainerConfig(batch_size=2)),
-     330_000_000),
+    (
+        ["resolution=half", "model.depth=3", "model.base_filters=16", "trainer.batch_size=4"],
+        dict(resolution=HALF, model=ModelConfig(depth=3, base_filters=16), trainer=TrainerConfig(batch_size=4)),
+        2_500_000_000,
+    ),
+    (
+        [
+            "resolution=full",
+            "model.depth=4",
+            "model.base_filters=16",
+            "model.norm=group",
+            "trainer.batch_size=2",
+            "lms=recompute",
+        ],
+        dict(
+            resolution=ResolutionConfig(name="full", spacing_mm=1.0, shape=[192, 224, 160]),
+            model=ModelConfig(depth=4, base_filters=16, norm="group"),
+            trainer=TrainerConfig(batch_size=2),
+            lms=LMSConfig(name="recompute"),
+        ),
+        9_000_000_000,
+    ),
+    (
+        ["resolution=tiny", "model.depth=2", "model.base_filters=8", "trainer.batch_size=2"],
+        dict(
+            resolution=dataclasses.replace(TINY),
+            model=ModelConfig(depth=2, base_filters=8),
+            trainer=TrainerConfig(batch_size=2),
+        ),
+        330_000_000,
+    ),
 ]
 
 
@@ -105,9 +123,14 @@ def test_each_suggested_setting_plans_under_the_budget(typed, fields, budget):
 
 
 def test_the_largest_batch_is_suggested_not_just_one_that_fits():
-    cfg = resolve_model_outputs(TrainConfig(data=DataConfig(layout="brats2021"), resolution=HALF,
-                                            model=ModelConfig(depth=3, base_filters=8),
-                                            trainer=TrainerConfig(batch_size=8)))
+    cfg = resolve_model_outputs(
+        TrainConfig(
+            data=DataConfig(layout="brats2021"),
+            resolution=HALF,
+            model=ModelConfig(depth=3, base_filters=8),
+            trainer=TrainerConfig(batch_size=8),
+        )
+    )
     budget = 2_000_000_000
     batch = next(s for s in settings_that_fit(cfg, "CPU", budget) if s.overrides[0].startswith("trainer.batch_size"))
     b = int(batch.overrides[0].split("=")[1])
@@ -119,14 +142,29 @@ def test_the_largest_batch_is_suggested_not_just_one_that_fits():
 
 
 def test_the_message_has_the_numbers_and_the_settings():
-    cfg = resolve_model_outputs(TrainConfig(data=DataConfig(layout="brats2021"), resolution=HALF,
-                                            model=ModelConfig(depth=3, base_filters=16),
-                                            trainer=TrainerConfig(batch_size=4)))
-    facts = MemoryFacts(available_bytes=4_346_000_000, available_note="memory cgroup /x: limit 5.00 GB",
-                        predicted_peak_bytes=4_567_000_000, plan_note="lms=off, lms.limit 20.00 GB",
-                        measured_peak_bytes=2_100_000_000, measured_note="at the failure")
-    err = out_of_memory_error("out of memory in training epoch 3, step 2: ResourceExhaustedError: OOM", cfg, "CPU",
-                              facts, tail="The run folder keeps its last completed epoch (2).")
+    cfg = resolve_model_outputs(
+        TrainConfig(
+            data=DataConfig(layout="brats2021"),
+            resolution=HALF,
+            model=ModelConfig(depth=3, base_filters=16),
+            trainer=TrainerConfig(batch_size=4),
+        )
+    )
+    facts = MemoryFacts(
+        available_bytes=4_346_000_000,
+        available_note="memory cgroup /x: limit 5.00 GB",
+        predicted_peak_bytes=4_567_000_000,
+        plan_note="lms=off, lms.limit 20.00 GB",
+        measured_peak_bytes=2_100_000_000,
+        measured_note="at the failure",
+    )
+    err = out_of_memory_error(
+        "out of memory in training epoch 3, step 2: ResourceExhaustedError: OOM",
+        cfg,
+        "CPU",
+        facts,
+        tail="The run folder keeps its last completed epoch (2).",
+    )
     message = str(err)
     assert isinstance(err, OutOfMemoryError) and isinstance(err, RuntimeError) and "\n" not in message
     assert message.startswith("out of memory in training epoch 3, step 2: ResourceExhaustedError: OOM.")
@@ -182,10 +220,14 @@ def backend():
 
 
 def _tiny(root, tmp_path, run_dir, epochs: int = 2) -> TrainConfig:
-    return TrainConfig(data=data_config(root, "brats2021", tmp_path), resolution=dataclasses.replace(TINY),
-                       model=ModelConfig(depth=2, base_filters=8),
-                       trainer=TrainerConfig(epochs=epochs, batch_size=1, steps_per_epoch=1, seed=3),
-                       tracking=TrackingConfig(name="none"), run_dir=str(run_dir))
+    return TrainConfig(
+        data=data_config(root, "brats2021", tmp_path),
+        resolution=dataclasses.replace(TINY),
+        model=ModelConfig(depth=2, base_filters=8),
+        trainer=TrainerConfig(epochs=epochs, batch_size=1, steps_per_epoch=1, seed=3),
+        tracking=TrackingConfig(name="none"),
+        run_dir=str(run_dir),
+    )
 
 
 class _RunOutOfMemory:
@@ -215,13 +257,21 @@ def _stale_lock(run_dir: Path, memory: dict) -> None:
     """A lock left by a dead process of this host (a PID that is not running, or not since then)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (run_dir / ".lock").write_text(json.dumps({
-        "pid": int(dead.stdout), "pid_start": 1.0, "host": socket.gethostname(), "since": "2026-11-25 01:00:00",
-        "command": "train.py run_dir=run", "memory": memory}))
+    (run_dir / ".lock").write_text(
+        json.dumps(
+            {
+                "pid": int(dead.stdout),
+                "pid_start": 1.0,
+                "host": socket.gethostname(),
+                "since": "2026-11-25 01:00:00",
+                "command": "train.py run_dir=run",
+                "memory": memory,
+            }
+        )
+    )
 
 
-def _fake_cgroup(folder: Path, oom_kill: int, limit_bytes: int = 1_500_000_000, usage_bytes: int = 400_000_000
-                 ) -> Path:
+def _fake_cgroup(folder: Path, oom_kill: int, limit_bytes: int = 1_500_000_000, usage_bytes: int = 400_000_000) -> Path:
     """A folder with a v1 memory cgroup's files."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {oom_kill}\n")
@@ -231,17 +281,43 @@ def _fake_cgroup(folder: Path, oom_kill: int, limit_bytes: int = 1_500_000_000, 
     return folder
 
 
-def _dead_record(cgroup: Path | None, oom_kill: int | None, vmstat: int | None, boot_id: str | None,
-                 stage: str = "training") -> dict:
+def _dead_record(
+    cgroup: Path | None, oom_kill: int | None, vmstat: int | None, boot_id: str | None, stage: str = "training"
+) -> dict:
     """What a run that died in epoch 2 left in its lock (as MemoryWatch writes it)."""
-    cg = None if cgroup is None else {"version": 1, "path": str(cgroup), "limit_bytes": 1_500_000_000,
-                                      "usage_bytes": 300_000_000, "oom_kill": oom_kill}
-    start = {"available_bytes": 20_000_000_000, "total_bytes": 24_000_000_000, "cgroup": cg,
-             "vmstat_oom_kill": vmstat, "boot_id": boot_id}
+    cg = (
+        None
+        if cgroup is None
+        else {
+            "version": 1,
+            "path": str(cgroup),
+            "limit_bytes": 1_500_000_000,
+            "usage_bytes": 300_000_000,
+            "oom_kill": oom_kill,
+        }
+    )
+    start = {
+        "available_bytes": 20_000_000_000,
+        "total_bytes": 24_000_000_000,
+        "cgroup": cg,
+        "vmstat_oom_kill": vmstat,
+        "boot_id": boot_id,
+    }
     before = {**start, "cgroup": None if cg is None else {**cg, "usage_bytes": 400_000_000}}
-    return {"device": "CPU", "stage": stage, "start": start, "before_model": before, "baseline_bytes": 600_000_000,
-            "predicted_peak_bytes": 1_800_000_000, "limit_bytes": 21_000_000_000, "strategy": "off", "epoch": 2,
-            "epochs_done": 1, "measured_peak_bytes": 1_200_000_000, "measured_epoch": 1}
+    return {
+        "device": "CPU",
+        "stage": stage,
+        "start": start,
+        "before_model": before,
+        "baseline_bytes": 600_000_000,
+        "predicted_peak_bytes": 1_800_000_000,
+        "limit_bytes": 21_000_000_000,
+        "strategy": "off",
+        "epoch": 2,
+        "epochs_done": 1,
+        "measured_peak_bytes": 1_200_000_000,
+        "measured_epoch": 1,
+    }
 
 
 def _vmstat_oom_kills() -> int | None:
@@ -256,9 +332,15 @@ def _boot_id() -> str:
 
 
 def _half_cfg(tmp_path) -> TrainConfig:
-    return resolve_model_outputs(TrainConfig(data=DataConfig(layout="brats2021"), resolution=HALF,
-                                             model=ModelConfig(depth=3, base_filters=16),
-                                             trainer=TrainerConfig(batch_size=2), run_dir=str(tmp_path / "run")))
+    return resolve_model_outputs(
+        TrainConfig(
+            data=DataConfig(layout="brats2021"),
+            resolution=HALF,
+            model=ModelConfig(depth=3, base_filters=16),
+            trainer=TrainerConfig(batch_size=2),
+            run_dir=str(tmp_path / "run"),
+        )
+    )
 
 
 @pytest.mark.parametrize("case", ["cgroup counter rose", "no kill counted", "cannot tell", "machine restarted"])
@@ -290,8 +372,10 @@ def test_the_next_start_tells_why_the_previous_run_died(tmp_path, caplog, case):
     assert "The plan predicted a peak of 1.80 GB (lms=off, lms.limit 21.00 GB)" in text
     assert "Measured peak: 1.20 GB in epoch 1" in text
     if case == "cgroup counter rose":
-        assert f"was killed by the kernel's out-of-memory killer (memory cgroup {cgroup}, limit 1.50 GB: " \
-               "oom_kill 1 -> 3 since it started)" in text
+        assert (
+            f"was killed by the kernel's out-of-memory killer (memory cgroup {cgroup}, limit 1.50 GB: "
+            "oom_kill 1 -> 3 since it started)" in text
+        )
         # the room the cgroup left above the runtime: limit less the working set before the model
         assert f"Memory available to the run: 1.10 GB (memory cgroup {cgroup}: limit 1.50 GB" in text
         assert "Settings predicted to fit 1.10 GB (the 1.10 GB available): `" in text
@@ -308,20 +392,23 @@ def test_the_settings_in_a_diagnosis_plan_under_the_memory_the_dead_run_had(tmp_
     from brats_seg.oom import takeover_message
 
     cgroup = _fake_cgroup(tmp_path / "cg", oom_kill=2)
-    message = takeover_message({"pid": 1, "since": "x", "memory": _dead_record(cgroup, 1, None, _boot_id())},
-                               _half_cfg(tmp_path), "CPU")
+    message = takeover_message(
+        {"pid": 1, "since": "x", "memory": _dead_record(cgroup, 1, None, _boot_id())}, _half_cfg(tmp_path), "CPU"
+    )
     suggested = message.split("`")[1::2]  # each setting is quoted: `key=value lms.limit=...`
     assert suggested, message
     for typed in suggested:
-        fixed = _compose(["resolution=half", "model.depth=3", "model.base_filters=16", "trainer.batch_size=2",
-                          *typed.split()])
+        fixed = _compose(
+            ["resolution=half", "model.depth=3", "model.base_filters=16", "trainer.batch_size=2", *typed.split()]
+        )
         plan = plan_run(fixed, "CPU")
         assert plan.fits and plan.limit_bytes <= 1_100_000_000
 
 
 @pytest.mark.parametrize("error", ["ResourceExhaustedError", "MemoryError"])
-def test_training_out_of_memory_ends_in_the_numbers_and_resumes(synthetic_root, tmp_path, backend, monkeypatch,
-                                                               caplog, error):
+def test_training_out_of_memory_ends_in_the_numbers_and_resumes(
+    synthetic_root, tmp_path, backend, monkeypatch, caplog, error
+):
     """The error injected in a training step (epoch 2 after a saved epoch 1; or epoch 1) ends in
     OutOfMemoryError with the plan's peak (plan.json), the measured one, the memory available and
     settings that fit; the tracked run ends FAILED, the lock is released, and the same call resumes
@@ -339,8 +426,14 @@ def test_training_out_of_memory_ends_in_the_numbers_and_resumes(synthetic_root, 
         exc, epoch = MemoryError(), 1
         _stale_lock(run_dir, _dead_record(_fake_cgroup(tmp_path / "cg", oom_kill=1), 0, None, _boot_id(), "starting"))
     else:
-        exc, epoch = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[1,8,48,56,40]\n"
-                                                                   "Hint: If you want to see a list of allocated"), 2
+        exc, epoch = (
+            tf.errors.ResourceExhaustedError(
+                None,
+                None,
+                "OOM when allocating tensor with shape[1,8,48,56,40]\nHint: If you want to see a list of allocated",
+            ),
+            2,
+        )
     injector = _RunOutOfMemory(exc, epoch, run_dir / ".lock")
     with caplog.at_level(logging.WARNING, logger="brats_seg.training.oom"):
         with pytest.raises(OutOfMemoryError) as err:
@@ -379,15 +472,16 @@ def test_inference_out_of_memory_carries_the_estimate_and_what_lowers_it(monkeyp
     import tensorflow as tf
 
     import brats_seg.cpu
-    from brats_seg.oom_inference import InferenceOutOfMemoryError, inference_memory_guard
-    from brats_seg.run_dir import RunError
     from brats_seg.lms.planner.inference import estimate_inference
     from brats_seg.lms.planner.workload import Workload
     from brats_seg.lms.runtime.stats import current_rss_bytes
+    from brats_seg.oom_inference import InferenceOutOfMemoryError, inference_memory_guard
+    from brats_seg.run_dir import RunError
 
     monkeypatch.setattr(brats_seg.cpu, "has_native_bf16", lambda *a: native_bf16)
-    run = resolve_model_outputs(TrainConfig(data=DataConfig(layout="brats2021"), resolution=HALF,
-                                            model=ModelConfig(depth=3, base_filters=32)))
+    run = resolve_model_outputs(
+        TrainConfig(data=DataConfig(layout="brats2021"), resolution=HALF, model=ModelConfig(depth=3, base_filters=32))
+    )
     workload, mm = Workload.from_config(run), memory_model_for("CPU")
     expected = estimate_inference(workload, mm, mirror=True)  # the forward pass, mirrored, is its peak
     bf16 = estimate_inference(dataclasses.replace(workload, policy="mixed_bfloat16"), mm, mirror=True)
@@ -404,8 +498,9 @@ def test_inference_out_of_memory_carries_the_estimate_and_what_lowers_it(monkeyp
         assert "Measured peak: " in message and "Memory available: " in message
         assert "evaluate.mirror=false (" in message
         # bf16 only where the CPU computes it natively
-        assert (f"backend.precision=bf16 on a CPU with native bf16 ({format_gb(bf16.peak_bytes)})" in message) \
-            == native_bf16
+        assert (
+            f"backend.precision=bf16 on a CPU with native bf16 ({format_gb(bf16.peak_bytes)})" in message
+        ) == native_bf16
     # scoring on a large native grid (0.5 mm) is the peak: mirroring is not what to change
     records = [{"resampled_shape": [90, 110, 78], "native_shape": [480, 480, 310]}]
     with pytest.raises(InferenceOutOfMemoryError) as err:

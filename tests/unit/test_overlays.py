@@ -57,9 +57,7 @@ def test_overlay_contours_change_with_prediction(case, tmp_path):
 
 def test_overlay_without_reference(case, tmp_path):
     image, ref = case
-    path = save_overlay(
-        image, None, ref[..., :1], tmp_path / "pred_only.png", spacing_mm=(1.0, 1.5, 3.0)
-    )
+    path = save_overlay(image, None, ref[..., :1], tmp_path / "pred_only.png", spacing_mm=(1.0, 1.5, 3.0))
     assert _read(path).shape[0] > 100
 
 

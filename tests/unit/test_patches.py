@@ -47,7 +47,7 @@ def test_crops_are_a_pure_function_of_seed_epoch_and_position_and_stay_inside_th
     assert [b.origin(e, p, 0, regions) for e, p in reversed(visits)] == first[::-1]  # order of visits is irrelevant
     other_seed = PatchSampler(SHAPE, PATCH, seed=6, fraction=0.33, per_epoch=12)
     assert [other_seed.origin(e, p, 0, regions) for e, p in visits] != first
-    for (origin, _), in zip(first):
+    for ((origin, _),) in zip(first):
         assert all(0 <= o <= s - p for o, s, p in zip(origin, SHAPE, PATCH))
 
 
@@ -58,7 +58,7 @@ def test_forced_crops_hold_tumour_of_every_region_and_the_rest_are_spread_over_t
     forced_regions, free_tumour, origins = [], 0, []
     for position in range(300):
         (x, y, z), forced = sampler.origin(0, position, 0, regions)
-        crop = regions[x:x + PATCH[0], y:y + PATCH[1], z:z + PATCH[2]]
+        crop = regions[x : x + PATCH[0], y : y + PATCH[1], z : z + PATCH[2]]
         origins.append((x, y, z))
         if forced:
             assert crop[..., 0].any(), (position, (x, y, z))  # every forced crop holds tumour
@@ -69,7 +69,7 @@ def test_forced_crops_hold_tumour_of_every_region_and_the_rest_are_spread_over_t
     assert sum(r[2] for r in forced_regions) >= 25  # ET (one voxel row) is centred on about a third of them
     assert free_tumour < 0.5 * 201  # unforced crops mostly miss a tumour this small
     xs = [o[0] for o in origins]
-    assert min(xs) == 0 or min(xs) < 4 and max(xs) > SHAPE[0] - PATCH[0] - 4  # the grid's extent is reached
+    assert min(xs) == 0 or (min(xs) < 4 and max(xs) > SHAPE[0] - PATCH[0] - 4)  # the grid's extent is reached
     img_crop, reg_crop = sampler.crop(0, 0, 0, image, regions)
     assert img_crop.shape == (*PATCH, 4) and reg_crop.shape == (*PATCH, 3) and img_crop.flags.c_contiguous
 
@@ -150,13 +150,16 @@ def test_the_budget_schedule_warms_up_then_reaches_its_floor_as_the_budget_ends(
     assert resumed.over and not TrainingClock(0.0, 1e9).over  # 0 = no budget
 
 
-@pytest.mark.parametrize("override, key", [
-    ("trainer.patch_size=[64,32,32]", "trainer.patch_size=[64, 32, 32]"),  # larger than the 48x56x40 grid
-    ("trainer.patch_size=[20,32,24]", "trainer.patch_size=[20, 32, 24]"),  # 20 not a multiple of 2**3
-    ("trainer.patch_size=[32,32]", "trainer.patch_size=[32, 32]"),
-    ("trainer.foreground_fraction=1.5", "trainer.foreground_fraction=1.5"),
-    ("trainer.time_budget_s=-1", "trainer.time_budget_s=-1"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.patch_size=[64,32,32]", "trainer.patch_size=[64, 32, 32]"),  # larger than the 48x56x40 grid
+        ("trainer.patch_size=[20,32,24]", "trainer.patch_size=[20, 32, 24]"),  # 20 not a multiple of 2**3
+        ("trainer.patch_size=[32,32]", "trainer.patch_size=[32, 32]"),
+        ("trainer.foreground_fraction=1.5", "trainer.foreground_fraction=1.5"),
+        ("trainer.time_budget_s=-1", "trainer.time_budget_s=-1"),
+    ],
+)
 def test_a_bad_patch_key_is_one_error_line_exit_2_and_nothing_written(override, key, tmp_path):
     import subprocess
     import sys
@@ -164,8 +167,13 @@ def test_a_bad_patch_key_is_one_error_line_exit_2_and_nothing_written(override, 
 
     repo = Path(__file__).resolve().parents[2]
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, str(repo / "train.py"), "resolution=tiny", "tracking=none",
-                           f"run_dir={run_dir}", override], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(repo / "train.py"), "resolution=tiny", "tracking=none", f"run_dir={run_dir}", override],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and key in errors[0], done.stderr[-2000:]
@@ -177,21 +185,23 @@ def _cfg(root, tmp_path, run_dir) -> TrainConfig:
         data=data_config(root, "brats2021", tmp_path),
         resolution=TINY,
         model=ModelConfig(depth=3, base_filters=4),
-        trainer=TrainerConfig(epochs=2, batch_size=1, seed=3, patch_size=[24, 32, 24], warmup_epochs=1,
-                              steps_per_epoch=4),
+        trainer=TrainerConfig(
+            epochs=2, batch_size=1, seed=3, patch_size=[24, 32, 24], warmup_epochs=1, steps_per_epoch=4
+        ),
         tracking=TrackingConfig(name="none"),
         run_dir=str(run_dir),
     )
 
 
 def test_a_patch_run_stopped_mid_epoch_resumes_exactly_and_evaluates_whole_volumes_on_the_native_grid(
-        synthetic_root, tmp_path):
+    synthetic_root, tmp_path
+):
     import keras
 
     from brats_seg.backend import configure, decide_backend
     from brats_seg.evaluation.evaluate import evaluate_run
-    from brats_seg.training.loop import train
     from brats_seg.signals import Preempted
+    from brats_seg.training.loop import train
 
     configure(decide_backend(BackendConfig(name="cpu_onednn")))
     root = synthetic_root["brats2021"]

@@ -7,11 +7,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 import tensorflow as tf
 
 from brats_seg.config import TrainConfig
-from brats_seg.data.pipeline import (  # noqa: E402
+from brats_seg.data.pipeline import (
     TrainInput,
     _augment_map,
     augment_case,
@@ -52,7 +51,7 @@ def _take(ds, n):
 
 def _case_of(image: np.ndarray) -> int:
     """Case index encoded in an (x, y, z, C) image (robust to the +-10%/0.1 augmentation)."""
-    return int(round(float(np.median(image[..., 0])) / 10))
+    return round(float(np.median(image[..., 0])) / 10)
 
 
 def _assert_equal_batches(a, b):
@@ -89,8 +88,17 @@ def test_a_runs_train_input_is_its_config():
     cfg.model.in_channels, cfg.model.out_channels, cfg.data.prefetch_batches = 1, 2, 3
     t = cfg.trainer
     assert TrainInput.from_config(cfg) == TrainInput(
-        4, t.seed, t.augment, 1, 2, max_steps_per_epoch=7, prefetch_batches=3, augmentation=t.augmentation,
-        patch_size=[8, 8, 8], foreground_fraction=t.foreground_fraction)
+        4,
+        t.seed,
+        t.augment,
+        1,
+        2,
+        max_steps_per_epoch=7,
+        prefetch_batches=3,
+        augmentation=t.augmentation,
+        patch_size=[8, 8, 8],
+        foreground_fraction=t.foreground_fraction,
+    )
 
 
 def test_train_shapes_and_dtypes(cases):
@@ -178,8 +186,12 @@ def test_training_batches_are_the_augmented_cases_rounded_to_float16(cases):
     for k, (x, y) in enumerate(batches):
         epoch, position = divmod(k, N_CASES)  # batch 1: one case per position
         image, regions = originals[_case_of(x[0])]
-        want_x, want_y = augment(tf.constant(epoch, tf.int64), tf.constant(position, tf.int64),
-                                 tf.constant(image.astype(np.float32)), tf.constant(regions))
+        want_x, want_y = augment(
+            tf.constant(epoch, tf.int64),
+            tf.constant(position, tf.int64),
+            tf.constant(image.astype(np.float32)),
+            tf.constant(regions),
+        )
         assert x.dtype == np.float16 and y.dtype == np.uint8
         np.testing.assert_array_equal(x[0], want_x.numpy().astype(np.float16))  # computed in float32, rounded once
         np.testing.assert_array_equal(y[0], want_y.numpy())
@@ -255,6 +267,7 @@ def test_argument_errors(cases):
 def test_feeds_keras_fit_with_loss_and_metrics(tmp_path):
     """Smoke: U-Net + loss + Dice metrics train on the pipeline for two short epochs."""
     import keras
+
     from brats_seg.config import ModelConfig
     from brats_seg.model.unet3d import build_unet3d
     from brats_seg.training.losses import SoftDiceBCELoss
@@ -291,8 +304,15 @@ def test_worker_shards_split_each_global_batch(tmp_path, workers, replicas):
     batch, steps = 4, 2  # 9 cases: 2 steps of 4 per epoch
     single = _take(make_train_dataset(dirs, TrainInput(batch, seed=5, augment=True)), 2 * steps)
     per_replica = batch // (workers * replicas)
-    shards = [_take(make_train_dataset(dirs, TrainInput(batch, seed=5, augment=True), shard=(w, workers),
-                                       replica_batch=per_replica), 2 * steps * replicas) for w in range(workers)]
+    shards = [
+        _take(
+            make_train_dataset(
+                dirs, TrainInput(batch, seed=5, augment=True), shard=(w, workers), replica_batch=per_replica
+            ),
+            2 * steps * replicas,
+        )
+        for w in range(workers)
+    ]
     for s, (x, y) in enumerate(single):
         # the cluster's step s: each worker's next `replicas` batches, workers in order
         parts = [shards[w][s * replicas + r] for w in range(workers) for r in range(replicas)]
@@ -334,8 +354,18 @@ def _nnunet(**overrides):
     from brats_seg.config import AugmentationConfig
     from brats_seg.data.augment import nnunet_transforms
 
-    none = dict(p_rotation=0.0, p_scale=0.0, p_noise=0.0, p_blur=0.0, p_brightness=0.0, p_contrast=0.0, p_low_res=0.0,
-                p_gamma=0.0, p_gamma_inverted=0.0, mirror_axes=[])
+    none = dict(
+        p_rotation=0.0,
+        p_scale=0.0,
+        p_noise=0.0,
+        p_blur=0.0,
+        p_brightness=0.0,
+        p_contrast=0.0,
+        p_low_res=0.0,
+        p_gamma=0.0,
+        p_gamma_inverted=0.0,
+        mirror_axes=[],
+    )
     return nnunet_transforms(BLOB_SHAPE, AugmentationConfig(**{**none, **overrides}))
 
 

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from brats_seg.evaluation import postprocess as pp_module
-from brats_seg.evaluation.postprocess import PostProcessing, PostprocessError, ValidationCase, choose_postprocessing
+from brats_seg.evaluation.postprocess import PostprocessError, PostProcessing, ValidationCase, choose_postprocessing
 
 ED, NCR, ET = 2, 1, 4  # brats2021
 
 
 def _box(labels: np.ndarray, corner, size, value) -> None:
     x, y, z = corner
-    labels[x:x + size[0], y:y + size[1], z:z + size[2]] = value
+    labels[x : x + size[0], y : y + size[1], z : z + size[2]] = value
 
 
 def _tumour() -> np.ndarray:
@@ -23,9 +23,9 @@ def _tumour() -> np.ndarray:
     _box(labels, (2, 2, 2), (10, 10, 10), ED)
     _box(labels, (4, 4, 4), (6, 6, 6), NCR)
     _box(labels, (5, 5, 5), (4, 4, 4), ET)
-    _box(labels, (30, 30, 30), (2, 2, 2), ED)   # a stray WT component of 8 voxels
-    _box(labels, (20, 30, 5), (3, 3, 3), NCR)   # a stray core component (27 voxels, WT and TC)
-    _box(labels, (20, 5, 30), (1, 1, 2), ET)    # a stray ET voxel pair: WT, TC and ET
+    _box(labels, (30, 30, 30), (2, 2, 2), ED)  # a stray WT component of 8 voxels
+    _box(labels, (20, 30, 5), (3, 3, 3), NCR)  # a stray core component (27 voxels, WT and TC)
+    _box(labels, (20, 5, 30), (1, 1, 2), ET)  # a stray ET voxel pair: WT, TC and ET
     return labels
 
 
@@ -46,8 +46,8 @@ def test_small_components_leave_their_region_and_every_region_inside_it():
 def test_volumes_are_in_mm3_of_the_voxel_size():
     labels = _tumour()
     # the 8-voxel WT component is 64 mm3 at 2 mm: kept by a 50 mm3 rule, removed at 1 mm
-    assert (PostProcessing({"wt": 50}).apply(labels, "brats2021", (2, 2, 2))[30, 30, 30] == ED)
-    assert (PostProcessing({"wt": 50}).apply(labels, "brats2021", (1, 1, 1))[30, 30, 30] == 0)
+    assert PostProcessing({"wt": 50}).apply(labels, "brats2021", (2, 2, 2))[30, 30, 30] == ED
+    assert PostProcessing({"wt": 50}).apply(labels, "brats2021", (1, 1, 1))[30, 30, 30] == 0
 
 
 def test_a_small_total_et_is_relabelled_as_necrosis_and_tc_and_wt_do_not_change():
@@ -80,12 +80,14 @@ def test_no_rule_is_the_identity_and_leaves_the_input_alone():
 def test_rules_round_trip_and_bad_ones_are_refused_naming_the_file_and_key():
     rules = PostProcessing({"wt": 20.0, "et": 5.0}, {"et": 200.0})
     assert PostProcessing.from_rules(rules.rules(), "brats2021", "x.json") == rules
-    for bad, match in [({"min_component_mm3": {"nope": 1}}, "names region 'nope'"),
-                       ({"relabel_below_mm3": {"wt": 1}}, "'relabel_below_mm3' names region 'wt'"),
-                       ({"min_component_mm3": {"wt": -1}}, r"min_component_mm3\.wt' = -1"),
-                       ({"min_component_mm3": {"wt": True}}, "volume in mm3"),
-                       ({"min_component_mm3": {"wt": "10"}}, "volume in mm3"),
-                       ({"min_component_mm3": [1]}, "should map regions")]:
+    for bad, match in [
+        ({"min_component_mm3": {"nope": 1}}, "names region 'nope'"),
+        ({"relabel_below_mm3": {"wt": 1}}, "'relabel_below_mm3' names region 'wt'"),
+        ({"min_component_mm3": {"wt": -1}}, r"min_component_mm3\.wt' = -1"),
+        ({"min_component_mm3": {"wt": True}}, "volume in mm3"),
+        ({"min_component_mm3": {"wt": "10"}}, "volume in mm3"),
+        ({"min_component_mm3": [1]}, "should map regions"),
+    ]:
         with pytest.raises(PostprocessError, match=match) as e:
             PostProcessing.from_rules(bad, "brats2021", "/runs/a/postprocess.json")
         assert "/runs/a/postprocess.json" in str(e.value)

@@ -20,9 +20,9 @@ def _labels(n=4, shape=(8, 10, 6), seed=0):
     y = np.zeros((n, *shape, 3), np.float32)
     for i in range(n):
         x0 = int(rng.integers(0, 3))
-        y[i, x0:x0 + 5, 2:8, 1:5, 0] = 1
-        y[i, x0 + 1:x0 + 4, 3:7, 2:4, 1] = 1
-        y[i, x0 + 2:x0 + 3, 4:6, 2:4, 2] = 1
+        y[i, x0 : x0 + 5, 2:8, 1:5, 0] = 1
+        y[i, x0 + 1 : x0 + 4, 3:7, 2:4, 1] = 1
+        y[i, x0 + 2 : x0 + 3, 4:6, 2:4, 2] = 1
     return y
 
 
@@ -53,15 +53,21 @@ def _fit(dead_region: int | None, caplog, epochs=3):
     y = _labels()
     inputs = keras.Input(y.shape[1:])
     kernel = 10.0 * np.eye(3, dtype=np.float32).reshape(1, 1, 1, 3, 3)  # logit = 10 * label - 5
-    logits = keras.layers.Conv3D(3, 1, kernel_initializer=keras.initializers.Constant(kernel),
-                                 bias_initializer=keras.initializers.Constant(-5.0), name="head")(inputs)
+    logits = keras.layers.Conv3D(
+        3,
+        1,
+        kernel_initializer=keras.initializers.Constant(kernel),
+        bias_initializer=keras.initializers.Constant(-5.0),
+        name="head",
+    )(inputs)
     if dead_region is not None:  # the region's logit pushed far below 0: sigmoid never crosses 0.5
         mask = np.ones(3, np.float32)
         mask[dead_region] = 0.0
         logits = keras.layers.Lambda(lambda t: t * mask - 20.0 * (1 - mask))(logits)
     model = keras.Model(inputs, keras.layers.Activation("sigmoid")(logits))
-    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="binary_crossentropy",
-                  metrics=make_region_monitors(REGIONS, 0.064))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.0), loss="binary_crossentropy", metrics=make_region_monitors(REGIONS, 0.064)
+    )
     warn = DeadRegionWarning(REGIONS, epochs=2)
     with caplog.at_level(logging.WARNING, logger="brats_seg.training.callbacks"):
         hist = model.fit(y, y, validation_data=(y, y), epochs=epochs, batch_size=2, verbose=0, callbacks=[warn])

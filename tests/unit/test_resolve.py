@@ -10,19 +10,30 @@ import logging
 import pytest
 
 from brats_seg.backend import BackendError, decide_backend
-from brats_seg.config import BackendConfig, DataConfig, LMSConfig, ModelConfig, ResolutionConfig, TrainConfig, TrainerConfig
+from brats_seg.config import (
+    BackendConfig,
+    DataConfig,
+    LMSConfig,
+    ModelConfig,
+    ResolutionConfig,
+    TrainConfig,
+    TrainerConfig,
+)
 
 SMALL = ResolutionConfig(name="small", spacing_mm=4.0, shape=[16, 16, 8])
 NO_BF16 = "model name\t: Some CPU\nflags\t\t: fpu sse avx avx2 fma\n"
 BF16 = "model name\t: Some CPU\nflags\t\t: fpu sse sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16\n"
 
 
-@pytest.mark.parametrize("name, gpus, expected", [
-    ("auto", 0, ("cpu_onednn", "CPU", "no GPU visible")),
-    ("auto", 2, ("gpu", "GPU", "2 GPU(s) visible")),
-    ("cpu_onednn", 1, ("cpu_onednn", "CPU", "")),
-    ("gpu_lms", 1, ("gpu_lms", "GPU", "")),
-])
+@pytest.mark.parametrize(
+    "name, gpus, expected",
+    [
+        ("auto", 0, ("cpu_onednn", "CPU", "no GPU visible")),
+        ("auto", 2, ("gpu", "GPU", "2 GPU(s) visible")),
+        ("cpu_onednn", 1, ("cpu_onednn", "CPU", "")),
+        ("gpu_lms", 1, ("gpu_lms", "GPU", "")),
+    ],
+)
 def test_the_backend_device_and_precision_are_decided_in_one_function(name, gpus, expected):
     b = decide_backend(BackendConfig(name=name, precision="fp32", intra_op_threads=2), gpus)
     assert (b.name, b.device, b.reason) == expected
@@ -47,9 +58,13 @@ def test_a_backend_this_machine_cannot_run_is_refused_by_name():
 def test_resolving_derives_the_run_and_leaves_the_users_config_as_it_was(tmp_path):
     from brats_seg.resolve import resolve_run
 
-    user = TrainConfig(data=DataConfig(layout="brats2024", root="data/x", cache_dir="data/cache"), resolution=SMALL,
-                       model=ModelConfig(depth=2, base_filters=4), backend=BackendConfig(name="auto"),
-                       run_dir=str(tmp_path / "run"))
+    user = TrainConfig(
+        data=DataConfig(layout="brats2024", root="data/x", cache_dir="data/cache"),
+        resolution=SMALL,
+        model=ModelConfig(depth=2, base_filters=4),
+        backend=BackendConfig(name="auto"),
+        run_dir=str(tmp_path / "run"),
+    )
     before = json.dumps(dataclasses.asdict(user), default=str)
     run = resolve_run(user, gpus=0)
     assert json.dumps(dataclasses.asdict(user), default=str) == before  # nothing written into it
@@ -74,9 +89,14 @@ def test_the_planner_refuses_a_config_that_was_not_resolved():
 def _planned(tmp_path, limit="1e12", batch=2):
     from brats_seg.resolve import resolve_run
 
-    cfg = TrainConfig(resolution=SMALL, model=ModelConfig(depth=2, base_filters=4), backend=BackendConfig(name="cpu_onednn"),
-                      trainer=TrainerConfig(batch_size=batch), lms=LMSConfig(name="auto", limit=limit),
-                      run_dir=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        resolution=SMALL,
+        model=ModelConfig(depth=2, base_filters=4),
+        backend=BackendConfig(name="cpu_onednn"),
+        trainer=TrainerConfig(batch_size=batch),
+        lms=LMSConfig(name="auto", limit=limit),
+        run_dir=str(tmp_path / "run"),
+    )
     return resolve_run(cfg, gpus=0)
 
 

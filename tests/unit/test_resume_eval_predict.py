@@ -35,8 +35,8 @@ from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.data.layouts import discover_cases
 from brats_seg.evaluation.evaluate import evaluate_run
 from brats_seg.evaluation.inference.predict import MANIFEST, predict_new_cases
-from brats_seg.run_dir import RunFolder
 from brats_seg.evaluation.scoring.table import metric_columns
+from brats_seg.run_dir import RunFolder
 from brats_seg.signals import Interrupted, stop_on_signals
 from tests.conftest import TINY
 from tests.unit.test_evaluate import OracleModel, case_ids, make_run_dir, prepare_entries
@@ -89,8 +89,11 @@ def base_run(small_root, tmp_path_factory):
 
 def stand_in_scores(case_id, labels, ref_labels, spacing_mm, layout, names, reference=None) -> dict:
     """Every metric column from the mask and the reference: fractions, NaN (undefined), inf (a distance)."""
-    overlap, predicted, truth = float(((labels > 0) & (ref_labels > 0)).sum()), float((labels > 0).sum()), float(
-        (ref_labels > 0).sum())
+    overlap, predicted, truth = (
+        float(((labels > 0) & (ref_labels > 0)).sum()),
+        float((labels > 0).sum()),
+        float((ref_labels > 0).sum()),
+    )
     scores = {c: (overlap + i) / (predicted + truth + 7.0) for i, c in enumerate(metric_columns(names)[1:])}
     scores["dice_wt"] = 2 * overlap / (predicted + truth)
     scores["lesion_nsd_et"], scores["hd95_tc"] = math.nan, math.inf
@@ -121,7 +124,7 @@ class Counted:
 
 @pytest.fixture
 def run(base_run, tmp_path):
-    base, cfg, entries, ids = base_run
+    base, _cfg, entries, ids = base_run
     run_dir = Path(shutil.copytree(base / "run", tmp_path / "run"))
     return run_dir, entries, ids
 
@@ -148,7 +151,7 @@ def _temporaries(folder: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def uninterrupted(base_run, tmp_path_factory):
     """metrics.csv and summary.json of an evaluation that ran to the end in one go."""
-    base, cfg, entries, ids = base_run
+    base, _cfg, entries, ids = base_run
     run_dir = Path(shutil.copytree(base / "run", tmp_path_factory.mktemp("uninterrupted") / "run"))
     with pytest.MonkeyPatch.context() as mp:
         counted = Counted(entries, mp)
@@ -157,8 +160,7 @@ def uninterrupted(base_run, tmp_path_factory):
     return _outputs(run_dir), run_dir
 
 
-def test_the_same_evaluation_again_reuses_every_case_without_loading_the_model(run, uninterrupted, monkeypatch,
-                                                                               caplog):
+def test_the_same_evaluation_again_reuses_every_case_without_loading_the_model(run, uninterrupted, monkeypatch, caplog):
     run_dir, entries, ids = run
     _copy_evaluation(uninterrupted[1], run_dir)
     counted = Counted(entries, monkeypatch)
@@ -171,8 +173,9 @@ def test_the_same_evaluation_again_reuses_every_case_without_loading_the_model(r
     assert record["case_id"] == ids[0] and record["metrics"]["dice_wt"] > 0.8  # the oracle's real scores
 
 
-def test_a_case_whose_record_prediction_or_overlay_is_missing_or_replaced_is_evaluated_again(run, uninterrupted,
-                                                                                            monkeypatch):
+def test_a_case_whose_record_prediction_or_overlay_is_missing_or_replaced_is_evaluated_again(
+    run, uninterrupted, monkeypatch
+):
     run_dir, entries, ids = run
     _copy_evaluation(uninterrupted[1], run_dir)
     folder = RunFolder(run_dir)
@@ -215,7 +218,8 @@ def test_a_model_given_in_memory_reuses_and_records_nothing(run, uninterrupted, 
 
 
 def test_a_sigterm_mid_evaluation_keeps_the_cases_done_and_the_rerun_ends_as_an_uninterrupted_run(
-        run, uninterrupted, monkeypatch):
+    run, uninterrupted, monkeypatch
+):
     run_dir, entries, ids = run
     counted = Counted(entries, monkeypatch, stop_after=2)
     with pytest.raises(Interrupted) as stopped, stop_on_signals("evaluation"):
@@ -234,7 +238,8 @@ def test_a_sigterm_mid_evaluation_keeps_the_cases_done_and_the_rerun_ends_as_an_
 
 
 def test_post_processing_is_chosen_on_the_val_split_once_per_checkpoint_and_its_rules_are_applied(
-        run, uninterrupted, monkeypatch, caplog):
+    run, uninterrupted, monkeypatch, caplog
+):
     run_dir, entries, ids = run
     folder = RunFolder(run_dir)
     chosen = json.loads(RunFolder(uninterrupted[1]).postprocess_path.read_text())
@@ -266,7 +271,8 @@ def test_post_processing_is_chosen_on_the_val_split_once_per_checkpoint_and_its_
     first = json.loads(RunFolder(uninterrupted[1]).summary_json("all").read_text())
     assert first["postprocess"]["cases_changed"] == 0
     assert applied["cases_changed"] == sum(
-        (np.asarray(nib.load(RunFolder(uninterrupted[1]).prediction_file("all", i)).dataobj) == 4).any() for i in ids)
+        (np.asarray(nib.load(RunFolder(uninterrupted[1]).prediction_file("all", i)).dataobj) == 4).any() for i in ids
+    )
     assert applied["unprocessed_mean"] == {c: first[c]["mean"] for c in applied["unprocessed_mean"]}
     assert set(applied["unprocessed_mean"]) >= {"dice_et", "lesion23_dice_et", "lesion_dice_et"}
 
@@ -368,7 +374,8 @@ def predicted_once(input_cases, tmp_path_factory):
 
 
 def test_the_same_prediction_again_skips_the_cases_written_by_the_same_model_and_settings(
-        input_cases, predicted_once, predicted, tmp_path, caplog):
+    input_cases, predicted_once, predicted, tmp_path, caplog
+):
     out = Path(shutil.copytree(predicted_once, tmp_path / "out"))
     cases = _cases(input_cases)
     manifest = json.loads((out / MANIFEST).read_text())
@@ -382,7 +389,8 @@ def test_the_same_prediction_again_skips_the_cases_written_by_the_same_model_and
 
 
 def test_prediction_redoes_a_missing_mask_a_changed_input_another_model_or_other_settings(
-        input_cases, predicted_once, predicted, tmp_path):
+    input_cases, predicted_once, predicted, tmp_path
+):
     out = Path(shutil.copytree(predicted_once, tmp_path / "out"))
     inputs = Path(shutil.copytree(input_cases, tmp_path / "inputs"))
     cases = _cases(inputs)  # other paths than the manifest's: every case is new to it
@@ -407,7 +415,8 @@ def test_prediction_redoes_a_missing_mask_a_changed_input_another_model_or_other
 
 
 def test_a_sigterm_mid_prediction_keeps_the_masks_done_and_the_rerun_predicts_only_the_rest(
-        input_cases, predicted_once, predicted, tmp_path, monkeypatch):
+    input_cases, predicted_once, predicted, tmp_path, monkeypatch
+):
     out = tmp_path / "out"
     cases = _cases(input_cases)
     counted = predict.predict_new_case
@@ -432,14 +441,16 @@ def test_a_sigterm_mid_prediction_keeps_the_masks_done_and_the_rerun_predicts_on
 
 
 def test_prediction_applies_the_post_processing_and_redoes_masks_when_the_rules_change(
-        input_cases, predicted_once, predicted, tmp_path):
+    input_cases, predicted_once, predicted, tmp_path
+):
     from brats_seg.evaluation.postprocess import PostProcessing
 
     out = Path(shutil.copytree(predicted_once, tmp_path / "out"))
     cases = _cases(input_cases)
     relabel = PostProcessing({}, {"et": 1e9})  # every ET becomes necrosis
-    predict_new_cases(FlairModel(), cases, _config(), out, NO_OVERLAYS, progress=False, model_identity=IDENTITY,
-                      postprocess=relabel)
+    predict_new_cases(
+        FlairModel(), cases, _config(), out, NO_OVERLAYS, progress=False, model_identity=IDENTITY, postprocess=relabel
+    )
     assert predicted == [c.case_id for c in cases]  # other rules: every mask again
     before, after = _masks(predicted_once), _masks(out)
     assert any((m == 4).any() for m in before.values())
@@ -448,17 +459,20 @@ def test_prediction_applies_the_post_processing_and_redoes_masks_when_the_rules_
 
 
 def test_prediction_takes_the_runs_post_processing_and_says_when_there_is_none(run, caplog):
-    from brats_seg.evaluation.serving.exported import prediction_postprocessing
     from brats_seg.evaluation.postprocess import POSTPROCESS_KIND
+    from brats_seg.evaluation.serving.exported import prediction_postprocessing
 
     run_dir, _, _ = run
     folder, config = RunFolder(run_dir), _config()
     with caplog.at_level(logging.WARNING):
         assert prediction_postprocessing(str(run_dir), None, config, EvaluateConfig()) is None
     assert "has no post-processing chosen yet" in caplog.text and "scripts/evaluate.py" in caplog.text
-    record = {"kind": POSTPROCESS_KIND, "version": 1, "rules": {"min_component_mm3": {"wt": 20.0},
-                                                               "relabel_below_mm3": {"et": 300.0}},
-              "chosen_for": {"checkpoint": folder.checkpoint_identity("best")}}
+    record = {
+        "kind": POSTPROCESS_KIND,
+        "version": 1,
+        "rules": {"min_component_mm3": {"wt": 20.0}, "relabel_below_mm3": {"et": 300.0}},
+        "chosen_for": {"checkpoint": folder.checkpoint_identity("best")},
+    }
     folder.postprocess_path.write_text(json.dumps(record))
     caplog.clear()
     with caplog.at_level(logging.WARNING):

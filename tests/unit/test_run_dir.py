@@ -46,7 +46,9 @@ def test_an_old_config_without_the_newer_keys_is_upgraded(tmp_path):
     run.config_path.write_text(json.dumps(stored))
     cfg = run.read_config()
     assert cfg.model.regions == "independent" and cfg.model.region_parents == [-1, -1, -1]
-    assert cfg.trainer.batch_dice is False and TrainConfig().trainer.batch_dice is True  # per-sample Dice, as it trained
+    assert (
+        cfg.trainer.batch_dice is False and TrainConfig().trainer.batch_dice is True
+    )  # per-sample Dice, as it trained
     assert cfg.data.prefetch_batches == DataConfig().prefetch_batches
     assert cfg.data.stratify is False and DataConfig().stratify is True  # its split was a random one
 
@@ -57,7 +59,9 @@ def test_unreadable_files_are_named(tmp_path):
     with pytest.raises(RunError, match="config.json is not readable JSON"):
         run.read_config()
     run.config_path.write_text(json.dumps({"model": {"depth": 3}, "colour": "blue"}))  # another program's
-    with pytest.raises(RunError, match=r"config.json is not a brats-seg run's config.json \(another program's file\?\)"):
+    with pytest.raises(
+        RunError, match=r"config.json is not a brats-seg run's config.json \(another program's file\?\)"
+    ):
         run.read_config()
     run.config_path.write_text(json.dumps({"data": {}, "model": {"depth": 3}, "trainer": {}, "colour": "blue"}))
     with pytest.raises(RunError, match="unknown TrainConfig keys"):  # ours, from a newer version
@@ -131,7 +135,10 @@ def test_no_other_module_spells_the_run_folder_or_cache_file_names():
 
     repo = Path(__file__).resolve().parents[2]
     owners = {"brats_seg/run_dir.py", "brats_seg/data/cache.py"}
-    names = r"config\.json|split\.json|state\.json|history\.csv|plan\.txt|plan\.json|mlflow\.json|last\.keras|best\.keras|image\.npy|regions\.npy"
+    names = (
+        r"config\.json|split\.json|state\.json|history\.csv|plan\.txt|plan\.json|mlflow\.json"
+        r"|last\.keras|best\.keras|image\.npy|regions\.npy"
+    )
     literal = re.compile(rf"""["'/]({names})["']""")
     offenders = []
     for path in [*repo.glob("brats_seg/**/*.py"), *repo.glob("scripts/*.py"), repo / "train.py"]:

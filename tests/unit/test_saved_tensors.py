@@ -6,17 +6,16 @@ Only traces graphs (nothing runs), so it holds on any CPU, with or without nativ
 
 from __future__ import annotations
 
+import keras
 import pytest
 
-import keras
-
-from brats_seg.config import ModelConfig  # noqa: E402
-from brats_seg.lms.planner.cost import compute_network_cost  # noqa: E402
-from brats_seg.lms.planner.memory_model import MemoryModel  # noqa: E402
-from brats_seg.lms.runtime.saved_tensors import trace_saved_tensors  # noqa: E402
-from brats_seg.lms.planner.workload import Workload  # noqa: E402
-from brats_seg.model.unet3d import build_unet3d  # noqa: E402
-from brats_seg.training.losses import SoftDiceBCELoss  # noqa: E402
+from brats_seg.config import ModelConfig
+from brats_seg.lms.planner.cost import compute_network_cost
+from brats_seg.lms.planner.memory_model import MemoryModel
+from brats_seg.lms.planner.workload import Workload
+from brats_seg.lms.runtime.saved_tensors import trace_saved_tensors
+from brats_seg.model.unet3d import build_unet3d
+from brats_seg.training.losses import SoftDiceBCELoss
 
 SHAPE = (32, 24, 16)  # (x, y, z): small odd-sized levels down to depth 3
 LEVELS = {tuple(s // 2**level for s in SHAPE) for level in range(4)}
@@ -32,8 +31,15 @@ CONFIGS = [  # (norm, batch, upsample, regions)
 def _traced(policy, norm, batch, upsample, regions):
     keras.mixed_precision.set_dtype_policy(policy)
     try:
-        cfg = ModelConfig(depth=3, base_filters=8, norm=norm, groups=4, upsample=upsample, out_channels=3,
-                          region_parents=[-1, 0, 0] if regions == "nested" else [-1, -1, -1])
+        cfg = ModelConfig(
+            depth=3,
+            base_filters=8,
+            norm=norm,
+            groups=4,
+            upsample=upsample,
+            out_channels=3,
+            region_parents=[-1, 0, 0] if regions == "nested" else [-1, -1, -1],
+        )
         kept = trace_saved_tensors(build_unet3d(cfg, SHAPE), SoftDiceBCELoss(), batch, SHAPE, 4, 3)
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
@@ -48,8 +54,9 @@ def _planned_kept_bytes(cfg, batch, policy) -> tuple[int, int]:
     and a few scalars."""
     net = compute_network_cost(Workload(cfg, SHAPE, batch, policy), MemoryModel())
     saved = {t: blk.tensor_bytes[t] for blk in net.blocks for t in blk.saved}
-    stats = [blk.tensor_bytes[f"{layer.output}_stats"] for blk in net.blocks for layer in blk.layers
-             if layer.kind == "norm"]
+    stats = [
+        blk.tensor_bytes[f"{layer.output}_stats"] for blk in net.blocks for layer in blk.layers if layer.kind == "norm"
+    ]
     slack = sum(stats) + 16 * len(stats)
     return sum(saved.values()) + net.tensor_bytes["labels"] + net.persistent["weight_cast_bytes"], slack
 
@@ -68,7 +75,7 @@ def test_bf16_keeps_every_activation_in_bfloat16_at_half_the_bytes(norm, batch, 
     """Under backend.precision=bf16 every feature map kept for backward is bfloat16: float32
     is kept only for the head's region probabilities (out_channels at the input grid) and
     statistics; and the same activations take exactly half the bytes of float32's."""
-    cfg, f32 = _traced("float32", norm, batch, upsample, regions)
+    _cfg, f32 = _traced("float32", norm, batch, upsample, regions)
     _, bf16 = _traced("mixed_bfloat16", norm, batch, upsample, regions)
     head_bytes = batch * SHAPE[0] * SHAPE[1] * SHAPE[2] * 3 * 4  # one float32 head-sized tensor
     wide_f32 = [(t.name, t.shape) for t in bf16 if t.dtype == "float32" and t.nbytes > head_bytes]
@@ -76,8 +83,15 @@ def test_bf16_keeps_every_activation_in_bfloat16_at_half_the_bytes(norm, batch, 
     assert {t.dtype for t in bf16 if t.nbytes > head_bytes} == {"bfloat16"}
 
     def activations(kept):  # feature maps: all but the head's float32 outputs and the labels
-        return sum(t.nbytes for t in kept if len(t.shape) == 5 and t.shape[0] == batch and t.shape[1:4] in LEVELS
-                   and t.dtype != "uint8" and not t.name.startswith("unet3d_1/head_sigmoid"))
+        return sum(
+            t.nbytes
+            for t in kept
+            if len(t.shape) == 5
+            and t.shape[0] == batch
+            and t.shape[1:4] in LEVELS
+            and t.dtype != "uint8"
+            and not t.name.startswith("unet3d_1/head_sigmoid")
+        )
 
     assert 2 * activations(bf16) == activations(f32)
 

@@ -114,9 +114,19 @@ def test_score_script(synthetic_root, tmp_path):
     ids = _copy_references(root, "msd", tmp_path / "pred", skip=("BRATS_002",))
     out = tmp_path / "scores" / "msd.csv"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "score.py"), f"pred_dir={tmp_path / 'pred'}", f"ref_dir={root}",
-         "data=msd", f"out={out}"],
-        cwd=ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "score.py"),
+            f"pred_dir={tmp_path / 'pred'}",
+            f"ref_dir={root}",
+            "data=msd",
+            f"out={out}",
+        ],
+        cwd=ROOT,
+        env=CLI_ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "BraTS 2023-24 rank" in result.stdout
@@ -131,16 +141,18 @@ def test_score_brats2024_writes_the_resection_cavity_columns(synthetic_root, tmp
     """score.py data=brats2024: WT, TC, ET and RC columns; RC scored from label 4 alone."""
     root = synthetic_root["brats2024"]
     ids = _copy_references(root, "brats2024", tmp_path / "pred")
-    cavity_case = next(c for c in discover_cases(root, "brats2024")[0]
-                       if 4 in np.unique(np.asarray(nib.load(c.label).dataobj)))
+    cavity_case = next(
+        c for c in discover_cases(root, "brats2024")[0] if 4 in np.unique(np.asarray(nib.load(c.label).dataobj))
+    )
     mask = tmp_path / "pred" / f"{cavity_case.case_id}.nii.gz"
     img = nib.load(mask)
     data = np.asarray(img.dataobj).copy()
     data[data == 4] = 0  # the cavity missed: RC empty, the tumour regions untouched
     nib.save(nib.Nifti1Image(data, img.affine, img.header), mask)
     out = tmp_path / "scores.csv"
-    result = run_script("score.py", f"pred_dir={tmp_path / 'pred'}", f"ref_dir={root}", "data=brats2024", f"out={out}",
-                        timeout=120)
+    result = run_script(
+        "score.py", f"pred_dir={tmp_path / 'pred'}", f"ref_dir={root}", "data=brats2024", f"out={out}", timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RC" in result.stdout
     columns, rows = read_csv(out)
@@ -156,17 +168,21 @@ def test_score_brats2024_writes_the_resection_cavity_columns(synthetic_root, tmp
 
 
 def test_score_script_exits_2_on_a_bad_reference_root(tmp_path):
-    result = run_script("score.py", f"pred_dir={tmp_path}", f"ref_dir={tmp_path / 'nowhere'}", "data=brats2021",
-                        timeout=60)
+    result = run_script(
+        "score.py", f"pred_dir={tmp_path}", f"ref_dir={tmp_path / 'nowhere'}", "data=brats2021", timeout=60
+    )
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_scoring_does_not_import_tensorflow():
-    code = ("import sys; import brats_seg.evaluation.evaluate, brats_seg.evaluation.scoring.score, "
-            "brats_seg.evaluation.inference.predict, brats_seg.data.layouts; "
-            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=CLI_ENV, capture_output=True, text=True,
-                         timeout=60)
+    code = (
+        "import sys; import brats_seg.evaluation.evaluate, brats_seg.evaluation.scoring.score, "
+        "brats_seg.evaluation.inference.predict, brats_seg.data.layouts; "
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
 
@@ -190,16 +206,20 @@ def test_find_input_cases_accepts_every_documented_input(synthetic_root, tmp_pat
     assert len(find_input_cases(msd / "imagesTr", "msd")) == 3  # a folder of 4D images
     assert len(find_input_cases(msd, "msd")) == 3  # a dataset root (dataset.json)
     assert [c.case_id for c in find_input_cases(brats21, "brats2021")] == sorted(
-        p.name for p in brats21.iterdir() if p.is_dir())
+        p.name for p in brats21.iterdir() if p.is_dir()
+    )
     listing = tmp_path / "cases.txt"
     listing.write_text(f"# to segment\n{case_dir}\n\n{image4d}  # the MSD one\n")
     assert [c.case_id for c in find_input_cases(listing, "brats2021")] == [one.case_id, four.case_id]
 
 
-@pytest.mark.parametrize("source,match", [
-    ("", "input is not set"),
-    ("/no/such/case", "input /no/such/case does not exist"),
-])
+@pytest.mark.parametrize(
+    "source,match",
+    [
+        ("", "input is not set"),
+        ("/no/such/case", "input /no/such/case does not exist"),
+    ],
+)
 def test_find_input_cases_errors(source, match):
     with pytest.raises(DatasetError, match=match):
         find_input_cases(source, "brats2021")
@@ -224,8 +244,14 @@ def test_predict_script_writes_a_mask_with_the_inputs_header(dataset_copy, tmp_p
     (case_dir / f"{case_dir.name}_seg.nii.gz").unlink()  # an unlabelled case
     run_dir = tmp_path / "run"
     # WT head at +8, TC/ET at -8: WT everywhere in the network window, so the mask is not empty.
-    make_run_dir(run_dir, root, "brats2021", tmp_path, {"train": [], "val": [], "test": []},
-                 model=fixed_head_unet(bias=(8.0, -8.0, -8.0)))
+    make_run_dir(
+        run_dir,
+        root,
+        "brats2021",
+        tmp_path,
+        {"train": [], "val": [], "test": []},
+        model=fixed_head_unet(bias=(8.0, -8.0, -8.0)),
+    )
     out = tmp_path / "masks"
     result = run_script("predict.py", f"run_dir={run_dir}", f"input={case_dir}", f"output={out}", *CLI_BACKEND)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -236,8 +262,11 @@ def test_predict_script_writes_a_mask_with_the_inputs_header(dataset_copy, tmp_p
     assert mask.shape == flair.shape
     np.testing.assert_allclose(mask.affine, flair.affine, atol=1e-6)
     for key in ("qform_code", "sform_code", "pixdim", "srow_x", "srow_y", "srow_z"):
-        np.testing.assert_array_equal(mask.header[key][:4] if key == "pixdim" else mask.header[key],
-                                      flair.header[key][:4] if key == "pixdim" else flair.header[key], err_msg=key)
+        np.testing.assert_array_equal(
+            mask.header[key][:4] if key == "pixdim" else mask.header[key],
+            flair.header[key][:4] if key == "pixdim" else flair.header[key],
+            err_msg=key,
+        )
     data = np.asarray(mask.dataobj)
     assert data.dtype == np.uint8 and set(np.unique(data)) == {0, LABELS["brats2021"].edema}
     assert (out / "overlays" / f"{case_dir.name}.png").is_file()
@@ -248,8 +277,14 @@ def test_predict_script_exits_2_on_bad_input(synthetic_root, tmp_path):
     make_run_dir(run_dir, synthetic_root["brats2021"], "brats2021", tmp_path, {"train": [], "val": [], "test": []})
     (run_dir / "checkpoints").mkdir()
     (run_dir / "checkpoints" / "best.keras").write_bytes(b"")  # never loaded: input is checked first
-    result = run_script("predict.py", f"run_dir={run_dir}", f"input={tmp_path / 'nowhere'}",
-                        f"output={tmp_path / 'out'}", *CLI_BACKEND, timeout=60)
+    result = run_script(
+        "predict.py",
+        f"run_dir={run_dir}",
+        f"input={tmp_path / 'nowhere'}",
+        f"output={tmp_path / 'out'}",
+        *CLI_BACKEND,
+        timeout=60,
+    )
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -263,10 +298,14 @@ def test_brats2024_trains_four_outputs_and_predicts_the_cavity_label(synthetic_r
     from tests.conftest import data_config
 
     root = synthetic_root["brats2024"]
-    cfg = TrainConfig(data=data_config(root, "brats2024", tmp_path), resolution=TINY,
-                      model=ModelConfig(depth=2, base_filters=4),
-                      trainer=TrainerConfig(epochs=1, batch_size=1, steps_per_epoch=1, val_every=1),
-                      tracking=TrackingConfig(name="none"), run_dir=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        data=data_config(root, "brats2024", tmp_path),
+        resolution=TINY,
+        model=ModelConfig(depth=2, base_filters=4),
+        trainer=TrainerConfig(epochs=1, batch_size=1, steps_per_epoch=1, val_every=1),
+        tracking=TrackingConfig(name="none"),
+        run_dir=str(tmp_path / "run"),
+    )
     cfg.data.val_fraction, cfg.data.test_fraction = 0.34, 0.0
     configure(decide_backend(BackendConfig(name="cpu_onednn")))
     train(cfg)
@@ -277,8 +316,14 @@ def test_brats2024_trains_four_outputs_and_predicts_the_cavity_label(synthetic_r
 
     model = fixed_head_unet(ModelConfig(depth=2, base_filters=4, out_channels=4), bias=(-8.0, -8.0, -8.0, 8.0))
     case = discover_cases(root, "brats2024")[0][0]
-    (written,) = predict_new_cases(model, find_input_cases(case.images[0].parent, "brats2024"), cfg,
-                                   tmp_path / "out", EvaluateConfig(overlays=False), progress=False)
+    (written,) = predict_new_cases(
+        model,
+        find_input_cases(case.images[0].parent, "brats2024"),
+        cfg,
+        tmp_path / "out",
+        EvaluateConfig(overlays=False),
+        progress=False,
+    )
     assert set(np.unique(np.asarray(nib.load(written).dataobj))) == {0, 4}
 
 
@@ -289,8 +334,9 @@ def test_predict_an_msd_4d_image_keeps_its_affine(synthetic_root, tmp_path):
     cfg = TrainConfig(resolution=TINY, model=ModelConfig(depth=2, base_filters=4))
     cfg.data.layout = "msd"
     model = fixed_head_unet(bias=(8.0, -8.0, -8.0))
-    (written,) = predict_new_cases(model, find_input_cases(image4d, "msd"), cfg, tmp_path / "out",
-                                   EvaluateConfig(overlays=False), progress=False)
+    (written,) = predict_new_cases(
+        model, find_input_cases(image4d, "msd"), cfg, tmp_path / "out", EvaluateConfig(overlays=False), progress=False
+    )
     src, mask = nib.load(image4d), nib.load(written)
     assert mask.shape == src.shape[:3] and mask.header["dim"][0] == 3
     np.testing.assert_allclose(mask.affine, src.affine, atol=1e-6)

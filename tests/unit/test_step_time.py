@@ -13,8 +13,16 @@ from brats_seg.config import ModelConfig
 from brats_seg.lms.planner.cost import compute_network_cost, compute_step_flops
 from brats_seg.lms.planner.plan import Plan
 from brats_seg.lms.planner.search import compare_strategies, plan_lms
-from brats_seg.lms.planner.step_time import (UNCALIBRATED_FACTOR, CpuTimeModel, TimeCoefficients, block_features,
-                                             cpu_time_model, fit_coefficients, load_time_presets, step_features)
+from brats_seg.lms.planner.step_time import (
+    UNCALIBRATED_FACTOR,
+    CpuTimeModel,
+    TimeCoefficients,
+    block_features,
+    cpu_time_model,
+    fit_coefficients,
+    load_time_presets,
+    step_features,
+)
 from brats_seg.lms.planner.workload import LMSOptions, Workload
 
 SHAPE = (64, 64, 48)
@@ -65,9 +73,21 @@ def test_the_fit_recovers_known_coefficients_and_predicts_a_point_it_did_not_see
 
 def _preset(tmp_path, cpu="CPU A", per_flop=1 / 200e9) -> Path:
     path = tmp_path / "step_time.json"
-    path.write_text(json.dumps({"cpus": {cpu: {"block": 16, "fit": {
-        "float32": {"per_flop_s": per_flop, "per_byte_s": 1 / 10e9, "per_step_s": 0.02},
-        "bfloat16": {"per_flop_s": per_flop / 2, "per_byte_s": 1 / 10e9, "per_step_s": 0.02}}}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "cpus": {
+                    cpu: {
+                        "block": 16,
+                        "fit": {
+                            "float32": {"per_flop_s": per_flop, "per_byte_s": 1 / 10e9, "per_step_s": 0.02},
+                            "bfloat16": {"per_flop_s": per_flop / 2, "per_byte_s": 1 / 10e9, "per_step_s": 0.02},
+                        },
+                    }
+                }
+            }
+        )
+    )
     return path
 
 
@@ -130,18 +150,24 @@ def test_the_cpu_options_carry_this_cpus_model():
 def test_onednn_verbose_lines_are_summed_per_primitive_kind():
     from brats_seg.benchmark.onednn import onednn_profile
 
-    text = "\n".join([
-        "onednn_verbose,v1,info,cpu,runtime:threadpool",
-        "onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_fwd:avx512_core,forward_training,src:f32,,mb1,2.5",
-        "onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_bwd_w:avx512_core,backward_weights,src:f32,,mb1,4.0",
-        "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcde dst:f32,,1x4x8,1.5",
-        "onednn_verbose,exec,cpu,reorder,simple:any,undef,src_f32::blocked:abcde,,1x4x8,2.0",  # oneDNN 2.x
-        "onednn_verbose,v1,primitive,create:cache_miss,cpu,reorder,jit:uni,undef,,,,0.3",  # creation, not execution
-        "unrelated line, 9.0",
-    ])
+    text = "\n".join(
+        [
+            "onednn_verbose,v1,info,cpu,runtime:threadpool",
+            "onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_fwd:avx512_core,forward_training,src:f32,,mb1,2.5",
+            "onednn_verbose,v1,primitive,exec,cpu,convolution,brg_conv_bwd_w:avx512_core,backward_weights,src:f32,,mb1,4.0",
+            "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcde dst:f32,,1x4x8,1.5",
+            "onednn_verbose,exec,cpu,reorder,simple:any,undef,src_f32::blocked:abcde,,1x4x8,2.0",  # oneDNN 2.x
+            "onednn_verbose,v1,primitive,create:cache_miss,cpu,reorder,jit:uni,undef,,,,0.3",  # creation, not execution
+            "unrelated line, 9.0",
+        ]
+    )
     profile = onednn_profile(text)
-    assert profile["onednn_ms"] == {"convolution": 6.5, "convolution:backward_weights": 4.0,
-                                    "convolution:forward_training": 2.5, "reorder": 3.5}
+    assert profile["onednn_ms"] == {
+        "convolution": 6.5,
+        "convolution:backward_weights": 4.0,
+        "convolution:forward_training": 2.5,
+        "reorder": 3.5,
+    }
     assert profile["onednn_total_ms"] == 10.0 and profile["reorder_share"] == 0.35
     assert profile["convolution_impl_ms"] == {"brg_conv_bwd_w:avx512_core": 4.0, "brg_conv_fwd:avx512_core": 2.5}
     assert onednn_profile("")["reorder_share"] is None
@@ -153,9 +179,18 @@ def test_the_width_figure_draws_time_rate_and_reorders(tmp_path):
     from brats_seg.plots import plot_width_sweep
 
     def rec(f, p, t, share=None):
-        return {"base_filters": f, "precision": p, "step_s": t, "predicted_step_s": t * 1.1, "flops_per_s": 1e11 * f / t,
-                "sgemm_flops_per_s": 4.8e11, "shape": [192, 224, 160], "cpu": "test", "cpu_kind": "avx512",
-                **({"reorder_share": share} if share is not None else {})}
+        return {
+            "base_filters": f,
+            "precision": p,
+            "step_s": t,
+            "predicted_step_s": t * 1.1,
+            "flops_per_s": 1e11 * f / t,
+            "sgemm_flops_per_s": 4.8e11,
+            "shape": [192, 224, 160],
+            "cpu": "test",
+            "cpu_kind": "avx512",
+            **({"reorder_share": share} if share is not None else {}),
+        }
 
     timed = [rec(f, p, t) for f, p, t in [(4, "fp32", 1.7), (8, "fp32", 2.9), (16, "fp32", 5.0), (8, "bf16", 5.8)]]
     profiled = [rec(f, "fp32", 2.0, s) for f, s in [(4, 0.3), (8, 0.2), (16, 0.1)]]
@@ -200,8 +235,9 @@ def test_max_width_chooses_the_widest_that_fits_and_marks_a_width_a_wider_one_be
         return estimate_peak(w, LMSOptions(strategy="recompute", allow_offload=False), MemoryModel()).peak_bytes
 
     limit = (smallest(8) + smallest(12)) / 2 / (1 - MemoryModel().planning_margin)
-    rows, chosen = find_width(workload, MemoryModel(), dataclasses.replace(options, limit_bytes=int(limit)),
-                              widths=(4, 6, 8, 12))
+    rows, chosen = find_width(
+        workload, MemoryModel(), dataclasses.replace(options, limit_bytes=int(limit)), widths=(4, 6, 8, 12)
+    )
     assert chosen == 8 and [r.fits for r in rows] == [True, True, True, False]
     _, none = find_width(workload, MemoryModel(), dataclasses.replace(options, limit_bytes=1000), widths=(4, 8))
     assert none is None

@@ -13,11 +13,11 @@ import matplotlib.image as mpimg
 import pytest
 
 from brats_seg.config import DataConfig, ResolutionConfig, TrainConfig
-from brats_seg.script_configs import StudyScriptConfig
-from brats_seg.files import is_temporary, write_text_atomic
 from brats_seg.evaluation.studies import study_run as study_script  # what scripts/study.py runs
 from brats_seg.evaluation.studies.study import compute_time_to_reach, compute_timeline
+from brats_seg.files import is_temporary, write_text_atomic
 from brats_seg.run_dir import RunFolder
+from brats_seg.script_configs import StudyScriptConfig
 from brats_seg.sweeps import sweep_dirname
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,17 +44,34 @@ def _history(rng: random.Random, epochs: int, with_train_time: bool = True) -> l
         train_s, val_s = rng.uniform(8, 12), rng.uniform(1, 2)
         total += train_s
         dice = min(0.95, dice + rng.uniform(0.05, 0.2))
-        row = {"epoch": epoch, "seconds": round(train_s + val_s, 2), "val_s": val_s, "step_s": train_s / 5,
-               "loss": 1 - dice, "val_dice_mean": dice, **{f"val_dice_{r}": dice + d for r, d in zip(REGIONS, (0.05, 0, -0.05))}}
+        row = {
+            "epoch": epoch,
+            "seconds": round(train_s + val_s, 2),
+            "val_s": val_s,
+            "step_s": train_s / 5,
+            "loss": 1 - dice,
+            "val_dice_mean": dice,
+            **{f"val_dice_{r}": dice + d for r, d in zip(REGIONS, (0.05, 0, -0.05))},
+        }
         if with_train_time:
             row.update(train_time_s=total, train_s=train_s)
         rows.append(row)
     return rows
 
 
-def make_run(root: Path, name: str, *, seed: int = 0, patch=None, resolution: ResolutionConfig = HALF,
-             epochs: int = 6, done: int | None = None, sets=("test",), with_train_time: bool = True,
-             **changes) -> RunFolder:
+def make_run(
+    root: Path,
+    name: str,
+    *,
+    seed: int = 0,
+    patch=None,
+    resolution: ResolutionConfig = HALF,
+    epochs: int = 6,
+    done: int | None = None,
+    sets=("test",),
+    with_train_time: bool = True,
+    **changes,
+) -> RunFolder:
     """A fabricated run folder: config.json, state.json (history), eval/<set>/summary.json."""
     rng = random.Random(f"{name}-{seed}")
     cfg = TrainConfig(data=DataConfig(name="mni_gliomas", root="data/mni_gliomas"), resolution=resolution)
@@ -68,8 +85,13 @@ def make_run(root: Path, name: str, *, seed: int = 0, patch=None, resolution: Re
     folder.write_config(cfg)
     history = _history(rng, epochs if done is None else done, with_train_time)
     best = max(history, key=lambda r: r["val_dice_mean"])
-    state = {"epoch": len(history), "best_value": best["val_dice_mean"], "best_epoch": best["epoch"],
-             "history": history, "iterations": 5 * len(history)}
+    state = {
+        "epoch": len(history),
+        "best_value": best["val_dice_mean"],
+        "best_epoch": best["epoch"],
+        "history": history,
+        "iterations": 5 * len(history),
+    }
     if with_train_time:
         state["train_time_s"] = history[-1]["train_time_s"]
     folder.write_state(state)
@@ -97,8 +119,13 @@ def patches(tmp_path) -> Path:
     root = tmp_path / "patches_vs_whole"
     for patch in (None, [48, 48, 48]):
         for seed in range(3):
-            make_run(root, sweep_dirname([f"trainer.patch_size={patch or 'null'}".replace(" ", ""), f"trainer.seed={seed}"]),
-                     seed=seed, patch=patch, sets=("test", "all@mni_gliomas_heldout"))
+            make_run(
+                root,
+                sweep_dirname([f"trainer.patch_size={patch or 'null'}".replace(" ", ""), f"trainer.seed={seed}"]),
+                seed=seed,
+                patch=patch,
+                sets=("test", "all@mni_gliomas_heldout"),
+            )
     return root
 
 
@@ -163,7 +190,7 @@ def test_a_run_without_train_time_s_falls_back_to_epoch_seconds_less_validation_
     folder = make_run(tmp_path / "old", "seed-0", with_train_time=False)
     history = folder.read_state()["history"]
     timeline = compute_timeline(history, REGIONS)
-    expected = [sum(r["seconds"] - r["val_s"] for r in history[:i + 1]) for i in range(len(history))]
+    expected = [sum(r["seconds"] - r["val_s"] for r in history[: i + 1]) for i in range(len(history))]
     assert timeline["train_time_s"] == pytest.approx(expected, abs=1e-3)
     assert "seconds - val_s" in timeline["source"]
     assert compute_time_to_reach(timeline, [0.0])["0"] == pytest.approx(expected[0], abs=1e-3)
@@ -239,9 +266,11 @@ def test_folders_that_are_not_runs_yet_are_passed_over_and_named(tmp_path):
     _, study = _run(root)
     assert [r["name"] for r in study["runs"]] == ["seed-0"]
     assert len(study["skipped"]) == 2
-    assert study["skipped"][0].endswith("other: " + f"{other.config_path} is not a brats-seg run's config.json "
-                                        "(another program's file?): pass run_dir= a new folder, or the folder a "
-                                        "training run wrote.")
+    assert study["skipped"][0].endswith(
+        "other: " + f"{other.config_path} is not a brats-seg run's config.json "
+        "(another program's file?): pass run_dir= a new folder, or the folder a "
+        "training run wrote."
+    )
     assert study["skipped"][1].endswith("seed-1: no epoch done yet")
 
 
@@ -263,11 +292,15 @@ def test_evaluate_true_runs_evaluate_py_for_finished_runs_only(tmp_path, monkeyp
     monkeypatch.setattr(study_script, "run_logged", fake_run_logged)
     status, study = _run(root, evaluate=True, sets=["test", "heldout"], evaluate_args=["backend=cpu_onednn"])
     assert status == 0
-    evaluated = sorted((Path(dict(a.split("=", 1) for a in c[2:])["run_dir"]).name,
-                        dict(a.split("=", 1) for a in c[2:]).get("on", "")) for c in calls)
+    evaluated = sorted(
+        (Path(dict(a.split("=", 1) for a in c[2:])["run_dir"]).name, dict(a.split("=", 1) for a in c[2:]).get("on", ""))
+        for c in calls
+    )
     assert evaluated == [("seed-0", "mni_gliomas_heldout"), ("seed-1", ""), ("seed-1", "mni_gliomas_heldout")]
-    assert all(c[1].endswith("scripts/evaluate.py") and "backend=cpu_onednn" in c and "evaluate.overlays=false" in c
-               for c in calls)
+    assert all(
+        c[1].endswith("scripts/evaluate.py") and "backend=cpu_onednn" in c and "evaluate.overlays=false" in c
+        for c in calls
+    )
     assert [m["run"] for m in study["missing"]] == ["seed-2", "seed-2"]  # not finished: not evaluated
     assert study["arms"][0]["sets"]["heldout"]["n_runs"] == 2
 
@@ -293,11 +326,21 @@ def test_resolution_arms_are_ordered_coarse_to_fine_and_get_their_chart(tmp_path
     make_run(root, "resolution-half", resolution=HALF)
     make_run(root, "resolution-full", resolution=full)
     make_run(root, "resolution-tiny_shape-48x64x48", resolution=tiny)
-    make_run(root, "epochs-4_lms-auto_resolution-2x", epochs=4,
-             resolution=ResolutionConfig(name="2x", spacing_mm=0.5, shape=[384, 448, 320]), lms__name="auto")
+    make_run(
+        root,
+        "epochs-4_lms-auto_resolution-2x",
+        epochs=4,
+        resolution=ResolutionConfig(name="2x", spacing_mm=0.5, shape=[384, 448, 320]),
+        lms__name="auto",
+    )
     _, study = _run(root)
     assert study["arm_keys"] == ["resolution.name"]  # shape, spacing, lms and epochs follow from it
-    assert [a["label"] for a in study["arms"]] == ["resolution=tiny", "resolution=half", "resolution=full", "resolution=2x"]
+    assert [a["label"] for a in study["arms"]] == [
+        "resolution=tiny",
+        "resolution=half",
+        "resolution=full",
+        "resolution=2x",
+    ]
     assert (root / "resolution_study.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -311,8 +354,9 @@ def test_the_study_logs_its_charts_into_each_tracked_run(patches, tmp_path):
     tracked = sorted(p for p in patches.iterdir() if p.is_dir())[:2]
     run_ids = []
     for run_dir in tracked:
-        with Tracker.start(TrackingConfig(uri=uri, experiment="study", system_metrics=False), run_dir, run_dir.name,
-                           {}, {}) as tracker:
+        with Tracker.start(
+            TrackingConfig(uri=uri, experiment="study", system_metrics=False), run_dir, run_dir.name, {}, {}
+        ) as tracker:
             run_ids.append(tracker.run_id)
     outcome = _outcome(patches, mlflow=True)
     assert outcome.status == 0 and outcome.logged == 2
@@ -336,7 +380,9 @@ def test_bad_arguments_end_in_a_message(tmp_path):
     with pytest.raises(ValueError, match="sets: 'nope' is not a set; use test, matched"):
         study_script.parse_sets(["nope"])
     assert study_script.parse_sets("test,heldout") == {"test": ("test", ""), "heldout": ("all", "mni_gliomas_heldout")}
-    assert study_script.parse_sets(["all@mni_gliomas_shifted"]) == {"all@mni_gliomas_shifted": ("all", "mni_gliomas_shifted")}
+    assert study_script.parse_sets(["all@mni_gliomas_shifted"]) == {
+        "all@mni_gliomas_shifted": ("all", "mni_gliomas_shifted")
+    }
     with pytest.raises(FileNotFoundError, match="no such folder"):
         _run(tmp_path / "nothing")
     (tmp_path / "empty").mkdir()
@@ -344,13 +390,21 @@ def test_bad_arguments_end_in_a_message(tmp_path):
         _run(tmp_path / "empty")
 
 
-@pytest.mark.parametrize("overrides, name", [
-    (["trainer.patch_size=[48,48,48]", "trainer.seed=0", "experiment=patches_vs_whole"], "patch_size-48x48x48_seed-0"),
-    (["trainer.patch_size=null", "trainer.seed=2", "experiment=patches_vs_whole"], "patch_size-null_seed-2"),
-    (["resolution=2x", "lms=auto", "lms.limit=21GB", "trainer.epochs=12", "experiment=resolution_study"],
-     "epochs-12_limit-21GB_lms-auto_resolution-2x"),
-    (["model.name=a", "data.name=b", "experiment=x"], "data.name-b_model.name-a"),  # the same last part: whole keys
-])
+@pytest.mark.parametrize(
+    "overrides, name",
+    [
+        (
+            ["trainer.patch_size=[48,48,48]", "trainer.seed=0", "experiment=patches_vs_whole"],
+            "patch_size-48x48x48_seed-0",
+        ),
+        (["trainer.patch_size=null", "trainer.seed=2", "experiment=patches_vs_whole"], "patch_size-null_seed-2"),
+        (
+            ["resolution=2x", "lms=auto", "lms.limit=21GB", "trainer.epochs=12", "experiment=resolution_study"],
+            "epochs-12_limit-21GB_lms-auto_resolution-2x",
+        ),
+        (["model.name=a", "data.name=b", "experiment=x"], "data.name-b_model.name-a"),  # the same last part: whole keys
+    ],
+)
 def test_job_folders_are_named_by_their_overrides_without_characters_an_override_cannot_take(overrides, name):
     assert sweep_dirname(overrides, ["experiment"]) == name
 
@@ -374,20 +428,30 @@ def test_a_plain_sweep_names_its_job_folders_by_their_values_so_the_same_command
 
     register = __import__("brats_seg.script_configs", fromlist=["register_configs"]).register_configs
     register()
-    typed = ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "model.base_filters=16,32", "resolution=full",
-             "tracking.uri=http://mlflow.example:5000"]
+    typed = [
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=gpu",
+        "model.base_filters=16,32",
+        "resolution=full",
+        "tracking.uri=http://mlflow.example:5000",
+    ]
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         launches = []
         for _ in range(2):
             jobs = _jobs({}, typed)
-            launches.append([OmegaConf.select(compose("train", overrides=job, return_hydra_config=True), "hydra.sweep")
-                             for job in jobs])
+            launches.append(
+                [
+                    OmegaConf.select(compose("train", overrides=job, return_hydra_config=True), "hydra.sweep")
+                    for job in jobs
+                ]
+            )
         first, again = launches
         assert [(j.dir, j.subdir) for j in first] == [(j.dir, j.subdir) for j in again]
         assert [j.dir for j in first] == ["multirun", "multirun"]
         assert [j.subdir for j in first] == ["base_filters-16_resolution-full", "base_filters-32_resolution-full"]
-        pinned = compose("train", overrides=["model.base_filters=16", "run_dir=outputs/a", "tracking=none"],
-                         return_hydra_config=True)
+        pinned = compose(
+            "train", overrides=["model.base_filters=16", "run_dir=outputs/a", "tracking=none"], return_hydra_config=True
+        )
         assert pinned.hydra.sweep.subdir == "base_filters-16"
 
 
@@ -402,25 +466,40 @@ def _jobs(sweep_params, typed: list[str]) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
 
-@pytest.mark.parametrize("experiment, extra, arms, folder", [
-    ("patches_vs_whole", [], {"trainer.patch_size": "null,[48,48,48]", "trainer.seed": "0,1,2"},
-     "outputs/patches_vs_whole"),
-    ("patches_vs_whole_full", [], {"trainer.patch_size": "null,[128,128,128],[96,96,96]", "trainer.seed": "0"},
-     "outputs/patches_vs_whole_full"),
-    ("resolution_study", [], {"resolution": "half,full"}, "outputs/resolution_study"),
-    ("resolution_study", ["resolution=tiny", "resolution.shape=[48,64,48]"], {"resolution": "half,full"},
-     "outputs/resolution_study"),
-    ("precision_study", [], {"backend.precision": "fp32,bf16", "trainer.seed": "0,1,2"}, "outputs/precision_study"),
-    ("recipe_study", [], {"trainer.augment": "light,nnunet", "trainer.seed": "0,1,2"}, "outputs/recipe_study"),
-])
+@pytest.mark.parametrize(
+    "experiment, extra, arms, folder",
+    [
+        (
+            "patches_vs_whole",
+            [],
+            {"trainer.patch_size": "null,[48,48,48]", "trainer.seed": "0,1,2"},
+            "outputs/patches_vs_whole",
+        ),
+        (
+            "patches_vs_whole_full",
+            [],
+            {"trainer.patch_size": "null,[128,128,128],[96,96,96]", "trainer.seed": "0"},
+            "outputs/patches_vs_whole_full",
+        ),
+        ("resolution_study", [], {"resolution": "half,full"}, "outputs/resolution_study"),
+        (
+            "resolution_study",
+            ["resolution=tiny", "resolution.shape=[48,64,48]"],
+            {"resolution": "half,full"},
+            "outputs/resolution_study",
+        ),
+        ("precision_study", [], {"backend.precision": "fp32,bf16", "trainer.seed": "0,1,2"}, "outputs/precision_study"),
+        ("recipe_study", [], {"trainer.augment": "light,nnunet", "trainer.seed": "0,1,2"}, "outputs/recipe_study"),
+    ],
+)
 def test_each_study_is_a_sweep_whose_jobs_compose_and_pass_the_checks(experiment, extra, arms, folder, tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from brats_seg.cli import to_config
-    from brats_seg.script_configs import register_configs
-    from brats_seg.data.labels import resolve_model_outputs
     from brats_seg.checks import check_train_config
+    from brats_seg.cli import to_config
+    from brats_seg.data.labels import resolve_model_outputs
+    from brats_seg.script_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):

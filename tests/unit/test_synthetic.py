@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from scipy import ndimage as ndi
 
-from brats_seg.data.phantoms import synthetic
 from brats_seg.data.labels import LABELS
+from brats_seg.data.phantoms import synthetic
 from brats_seg.data.phantoms.synthetic import (
     AFFINE,
     MODALITIES,
@@ -176,11 +176,17 @@ def test_tissue_maps_to_the_layout_labels(layout):
 
 def _expected_names(layout: str, n: int) -> set[str]:
     if layout == "brats2021":
-        return {f"BraTS2021_{i:05d}/BraTS2021_{i:05d}_{m}.nii.gz" for i in range(n)
-                for m in ("flair", "t1", "t1ce", "t2", "seg")}
+        return {
+            f"BraTS2021_{i:05d}/BraTS2021_{i:05d}_{m}.nii.gz"
+            for i in range(n)
+            for m in ("flair", "t1", "t1ce", "t2", "seg")
+        }
     if layout == "brats2023":
-        return {f"BraTS-GLI-{i:05d}-000/BraTS-GLI-{i:05d}-000-{m}.nii.gz" for i in range(n)
-                for m in ("t2f", "t1n", "t1c", "t2w", "seg")}
+        return {
+            f"BraTS-GLI-{i:05d}-000/BraTS-GLI-{i:05d}-000-{m}.nii.gz"
+            for i in range(n)
+            for m in ("t2f", "t1n", "t1c", "t2w", "seg")
+        }
     return {"dataset.json"} | {f"{d}/BRATS_{i + 1:03d}.nii.gz" for i in range(n) for d in ("imagesTr", "labelsTr")}
 
 
@@ -199,9 +205,14 @@ def written(tmp_path_factory):
 def test_layout_files_names_dtypes_affine_and_labels(written, cases, layout):
     root, ids = written[layout]
     assert _files(root) == _expected_names(layout, 2)
-    assert ids == {"brats2021": ["BraTS2021_00000", "BraTS2021_00001"],
-                   "brats2023": ["BraTS-GLI-00000-000", "BraTS-GLI-00001-000"],
-                   "msd": ["BRATS_001", "BRATS_002"]}[layout]
+    assert (
+        ids
+        == {
+            "brats2021": ["BraTS2021_00000", "BraTS2021_00001"],
+            "brats2023": ["BraTS-GLI-00000-000", "BraTS-GLI-00001-000"],
+            "msd": ["BRATS_001", "BRATS_002"],
+        }[layout]
+    )
     conv = LABELS[layout]
     for i in range(2):
         files = synthetic.case_files(root, layout, i)
@@ -320,8 +331,14 @@ def test_bad_arguments_name_the_value(tmp_path, kwargs, message):
 
 def _run_cli(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic.py"), *overrides],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_synthetic.py"), *overrides],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_writes_where_asked_and_nothing_else(tmp_path):

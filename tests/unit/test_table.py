@@ -9,7 +9,13 @@ import math
 import numpy as np
 import pytest
 
-from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, METRIC_NAMES, MetricsTable, format_summary_table, metric_columns
+from brats_seg.evaluation.scoring.table import (
+    INF_DISTANCE_MM,
+    METRIC_NAMES,
+    MetricsTable,
+    format_summary_table,
+    metric_columns,
+)
 
 REGIONS = ("wt", "tc", "et")
 
@@ -28,12 +34,34 @@ def _filled_table(n_cases=4, seed=0, regions=REGIONS):
 def test_columns_are_grouped_by_metric_then_region_legacy_first():
     columns = metric_columns(("wt", "tc", "et", "rc"))
     assert columns[:13] == (
-        "case_id", "dice_wt", "dice_tc", "dice_et", "dice_rc", "hd95_wt", "hd95_tc", "hd95_et", "hd95_rc",
-        "sens_wt", "sens_tc", "sens_et", "sens_rc",
+        "case_id",
+        "dice_wt",
+        "dice_tc",
+        "dice_et",
+        "dice_rc",
+        "hd95_wt",
+        "hd95_tc",
+        "hd95_et",
+        "hd95_rc",
+        "sens_wt",
+        "sens_tc",
+        "sens_et",
+        "sens_rc",
     )
     assert len(columns) == 1 + 4 * len(METRIC_NAMES)
-    for name in ("nsd", "lesion_dice", "lesion_hd95", "lesion_nsd", "lesions_ref", "lesions_pred", "lesions_tp",
-                 "rq", "pq", "lesion23_dice", "lesion23_hd95"):
+    for name in (
+        "nsd",
+        "lesion_dice",
+        "lesion_hd95",
+        "lesion_nsd",
+        "lesions_ref",
+        "lesions_pred",
+        "lesions_tp",
+        "rq",
+        "pq",
+        "lesion23_dice",
+        "lesion23_hd95",
+    ):
         assert f"{name}_rc" in columns
 
 
@@ -50,7 +78,7 @@ def test_csv_rows_at_full_precision_and_no_temp_file_left(tmp_path):
 
 def test_infinite_distances_are_373_and_undefined_values_empty_cells(tmp_path):
     table = MetricsTable(("wt",))
-    row = {c: 0.5 for c in table.columns[1:]}
+    row = dict.fromkeys(table.columns[1:], 0.5)
     table.add("a", {**row, "lesion_hd95_wt": math.inf, "lesion_dice_wt": math.nan, "lesion23_hd95_wt": 374.0})
     table.add("b", {**row, "lesion_hd95_wt": 10.0})
     path = table.save_csv(tmp_path / "metrics.csv")
@@ -58,8 +86,13 @@ def test_infinite_distances_are_373_and_undefined_values_empty_cells(tmp_path):
     assert rows["a"]["lesion_hd95_wt"] == "373" and rows["a"]["lesion_dice_wt"] == ""
     assert rows["a"]["lesion23_hd95_wt"] == "374.0"
     summary = table.summary()
-    assert summary["lesion_hd95_wt"] == {"mean": (373 + 10) / 2, "median": (373 + 10) / 2, "std": (373 - 10) / 2,
-                                         "n": 2, "n_inf": 1}
+    assert summary["lesion_hd95_wt"] == {
+        "mean": (373 + 10) / 2,
+        "median": (373 + 10) / 2,
+        "std": (373 - 10) / 2,
+        "n": 2,
+        "n_inf": 1,
+    }
     assert summary["lesion_dice_wt"]["n"] == 1 and summary["lesion_dice_wt"]["mean"] == 0.5
     assert INF_DISTANCE_MM == 373.0
 
@@ -80,7 +113,7 @@ def test_summary_against_numpy_and_json_round_trip(tmp_path):
 
 def test_csv_round_trip_keeps_undefined_cells(tmp_path):
     table, _ = _filled_table(regions=("wt", "tc", "et", "rc"))
-    table.add("empty", {c: math.nan for c in table.columns[1:]})
+    table.add("empty", dict.fromkeys(table.columns[1:], math.nan))
     loaded = MetricsTable.load_csv(table.save_csv(tmp_path / "metrics.csv"))
     assert loaded.case_ids == table.case_ids and loaded.regions == table.regions
     assert json.dumps(loaded.summary()) == json.dumps(table.summary())
@@ -88,7 +121,7 @@ def test_csv_round_trip_keeps_undefined_cells(tmp_path):
 
 def test_bad_cases_are_refused():
     table = MetricsTable(("wt",))
-    good = {c: 1.0 for c in table.columns[1:]}
+    good = dict.fromkeys(table.columns[1:], 1.0)
     table.add("a", good)
     with pytest.raises(ValueError, match="'a' is already"):
         table.add("a", good)
@@ -108,7 +141,7 @@ def test_empty_table_summary_json(tmp_path):
 
 def test_printed_table_shows_the_ranked_metrics_per_region():
     table = MetricsTable(("wt", "et"))
-    row = {c: 0.25 for c in table.columns[1:]}
+    row = dict.fromkeys(table.columns[1:], 0.25)
     table.add("a", {**row, "lesion23_dice_wt": 0.75, "lesion_hd95_wt": math.inf, "nsd_et": math.nan})
     text = format_summary_table(table.summary(), ("wt", "et"))
     lines = text.splitlines()

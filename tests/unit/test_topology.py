@@ -33,8 +33,16 @@ def test_blocks_layers_and_tensors_in_forward_order():
     assert list(_blocks(t)) == ["enc0", "enc1", "bottleneck", "dec1", "dec0", "head"]
     assert t.filters == (4, 8, 16)
     assert [layer.name for layer in _blocks(t)["dec1"].layers] == [
-        "dec1_up", "dec1_upconv", "dec1_concat", "dec1_conv1", "dec1_norm1", "dec1_relu1",
-        "dec1_conv2", "dec1_norm2", "dec1_relu2"]
+        "dec1_up",
+        "dec1_upconv",
+        "dec1_concat",
+        "dec1_conv1",
+        "dec1_norm1",
+        "dec1_relu1",
+        "dec1_conv2",
+        "dec1_norm2",
+        "dec1_relu2",
+    ]
     dec1 = _blocks(t)["dec1"]
     assert [x.name for x in dec1.inputs] == ["bottleneck", "enc1"] and dec1.skip.name == "enc1"
     assert dec1.layers[0].output.channels == 16 and dec1.layers[1].output.channels == 8  # up keeps F_2, upconv F_1
@@ -49,7 +57,7 @@ def test_blocks_layers_and_tensors_in_forward_order():
 def test_tail_is_the_last_conv_unit_and_reads_only_the_front(upsample):
     t = unet_topology(_cfg(upsample=upsample), "mixed_bfloat16")
     for block in t.blocks[:-1]:
-        front, tail = block.layers[: block.tail_start], block.layers[block.tail_start:]
+        front, tail = block.layers[: block.tail_start], block.layers[block.tail_start :]
         assert [layer.name.removeprefix(f"{block.name}_") for layer in tail] == ["conv2", "norm2", "relu2"]
         assert tail[0].inputs == (front[-1].output,)
     assert _blocks(t)["head"].tail_start is None
@@ -66,14 +74,19 @@ def test_mixed_precision_casts_and_float32_head():
     head = _blocks(bf16)["head"]
     # the head conv reads dec0's bfloat16 output as it is; its logits are cast for the float32 sigmoid
     assert [(layer.kind, layer.output.dtype, layer.float32) for layer in head.layers] == [
-        ("conv", "bfloat16", False), ("cast", "float32", False), ("sigmoid", "float32", True)]
+        ("conv", "bfloat16", False),
+        ("cast", "float32", False),
+        ("sigmoid", "float32", True),
+    ]
     assert head.output.name == "head"
 
 
 def test_nested_head_is_one_layer_with_the_parents():
     head = _blocks(unet_topology(_cfg(region_parents=[-1, 0, 0])))["head"]
     assert [(layer.name, layer.kind, layer.parents) for layer in head.layers] == [
-        ("head_conv", "conv", ()), ("head_sigmoid", "nest", (-1, 0, 0))]
+        ("head_conv", "conv", ()),
+        ("head_sigmoid", "nest", (-1, 0, 0)),
+    ]
     assert _blocks(unet_topology(_cfg(region_parents=[-1, -1, -1])))["head"].layers[-1].kind == "sigmoid"
 
 
@@ -81,11 +94,20 @@ def test_parameters_per_layer():
     t = unet_topology(_cfg(depth=1, base_filters=2, norm="batch"))
     params = {layer.name: (layer.params, layer.trainable_params) for layer in _layers(t) if layer.params}
     assert params == {
-        "enc0_conv1": (27 * 4 * 2,) * 2, "enc0_norm1": (8, 4), "enc0_conv2": (27 * 2 * 2,) * 2, "enc0_norm2": (8, 4),
-        "bottleneck_conv1": (27 * 2 * 4,) * 2, "bottleneck_norm1": (16, 8),
-        "bottleneck_conv2": (27 * 4 * 4,) * 2, "bottleneck_norm2": (16, 8),
-        "dec0_up": (8 * 4 * 2 + 2,) * 2, "dec0_conv1": (27 * 4 * 2,) * 2, "dec0_norm1": (8, 4),
-        "dec0_conv2": (27 * 2 * 2,) * 2, "dec0_norm2": (8, 4), "head_conv": (2 * 3 + 3,) * 2,
+        "enc0_conv1": (27 * 4 * 2,) * 2,
+        "enc0_norm1": (8, 4),
+        "enc0_conv2": (27 * 2 * 2,) * 2,
+        "enc0_norm2": (8, 4),
+        "bottleneck_conv1": (27 * 2 * 4,) * 2,
+        "bottleneck_norm1": (16, 8),
+        "bottleneck_conv2": (27 * 4 * 4,) * 2,
+        "bottleneck_norm2": (16, 8),
+        "dec0_up": (8 * 4 * 2 + 2,) * 2,
+        "dec0_conv1": (27 * 4 * 2,) * 2,
+        "dec0_norm1": (8, 4),
+        "dec0_conv2": (27 * 2 * 2,) * 2,
+        "dec0_norm2": (8, 4),
+        "head_conv": (2 * 3 + 3,) * 2,
     }
 
 
@@ -93,14 +115,19 @@ def test_group_norm_groups_divide_the_channels():
     assert [group_count(8, c) for c in (6, 12, 24, 3)] == [6, 6, 8, 3]
     t = unet_topology(_cfg(norm="group", groups=8, base_filters=6))
     assert [layer.groups for layer in _layers(t) if layer.name.endswith("_norm1")] == [6, 6, 8, 6, 6]
-    assert {layer.groups for layer in _blocks(unet_topology(_cfg(norm="instance")))["enc0"].layers
-            if layer.kind == "norm"} == {4}  # one per channel
+    assert {
+        layer.groups for layer in _blocks(unet_topology(_cfg(norm="instance")))["enc0"].layers if layer.kind == "norm"
+    } == {4}  # one per channel
 
 
 @pytest.mark.parametrize(
     "overrides,shape,match",
     [
-        ({"depth": 3}, (20, 16, 16), r"\(20, 16, 16\).*2\*\*depth = 8.*model.depth=3.*\(16, 16, 16\) or \(24, 16, 16\)"),
+        (
+            {"depth": 3},
+            (20, 16, 16),
+            r"\(20, 16, 16\).*2\*\*depth = 8.*model.depth=3.*\(16, 16, 16\) or \(24, 16, 16\)",
+        ),
         ({"in_channels": 2}, (8, 8, 8), "in_channels.*got 2"),
         ({"out_channels": 0}, (8, 8, 8), "out_channels.*got 0.*resolve_model_outputs"),
         ({"norm": "layer"}, (8, 8, 8), "norm.*instance, group, batch.*'layer'"),
@@ -123,7 +150,11 @@ def test_workload_checks():
     with pytest.raises(ValueError, match=r"\(48, 48, 32\) or \(48, 64, 48\)"):
         check_input_shape((48, 56, 40), 4)
     assert [check_policy(p) for p in ("fp32", "fp16", "bf16", "float32")] == [
-        "float32", "mixed_float16", "mixed_bfloat16", "float32"]
+        "float32",
+        "mixed_float16",
+        "mixed_bfloat16",
+        "float32",
+    ]
     with pytest.raises(ValueError, match="dtype policy.*'float64'"):
         check_policy("float64")
     check_batch_size(1)
@@ -132,7 +163,9 @@ def test_workload_checks():
 
 
 def test_topology_does_not_import_tensorflow():
-    code = ("import sys; from brats_seg.model.topology import unet_topology; from brats_seg.config import ModelConfig; "
-            "unet_topology(ModelConfig(depth=4, out_channels=3), 'bf16'); "
-            "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys; from brats_seg.model.topology import unet_topology; from brats_seg.config import ModelConfig; "
+        "unet_topology(ModelConfig(depth=4, out_channels=3), 'bf16'); "
+        "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

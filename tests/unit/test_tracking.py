@@ -85,15 +85,19 @@ def test_run_is_logged_and_reads_back(store_uri, tmp_path):
     assert _metric_steps(store_uri, tracker.run_id, "loss") == [1, 2]
     assert run.data.metrics["val/dice_wt"] == pytest.approx(0.4)
     # Artifacts beside the database, not under the cwd.
-    db_dir = Path(store_uri[len("sqlite:///"):]).parent
+    db_dir = Path(store_uri[len("sqlite:///") :]).parent
     assert run.info.artifact_uri.startswith((db_dir / "mlartifacts").as_uri())
     names = {f.path for f in _client(store_uri).list_artifacts(tracker.run_id)}
     assert names == {"split.json", "overlays", "plan"}
     assert (db_dir / "mlartifacts" / "test" / tracker.run_id / "artifacts" / "overlays" / "case1.png").is_file()
 
     saved = json.loads((run_dir / RUN_FILE).read_text())
-    assert saved == {"run_id": tracker.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": store_uri,
-                     "run_name": "synthetic-tiny-test"}
+    assert saved == {
+        "run_id": tracker.run_id,
+        "experiment_id": run.info.experiment_id,
+        "tracking_uri": store_uri,
+        "run_name": "synthetic-tiny-test",
+    }
     assert sorted(p.name for p in run_dir.iterdir()) == [RUN_FILE]  # no local copy of the calls
 
 
@@ -114,25 +118,28 @@ def test_the_experiment_opens_in_mlflows_model_training_view(tmp_path):
     assert client.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development"
 
 
-@pytest.mark.parametrize("flat, key", [
-    ("loss", "Loss/train"),
-    ("val_loss", "Loss/val"),
-    ("dice_wt", "Dice/train_wt"),
-    ("val_dice_et", "Dice/val_et"),
-    ("dice_mean", "Dice/train_mean"),
-    ("val_dice_mean", "Dice/val_mean"),
-    ("best_val_dice_mean", "Dice/val_mean_best"),
-    ("val_dice_rc", "Dice/val_rc"),
-    ("prob_tc", "region monitors/prob_tc"),
-    ("val_vol_wt", "region monitors/val_vol_wt"),
-    ("val_ref_vol_et", "region monitors/val_ref_vol_et"),
-    ("learning_rate", "optimizer/learning_rate"),
-    ("peak_bytes", "memory and time/peak_bytes"),
-    ("step_s", "memory and time/step_s"),
-    ("val_s", "memory and time/val_s"),
-    ("lms_recomputed_flops", "memory and time/lms_recomputed_flops"),
-    ("something_new", "something_new"),
-])
+@pytest.mark.parametrize(
+    "flat, key",
+    [
+        ("loss", "Loss/train"),
+        ("val_loss", "Loss/val"),
+        ("dice_wt", "Dice/train_wt"),
+        ("val_dice_et", "Dice/val_et"),
+        ("dice_mean", "Dice/train_mean"),
+        ("val_dice_mean", "Dice/val_mean"),
+        ("best_val_dice_mean", "Dice/val_mean_best"),
+        ("val_dice_rc", "Dice/val_rc"),
+        ("prob_tc", "region monitors/prob_tc"),
+        ("val_vol_wt", "region monitors/val_vol_wt"),
+        ("val_ref_vol_et", "region monitors/val_ref_vol_et"),
+        ("learning_rate", "optimizer/learning_rate"),
+        ("peak_bytes", "memory and time/peak_bytes"),
+        ("step_s", "memory and time/step_s"),
+        ("val_s", "memory and time/val_s"),
+        ("lms_recomputed_flops", "memory and time/lms_recomputed_flops"),
+        ("something_new", "something_new"),
+    ],
+)
 def test_training_metrics_go_to_the_chart_section_users_look_in(flat, key):
     assert training_metric_key(flat) == key
 
@@ -140,11 +147,24 @@ def test_training_metrics_go_to_the_chart_section_users_look_in(flat, key):
 def test_chart_sections_lead_with_loss_dice_and_the_evaluation():
     """MLflow orders a run's chart sections by name as plain strings (capitals first), before
     'Model metrics' and 'System metrics': the leading sections are Dice, Eval <split> and Loss."""
-    flat = ["loss", "val_loss", "dice_wt", "val_dice_wt", "val_dice_mean", "prob_wt", "val_ref_vol_wt",
-            "learning_rate", "peak_bytes", "lms_offloaded_bytes"]
+    flat = [
+        "loss",
+        "val_loss",
+        "dice_wt",
+        "val_dice_wt",
+        "val_dice_mean",
+        "prob_wt",
+        "val_ref_vol_wt",
+        "learning_rate",
+        "peak_bytes",
+        "lms_offloaded_bytes",
+    ]
     keys = [training_metric_key(k) for k in flat]
-    keys += [evaluation_metric_key("test", column, stat) for column in ("dice_wt", "hd95_wt", "lesion_dice_wt")
-             for stat in ("mean", "median", "std")]
+    keys += [
+        evaluation_metric_key("test", column, stat)
+        for column in ("dice_wt", "hd95_wt", "lesion_dice_wt")
+        for stat in ("mean", "median", "std")
+    ]
     sections = sorted({k.rsplit("/", 1)[0] for k in keys})  # JavaScript's default sort: code units
     assert sections[:3] == ["Dice", "Eval test", "Loss"]
     assert all(s[0].islower() for s in sections[3:])
@@ -159,8 +179,13 @@ def test_resume_reopens_the_same_run(store_uri, tmp_path):
     first.end("KILLED")
 
     # Re-running with the same run_dir (e.g. more epochs): the run name given now is ignored.
-    second = Tracker.start(_cfg(store_uri), run_dir, "ignored-name", {"trainer.epochs": 4, "model.depth": 3,
-                                                                          "trainer.seed": 0}, {"resumed": "yes"})
+    second = Tracker.start(
+        _cfg(store_uri),
+        run_dir,
+        "ignored-name",
+        {"trainer.epochs": 4, "model.depth": 3, "trainer.seed": 0},
+        {"resumed": "yes"},
+    )
     assert second.run_id == first.run_id
     assert _client(store_uri).get_run(second.run_id).info.status == "RUNNING"
     second.log_metrics({"loss": 0.6}, step=3)
@@ -223,8 +248,9 @@ def test_unreachable_server_warns_once_and_training_goes_on(tmp_path, caplog, cl
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     run_dir = tmp_path / "run"
     t0 = time.perf_counter()
-    tracker = Tracker.start(_cfg("http://127.0.0.1:9", system_metrics=True), run_dir, "unreachable",
-                            {"a": 1}, {"t": "v"})
+    tracker = Tracker.start(
+        _cfg("http://127.0.0.1:9", system_metrics=True), run_dir, "unreachable", {"a": 1}, {"t": "v"}
+    )
     (tmp_path / "f.txt").write_text("x")
     for step in range(1, 21):
         tracker.log_metrics({"loss": 1.0 / step}, step=step)
@@ -307,8 +333,10 @@ def test_relative_sqlite_uri_resolves_against_the_project_root(tmp_path, monkeyp
     assert find_project_root() == repo
     assert resolve_tracking_uri("sqlite:///mlruns.db") == f"sqlite:///{repo}/mlruns.db"
     assert find_project_root(tmp_path) == tmp_path  # no project above: the cwd
-    assert artifact_location_for(f"sqlite:///{tmp_path}/mlruns.db", "brats seg") == \
-        (tmp_path / "mlartifacts" / "brats_seg").as_uri()
+    assert (
+        artifact_location_for(f"sqlite:///{tmp_path}/mlruns.db", "brats seg")
+        == (tmp_path / "mlartifacts" / "brats_seg").as_uri()
+    )
     assert artifact_location_for("http://127.0.0.1:5000", "x") is None
 
 
@@ -355,7 +383,7 @@ def test_probe_counts_any_http_answer_and_fails_fast_without_one():
     from brats_seg.tracking import StoreUnreachable, probe_server
 
     class NotFound(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the stdlib's name
+        def do_GET(self):
             self.send_error(404)
 
         def log_message(self, *args):
@@ -380,9 +408,13 @@ def test_only_mlflows_public_api_is_used():
 
     repo = Path(__file__).resolve().parents[2]
     private = re.compile(r"mlflow\.(utils|tracking\.context|system_metrics\.system_metrics_monitor|store)\b")
-    offenders = [f"{path.relative_to(repo)}:{n}" for folder in ("brats_seg", "scripts")
-                 for path in sorted((repo / folder).rglob("*.py"))
-                 for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    offenders = [
+        f"{path.relative_to(repo)}:{n}"
+        for folder in ("brats_seg", "scripts")
+        for path in sorted((repo / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if private.search(line)
+    ]
     assert offenders == []
 
 
@@ -391,8 +423,14 @@ def test_links_to_the_ui_choose_the_model_training_view():
     (GenAI in a new browser) and reads no tag for it; the query in our links chooses training."""
     from brats_seg.tracking import ui_url
 
-    assert ui_url("sqlite:////data/mlruns.db", "3", "abc") == \
-        "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
-    assert ui_url("https://mlflow.example:8443/", "3") == \
-        "https://mlflow.example:8443/#/experiments/3?workflowType=machine_learning"
-    assert ui_url("sqlite:////data/mlruns.db", "1", server="http://127.0.0.1:5077").startswith("http://127.0.0.1:5077/#/")
+    assert (
+        ui_url("sqlite:////data/mlruns.db", "3", "abc")
+        == "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
+    assert (
+        ui_url("https://mlflow.example:8443/", "3")
+        == "https://mlflow.example:8443/#/experiments/3?workflowType=machine_learning"
+    )
+    assert ui_url("sqlite:////data/mlruns.db", "1", server="http://127.0.0.1:5077").startswith(
+        "http://127.0.0.1:5077/#/"
+    )

@@ -31,8 +31,14 @@ from tests.conftest import TINY
 
 LOGGER = "brats_seg.tracking.faults"  # the tracker says what failed through FaultPolicy
 HALF = ResolutionConfig(name="half", spacing_mm=2.0, shape=[96, 112, 80])
-SPLIT = {"seed": 0, "val_fraction": 0.15, "test_fraction": 0.2,
-         "train": ["case_1", "case_2", "case_3"], "val": ["case_4"], "test": ["case_5", "case_6"]}
+SPLIT = {
+    "seed": 0,
+    "val_fraction": 0.15,
+    "test_fraction": 0.2,
+    "train": ["case_1", "case_2", "case_3"],
+    "val": ["case_4"],
+    "test": ["case_5", "case_6"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +49,24 @@ def store_uri(tmp_path_factory) -> str:
 
 def _config(tmp_path: Path, uri: str, experiment: str, resolution: ResolutionConfig = TINY) -> TrainConfig:
     data = DataConfig(name="synthetic", root=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
-    return TrainConfig(data=data, resolution=resolution, run_dir=str(tmp_path / "run"),
-                       tracking=TrackingConfig(uri=uri, experiment=experiment, system_metrics=False))
+    return TrainConfig(
+        data=data,
+        resolution=resolution,
+        run_dir=str(tmp_path / "run"),
+        tracking=TrackingConfig(uri=uri, experiment=experiment, system_metrics=False),
+    )
 
 
 def _tracked_start(cfg: TrainConfig, run_dir: Path):
     """What training does once its run folder holds split.json: the chief's tracked start."""
     run_dir.mkdir(parents=True, exist_ok=True)
     RunFolder(run_dir).write_split(SPLIT)
-    run = types.SimpleNamespace(config=cfg, lms="off", reason="test",
-                                backend=types.SimpleNamespace(name="cpu_onednn", device="CPU", precision="float32"))
+    run = types.SimpleNamespace(
+        config=cfg,
+        lms="off",
+        reason="test",
+        backend=types.SimpleNamespace(name="cpu_onednn", device="CPU", precision="float32"),
+    )
     return _start_tracking(run, run_dir, run_dir.name, 1, [], None)
 
 
@@ -63,8 +77,13 @@ def _inputs(uri: str, run_id: str) -> dict[str, tuple]:
     for d in inputs:
         assert d.dataset.name not in out, f"{d.dataset.name} logged twice"
         context = {t.key: t.value for t in d.tags}["mlflow.data.context"]
-        out[d.dataset.name] = (d.dataset.digest, context, json.loads(d.dataset.profile),
-                               json.loads(d.dataset.source), d.dataset.source_type)
+        out[d.dataset.name] = (
+            d.dataset.digest,
+            context,
+            json.loads(d.dataset.profile),
+            json.loads(d.dataset.source),
+            d.dataset.source_type,
+        )
     return out
 
 
@@ -88,8 +107,13 @@ def test_splits_are_dataset_inputs_that_search_runs_filters_on(store_uri, tmp_pa
     for name, context, cases in (("train", "train", 3), ("val", "validation", 1), ("test", "test", 2)):
         digest, got_context, profile, source, source_type = inputs[f"synthetic/{name}"]
         assert got_context == context and len(digest) == 8
-        assert profile == {"cases": cases, "layout": "brats2021", "resolution": "tiny", "spacing_mm": 4.0,
-                           "shape": "48x56x40"}
+        assert profile == {
+            "cases": cases,
+            "layout": "brats2021",
+            "resolution": "tiny",
+            "spacing_mm": 4.0,
+            "shape": "48x56x40",
+        }
         assert source == {"uri": root} and source_type == "local"
     digests = {name: v[0] for name, v in inputs.items()}
     assert len(set(digests.values())) == 3  # one per split
@@ -100,8 +124,10 @@ def test_splits_are_dataset_inputs_that_search_runs_filters_on(store_uri, tmp_pa
     experiment = first.experiment_id
     everyone = {first.run_id, again.run_id, half.run_id}
     assert _search(store_uri, experiment, "dataset.name = 'synthetic/train'") == everyone
-    assert _search(store_uri, experiment, f"dataset.digest = '{digests['synthetic/train']}'") == \
-        {first.run_id, again.run_id}
+    assert _search(store_uri, experiment, f"dataset.digest = '{digests['synthetic/train']}'") == {
+        first.run_id,
+        again.run_id,
+    }
     assert _search(store_uri, experiment, f"dataset.digest = '{at_half['synthetic/val']}'") == {half.run_id}
     assert _search(store_uri, experiment, "dataset.context = 'validation'") == everyone
     assert _search(store_uri, experiment, "dataset.name = 'synthetic/other'") == set()
@@ -167,16 +193,20 @@ def test_evaluation_logs_the_split_it_scored_and_its_per_case_table(store_uri, t
     assert list(rows["case_id"]) == SPLIT["test"]  # one row per case, not appended twice
     assert list(rows.columns) == list(table.columns)
     assert list(rows["dice_wt"]) == pytest.approx([0.5, 0.6]) and rows["dice_et"].isna().all()
-    assert {f.path for f in client.list_artifacts(training.run_id, "eval/test")} >= \
-        {"eval/test/metrics.csv", artifact}
+    assert {f.path for f in client.list_artifacts(training.run_id, "eval/test")} >= {"eval/test/metrics.csv", artifact}
 
 
-@pytest.mark.parametrize("failure, connected", [
-    (MlflowException.invalid_parameter_value("dataset refused"), True),
-    (OSError(errno.ENOSPC, "No space left on device"), False),
-], ids=["refused", "disk_full"])
-def test_a_store_that_fails_to_log_inputs_warns_once_and_training_goes_on(store_uri, tmp_path, caplog,
-                                                                         monkeypatch, failure, connected):
+@pytest.mark.parametrize(
+    "failure, connected",
+    [
+        (MlflowException.invalid_parameter_value("dataset refused"), True),
+        (OSError(errno.ENOSPC, "No space left on device"), False),
+    ],
+    ids=["refused", "disk_full"],
+)
+def test_a_store_that_fails_to_log_inputs_warns_once_and_training_goes_on(
+    store_uri, tmp_path, caplog, monkeypatch, failure, connected
+):
     caplog.set_level(logging.WARNING, logger=LOGGER)
     calls = []
 

@@ -55,6 +55,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_
     assert full.epochs_done == 2
     part = train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[Interrupt()])
     assert part.epochs_done == 1
+
     class CountEpochs(keras.callbacks.Callback):
         trained: list = []
 
@@ -130,13 +131,26 @@ def test_a_state_one_save_ahead_of_the_weights_is_rolled_back_in_place():
     from brats_seg.training.checkpoint import resume_position
 
     previous = {"epoch": 1, "best_value": 0.5, "best_epoch": 1, "history": [{"epoch": 1}], "iterations": 10}
-    state = {"epoch": 2, "best_value": 0.6, "best_epoch": 2, "history": [{"epoch": 1}, {"epoch": 2}],
-             "iterations": 20, "previous": dict(previous)}
+    state = {
+        "epoch": 2,
+        "best_value": 0.6,
+        "best_epoch": 2,
+        "history": [{"epoch": 1}, {"epoch": 2}],
+        "iterations": 20,
+        "previous": dict(previous),
+    }
     assert resume_position(state, 10, steps=10) == (1, 0, None)
     assert state == previous
     # a partial save (a signal mid-epoch) one ahead of the epoch-end weights likewise
-    partial = {**previous, "epoch": 1, "step": 4, "partial": {"loss": 1.0}, "partial_epoch": 2, "iterations": 14,
-               "previous": dict(previous)}
+    partial = {
+        **previous,
+        "epoch": 1,
+        "step": 4,
+        "partial": {"loss": 1.0},
+        "partial_epoch": 2,
+        "iterations": 14,
+        "previous": dict(previous),
+    }
     assert resume_position(partial, 10, steps=10) == (1, 0, None) and partial == previous
     # consistent: nothing changes
     same = {**previous, "previous": {"epoch": 0, "iterations": 0}}
@@ -145,10 +159,20 @@ def test_a_state_one_save_ahead_of_the_weights_is_rolled_back_in_place():
 
 #: Keys the first released config lacked (``git show 5ef0090:brats_seg/config.py``), and the ones it
 #: had that are gone: an old run folder's ``config.json`` is this, not today's.
-_KEYS_ADDED_SINCE_FIRST = ("backend.gpu_memory_limit_mb", "data.prefetch_batches", "distribute.collective",
-                           "distribute.devices", "distribute.lr_scaling", "distribute.port", "distribute.timeout_s",
-                           "model.foreground_prior", "model.region_parents", "model.regions",
-                           "trainer.dead_region_epochs", "trainer.deterministic")
+_KEYS_ADDED_SINCE_FIRST = (
+    "backend.gpu_memory_limit_mb",
+    "data.prefetch_batches",
+    "distribute.collective",
+    "distribute.devices",
+    "distribute.lr_scaling",
+    "distribute.port",
+    "distribute.timeout_s",
+    "model.foreground_prior",
+    "model.region_parents",
+    "model.regions",
+    "trainer.dead_region_epochs",
+    "trainer.deterministic",
+)
 
 
 def test_an_old_run_folder_resumes_and_evaluates(synthetic_root, tmp_path, backend):

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 import tensorflow as tf
 
-from brats_seg.config import ModelConfig  # noqa: E402
-from brats_seg.model.topology import level_filters, unet_block_names, unet_topology  # noqa: E402
-from brats_seg.model.unet3d import TrilinearUpSampling3D, build_unet3d, make_unet_blocks  # noqa: E402
+from brats_seg.config import ModelConfig
+from brats_seg.model.topology import level_filters, unet_block_names, unet_topology
+from brats_seg.model.unet3d import TrilinearUpSampling3D, build_unet3d, make_unet_blocks
 
 
 def _cfg(**overrides) -> ModelConfig:
@@ -61,9 +60,20 @@ def test_every_layer_is_named_after_its_block():
     prefixes = {name.split("_")[0] for name in names}
     assert prefixes == set(blocks)
     for expected in (
-        "enc0_conv1", "enc0_norm1", "enc0_relu1", "enc0_conv2", "enc1_pool", "enc2_norm2",
-        "bottleneck_pool", "bottleneck_conv2", "dec2_up", "dec2_upconv", "dec2_concat",
-        "dec0_conv2", "head_conv", "head_sigmoid",
+        "enc0_conv1",
+        "enc0_norm1",
+        "enc0_relu1",
+        "enc0_conv2",
+        "enc1_pool",
+        "enc2_norm2",
+        "bottleneck_pool",
+        "bottleneck_conv2",
+        "dec2_up",
+        "dec2_upconv",
+        "dec2_concat",
+        "dec0_conv2",
+        "head_conv",
+        "head_sigmoid",
     ):
         model.get_layer(expected)  # raises if missing
     assert "enc0_pool" not in names  # enc0 works on the input directly
@@ -134,7 +144,9 @@ def test_group_norm_groups_are_clamped_to_divide_channels():
     assert model.get_layer("enc0_norm1").groups == 6
     assert model.get_layer("enc1_norm1").groups == 6
     assert model.get_layer("bottleneck_norm2").groups == 8
-    assert isinstance(build_unet3d(_cfg(norm="batch"), (8, 8, 8)).get_layer("dec0_norm1"), keras.layers.BatchNormalization)
+    assert isinstance(
+        build_unet3d(_cfg(norm="batch"), (8, 8, 8)).get_layer("dec0_norm1"), keras.layers.BatchNormalization
+    )
 
 
 @pytest.fixture
@@ -193,8 +205,16 @@ def test_keras_model_is_its_topology(policy, depth, norm, upsample, regions, dty
     names in the same order, output shapes and dtypes, weights, kernels, biases and groups."""
     policy(dtype_policy)
     shape = (16, 32, 16)
-    cfg = _cfg(depth=depth, base_filters=6, norm=norm, groups=4, upsample=upsample, in_channels=4, out_channels=3,
-               region_parents=[-1, 0, 0] if regions == "nested" else [])
+    cfg = _cfg(
+        depth=depth,
+        base_filters=6,
+        norm=norm,
+        groups=4,
+        upsample=upsample,
+        in_channels=4,
+        out_channels=3,
+        region_parents=[-1, 0, 0] if regions == "nested" else [],
+    )
     model = build_unet3d(cfg, shape)
     topology = unet_topology(cfg, dtype_policy)
     specs = [layer for block in topology.blocks for layer in block.model_layers]
@@ -217,7 +237,11 @@ def test_keras_model_is_its_topology(policy, depth, norm, upsample, regions, dty
 @pytest.mark.parametrize(
     "overrides,shape,match",
     [
-        ({"depth": 3}, (20, 16, 16), r"\(20, 16, 16\).*2\*\*depth = 8.*model.depth=3.*\(16, 16, 16\) or \(24, 16, 16\)"),
+        (
+            {"depth": 3},
+            (20, 16, 16),
+            r"\(20, 16, 16\).*2\*\*depth = 8.*model.depth=3.*\(16, 16, 16\) or \(24, 16, 16\)",
+        ),
         ({"depth": 2}, (6, 8, 8), r"\(6, 8, 8\).*\(4, 8, 8\) or \(8, 8, 8\)"),
         ({"in_channels": 2}, (8, 8, 8), "in_channels.*got 2"),
         ({"out_channels": 0}, (8, 8, 8), "out_channels.*got 0.*resolve_model_outputs"),
@@ -425,15 +449,18 @@ def test_instance_norm_planar_and_channels_last_views_agree_with_a_reference(dty
     with tf.GradientTape() as tape:
         tape.watch([x, gamma, beta])
         y = instance_norm(x, gamma, beta, 1e-5)
-    dx, dgamma, dbeta = tape.gradient(y, [x, gamma, beta], output_gradients=tf.cast(tf.constant(dy64, tf.float32), dtype))
+    dx, dgamma, dbeta = tape.gradient(
+        y, [x, gamma, beta], output_gradients=tf.cast(tf.constant(dy64, tf.float32), dtype)
+    )
     assert y.dtype == dtype and dx.dtype == dtype
     xr = tf.cast(x, tf.float64).numpy()  # the reference sees the same rounded input
     mean, var = xr.mean(axis=(1, 2, 3), keepdims=True), xr.var(axis=(1, 2, 3), keepdims=True)
     xhat = (xr - mean) / np.sqrt(var + 1e-5)
     dyr = tf.cast(tf.cast(tf.constant(dy64, tf.float32), dtype), tf.float64).numpy()
     g = gamma64 * dyr
-    dx_ref = (g - g.mean(axis=(1, 2, 3), keepdims=True)
-              - xhat * (g * xhat).mean(axis=(1, 2, 3), keepdims=True)) / np.sqrt(var + 1e-5)
+    dx_ref = (
+        g - g.mean(axis=(1, 2, 3), keepdims=True) - xhat * (g * xhat).mean(axis=(1, 2, 3), keepdims=True)
+    ) / np.sqrt(var + 1e-5)
     tol = 2e-4 if dtype == "float32" else 5e-2
     np.testing.assert_allclose(tf.cast(y, tf.float64).numpy(), xhat * gamma64 + beta64, atol=tol * 10)
     np.testing.assert_allclose(tf.cast(dx, tf.float64).numpy(), dx_ref, atol=tol * 10)

@@ -28,7 +28,9 @@ def prepare_run_entries(config: TrainConfig, case_ids: list[str], progress: bool
     try:
         cases, skipped = discover_cases(data.root, data.layout, require_labels=False, on_error="skip")
     except DatasetError as e:
-        raise DatasetError(f"{e} (data.root comes from the run's config.json; if the dataset moved, edit it there.)") from e
+        raise DatasetError(
+            f"{e} (data.root comes from the run's config.json; if the dataset moved, edit it there.)"
+        ) from e
     by_id = {c.case_id: c for c in cases}
     problems = dict(skipped)
     missing = [i for i in case_ids if i not in by_id or by_id[i].label is None]
@@ -40,8 +42,13 @@ def prepare_run_entries(config: TrainConfig, case_ids: list[str], progress: bool
         )
     cache_root = dataset_cache_dir(data) / config.resolution.name
     entries, errors, _ = prepare_cases(
-        [by_id[i] for i in case_ids], cache_root, config.resolution.spacing_mm, config.resolution.shape,
-        data.allow_crop, data.num_workers, progress,
+        [by_id[i] for i in case_ids],
+        cache_root,
+        config.resolution.spacing_mm,
+        config.resolution.shape,
+        data.allow_crop,
+        data.num_workers,
+        progress,
     )
     if errors:
         lines = "\n".join(f"  - {e}" for e in errors)
@@ -58,8 +65,10 @@ def split_case_ids(run_dir: str | Path, split: str) -> list[str]:
     check_choice(split, Split, "split", error=RunError)
     path = RunFolder(Path(run_dir).expanduser()).split_path
     if not path.is_file():
-        raise RunError(f"{path} not found: the run does not say which cases it held out; train first: "
-                       f"python train.py run_dir={run_dir}")
+        raise RunError(
+            f"{path} not found: the run does not say which cases it held out; train first: "
+            f"python train.py run_dir={run_dir}"
+        )
     try:
         split_ids = load_split(path)
     except ValueError as e:

@@ -38,9 +38,9 @@ from brats_seg.data.labels import labels_to_regions, regions_to_labels
 from brats_seg.data.layouts import Case
 from brats_seg.data.nifti import save_mask
 from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, preprocess_case
-from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.inference.run import run_regions
 from brats_seg.evaluation.inference.sliding import predict_volume
+from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.files import file_identity, is_temporary, write_text_atomic
 from brats_seg.locks import hold_lock
 from brats_seg.signals import report_progress
@@ -131,8 +131,9 @@ def regions_to_mask(regions: np.ndarray, layout: str, names: Sequence[str]) -> n
     return regions_to_labels(np.asarray(regions).astype(bool), layout, names)
 
 
-def predict_case_labels(probabilities: np.ndarray, layout: str, names: Sequence[str], threshold: float
-                        ) -> tuple[np.ndarray, np.ndarray]:
+def predict_case_labels(
+    probabilities: np.ndarray, layout: str, names: Sequence[str], threshold: float
+) -> tuple[np.ndarray, np.ndarray]:
     """``(label map, its regions)`` of native-grid probabilities: what is written and scored.
 
     The regions are read back from the label map (``labels_to_regions``), so they are
@@ -146,7 +147,9 @@ def check_native_shape(case_id: str, path, native: np.ndarray, shape: Sequence[i
     """Raise :class:`CaseError` if a native-grid array does not match a file's RAS shape."""
     if tuple(native.shape[:3]) != tuple(shape):
         raise CaseError(
-            case_id, path, f"RAS shape {tuple(shape)} differs from the preprocessed grid {tuple(native.shape[:3])}",
+            case_id,
+            path,
+            f"RAS shape {tuple(shape)} differs from the preprocessed grid {tuple(native.shape[:3])}",
             "The file changed since it was cached: re-run scripts/prepare_data.py.",
         )
 
@@ -159,8 +162,14 @@ def _overlay_path(output: Path, case_id: str) -> Path:
     return output / "overlays" / f"{case_id}.png"
 
 
-def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_cfg: EvaluateConfig,
-                     postprocess: PostProcessing | None = None) -> Path:
+def predict_new_case(
+    model,
+    case: Case,
+    config: TrainConfig,
+    output: Path,
+    eval_cfg: EvaluateConfig,
+    postprocess: PostProcessing | None = None,
+) -> Path:
     """Predict one case and write ``<output>/<case_id>.nii.gz`` (and ``overlays/<case_id>.png``).
 
     The mask is in ``config.data.layout``'s labels (:func:`regions_to_mask`), on the grid
@@ -175,12 +184,21 @@ def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_
     names = run_regions(config)
     image, ref = load_case_image(case)  # (x, y, z, 4) native RAS
     net_image, _, record = preprocess_case(
-        case.case_id, image, ref.spacing_mm, config.resolution.spacing_mm, config.resolution.shape,
+        case.case_id,
+        image,
+        ref.spacing_mm,
+        config.resolution.spacing_mm,
+        config.resolution.shape,
         allow_crop=config.data.allow_crop,
     )
     probs = predict_case_native(
-        model, net_image, record, mode=eval_cfg.mode, window=eval_cfg.window, overlap=eval_cfg.window_overlap,
-        mirror=eval_cfg.mirror
+        model,
+        net_image,
+        record,
+        mode=eval_cfg.mode,
+        window=eval_cfg.window,
+        overlap=eval_cfg.window_overlap,
+        mirror=eval_cfg.mirror,
     )  # (x, y, z, R)
     labels, regions = predict_case_labels(probs, config.data.layout, names, eval_cfg.threshold)
     if postprocess is not None and not postprocess.is_identity:
@@ -188,8 +206,15 @@ def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_
         regions = labels_to_regions(labels, config.data.layout, names).astype(bool)
     path = save_mask(labels, ref.original_affine, ref.original_header, _mask_path(Path(output), case.case_id))
     if eval_cfg.overlays:
-        save_overlay(image[..., 0], None, regions, _overlay_path(Path(output), case.case_id),
-                     title=case.case_id, spacing_mm=ref.spacing_mm, region_names=names)
+        save_overlay(
+            image[..., 0],
+            None,
+            regions,
+            _overlay_path(Path(output), case.case_id),
+            title=case.case_id,
+            spacing_mm=ref.spacing_mm,
+            region_names=names,
+        )
     return path
 
 
@@ -198,12 +223,18 @@ def predict_new_case(model, case: Case, config: TrainConfig, output: Path, eval_
 # ---------------------------------------------------------------------------------------
 
 
-def _settings(config: TrainConfig, eval_cfg: EvaluateConfig, model_identity: dict,
-              postprocess: PostProcessing | None = None) -> dict:
+def _settings(
+    config: TrainConfig, eval_cfg: EvaluateConfig, model_identity: dict, postprocess: PostProcessing | None = None
+) -> dict:
     """What every mask depends on besides its case: the model, the settings and the post-processing."""
     run = hashlib.sha256(json.dumps(config_to_dict(config), sort_keys=True, default=str).encode()).hexdigest()
-    return {"version": _MANIFEST_VERSION, "model": model_identity, "run_config_sha256": run,
-            "evaluate": dataclasses.asdict(eval_cfg), "postprocess": None if postprocess is None else postprocess.rules()}
+    return {
+        "version": _MANIFEST_VERSION,
+        "model": model_identity,
+        "run_config_sha256": run,
+        "evaluate": dataclasses.asdict(eval_cfg),
+        "postprocess": None if postprocess is None else postprocess.rules(),
+    }
 
 
 def _read_manifest(output: Path, settings: dict) -> dict[str, dict]:
@@ -225,9 +256,11 @@ def _read_manifest(output: Path, settings: dict) -> dict[str, dict]:
 
 
 def _case_record(case: Case, output: Path, overlays: bool) -> dict:
-    return {"inputs": [[str(p.resolve()), *(file_identity(p) or [])] for p in case.images],
-            "mask": file_identity(_mask_path(output, case.case_id)),
-            "overlay": file_identity(_overlay_path(output, case.case_id)) if overlays else None}
+    return {
+        "inputs": [[str(p.resolve()), *(file_identity(p) or [])] for p in case.images],
+        "mask": file_identity(_mask_path(output, case.case_id)),
+        "overlay": file_identity(_overlay_path(output, case.case_id)) if overlays else None,
+    }
 
 
 def _already_predicted(case: Case, output: Path, overlays: bool, done: dict[str, dict]) -> bool:
@@ -237,14 +270,22 @@ def _already_predicted(case: Case, output: Path, overlays: bool, done: dict[str,
     if not isinstance(record, dict):
         return False
     now = _case_record(case, output, overlays)
-    return now["mask"] is not None and (not overlays or now["overlay"] is not None) and now == {
-        k: record.get(k) for k in now}
+    return (
+        now["mask"] is not None
+        and (not overlays or now["overlay"] is not None)
+        and now == {k: record.get(k) for k in now}
+    )
 
 
 def _remove_leftovers(output: Path) -> None:
     """Temporary files of a prediction killed in ``output`` (ours: the folder's lock is held)."""
-    found = [p for folder in (output, output / "overlays") if folder.is_dir()
-             for p in folder.iterdir() if is_temporary(p) and p.is_file()]
+    found = [
+        p
+        for folder in (output, output / "overlays")
+        if folder.is_dir()
+        for p in folder.iterdir()
+        if is_temporary(p) and p.is_file()
+    ]
     for p in found:
         p.unlink(missing_ok=True)
     if found:
@@ -293,21 +334,34 @@ def predict_new_cases(
     with hold_lock(output, "prediction output folder"):
         _remove_leftovers(output)
         settings = _settings(config, eval_cfg, model_identity, postprocess)
-        return _predict_cases(model, cases, config, output, eval_cfg, progress, settings,
-                              _read_manifest(output, settings), postprocess)
+        return _predict_cases(
+            model, cases, config, output, eval_cfg, progress, settings, _read_manifest(output, settings), postprocess
+        )
 
 
-def _predict_cases(model, cases: Sequence[Case], config: TrainConfig, output: Path, eval_cfg: EvaluateConfig,
-                   progress: bool, settings: dict | None, done: dict[str, dict],
-                   postprocess: PostProcessing | None = None) -> list[Path]:
+def _predict_cases(
+    model,
+    cases: Sequence[Case],
+    config: TrainConfig,
+    output: Path,
+    eval_cfg: EvaluateConfig,
+    progress: bool,
+    settings: dict | None,
+    done: dict[str, dict],
+    postprocess: PostProcessing | None = None,
+) -> list[Path]:
     """:func:`predict_new_cases` once the output folder is locked and ``predict.json`` read
     (``done``: its cases; ``settings`` None: no manifest)."""
     from tqdm.auto import tqdm
 
     skip = {c.case_id for c in cases if _already_predicted(c, output, eval_cfg.overlays, done)}
     if skip:
-        log.info("%d of %d cases were predicted before by this model with these settings (%s): skipping them",
-                 len(skip), len(cases), output / MANIFEST)
+        log.info(
+            "%d of %d cases were predicted before by this model with these settings (%s): skipping them",
+            len(skip),
+            len(cases),
+            output / MANIFEST,
+        )
     written, failures = [], []
     report_progress(f"0 of {len(cases)} cases")
     for i, case in enumerate(tqdm(cases, desc="predicting", unit="case", disable=not progress)):

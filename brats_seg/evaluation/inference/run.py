@@ -23,17 +23,16 @@ from brats_seg.run_dir import RunError, RunFolder
 __all__ = [
     "RunError",
     "check_evaluate_config",
-    "inference_settings",
     "checkpoint_path",
-    "load_run_config",
-    "load_run_model",
     "inference_device",
     "inference_policy",
+    "inference_settings",
+    "load_run_config",
+    "load_run_model",
     "run_regions",
 ]
 
 log = logging.getLogger(__name__)
-
 
 
 def load_run_config(run_dir: str | Path) -> TrainConfig:
@@ -75,18 +74,24 @@ def inference_settings(cfg: EvaluateConfig, run: TrainConfig) -> EvaluateConfig:
     if not patch:
         return cfg
     if cfg.window and [int(w) for w in cfg.window] != patch:
-        raise RunError(f"evaluate.window={list(cfg.window)}: this run trained on patches of {patch}, and its "
-                       f"{run.model.norm} norm learned the statistics of windows of that size; leave evaluate.window "
-                       "empty (the run's patch is used).")
+        raise RunError(
+            f"evaluate.window={list(cfg.window)}: this run trained on patches of {patch}, and its "
+            f"{run.model.norm} norm learned the statistics of windows of that size; leave evaluate.window "
+            "empty (the run's patch is used)."
+        )
     if str(cfg.mode) == "sliding" and [int(w) for w in cfg.window] == patch:
         return cfg
-    log.debug("the run trained on patches of %s: inferring by sliding windows of that size (overlap %g, Gaussian "
-              "blending)", "x".join(map(str, patch)), cfg.window_overlap)  # evaluate.py prints the mode once
+    log.debug(
+        "the run trained on patches of %s: inferring by sliding windows of that size (overlap %g, Gaussian blending)",
+        "x".join(map(str, patch)),
+        cfg.window_overlap,
+    )  # evaluate.py prints the mode once
     return dataclasses.replace(cfg, mode="sliding", window=patch)
 
 
-def check_evaluate_config(cfg: EvaluateConfig, model: ModelConfig | None = None,
-                          patch: list[int] | None = None) -> None:
+def check_evaluate_config(
+    cfg: EvaluateConfig, model: ModelConfig | None = None, patch: list[int] | None = None
+) -> None:
     """Check ``evaluate.*`` against the run's model up front (before a model is loaded).
 
     Sliding windows are refused for instance and group norm when the network was trained on

@@ -49,7 +49,7 @@ GAUSSIAN_SIGMA_SCALE = _GAUSSIAN_SIGMA_SCALE  # the blending's sigma, for those 
 def default_window(shape: Sequence[int], depth: int) -> tuple[int, int, int]:
     """Half the grid per axis, rounded to the nearest multiple of ``2**depth`` (at least one)."""
     multiple = 2**depth
-    return tuple(min(int(s), max(multiple, int(math.floor(s / 2 / multiple + 0.5)) * multiple)) for s in shape)
+    return tuple(min(int(s), max(multiple, math.floor(s / 2 / multiple + 0.5) * multiple)) for s in shape)
 
 
 def sliding_window_starts(size: int, window: int, overlap: float) -> list[int]:
@@ -66,11 +66,11 @@ def sliding_window_starts(size: int, window: int, overlap: float) -> list[int]:
     if window > size:
         raise ValueError(f"window {window} is larger than the grid axis {size}.")
     target_step = max(1.0, window * (1.0 - overlap))
-    n_steps = int(math.ceil((size - window) / target_step)) + 1
+    n_steps = math.ceil((size - window) / target_step) + 1
     if n_steps == 1:
         return [0]
     step = (size - window) / (n_steps - 1)
-    return [int(round(step * i)) for i in range(n_steps)]
+    return [round(step * i) for i in range(n_steps)]
 
 
 def window_corners(shape: Sequence[int], window: Sequence[int], overlap: float) -> list[tuple[int, int, int]]:
@@ -108,7 +108,7 @@ def _model_depth(model) -> int:
     return sum(1 for layer in model.layers if type(layer).__name__ == "MaxPooling3D")
 
 
-_WINDOW_MODELS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_WINDOW_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _model_for(model, spatial: tuple[int, int, int]):
@@ -150,9 +150,7 @@ def resolve_window(window, shape: tuple[int, int, int], depth: int) -> tuple[int
         raise ValueError(f"evaluate.window should be 3 positive sizes (x, y, z), got {list(window)}.")
     if any(w % multiple for w in window):
         fixed = [max(multiple, round(w / multiple) * multiple) for w in window]
-        raise ValueError(
-            f"evaluate.window={list(window)} is not divisible by 2**depth = {multiple}; use e.g. {fixed}."
-        )
+        raise ValueError(f"evaluate.window={list(window)} is not divisible by 2**depth = {multiple}; use e.g. {fixed}.")
     clamped = tuple(min(w, s) for w, s in zip(window, shape))
     if clamped != window:
         log.warning("evaluate.window %s is larger than the grid %s; using %s", list(window), list(shape), list(clamped))
@@ -206,7 +204,7 @@ def predict_volume(
     return _predict_sliding(_model_for(model, win), image, win, overlap, batch_size)
 
 
-_FORWARD_FNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_FORWARD_FNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _forward(model, batch: np.ndarray, mirror: bool = False) -> np.ndarray:

@@ -126,8 +126,13 @@ def compute_lesion23_metrics(
     pred_cc = cc3d.connected_components(pred, connectivity=26)
     pred_boxes = ndi.find_objects(pred_cc)
     # Reference lesions: components of the dilated reference, restricted to the reference.
-    ref_lesions = np.where(ref, cc3d.connected_components(
-        ndi.binary_dilation(ref, structure=_DILATION, iterations=params.dilation), connectivity=26), 0)
+    ref_lesions = np.where(
+        ref,
+        cc3d.connected_components(
+            ndi.binary_dilation(ref, structure=_DILATION, iterations=params.dilation), connectivity=26
+        ),
+        0,
+    )
     matched_pred: set[int] = set()
     dices: list[float] = []
     hd95s: list[float] = []
@@ -156,7 +161,9 @@ def compute_lesion23_metrics(
         crop = _bbox(crop, 1, ref.shape)
         lesion = ref_lesions[crop] == index
         predicted = np.isin(pred_cc[crop], touching)
-        dices.append(2.0 * np.count_nonzero(lesion & predicted) / (np.count_nonzero(lesion) + np.count_nonzero(predicted)))
+        dices.append(
+            2.0 * np.count_nonzero(lesion & predicted) / (np.count_nonzero(lesion) + np.count_nonzero(predicted))
+        )
         hd95s.append(_hd95_mm(lesion, predicted, spacing))
     n_fp = sum(1 for i, box in enumerate(pred_boxes, start=1) if box is not None and i not in matched_pred)
     n = len(dices) + n_fp

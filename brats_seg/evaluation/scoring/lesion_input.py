@@ -42,7 +42,8 @@ def check_label_pair(
     pred, ref = np.asarray(pred_labels), np.asarray(ref_labels)
     if pred.shape != ref.shape or pred.ndim != 3:
         raise LesionwiseError(
-            f"the prediction {pred.shape} and the reference {ref.shape} should be 3D label maps of one shape")
+            f"the prediction {pred.shape} and the reference {ref.shape} should be 3D label maps of one shape"
+        )
     for name, arr in (("prediction", pred), ("reference", ref)):
         if not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool):
             raise LesionwiseError(f"the {name} should be an integer label map, got dtype {arr.dtype}")

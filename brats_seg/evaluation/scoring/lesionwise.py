@@ -11,7 +11,8 @@ for every layout. Each definition is a module of its own::
     lesion23           BraTS 2023/2024 (``lesion23_*``): what the 2023 and 2024 leaderboards ranked by,
                        written here after the 2023 reference code; missed and false-positive
                        lesions score Dice 0 / HD95 374 mm in the same average
-    lesion_input       the label-map pair both accept, and :class:`~brats_seg.evaluation.scoring.lesion_input.LesionwiseError`, which both raise
+    lesion_input       the label-map pair both accept, and
+                       :class:`~brats_seg.evaluation.scoring.lesion_input.LesionwiseError`, which both raise
 
 Label maps are ``(x, y, z)`` in RAS, prediction and reference on one grid.
 """
@@ -57,8 +58,14 @@ def compute_lesionwise_metrics(
     Raises:
         LesionwiseError: bad input, or panoptica failed.
     """
-    values = compute_panoptica_metrics(pred_labels, ref_labels, spacing_mm, table,  # checks the input
-                                       stored_affine, stored_zooms_mm)
+    values = compute_panoptica_metrics(
+        pred_labels,
+        ref_labels,
+        spacing_mm,
+        table,  # checks the input
+        stored_affine,
+        stored_zooms_mm,
+    )
     pred, ref = np.asarray(pred_labels), np.asarray(ref_labels)
     for region, labels in table.items():
         scores = compute_lesion23_metrics(np.isin(pred, list(labels)), np.isin(ref, list(labels)), spacing_mm, lesion23)

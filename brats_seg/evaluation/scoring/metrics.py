@@ -44,11 +44,11 @@ import surface_distance
 __all__ = [
     "HD95_EMPTY_MM",
     "LEGACY_METRICS",
+    "compute_case_metrics",
     "compute_dice",
     "compute_hd95_mm",
     "compute_sensitivity",
     "compute_specificity",
-    "compute_case_metrics",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,9 +97,7 @@ def _as_mask_pair(pred: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.nda
 def _check_spacing_mm(spacing_mm: Sequence[float]) -> tuple[float, float, float]:
     spacing = tuple(float(s) for s in np.ravel(np.asarray(spacing_mm, dtype=float)))
     if len(spacing) != 3:
-        raise ValueError(
-            f"spacing_mm should have 3 values (x, y, z) in mm, got {len(spacing)}: {spacing_mm!r}."
-        )
+        raise ValueError(f"spacing_mm should have 3 values (x, y, z) in mm, got {len(spacing)}: {spacing_mm!r}.")
     if not all(math.isfinite(s) and s > 0 for s in spacing):
         raise ValueError(
             f"spacing_mm should be finite and positive (mm), got {spacing_mm!r}. "
@@ -248,7 +246,5 @@ def compute_case_metrics(
         per_metric["sens"][region] = compute_sensitivity(pred, ref)
         per_metric["spec"][region] = compute_specificity(pred, ref)
     return {
-        f"{metric}_{region}": float(value)
-        for metric in LEGACY_METRICS
-        for region, value in per_metric[metric].items()
+        f"{metric}_{region}": float(value) for metric in LEGACY_METRICS for region, value in per_metric[metric].items()
     }

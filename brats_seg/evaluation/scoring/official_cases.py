@@ -22,18 +22,36 @@ from brats_seg.data.labels import LABELS
 from brats_seg.data.phantoms.synthetic import case_files, write_synthetic_dataset
 from brats_seg.files import atomic_path
 
-__all__ = ["SMALL_CASES", "SMALL_SHAPE", "SPACINGS", "STORAGES", "design", "fold_cavity", "save", "small_case",
-           "write_designed_cases", "write_small_cases"]
+__all__ = [
+    "SMALL_CASES",
+    "SMALL_SHAPE",
+    "SPACINGS",
+    "STORAGES",
+    "design",
+    "fold_cavity",
+    "save",
+    "small_case",
+    "write_designed_cases",
+    "write_small_cases",
+]
 
 SHAPE = (72, 80, 56)  # voxels: small enough to score quickly, large enough for several lesions
 # Voxel sizes (x, y, z) mm of the cases, in turn; all but 1 mm differ on at least two axes.
-SPACINGS = ((1.0, 1.0, 1.0), (1.2, 0.9, 2.0), (0.9, 1.1, 1.5), (1.0, 1.0, 1.0), (0.8, 1.0, 3.0),
-            (1.5, 0.7, 1.1), (0.9375, 0.9375, 2.5))
+SPACINGS = (
+    (1.0, 1.0, 1.0),
+    (1.2, 0.9, 2.0),
+    (0.9, 1.1, 1.5),
+    (1.0, 1.0, 1.0),
+    (0.8, 1.0, 3.0),
+    (1.5, 0.7, 1.1),
+    (0.9375, 0.9375, 2.5),
+)
 # How the files store the voxels, in turn: nibabel axis codes of the stored axes (i, j, k).
 STORAGES = ("RAS", "LPS", "ASL")
 
 
 # --- case design ------------------------------------------------------------------------
+
 
 def ball(shape, c, r, spacing):
     zz = np.indices(shape).astype(float)
@@ -141,8 +159,9 @@ def small_case(index: int, layout: str):
     moves = (((1, 0, 0), 1.0), ((0, 0, 0), 1.15), ((0, 1, 1), 0.85))  # centre shift (voxels), radius scale
     for (c, r), (shift, scale) in zip(lesions, moves):
         paint(ref, lesion(SMALL_SHAPE, c, r, spacing, lab))
-        paint(pred, lesion(SMALL_SHAPE, tuple(a + b for a, b in zip(c, shift)), tuple(x * scale for x in r),
-                           spacing, lab))
+        paint(
+            pred, lesion(SMALL_SHAPE, tuple(a + b for a, b in zip(c, shift)), tuple(x * scale for x in r), spacing, lab)
+        )
     paint(ref, lesion(SMALL_SHAPE, (5, 28, 15), (3.0, 3.0, 3.0), spacing, lab))  # missed
     paint(pred, lesion(SMALL_SHAPE, (26, 29, 4), (3.5, 3.5, 3.5), spacing, lab))  # false positive
     ref[2:6, 24:29, 14:18] = np.where(ref[2:6, 24:29, 14:18] == 0, 4, ref[2:6, 24:29, 14:18])
@@ -155,6 +174,7 @@ def small_case(index: int, layout: str):
 
 
 # --- files ------------------------------------------------------------------------------
+
 
 def save(path: Path, data_ras: np.ndarray, spacing, storage: str, dtype=np.uint8) -> None:
     """Write ``data_ras`` ``(x, y, z)`` (voxel size ``spacing``) stored as ``storage`` (e.g.
@@ -185,8 +205,15 @@ def write_small_cases(root: Path, preds: Path, layout: str) -> list[dict]:
         save(files["seg"], ref, spacing, storage)
         cid = files["seg"].parent.name
         save(preds / f"{cid}.nii.gz", pred, spacing, storage)
-        cases.append({"case_id": cid, "ref": str(files["seg"]), "pred": str(preds / f"{cid}.nii.gz"),
-                      "voxel_mm": list(spacing), "storage": storage})
+        cases.append(
+            {
+                "case_id": cid,
+                "ref": str(files["seg"]),
+                "pred": str(preds / f"{cid}.nii.gz"),
+                "voxel_mm": list(spacing),
+                "storage": storage,
+            }
+        )
     return cases
 
 
@@ -209,6 +236,13 @@ def write_designed_cases(work: Path, layout: str, n: int) -> tuple[Path, Path, l
         seg = case_files(root, layout, i)["seg"]
         save(seg, ref, spacing, storage)
         save(preds / f"{cid}.nii.gz", pred, spacing, storage)
-        cases.append({"case_id": cid, "ref": str(seg), "pred": str(preds / f"{cid}.nii.gz"),
-                      "voxel_mm": list(spacing), "storage": storage})
+        cases.append(
+            {
+                "case_id": cid,
+                "ref": str(seg),
+                "pred": str(preds / f"{cid}.nii.gz"),
+                "voxel_mm": list(spacing),
+                "storage": storage,
+            }
+        )
     return root, preds, cases

@@ -66,8 +66,14 @@ def _region_table_key(table: Mapping[str, Sequence[int]]) -> tuple[tuple[str, tu
 
 @functools.lru_cache(maxsize=8)
 def _evaluator(key: tuple[tuple[str, tuple[int, ...]], ...]):
-    from panoptica import ConnectedComponentsInstanceApproximator, InputType, MaxBipartiteMatching, Metric
-    from panoptica import Panoptica_Evaluator, disable_citation_reminder
+    from panoptica import (
+        ConnectedComponentsInstanceApproximator,
+        InputType,
+        MaxBipartiteMatching,
+        Metric,
+        Panoptica_Evaluator,
+        disable_citation_reminder,
+    )
     from panoptica.utils.edge_case_handling import EdgeCaseHandler, EdgeCaseResult, MetricZeroTPEdgeCaseHandling
     from panoptica.utils.label_group import LabelGroup, LabelMergeGroup
     from panoptica.utils.segmentation_class import SegmentationClassGroups
@@ -76,15 +82,23 @@ def _evaluator(key: tuple[tuple[str, tuple[int, ...]], ...]):
 
     def zero_tp(missed):
         return MetricZeroTPEdgeCaseHandling(
-            no_instances_result=EdgeCaseResult.NAN, empty_prediction_result=missed,
-            empty_reference_result=missed, normal=missed)
+            no_instances_result=EdgeCaseResult.NAN,
+            empty_prediction_result=missed,
+            empty_reference_result=missed,
+            normal=missed,
+        )
 
     # Groups as in the official config: one label a LabelGroup, several a LabelMergeGroup,
     # never single-instance; the values are our layout's (the official GLI config's for
     # brats2023/brats2024, whose labels are the same).
-    groups = {region: (LabelGroup(list(values), single_instance=False) if len(values) == 1
-                       else LabelMergeGroup(list(values), single_instance=False))
-              for region, values in key}
+    groups = {
+        region: (
+            LabelGroup(list(values), single_instance=False)
+            if len(values) == 1
+            else LabelMergeGroup(list(values), single_instance=False)
+        )
+        for region, values in key
+    }
     # panoptica prints (not logs) a note when one label is in two groups, as WT/TC/ET
     # nest by design; keep it off the user's terminal.
     with contextlib.redirect_stdout(io.StringIO()):
@@ -198,7 +212,8 @@ def compute_panoptica_metrics(
     if len(spacing) != 3 or not all(math.isfinite(s) and s > 0 for s in spacing):
         raise LesionwiseError(
             f"the reference file's header voxel sizes should be 3 positive sizes in mm, got {stored_zooms_mm!r}: "
-            "fix the pixdim of the reference label file")
+            "fix the pixdim of the reference label file"
+        )
     evaluator = make_panoptica_evaluator(table)
     try:
         with warnings.catch_warnings():
@@ -206,7 +221,7 @@ def compute_panoptica_metrics(
             warnings.filterwarnings("ignore", message="The threshold is set to 0.5")
             warnings.filterwarnings("ignore", category=RuntimeWarning)
             results = evaluator.evaluate(pred, ref, voxelspacing=spacing, verbose=False, log_times=False)
-    except Exception as e:  # noqa: BLE001 - any panoptica failure is reported per case
+    except Exception as e:
         raise LesionwiseError(f"panoptica failed: {type(e).__name__}: {e}") from e
     out: dict[str, float] = {}
     for region in table:

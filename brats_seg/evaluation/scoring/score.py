@@ -73,21 +73,40 @@ def score_case(
     regions = tuple(regions) if regions is not None else all_regions
     pred = np.asarray(pred_labels).astype(np.uint8)
     ref = np.asarray(ref_labels).astype(np.uint8)
-    values = compute_case_metrics(labels_to_regions(pred, layout, regions), labels_to_regions(ref, layout, regions),
-                                  spacing_mm, region_names=regions)
+    values = compute_case_metrics(
+        labels_to_regions(pred, layout, regions),
+        labels_to_regions(ref, layout, regions),
+        spacing_mm,
+        region_names=regions,
+    )
     table = region_label_values(layout, regions)
     scored = sorted({v for labels in table.values() for v in labels})
-    stored = {} if reference is None else {
-        "stored_affine": reference.original_affine,
-        "stored_zooms_mm": reference.original_header.get_zooms()[:3],  # pixdim, as SimpleITK reads it
-    }
+    stored = (
+        {}
+        if reference is None
+        else {
+            "stored_affine": reference.original_affine,
+            "stored_zooms_mm": reference.original_header.get_zooms()[:3],  # pixdim, as SimpleITK reads it
+        }
+    )
     try:  # labels of regions not scored (a WT-only model and RC) are background here
-        values.update(compute_lesionwise_metrics(
-            np.where(np.isin(pred, scored), pred, 0), np.where(np.isin(ref, scored), ref, 0),
-            spacing_mm, table, lesion23=lesion23_params_for(case_id), **stored))
+        values.update(
+            compute_lesionwise_metrics(
+                np.where(np.isin(pred, scored), pred, 0),
+                np.where(np.isin(ref, scored), ref, 0),
+                spacing_mm,
+                table,
+                lesion23=lesion23_params_for(case_id),
+                **stored,
+            )
+        )
     except LesionwiseError as e:
-        raise CaseError(case_id, None, f"lesion-wise scoring failed: {e}",
-                        "Check that the mask and the reference are label maps of the same grid.") from None
+        raise CaseError(
+            case_id,
+            None,
+            f"lesion-wise scoring failed: {e}",
+            "Check that the mask and the reference are label maps of the same grid.",
+        ) from None
     return {f"{m}_{r}": values.get(f"{m}_{r}", math.nan) for m in METRIC_NAMES for r in all_regions}
 
 
@@ -102,13 +121,19 @@ def _load_prediction(case_id: str, path: Path, ref: Volume, layout: str) -> np.n
     vol = load_volume(path, case_id)
     if vol.data.shape != ref.data.shape or not np.allclose(vol.affine_ras, ref.affine_ras, atol=1e-3):
         raise CaseError(
-            case_id, path,
+            case_id,
+            path,
             f"grid (RAS shape {vol.data.shape}, affine {np.round(vol.affine_ras, 3).tolist()}) differs from that of "
             f"the reference {ref.path} (RAS shape {ref.data.shape}, affine {np.round(ref.affine_ras, 3).tolist()})",
             "A mask must be on its reference label file's grid: write it with scripts/predict.py, or resample it first.",
         )
-    return check_label_map(case_id, path, vol.data, layout,
-                           "Write masks in the layout's own labels, or pass the data= the masks were written for.")
+    return check_label_map(
+        case_id,
+        path,
+        vol.data,
+        layout,
+        "Write masks in the layout's own labels, or pass the data= the masks were written for.",
+    )
 
 
 @dataclass
@@ -177,16 +202,29 @@ def score_masks(
         else:
             pred = _load_prediction(case.case_id, path, ref_vol, layout)
         table.add(case.case_id, score_case(case.case_id, pred, ref, ref_vol.spacing_mm, layout, reference=ref_vol))
-    masks = {nifti_stem(p) for p in pred_dir.iterdir()
-             if p.is_file() and p.name.endswith(NIFTI_SUFFIXES) and not is_temporary(p)}  # not a killed writer's
+    masks = {
+        nifti_stem(p)
+        for p in pred_dir.iterdir()
+        if p.is_file() and p.name.endswith(NIFTI_SUFFIXES) and not is_temporary(p)
+    }  # not a killed writer's
     unmatched = sorted(masks - {c.case_id for c in cases})
     if missing:
-        log.warning("%d of %d reference cases have no prediction in %s and count as empty masks "
-                    "(Dice 0, HD95 %.2f mm where the reference is not empty): %s",
-                    len(missing), len(cases), pred_dir, HD95_EMPTY_MM, ", ".join(missing))
+        log.warning(
+            "%d of %d reference cases have no prediction in %s and count as empty masks "
+            "(Dice 0, HD95 %.2f mm where the reference is not empty): %s",
+            len(missing),
+            len(cases),
+            pred_dir,
+            HD95_EMPTY_MM,
+            ", ".join(missing),
+        )
     if unmatched:
-        log.warning("%d mask(s) in %s have no reference case and are ignored: %s", len(unmatched), pred_dir,
-                    ", ".join(unmatched))
+        log.warning(
+            "%d mask(s) in %s have no reference case and are ignored: %s",
+            len(unmatched),
+            pred_dir,
+            ", ".join(unmatched),
+        )
     csv_path = Path(out).expanduser() if out else pred_dir / "metrics.csv"
     table.save_csv(csv_path)
     summary_path = table.save_summary_json(csv_path.with_name("summary.json"))

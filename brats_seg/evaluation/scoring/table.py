@@ -48,10 +48,21 @@ log = logging.getLogger(__name__)
 INF_DISTANCE_MM = 373.0
 
 METRIC_NAMES = (
-    "dice", "hd95", "sens", "spec",
-    "nsd", "lesion_dice", "lesion_hd95", "lesion_nsd",
-    "lesions_ref", "lesions_pred", "lesions_tp", "rq", "pq",
-    "lesion23_dice", "lesion23_hd95",
+    "dice",
+    "hd95",
+    "sens",
+    "spec",
+    "nsd",
+    "lesion_dice",
+    "lesion_hd95",
+    "lesion_nsd",
+    "lesions_ref",
+    "lesions_pred",
+    "lesions_tp",
+    "rq",
+    "pq",
+    "lesion23_dice",
+    "lesion23_hd95",
 )
 _STATS = ("mean", "median", "std")
 
@@ -124,8 +135,10 @@ class MetricsTable:
         missing = sorted(set(self.columns[1:]) - set(values))
         extra = sorted(set(values) - set(self.columns[1:]))
         if missing or extra:
-            raise ValueError(f"case {case_id!r} has other metrics than the table: missing {missing[:6]}, "
-                             f"extra {extra[:6]}. Score every case with the same regions.")
+            raise ValueError(
+                f"case {case_id!r} has other metrics than the table: missing {missing[:6]}, "
+                f"extra {extra[:6]}. Score every case with the same regions."
+            )
         self._rows[case_id] = {c: float(values[c]) for c in self.columns[1:]}
 
     def values(self, column: str) -> np.ndarray:
@@ -148,8 +161,11 @@ class MetricsTable:
             v = v[~np.isnan(v)]
             n_inf = int(np.isinf(v).sum())
             v = np.where(np.isinf(v), INF_DISTANCE_MM, v)
-            stats = (dict.fromkeys(_STATS, math.nan) if v.size == 0 else
-                     {"mean": float(np.mean(v)), "median": float(np.median(v)), "std": float(np.std(v))})
+            stats = (
+                dict.fromkeys(_STATS, math.nan)
+                if v.size == 0
+                else {"mean": float(np.mean(v)), "median": float(np.median(v)), "std": float(np.std(v))}
+            )
             out[column] = {**stats, "n": int(v.size), "n_inf": n_inf}
         return out
 
@@ -191,11 +207,12 @@ class MetricsTable:
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             names = reader.fieldnames or []
-            regions = tuple(c[len("dice_"):] for c in names if c.startswith("dice_"))
+            regions = tuple(c[len("dice_") :] for c in names if c.startswith("dice_"))
             table = cls(regions or ("wt",))
             if tuple(names) != table.columns:
-                raise ValueError(f"{path}: columns {names[:5]}... are not those of a brats-seg metrics.csv "
-                                 f"for regions {regions}.")
+                raise ValueError(
+                    f"{path}: columns {names[:5]}... are not those of a brats-seg metrics.csv for regions {regions}."
+                )
             for row in reader:
                 case_id = row.pop("case_id")
                 table.add(case_id, {k: float(v) if v != "" else math.nan for k, v in row.items()})
@@ -208,10 +225,15 @@ class MetricsTable:
 
 # (header, column prefix, digits): what the printed table shows, left to right.
 _SHOWN = (
-    ("Dice", "dice", 3), ("HD95", "hd95", 1),
-    ("Dice", "lesion23_dice", 3), ("HD95", "lesion23_hd95", 1),
-    ("Dice", "lesion_dice", 3), ("NSD", "lesion_nsd", 3), ("HD95", "lesion_hd95", 1),
-    ("NSD", "nsd", 3), ("F1", "rq", 3),
+    ("Dice", "dice", 3),
+    ("HD95", "hd95", 1),
+    ("Dice", "lesion23_dice", 3),
+    ("HD95", "lesion23_hd95", 1),
+    ("Dice", "lesion_dice", 3),
+    ("NSD", "lesion_nsd", 3),
+    ("HD95", "lesion_hd95", 1),
+    ("NSD", "nsd", 3),
+    ("F1", "rq", 3),
 )
 _GROUPS = (("legacy", 2), ("BraTS 2023-24 rank", 2), ("lesion-wise (2025+)", 3), ("global", 1), ("detect", 1))
 
@@ -239,6 +261,7 @@ def format_summary_table(summary: dict, regions: Sequence[str]) -> str:
                 star = "*" if stats.get("n_inf") else ""
                 cells.append(f"{mean:.{digits}f}{star}".rjust(width))
         lines.append(f"{region.upper():<7}" + "".join(cells))
-    lines.append("means over cases; HD95 in mm; * = infinite distances counted as 373 mm; "
-                 "every column per case in metrics.csv")
+    lines.append(
+        "means over cases; HD95 in mm; * = infinite distances counted as 373 mm; every column per case in metrics.csv"
+    )
     return "\n".join(lines)

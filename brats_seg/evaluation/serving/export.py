@@ -108,8 +108,10 @@ def check_export_output(output: str | Path) -> Path:
     if output.exists() and not output.is_dir():
         raise RunError(f"output={output} is a file: pass output= a new folder for the export.")
     if output.is_dir() and any(output.iterdir()) and not is_export_dir(output):
-        raise RunError(f"output={output} already holds files that are not a brats-seg export; an export replaces "
-                       "its folder whole, so pass output= a new or empty folder.")
+        raise RunError(
+            f"output={output} already holds files that are not a brats-seg export; an export replaces "
+            "its folder whole, so pass output= a new or empty folder."
+        )
     return output
 
 
@@ -124,13 +126,23 @@ def describe_inference(config: TrainConfig) -> dict:
     """
     if not config.trainer.patch_size:
         return {"mode": "whole"}
-    return {"mode": "sliding", "window": list(network_input_shape(config)),
-            "overlap": float(EvaluateConfig().window_overlap), "blending": "gaussian",
-            "sigma_scale": float(GAUSSIAN_SIGMA_SCALE)}
+    return {
+        "mode": "sliding",
+        "window": list(network_input_shape(config)),
+        "overlap": float(EvaluateConfig().window_overlap),
+        "blending": "gaussian",
+        "sigma_scale": float(GAUSSIAN_SIGMA_SCALE),
+    }
 
 
-def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, checkpoint_identity: dict,
-                    policy: str, warn_unchosen: bool = True) -> dict:
+def describe_export(
+    config: TrainConfig,
+    run_dir: str | Path,
+    checkpoint: str,
+    checkpoint_identity: dict,
+    policy: str,
+    warn_unchosen: bool = True,
+) -> dict:
     """The content of ``preprocessing.json`` for a run's model (TensorFlow-free).
 
     Args:
@@ -154,45 +166,61 @@ def describe_export(config: TrainConfig, run_dir: str | Path, checkpoint: str, c
         "version": EXPORT_VERSION,
         "signature": {
             "name": SIGNATURE,
-            "input": {"name": INPUT_NAME, "shape": [None, *shape, len(CHANNELS)], "dtype": "float32",
-                      "channels": list(CHANNELS), "channels_used": config.model.in_channels},
-            "output": {"name": OUTPUT_NAME, "shape": [None, *shape, len(names)], "dtype": "float32",
-                       "meaning": "sigmoid probability of each region, in the order of 'regions'"},
+            "input": {
+                "name": INPUT_NAME,
+                "shape": [None, *shape, len(CHANNELS)],
+                "dtype": "float32",
+                "channels": list(CHANNELS),
+                "channels_used": config.model.in_channels,
+            },
+            "output": {
+                "name": OUTPUT_NAME,
+                "shape": [None, *shape, len(names)],
+                "dtype": "float32",
+                "meaning": "sigmoid probability of each region, in the order of 'regions'",
+            },
             "axes": f"channels-last (batch, x, y, z, channel), voxel order {preprocessing['orientation']}",
         },
         "inference": describe_inference(config),
         "regions": [{"name": n, "title": REGION_TITLES[n], "labels": labels[n]} for n in names],
-        "labels": {"layout": config.data.layout, "names": {str(v): n for v, n in sorted(table.names.items())},
-                   "background": 0},
+        "labels": {
+            "layout": config.data.layout,
+            "names": {str(v): n for v, n in sorted(table.names.items())},
+            "background": 0,
+        },
         "preprocessing": preprocessing,
         "postprocessing": {
             "threshold": defaults.threshold,
             "rule": "a region is where its probability, on the native grid, is > threshold",
             "paint_order": [[region, label] for region, label in table.paint_order if region in names],
             "paint_rule": "write each region's voxels with its label in paint_order, later entries winning; "
-                          "voxels in no region are 0",
+            "voxels in no region are 0",
             "test_time_mirroring": defaults.mirror,
             "mirroring_rule": "brats_seg's predict.py averages the probabilities with those of the input "
-                              "flipped along x (axis 1), flipped back (evaluate.mirror)",
+            "flipped along x (axis 1), flipped back (evaluate.mirror)",
             "chosen": _chosen_postprocessing(config, run_dir, checkpoint_identity, warn_unchosen),
             "chosen_rule": "then, on the painted label map (null: nothing): each region's connected components "
-                           "(26-connected) under min_component_mm3 leave it and the regions inside it; a region "
-                           "under relabel_below_mm3 in total takes the label of the region holding it (ET -> "
-                           "necrosis); chosen on the run's val split (brats_seg.evaluation.postprocess)",
+            "(26-connected) under min_component_mm3 leave it and the regions inside it; a region "
+            "under relabel_below_mm3 in total takes the label of the region holding it (ET -> "
+            "necrosis); chosen on the run's val split (brats_seg.evaluation.postprocess)",
         },
-        "precision": {"backend": str(precision), "dtype_policy": policy,
-                      "trained": str(config.backend.precision)},
-        "run": {"run_dir": str(Path(run_dir).expanduser().resolve()), "checkpoint": str(checkpoint),
-                "checkpoint_size": checkpoint_identity.get("size"),
-                "checkpoint_sha256": checkpoint_identity.get("sha256"),
-                "summary": _config_summary(config), "config": config_to_dict(config)},
+        "precision": {"backend": str(precision), "dtype_policy": policy, "trained": str(config.backend.precision)},
+        "run": {
+            "run_dir": str(Path(run_dir).expanduser().resolve()),
+            "checkpoint": str(checkpoint),
+            "checkpoint_size": checkpoint_identity.get("size"),
+            "checkpoint_sha256": checkpoint_identity.get("sha256"),
+            "summary": _config_summary(config),
+            "config": config_to_dict(config),
+        },
         "brats_seg": _provenance(),
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
 
-def _chosen_postprocessing(config: TrainConfig, run_dir: str | Path, checkpoint_identity: dict,
-                           warn_unchosen: bool = True) -> dict | None:
+def _chosen_postprocessing(
+    config: TrainConfig, run_dir: str | Path, checkpoint_identity: dict, warn_unchosen: bool = True
+) -> dict | None:
     """The run's ``postprocess.json`` (rules, what they were chosen for and their validation means), or None."""
     from brats_seg.evaluation.postprocess import PostprocessError, rules_of_record
 
@@ -203,21 +231,35 @@ def _chosen_postprocessing(config: TrainConfig, run_dir: str | Path, checkpoint_
     except PostprocessError as e:
         raise RunError(str(e)) from None
     if rules is None:
-        (log.warning if warn_unchosen else log.debug)("the run %s has no post-processing chosen (scripts/evaluate.py chooses it on the val split): "
-                    "the export holds none, and its masks are written as thresholded", run_dir)
+        (log.warning if warn_unchosen else log.debug)(
+            "the run %s has no post-processing chosen (scripts/evaluate.py chooses it on the val split): "
+            "the export holds none, and its masks are written as thresholded",
+            run_dir,
+        )
         return None
     validation = record.get("validation") or {}
-    return {"kind": record["kind"], "version": record.get("version"), "rules": rules.rules(),
-            "described": rules.describe(), "chosen_for": record.get("chosen_for"),
-            "validation": {k: validation.get(k) for k in ("cases", "objective", "unprocessed", "chosen")}}
+    return {
+        "kind": record["kind"],
+        "version": record.get("version"),
+        "rules": rules.rules(),
+        "described": rules.describe(),
+        "chosen_for": record.get("chosen_for"),
+        "validation": {k: validation.get(k) for k in ("cases", "objective", "unprocessed", "chosen")},
+    }
 
 
 def _config_summary(config: TrainConfig) -> dict:
     """The handful of values a reader looks for first."""
     m = config.model
-    return {"data": config.data.name, "layout": config.data.layout, "resolution": config.resolution.name,
-            "model": f"{m.name} depth={m.depth} base_filters={m.base_filters} norm={m.norm} upsample={m.upsample} "
-                     f"regions={m.regions}", "epochs": config.trainer.epochs, "seed": config.trainer.seed}
+    return {
+        "data": config.data.name,
+        "layout": config.data.layout,
+        "resolution": config.resolution.name,
+        "model": f"{m.name} depth={m.depth} base_filters={m.base_filters} norm={m.norm} upsample={m.upsample} "
+        f"regions={m.regions}",
+        "epochs": config.trainer.epochs,
+        "seed": config.trainer.seed,
+    }
 
 
 def _provenance() -> dict:
@@ -233,8 +275,14 @@ def _provenance() -> dict:
     return {"version": package, "git_commit": git_commit()}
 
 
-def export_run(run_dir: str | Path, output: str | Path | None = None, checkpoint: str = "best",
-               fmt: str = "saved_model", config: TrainConfig | None = None, warn_unchosen: bool = True) -> Path:
+def export_run(
+    run_dir: str | Path,
+    output: str | Path | None = None,
+    checkpoint: str = "best",
+    fmt: str = "saved_model",
+    config: TrainConfig | None = None,
+    warn_unchosen: bool = True,
+) -> Path:
     """Export a run's model: a SavedModel plus ``preprocessing.json``, in one atomic folder.
 
     Call after ``brats_seg.backend.configure``: the model is traced under the dtype policy
@@ -298,19 +346,21 @@ def _write_saved_model(model, config: TrainConfig, folder: Path) -> None:
         one_case = _sliding_case_fn(model, shape, inference, n_in, n_out)
         parallel = {"parallel_iterations": 1}  # one case at a time: the memory of one case's windows
     else:
+
         def one_case(x):  # (x, y, z, 4) -> (x, y, z, R): a static batch of 1, as brats_seg's inference runs it
             return tf.cast(model(x[None, ..., :n_in], training=False), tf.float32)[0]
+
         parallel = {}  # as exports have always been traced
 
     def serve(image):  # (B, x, y, z, 4) float32 -> {"probabilities": (B, x, y, z, R) float32}
-        probs = tf.map_fn(one_case, image, fn_output_signature=tf.TensorSpec((*shape, n_out), tf.float32),
-                          **parallel)
+        probs = tf.map_fn(one_case, image, fn_output_signature=tf.TensorSpec((*shape, n_out), tf.float32), **parallel)
         return {OUTPUT_NAME: probs}
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint(SIGNATURE, serve,
-                         input_signature=[tf.TensorSpec((None, *shape, len(CHANNELS)), tf.float32, name=INPUT_NAME)])
+    archive.add_endpoint(
+        SIGNATURE, serve, input_signature=[tf.TensorSpec((None, *shape, len(CHANNELS)), tf.float32, name=INPUT_NAME)]
+    )
     tf_log = logging.getLogger("tensorflow")
     level = tf_log.level
     tf_log.setLevel(max(level, logging.WARNING))  # not "Assets written to <the temporary folder>"
@@ -334,8 +384,13 @@ def _sliding_case_fn(model, shape: tuple[int, int, int], inference: dict, n_in: 
     window = tuple(int(w) for w in inference["window"])
     corners = window_corners(shape, window, inference["overlap"])
     weights = gaussian_importance_map(window, inference["sigma_scale"])[..., None]  # (wx, wy, wz, 1) float32
-    log.info("export: sliding windows %s over %s, overlap %.2f: %d windows a case",
-             "x".join(map(str, window)), "x".join(map(str, shape)), inference["overlap"], len(corners))
+    log.info(
+        "export: sliding windows %s over %s, overlap %.2f: %d windows a case",
+        "x".join(map(str, window)),
+        "x".join(map(str, shape)),
+        inference["overlap"],
+        len(corners),
+    )
     image_size, sum_size = [*window, n_in], [*window, n_out + 1]  # static: the model needs static dims
 
     def one_case(x):
@@ -347,13 +402,15 @@ def _sliding_case_fn(model, shape: tuple[int, int, int], inference: dict, n_in: 
             begin = starts[i]
             p = tf.cast(model(tf.slice(x, begin, image_size)[None], training=False), tf.float32)[0]  # (wx, wy, wz, R)
             box = tf.slice(total, begin, sum_size) + tf.concat([p * gauss, gauss], axis=-1)
-            total = tf.raw_ops.TensorStridedSliceUpdate(input=total, begin=begin, end=begin + sum_size,
-                                                        strides=[1, 1, 1, 1], value=box)
+            total = tf.raw_ops.TensorStridedSliceUpdate(
+                input=total, begin=begin, end=begin + sum_size, strides=[1, 1, 1, 1], value=box
+            )
             return i + 1, total
 
         total = tf.zeros((*shape, n_out + 1), tf.float32)
-        _, total = tf.while_loop(lambda i, _: i < len(corners), add_window, (tf.constant(0), total),
-                                 parallel_iterations=1)
+        _, total = tf.while_loop(
+            lambda i, _: i < len(corners), add_window, (tf.constant(0), total), parallel_iterations=1
+        )
         return total[..., :n_out] / total[..., n_out:]
 
     return one_case

@@ -17,8 +17,8 @@ by :func:`load_exported_model`.
 from __future__ import annotations
 
 import hashlib
-import logging
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,8 @@ import numpy as np
 
 from brats_seg.config import EvaluateConfig, TrainConfig, config_from_dict
 from brats_seg.data.labels import resolve_model_outputs
+from brats_seg.evaluation.inference.run import RunError, check_evaluate_config
+from brats_seg.evaluation.postprocess import PostprocessError, PostProcessing, rules_of_record
 from brats_seg.evaluation.serving.export import (
     DESCRIPTION_FILE,
     EXPORT_KIND,
@@ -35,12 +37,18 @@ from brats_seg.evaluation.serving.export import (
     SIGNATURE,
     is_export_dir,
 )
-from brats_seg.evaluation.postprocess import PostProcessing, PostprocessError, rules_of_record
-from brats_seg.evaluation.inference.run import RunError, check_evaluate_config
 from brats_seg.run_dir import RunFolder, upgrade_config_dict
 
-__all__ = ["ExportInfo", "ExportedModel", "check_export_settings", "export_precision", "load_exported_model",
-           "predict_source", "prediction_postprocessing", "read_export"]
+__all__ = [
+    "ExportInfo",
+    "ExportedModel",
+    "check_export_settings",
+    "export_precision",
+    "load_exported_model",
+    "predict_source",
+    "prediction_postprocessing",
+    "read_export",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +99,14 @@ def read_export(folder: str | Path) -> ExportInfo:
         raise RunError(f"export={folder} does not exist: pass the folder {_EXPORT_HINT} wrote.")
     if not is_export_dir(folder):
         if RunFolder(folder).has_config():
-            raise RunError(f"export={folder} is a training run, not an export: pass run_dir={folder}, or export it "
-                           f"first: python scripts/export.py run_dir={folder}")
-        raise RunError(f"export={folder} is not a brats-seg export (no saved_model.pb and {DESCRIPTION_FILE}): "
-                       f"pass the folder {_EXPORT_HINT} wrote.")
+            raise RunError(
+                f"export={folder} is a training run, not an export: pass run_dir={folder}, or export it "
+                f"first: python scripts/export.py run_dir={folder}"
+            )
+        raise RunError(
+            f"export={folder} is not a brats-seg export (no saved_model.pb and {DESCRIPTION_FILE}): "
+            f"pass the folder {_EXPORT_HINT} wrote."
+        )
     path = folder / DESCRIPTION_FILE
     raw = path.read_bytes()
     try:
@@ -102,20 +114,31 @@ def read_export(folder: str | Path) -> ExportInfo:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{path} is not readable JSON ({e}): export the run again ({_EXPORT_HINT}).") from e
     if not isinstance(description, dict) or description.get("kind") != EXPORT_KIND:
-        raise RunError(f"{path} is not a brats-seg export's description (no \"kind\": \"{EXPORT_KIND}\"): "
-                       f"pass the folder {_EXPORT_HINT} wrote.")
+        raise RunError(
+            f'{path} is not a brats-seg export\'s description (no "kind": "{EXPORT_KIND}"): '
+            f"pass the folder {_EXPORT_HINT} wrote."
+        )
     if not isinstance(description.get("version"), int) or description["version"] > EXPORT_VERSION:
-        raise RunError(f"{path} is version {description.get('version')} of the export format; this brats_seg "
-                       f"reads up to {EXPORT_VERSION}: upgrade brats_seg, or export the run with this one.")
+        raise RunError(
+            f"{path} is version {description.get('version')} of the export format; this brats_seg "
+            f"reads up to {EXPORT_VERSION}: upgrade brats_seg, or export the run with this one."
+        )
     try:
-        config = resolve_model_outputs(config_from_dict(TrainConfig, upgrade_config_dict(
-            dict(description["run"]["config"]))))
+        config = resolve_model_outputs(
+            config_from_dict(TrainConfig, upgrade_config_dict(dict(description["run"]["config"])))
+        )
         precision = str(description["precision"]["backend"])
     except (KeyError, TypeError, ValueError) as e:
-        raise RunError(f"{path} does not hold the run's config and precision ({e}): export the run again "
-                       f"({_EXPORT_HINT}).") from e
-    return ExportInfo(folder=folder, description=description, config=config, precision=precision,
-                      identity={"export_sha256": hashlib.sha256(raw).hexdigest()})
+        raise RunError(
+            f"{path} does not hold the run's config and precision ({e}): export the run again ({_EXPORT_HINT})."
+        ) from e
+    return ExportInfo(
+        folder=folder,
+        description=description,
+        config=config,
+        precision=precision,
+        identity={"export_sha256": hashlib.sha256(raw).hexdigest()},
+    )
 
 
 def check_export_settings(info: ExportInfo, eval_cfg: EvaluateConfig) -> None:
@@ -132,23 +155,31 @@ def check_export_settings(info: ExportInfo, eval_cfg: EvaluateConfig) -> None:
         inference = info.inference
         if inference["mode"] == "sliding":
             window = "x".join(str(w) for w in inference["window"])
-            raise RunError(f"evaluate.mode={eval_cfg.mode} with export={info.folder}: the export takes the whole "
-                           f"network grid ({shape}) and runs the run's sliding windows ({window}, overlap "
-                           f"{inference['overlap']}, Gaussian blending) inside it; use evaluate.mode=whole.")
-        raise RunError(f"evaluate.mode={eval_cfg.mode} with export={info.folder}: an export's signature takes the "
-                       f"whole network grid ({shape}); use evaluate.mode=whole, or run_dir=<the training run> for "
-                       "sliding windows.")
+            raise RunError(
+                f"evaluate.mode={eval_cfg.mode} with export={info.folder}: the export takes the whole "
+                f"network grid ({shape}) and runs the run's sliding windows ({window}, overlap "
+                f"{inference['overlap']}, Gaussian blending) inside it; use evaluate.mode=whole."
+            )
+        raise RunError(
+            f"evaluate.mode={eval_cfg.mode} with export={info.folder}: an export's signature takes the "
+            f"whole network grid ({shape}); use evaluate.mode=whole, or run_dir=<the training run> for "
+            "sliding windows."
+        )
     check_evaluate_config(eval_cfg, info.config.model)
     inference = info.inference
     if inference["mode"] == "sliding":  # fixed in the graph: a different value asked for would be ignored
         window, overlap = [int(w) for w in inference["window"]], float(inference["overlap"])
         if eval_cfg.window and [int(w) for w in eval_cfg.window] != window:
-            raise RunError(f"evaluate.window={list(eval_cfg.window)} with export={info.folder}: the export slides "
-                           f"windows of its run's patch {window} inside its graph; leave evaluate.window empty.")
+            raise RunError(
+                f"evaluate.window={list(eval_cfg.window)} with export={info.folder}: the export slides "
+                f"windows of its run's patch {window} inside its graph; leave evaluate.window empty."
+            )
         if float(eval_cfg.window_overlap) != overlap:
-            raise RunError(f"evaluate.window_overlap={eval_cfg.window_overlap} with export={info.folder}: the export "
-                           f"slides its windows with overlap {overlap} inside its graph; leave "
-                           "evaluate.window_overlap at its default, or use run_dir=<the training run>.")
+            raise RunError(
+                f"evaluate.window_overlap={eval_cfg.window_overlap} with export={info.folder}: the export "
+                f"slides its windows with overlap {overlap} inside its graph; leave "
+                "evaluate.window_overlap at its default, or use run_dir=<the training run>."
+            )
 
 
 def predict_source(run_dir: str, export: str, eval_cfg: EvaluateConfig) -> ExportInfo | None:
@@ -161,11 +192,15 @@ def predict_source(run_dir: str, export: str, eval_cfg: EvaluateConfig) -> Expor
     """
     folder, run = str(export).strip(), str(run_dir).strip()
     if folder and run:
-        raise RunError(f"run_dir={run_dir} and export={export} are both given: pass one, run_dir= a training run "
-                       "or export= an export of one.")
+        raise RunError(
+            f"run_dir={run_dir} and export={export} are both given: pass one, run_dir= a training run "
+            "or export= an export of one."
+        )
     if not folder and not run:
-        raise RunError("run_dir is not set: pass run_dir=<the training run's folder> (e.g. outputs/<run>), "
-                       "or export=<an exported model's folder>.")
+        raise RunError(
+            "run_dir is not set: pass run_dir=<the training run's folder> (e.g. outputs/<run>), "
+            "or export=<an exported model's folder>."
+        )
     if not folder and not is_export_dir(run):
         return None
     info = read_export(folder or run)
@@ -173,8 +208,9 @@ def predict_source(run_dir: str, export: str, eval_cfg: EvaluateConfig) -> Expor
     return info
 
 
-def prediction_postprocessing(run_dir: str, export: ExportInfo | None, config: TrainConfig, eval_cfg: EvaluateConfig,
-                              checkpoint: str = "best") -> PostProcessing | None:
+def prediction_postprocessing(
+    run_dir: str, export: ExportInfo | None, config: TrainConfig, eval_cfg: EvaluateConfig, checkpoint: str = "best"
+) -> PostProcessing | None:
     """The post-processing ``scripts/predict.py`` applies: none with ``evaluate.postprocess=none``;
     else the rules the export holds, or the training run's ``postprocess.json`` (chosen on its val
     split by ``scripts/evaluate.py``). Without one the masks are written as thresholded, said once.
@@ -190,17 +226,25 @@ def prediction_postprocessing(run_dir: str, export: ExportInfo | None, config: T
             record = (export.description.get("postprocessing") or {}).get("chosen")
             rules = rules_of_record(record, layout, str(export.folder / DESCRIPTION_FILE))
             if rules is None:
-                log.warning("the export %s holds no post-processing (its run had none chosen when it was exported): "
-                            "masks are written as thresholded", export.folder)
+                log.warning(
+                    "the export %s holds no post-processing (its run had none chosen when it was exported): "
+                    "masks are written as thresholded",
+                    export.folder,
+                )
             return rules
         folder = RunFolder.of(run_dir)
-        rules = rules_of_record(folder.read_postprocess(), layout, str(folder.postprocess_path),
-                                folder.checkpoint_identity(checkpoint))
+        rules = rules_of_record(
+            folder.read_postprocess(), layout, str(folder.postprocess_path), folder.checkpoint_identity(checkpoint)
+        )
     except PostprocessError as e:
         raise RunError(str(e)) from None
     if rules is None:
-        log.warning("the run %s has no post-processing chosen yet (scripts/evaluate.py run_dir=%s chooses it on its "
-                    "val split): masks are written as thresholded", run_dir, run_dir)
+        log.warning(
+            "the run %s has no post-processing chosen yet (scripts/evaluate.py run_dir=%s chooses it on its "
+            "val split): masks are written as thresholded",
+            run_dir,
+            run_dir,
+        )
     else:
         log.info("post-processing (%s): %s", folder.postprocess_path, rules.describe())
     return rules
@@ -213,8 +257,10 @@ def export_precision(info: ExportInfo, requested: str | None) -> str:
         RunError: ``requested`` (a ``backend.precision=`` given) differs from it.
     """
     if requested and requested != info.precision:
-        raise RunError(f"backend.precision={requested}: the export {info.folder} computes in {info.precision}. "
-                       f"Drop backend.precision=, or export the run again with backend.precision={requested}.")
+        raise RunError(
+            f"backend.precision={requested}: the export {info.folder} computes in {info.precision}. "
+            f"Drop backend.precision=, or export the run again with backend.precision={requested}."
+        )
     return info.precision
 
 
@@ -234,8 +280,10 @@ class ExportedModel:
         fn = signatures.get(SIGNATURE) if hasattr(signatures, "get") else None
         inputs = fn.structured_input_signature[1] if fn is not None else {}
         if fn is None or INPUT_NAME not in inputs or OUTPUT_NAME not in fn.structured_outputs:
-            raise RunError(f"{folder}: the SavedModel has no {SIGNATURE} signature taking {INPUT_NAME!r} and returning "
-                           f"{OUTPUT_NAME!r}; export the run again ({_EXPORT_HINT}).")
+            raise RunError(
+                f"{folder}: the SavedModel has no {SIGNATURE} signature taking {INPUT_NAME!r} and returning "
+                f"{OUTPUT_NAME!r}; export the run again ({_EXPORT_HINT})."
+            )
         self._loaded, self._fn = loaded, fn  # the loaded object keeps the signature's variables alive
         self.input_shape = tuple(inputs[INPUT_NAME].shape)
 
@@ -259,6 +307,8 @@ def load_exported_model(folder: str | Path) -> ExportedModel:
     try:
         loaded = tf.saved_model.load(str(folder))
     except (OSError, ValueError, tf.errors.OpError) as e:
-        raise RunError(f"{folder}: the SavedModel cannot be loaded ({str(e).splitlines()[0] if str(e) else e!r}); "
-                       f"export the run again ({_EXPORT_HINT}).") from e
+        raise RunError(
+            f"{folder}: the SavedModel cannot be loaded ({str(e).splitlines()[0] if str(e) else e!r}); "
+            f"export the run again ({_EXPORT_HINT})."
+        ) from e
     return ExportedModel(loaded, folder)

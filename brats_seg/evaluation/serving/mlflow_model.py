@@ -58,8 +58,8 @@ from pathlib import Path
 import numpy as np
 
 from brats_seg.config import TrainConfig
-from brats_seg.evaluation.serving.export import DESCRIPTION_FILE, describe_export, export_run
 from brats_seg.evaluation.inference.run import load_run_config
+from brats_seg.evaluation.serving.export import DESCRIPTION_FILE, describe_export, export_run
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import Tracker
 
@@ -119,23 +119,35 @@ def log_best_model(tracker, run_dir: str | Path, step: int = 0) -> LoggedModel |
         import keras
 
         config = load_run_config(folder.root)
-        description = describe_export(config, folder.root, "best", folder.checkpoint_identity("best"),
-                                      keras.mixed_precision.global_policy().name, warn_unchosen=False)
+        description = describe_export(
+            config,
+            folder.root,
+            "best",
+            folder.checkpoint_identity("best"),
+            keras.mixed_precision.global_policy().name,
+            warn_unchosen=False,
+        )
         uri = _held(tracker, MODEL_NAME, description)  # what the export would describe, without exporting
         if uri is None:
             with tempfile.TemporaryDirectory(prefix="brats-seg-mlflow-model-") as tmp:
                 export = export_run(folder.root, Path(tmp) / "saved_model", "best", config=config, warn_unchosen=False)
                 uri = _log_export(tracker, export, MODEL_NAME, step)
     except Exception as e:  # noqa: BLE001 - the run is trained; its folder is the result
-        log.warning("the best model was not logged to MLflow: exporting checkpoints/best.keras failed (%s: %s). The "
-                    "run folder %s keeps it; `python scripts/export.py run_dir=%s` exports and logs it.",
-                    type(e).__name__, e, run_dir, run_dir)
+        log.warning(
+            "the best model was not logged to MLflow: exporting checkpoints/best.keras failed (%s: %s). The "
+            "run folder %s keeps it; `python scripts/export.py run_dir=%s` exports and logs it.",
+            type(e).__name__,
+            e,
+            run_dir,
+            run_dir,
+        )
         return None
     return _registered(tracker, MODEL_NAME, uri)
 
 
-def log_export_to_run(run_dir: str | Path, export_dir: str | Path, checkpoint: str,
-                      config: TrainConfig) -> LoggedModel | None:
+def log_export_to_run(
+    run_dir: str | Path, export_dir: str | Path, checkpoint: str, config: TrainConfig
+) -> LoggedModel | None:
     """``scripts/export.py``: log the export just written as an MLflow model of the run's MLflow run
     (the one ``mlflow.json`` names; nothing without it), unless the run already holds it, and
     register it as the run's ``tracking.register_as`` if set. Never raises.
@@ -167,8 +179,11 @@ def _identity(description: dict) -> dict[str, str]:
     post-processing (its digest; ``none``)."""
     chosen = description["postprocessing"]["chosen"]
     digest = "none" if chosen is None else hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()
-    return {_SHA_TAG: str(description["run"]["checkpoint_sha256"]),
-            _POLICY_TAG: str(description["precision"]["dtype_policy"]), _POSTPROCESS_TAG: digest}
+    return {
+        _SHA_TAG: str(description["run"]["checkpoint_sha256"]),
+        _POLICY_TAG: str(description["precision"]["dtype_policy"]),
+        _POSTPROCESS_TAG: digest,
+    }
 
 
 def _held(tracker, name: str, description: dict) -> str | None:
@@ -176,9 +191,16 @@ def _held(tracker, name: str, description: dict) -> str | None:
     identity = _identity(description)
     uri = tracker.find_model(name, identity)
     if uri is not None:
-        log.info("run %s already holds this model as %s (checkpoint %s, sha256 %s..., %s, post-processing %s): "
-                 "not logged again", tracker.run_id, uri, description["run"]["checkpoint"], identity[_SHA_TAG][:12],
-                 identity[_POLICY_TAG], "none" if identity[_POSTPROCESS_TAG] == "none" else "chosen")
+        log.info(
+            "run %s already holds this model as %s (checkpoint %s, sha256 %s..., %s, post-processing %s): "
+            "not logged again",
+            tracker.run_id,
+            uri,
+            description["run"]["checkpoint"],
+            identity[_SHA_TAG][:12],
+            identity[_POLICY_TAG],
+            "none" if identity[_POSTPROCESS_TAG] == "none" else "chosen",
+        )
     return uri
 
 
@@ -196,13 +218,27 @@ def _log_export(tracker, export: Path, name: str, step: int) -> str | None:
     signature, example = _signature(description), _input_example(description)
     start = time.perf_counter()
     uri = tracker.log_model(
-        name, _pyfunc_file(), artifacts={"saved_model": export, "preprocessing": export / DESCRIPTION_FILE},
-        signature=signature, input_example=example, pip_requirements=_requirements(), tags=_tags(description),
-        step=step)
+        name,
+        _pyfunc_file(),
+        artifacts={"saved_model": export, "preprocessing": export / DESCRIPTION_FILE},
+        signature=signature,
+        input_example=example,
+        pip_requirements=_requirements(),
+        tags=_tags(description),
+        step=step,
+    )
     if uri is not None:
-        log.info("logged checkpoint %s as the MLflow model runs:/%s/%s (%s) in %.1f s: "
-                 "mlflow.pyfunc.load_model('runs:/%s/%s').predict(volume)", description["run"]["checkpoint"],
-                 tracker.run_id, name, uri, time.perf_counter() - start, tracker.run_id, name)
+        log.info(
+            "logged checkpoint %s as the MLflow model runs:/%s/%s (%s) in %.1f s: "
+            "mlflow.pyfunc.load_model('runs:/%s/%s').predict(volume)",
+            description["run"]["checkpoint"],
+            tracker.run_id,
+            name,
+            uri,
+            time.perf_counter() - start,
+            tracker.run_id,
+            name,
+        )
     return uri
 
 
@@ -214,9 +250,10 @@ def _signature(description: dict):
     sig = description["signature"]
     shape_in = tuple(-1 if s is None else int(s) for s in sig["input"]["shape"])
     shape_out = tuple(-1 if s is None else int(s) for s in sig["output"]["shape"])
-    return ModelSignature(inputs=Schema([TensorSpec(np.dtype(sig["input"]["dtype"]), shape_in)]),
-                          outputs=Schema([TensorSpec(np.dtype(sig["output"]["dtype"]), shape_out,
-                                                     sig["output"]["name"])]))
+    return ModelSignature(
+        inputs=Schema([TensorSpec(np.dtype(sig["input"]["dtype"]), shape_in)]),
+        outputs=Schema([TensorSpec(np.dtype(sig["output"]["dtype"]), shape_out, sig["output"]["name"])]),
+    )
 
 
 def _input_example(description: dict) -> np.ndarray | None:
@@ -224,9 +261,13 @@ def _input_example(description: dict) -> np.ndarray | None:
     shape = (1, *(int(s) for s in description["signature"]["input"]["shape"][1:]))
     values = int(np.prod(shape))
     if values > INPUT_EXAMPLE_MAX_VALUES:
-        log.info("no input example in the MLflow model: a %s volume is %d values (MLflow stores examples as JSON; "
-                 "the limit is %d); its signature gives the shape", "x".join(map(str, shape[1:])), values,
-                 INPUT_EXAMPLE_MAX_VALUES)
+        log.info(
+            "no input example in the MLflow model: a %s volume is %d values (MLflow stores examples as JSON; "
+            "the limit is %d); its signature gives the shape",
+            "x".join(map(str, shape[1:])),
+            values,
+            INPUT_EXAMPLE_MAX_VALUES,
+        )
         return None
     return np.zeros(shape, np.dtype(description["signature"]["input"]["dtype"]))
 
@@ -235,11 +276,14 @@ def _tags(description: dict) -> dict[str, str]:
     """The logged model's tags: its identity (:func:`_identity`), which checkpoint, the grid, regions
     and how a case is inferred."""
     run = description["run"]
-    return {**_identity(description), "brats_seg.checkpoint": str(run["checkpoint"]),
-            "brats_seg.resolution": str(run["summary"]["resolution"]),
-            "brats_seg.grid": "x".join(str(s) for s in description["signature"]["input"]["shape"][1:4]),
-            "brats_seg.regions": ",".join(r["name"] for r in description["regions"]),
-            "brats_seg.inference": str(description["inference"]["mode"])}
+    return {
+        **_identity(description),
+        "brats_seg.checkpoint": str(run["checkpoint"]),
+        "brats_seg.resolution": str(run["summary"]["resolution"]),
+        "brats_seg.grid": "x".join(str(s) for s in description["signature"]["input"]["shape"][1:4]),
+        "brats_seg.regions": ",".join(r["name"] for r in description["regions"]),
+        "brats_seg.inference": str(description["inference"]["mode"]),
+    }
 
 
 def _requirements() -> list[str]:

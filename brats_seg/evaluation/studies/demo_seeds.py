@@ -45,8 +45,10 @@ def train_overrides(overrides: list[str]) -> list[str]:
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if key in SET_PER_ARM:
-            raise ValueError(f"{o}: each arm sets {key} itself (<out>/seed<seed>, the seed); "
-                             "choose the arms with seeds=[...] and their folder with out=.")
+            raise ValueError(
+                f"{o}: each arm sets {key} itself (<out>/seed<seed>, the seed); "
+                "choose the arms with seeds=[...] and their folder with out=."
+            )
         if key not in OWN_KEYS:
             passed.append(o)
     return passed
@@ -64,10 +66,12 @@ def _scores(folder, split: str) -> dict:
             out[f"{m}_{r}_unprocessed"] = before.get(f"{m}_{r}", out[f"{m}_{r}"])
     with open(folder.metrics_csv(split), newline="") as f:
         rows = list(csv.DictReader(f))
-    out["et_false"] = [r["case_id"] for r in rows if float(r["lesions_ref_et"] or 0) == 0
-                       and float(r["lesions_pred_et"] or 0) > 0]
-    out["et_missed"] = [r["case_id"] for r in rows if float(r["lesions_ref_et"] or 0) > 0
-                        and float(r["lesions_pred_et"] or 0) == 0]
+    out["et_false"] = [
+        r["case_id"] for r in rows if float(r["lesions_ref_et"] or 0) == 0 and float(r["lesions_pred_et"] or 0) > 0
+    ]
+    out["et_missed"] = [
+        r["case_id"] for r in rows if float(r["lesions_ref_et"] or 0) > 0 and float(r["lesions_pred_et"] or 0) == 0
+    ]
     out["without_et"] = sum(float(r["lesions_ref_et"] or 0) == 0 for r in rows)
     return out
 
@@ -86,23 +90,47 @@ def run_arm(run_dir: Path, seed: int, passed: list[str], heldout: str = "") -> d
     if state is None or int(state.get("epoch", 0)) < folder.read_config().trainer.epochs:
         experiment = [] if any(o.startswith("experiment=") for o in passed) else ["experiment=demo"]
         t0 = time.time()
-        run_logged([sys.executable, str(project_dir() / "train.py"), *experiment, f"trainer.seed={seed}", "tracking=none",
-                    f"run_dir={run_dir}", *passed], logfile)
+        run_logged(
+            [
+                sys.executable,
+                str(project_dir() / "train.py"),
+                *experiment,
+                f"trainer.seed={seed}",
+                "tracking=none",
+                f"run_dir={run_dir}",
+                *passed,
+            ],
+            logfile,
+        )
         timing["train_s"] = timing.get("train_s", 0.0) + time.time() - t0  # summed over resumed starts
         write_text_atomic(timing_path, json.dumps(timing) + "\n")
     if not folder.summary_json("test").is_file():
         t0 = time.time()
-        run_logged([sys.executable, str(project_dir() / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=test"],
-                   logfile)
+        run_logged(
+            [sys.executable, str(project_dir() / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=test"],
+            logfile,
+        )
         timing["evaluate_s"] = time.time() - t0
         write_text_atomic(timing_path, json.dumps(timing) + "\n")
-    out = {"seed": seed, "train_s": round(timing.get("train_s", float("nan")), 1),
-           "evaluate_s": round(timing.get("evaluate_s", float("nan")), 1), **_scores(folder, "test")}
+    out = {
+        "seed": seed,
+        "train_s": round(timing.get("train_s", float("nan")), 1),
+        "evaluate_s": round(timing.get("evaluate_s", float("nan")), 1),
+        **_scores(folder, "test"),
+    }
     if heldout:
         split = f"all@{heldout}"
         if not folder.summary_json(split).is_file():
-            run_logged([sys.executable, str(project_dir() / "scripts" / "evaluate.py"), f"run_dir={run_dir}", "split=all",
-                        f"on={heldout}"], logfile)
+            run_logged(
+                [
+                    sys.executable,
+                    str(project_dir() / "scripts" / "evaluate.py"),
+                    f"run_dir={run_dir}",
+                    "split=all",
+                    f"on={heldout}",
+                ],
+                logfile,
+            )
         out["heldout"] = {"set": heldout, **_scores(folder, split)}
     return out
 
@@ -113,7 +141,9 @@ def _seeds(value) -> list[int]:
     try:
         seeds = [int(s) for s in items if str(s).strip() != ""]
     except ValueError:
-        raise ValueError(f"seeds={value!r}: give whole numbers, a list (seeds=[0,1,2]) or one seed (seeds=3).") from None
+        raise ValueError(
+            f"seeds={value!r}: give whole numbers, a list (seeds=[0,1,2]) or one seed (seeds=3)."
+        ) from None
     if not seeds:
         raise ValueError("seeds is empty: give at least one, e.g. seeds=[0,1,2].")
     return seeds
@@ -126,8 +156,10 @@ def compute_means(runs: list[dict]) -> dict:
         for r in REGIONS:
             for key in (f"{m}_{r}", f"{m}_{r}_unprocessed"):
                 values = [run[key] for run in runs]
-                means[key] = {"mean": statistics.mean(values),
-                              "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+                means[key] = {
+                    "mean": statistics.mean(values),
+                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                }
     return means
 
 
@@ -150,8 +182,13 @@ def run_demo_seeds(conf, overrides: list[str]) -> dict:
     out = Path(conf.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     runs = [run_arm(out / f"seed{s}", s, passed, conf.heldout) for s in seeds]
-    result = {"cpu": cpu_model_name(), "cpu_kind": cpu_kind(), "overrides": passed, "runs": runs,
-              "means": compute_means(runs)}
+    result = {
+        "cpu": cpu_model_name(),
+        "cpu_kind": cpu_kind(),
+        "overrides": passed,
+        "runs": runs,
+        "means": compute_means(runs),
+    }
     if conf.heldout:
         result["heldout_means"] = compute_means([run["heldout"] for run in runs])
     write_text_atomic(out / "demo_seeds.json", json.dumps(result, indent=1) + "\n")
@@ -160,16 +197,27 @@ def run_demo_seeds(conf, overrides: list[str]) -> dict:
 
 def _table(title: str, runs: list[dict], means: dict, train_s: list[float] | None) -> list[str]:
     columns = [(m, r) for m in METRICS for r in REGIONS]
-    lines = [title, "",
-             "| seed | " + " | ".join(f"{METRICS[m]} {r.upper()}" for m, r in columns)
-             + " | ET on a case without ET | ET missed |" + (" training |" if train_s else ""),
-             "|---" * (len(columns) + 3 + bool(train_s)) + "|"]
+    lines = [
+        title,
+        "",
+        "| seed | "
+        + " | ".join(f"{METRICS[m]} {r.upper()}" for m, r in columns)
+        + " | ET on a case without ET | ET missed |"
+        + (" training |" if train_s else ""),
+        "|---" * (len(columns) + 3 + bool(train_s)) + "|",
+    ]
     for i, run in enumerate(runs):
         cells = [f"{run[f'{m}_{r}']:.3f} ({run[f'{m}_{r}_unprocessed']:.3f})" for m, r in columns]
-        lines.append(f"| {run['seed']} | " + " | ".join(cells) + f" | {', '.join(run['et_false']) or '-'} | "
-                     f"{', '.join(run['et_missed']) or '-'} |" + (f" {train_s[i] / 60:.1f} min |" if train_s else ""))
-    lines.append("| mean ± std | " + " | ".join(f"{means[f'{m}_{r}']['mean']:.3f} ± {means[f'{m}_{r}']['std']:.3f}"
-                                              for m, r in columns) + " | | |" + (" |" if train_s else ""))
+        lines.append(
+            f"| {run['seed']} | " + " | ".join(cells) + f" | {', '.join(run['et_false']) or '-'} | "
+            f"{', '.join(run['et_missed']) or '-'} |" + (f" {train_s[i] / 60:.1f} min |" if train_s else "")
+        )
+    lines.append(
+        "| mean ± std | "
+        + " | ".join(f"{means[f'{m}_{r}']['mean']:.3f} ± {means[f'{m}_{r}']['std']:.3f}" for m, r in columns)
+        + " | | |"
+        + (" |" if train_s else "")
+    )
     return lines
 
 
@@ -178,12 +226,21 @@ def format_demo_seeds(result: dict) -> str:
     test split's, then the held-out set's."""
     runs, passed = result["runs"], result["overrides"]
     recipe = f"make demo's recipe{' with ' + ' '.join(passed) if passed else ''}"
-    lines = _table(f"{result['cpu']} ({result['cpu_kind']}); {recipe}; test split ({runs[0]['n_cases']} cases, "
-                   f"{runs[0].get('without_et', '?')} without ET), native 1 mm grid",
-                   runs, result["means"], [run["train_s"] for run in runs])
+    lines = _table(
+        f"{result['cpu']} ({result['cpu_kind']}); {recipe}; test split ({runs[0]['n_cases']} cases, "
+        f"{runs[0].get('without_et', '?')} without ET), native 1 mm grid",
+        runs,
+        result["means"],
+        [run["train_s"] for run in runs],
+    )
     if result.get("heldout_means"):
         held = [{"seed": run["seed"], **run["heldout"]} for run in runs]
-        lines += [""] + _table(f"{held[0]['set']}: {held[0]['n_cases']} cases ({held[0]['without_et']} without ET) "
-                               "that no choice of the recipe looked at", held, result["heldout_means"], None)
+        lines += [""] + _table(
+            f"{held[0]['set']}: {held[0]['n_cases']} cases ({held[0]['without_et']} without ET) "
+            "that no choice of the recipe looked at",
+            held,
+            result["heldout_means"],
+            None,
+        )
     lines += ["", "(in brackets: before post-processing)"]
     return "\n".join(lines)

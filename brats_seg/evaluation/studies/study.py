@@ -20,9 +20,21 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-__all__ = ["FALLBACK_TIME", "METRICS", "compute_arm_label", "compute_arms", "compute_finished", "compute_mean_std",
-           "compute_run_record", "compute_study", "compute_time_to_reach", "compute_timeline",
-           "curve_keys", "format_study_markdown", "shared_curve"]
+__all__ = [
+    "FALLBACK_TIME",
+    "METRICS",
+    "compute_arm_label",
+    "compute_arms",
+    "compute_finished",
+    "compute_mean_std",
+    "compute_run_record",
+    "compute_study",
+    "compute_time_to_reach",
+    "compute_timeline",
+    "curve_keys",
+    "format_study_markdown",
+    "shared_curve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +51,12 @@ def compute_mean_std(values: Sequence[float | None]) -> dict:
     """``{"mean", "std", "n", "values"}`` of the finite ``values`` (std: sample standard deviation
     over seeds, None with fewer than two; mean None with none)."""
     finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return {"mean": statistics.mean(finite) if finite else None,
-            "std": statistics.stdev(finite) if len(finite) > 1 else None, "n": len(finite),
-            "values": [None if v is None else float(v) for v in values]}
+    return {
+        "mean": statistics.mean(finite) if finite else None,
+        "std": statistics.stdev(finite) if len(finite) > 1 else None,
+        "n": len(finite),
+        "values": [None if v is None else float(v) for v in values],
+    }
 
 
 def _finite(value) -> float | None:
@@ -85,8 +100,14 @@ def compute_time_to_reach(timeline: Mapping, thresholds: Sequence[float]) -> dic
     mean Dice reached each threshold (None: never reached)."""
     out: dict[str, float | None] = {}
     for threshold in thresholds:
-        out[f"{threshold:g}"] = next((t for t, d in zip(timeline["train_time_s"], timeline["val_dice_mean"])
-                                      if d is not None and d >= threshold), None)
+        out[f"{threshold:g}"] = next(
+            (
+                t
+                for t, d in zip(timeline["train_time_s"], timeline["val_dice_mean"])
+                if d is not None and d >= threshold
+            ),
+            None,
+        )
     return out
 
 
@@ -133,9 +154,16 @@ def _set_record(summary: Mapping, regions: Sequence[str]) -> dict:
     return record
 
 
-def compute_run_record(name: str, config: Mapping[str, object], state: Mapping | None,
-                       summaries: Mapping[str, Mapping | None], regions: Sequence[str],
-                       thresholds: Sequence[float], voxels_per_step: int, volume_voxels: int) -> dict:
+def compute_run_record(
+    name: str,
+    config: Mapping[str, object],
+    state: Mapping | None,
+    summaries: Mapping[str, Mapping | None],
+    regions: Sequence[str],
+    thresholds: Sequence[float],
+    voxels_per_step: int,
+    volume_voxels: int,
+) -> dict:
     """One run of the study, from its folder's contents.
 
     Args:
@@ -156,21 +184,31 @@ def compute_run_record(name: str, config: Mapping[str, object], state: Mapping |
     step_s = [s for s in (_finite(r.get("step_s")) for r in history) if s]
     step_voxels_per_s = voxels_per_step / statistics.median(step_s) if step_s else None
     # optimizer steps over training seconds (data waits and the first step's tracing included), else the median step
-    voxels_per_s = int(iterations) * voxels_per_step / train_time_s if iterations and train_time_s else step_voxels_per_s
+    voxels_per_s = (
+        int(iterations) * voxels_per_step / train_time_s if iterations and train_time_s else step_voxels_per_s
+    )
     finished, why = compute_finished(config, state)
     vals = [d for d in timeline["val_dice_mean"] if d is not None]
     best = _finite(state.get("best_value"))
     return {
-        "name": name, "seed": config.get("trainer.seed"), "finished": finished, "finished_why": why,
-        "epochs": int(config.get("trainer.epochs") or 0), "epochs_done": int(state.get("epoch") or 0),
-        "time_source": timeline["source"], "train_time_s": train_time_s,
+        "name": name,
+        "seed": config.get("trainer.seed"),
+        "finished": finished,
+        "finished_why": why,
+        "epochs": int(config.get("trainer.epochs") or 0),
+        "epochs_done": int(state.get("epoch") or 0),
+        "time_source": timeline["source"],
+        "train_time_s": train_time_s,
         "best_val_dice": best if best is not None else (max(vals) if vals else None),
-        "best_epoch": state.get("best_epoch"), "time_to_val_dice": compute_time_to_reach(timeline, thresholds),
-        "voxels_per_step": voxels_per_step, "voxels_per_s": voxels_per_s,
+        "best_epoch": state.get("best_epoch"),
+        "time_to_val_dice": compute_time_to_reach(timeline, thresholds),
+        "voxels_per_step": voxels_per_step,
+        "voxels_per_s": voxels_per_s,
         "volumes_per_s": voxels_per_s / volume_voxels if voxels_per_s else None,
         "step_voxels_per_s": step_voxels_per_s,
         "throughput_source": "optimizer steps / training seconds" if iterations and train_time_s else "median step_s",
-        "spacing_mm": config.get("resolution.spacing_mm"), "curve": timeline,
+        "spacing_mm": config.get("resolution.spacing_mm"),
+        "curve": timeline,
         "sets": {s: _set_record(summary, regions) for s, summary in summaries.items() if summary is not None},
         "missing": [s for s, summary in summaries.items() if summary is None],
     }
@@ -194,8 +232,9 @@ def compute_arm_keys(configs: Mapping[str, Mapping[str, object]], ignore: Sequen
     varies; the 2x arm's ``lms.name`` and epochs).
     """
     keys = sorted({k for c in configs.values() for k in c})
-    differing = [k for k in keys if not _ignored(k, ignore)
-                 and len({_hashable(c.get(k)) for c in configs.values()}) > 1]
+    differing = [
+        k for k in keys if not _ignored(k, ignore) and len({_hashable(c.get(k)) for c in configs.values()}) > 1
+    ]
     distinct = {k: len({_hashable(c.get(k)) for c in configs.values()}) for k in differing}
     label: list[str] = []
     for key in sorted(differing, key=lambda k: (-distinct[k], not k.endswith(".name"), k)):
@@ -299,19 +338,29 @@ def _arm_numbers(arm: dict, runs: Mapping[str, dict], sets: Sequence[str], thres
         if not evaluated:
             continue
         keys = list(evaluated[0]["metrics"])
-        entry = {"n_runs": len(evaluated), "n_cases": evaluated[0]["n_cases"],
-                 "metrics": {k: compute_mean_std([e["metrics"].get(k) for e in evaluated]) for k in keys},
-                 "case_std": {k: compute_mean_std([e["case_std"].get(k) for e in evaluated])["mean"] for k in keys}}
+        entry = {
+            "n_runs": len(evaluated),
+            "n_cases": evaluated[0]["n_cases"],
+            "metrics": {k: compute_mean_std([e["metrics"].get(k) for e in evaluated]) for k in keys},
+            "case_std": {k: compute_mean_std([e["case_std"].get(k) for e in evaluated])["mean"] for k in keys},
+        }
         if any("unprocessed" in e for e in evaluated):  # a run whose post-processing changed nothing: as written
-            entry["unprocessed"] = {k: compute_mean_std([e.get("unprocessed", e["metrics"]).get(k) for e in evaluated])
-                                    for k in keys}
+            entry["unprocessed"] = {
+                k: compute_mean_std([e.get("unprocessed", e["metrics"]).get(k) for e in evaluated]) for k in keys
+            }
         out["sets"][s] = entry
     out["spacing_mm"] = members[0]["spacing_mm"]
     return out
 
 
-def compute_study(records: Sequence[dict], configs: Mapping[str, Mapping[str, object]], sets: Sequence[str],
-                  regions: Sequence[str], thresholds: Sequence[float], ignore: Sequence[str]) -> dict:
+def compute_study(
+    records: Sequence[dict],
+    configs: Mapping[str, Mapping[str, object]],
+    sets: Sequence[str],
+    regions: Sequence[str],
+    thresholds: Sequence[float],
+    ignore: Sequence[str],
+) -> dict:
     """The study: every run (:func:`compute_run_record`), its arm, and each arm's numbers.
 
     Args:
@@ -331,8 +380,10 @@ def compute_study(records: Sequence[dict], configs: Mapping[str, Mapping[str, ob
         ValueError: no runs.
     """
     if not records:
-        raise ValueError("no run folders to compare (a folder with a run's config and state); "
-                         "run the study's sweep first: python train.py -m experiment=<study>")
+        raise ValueError(
+            "no run folders to compare (a folder with a run's config and state); "
+            "run the study's sweep first: python train.py -m experiment=<study>"
+        )
     arms = compute_arms(configs, ignore)
     label_keys, differing = compute_arm_keys(configs, ignore)
     runs = {r["name"]: r for r in records}
@@ -350,9 +401,19 @@ def compute_study(records: Sequence[dict], configs: Mapping[str, Mapping[str, ob
     for arm in arm_records:  # the mean validation curves over the arm's seeds, at the epochs they share
         curves = [runs[n]["curve"] for n in arm["runs"]]
         arm["mean_curves"] = {key: shared_curve(curves, key) for key in curve_keys(regions)}
-    return {"arm_keys": label_keys, "differing_keys": differing, "common": common, "regions": list(regions),
-            "sets": list(sets), "thresholds": list(thresholds), "metrics": dict(METRICS), "curve_keys": curve_keys(regions),
-            "runs": [runs[r["name"]] for r in records], "arms": arm_records, "notes": notes}
+    return {
+        "arm_keys": label_keys,
+        "differing_keys": differing,
+        "common": common,
+        "regions": list(regions),
+        "sets": list(sets),
+        "thresholds": list(thresholds),
+        "metrics": dict(METRICS),
+        "curve_keys": curve_keys(regions),
+        "runs": [runs[r["name"]] for r in records],
+        "arms": arm_records,
+        "notes": notes,
+    }
 
 
 def curve_keys(regions: Sequence[str]) -> list[str]:
@@ -374,8 +435,12 @@ def format_study_markdown(study: Mapping) -> str:
     threshold), then per evaluated set its Dice, HD95 and lesion-wise Dice per region (mean ± std over seeds)."""
     regions, arms = study["regions"], study["arms"]
     ts = list(study["thresholds"])
-    lines = ["| arm | seeds | epochs | training (min) | voxels/s (M) | volumes/s | best val Dice | "
-             + " | ".join(f"min to val {t:g}" for t in ts) + " |", "|---" * (7 + len(ts)) + "|"]
+    lines = [
+        "| arm | seeds | epochs | training (min) | voxels/s (M) | volumes/s | best val Dice | "
+        + " | ".join(f"min to val {t:g}" for t in ts)
+        + " |",
+        "|---" * (7 + len(ts)) + "|",
+    ]
     for a in arms:
         minutes = {k: (v / 60 if v is not None else None) for k, v in a["train_time_s"].items() if k in ("mean", "std")}
         mvox = {k: (v / 1e6 if v is not None else None) for k, v in a["voxels_per_s"].items() if k in ("mean", "std")}
@@ -384,21 +449,29 @@ def format_study_markdown(study: Mapping) -> str:
             stats = a["time_to_val_dice"][f"{t:g}"]
             in_min = {k: (stats[k] / 60 if stats[k] is not None else None) for k in ("mean", "std")}
             reach.append(f"{_pm(in_min, 1)} ({stats['n']}/{a['n_runs']})")
-        lines.append(f"| {a['label']} | {a['n_runs']} | {_pm(a['epochs_done'], 0)} | {_pm(minutes, 1)} | "
-                     f"{_pm(mvox, 3)} | {_pm(a['volumes_per_s'], 3)} | {_pm(a['best_val_dice'])} | "
-                     + " | ".join(reach) + " |")
+        lines.append(
+            f"| {a['label']} | {a['n_runs']} | {_pm(a['epochs_done'], 0)} | {_pm(minutes, 1)} | "
+            f"{_pm(mvox, 3)} | {_pm(a['volumes_per_s'], 3)} | {_pm(a['best_val_dice'])} | " + " | ".join(reach) + " |"
+        )
     for s in study["sets"]:
         shown = [a for a in arms if s in a["sets"]]
         if not shown:
             continue
         cases = shown[0]["sets"][s]["n_cases"]
-        lines += ["", f"{s} ({cases} cases), mean ± std over seeds:", "",
-                  "| arm | runs | " + " | ".join(f"{METRICS[m].split(' (')[0]} {r.upper()}"
-                                                 for m in METRICS for r in regions) + " |",
-                  "|---" * (2 + len(METRICS) * len(regions)) + "|"]
+        lines += [
+            "",
+            f"{s} ({cases} cases), mean ± std over seeds:",
+            "",
+            "| arm | runs | "
+            + " | ".join(f"{METRICS[m].split(' (')[0]} {r.upper()}" for m in METRICS for r in regions)
+            + " |",
+            "|---" * (2 + len(METRICS) * len(regions)) + "|",
+        ]
         for a in shown:
             e = a["sets"][s]
-            lines.append(f"| {a['label']} | {e['n_runs']} | "
-                         + " | ".join(_pm(e["metrics"][f"{m}_{r}"], 1 if m == "hd95" else 3)
-                                      for m in METRICS for r in regions) + " |")
+            lines.append(
+                f"| {a['label']} | {e['n_runs']} | "
+                + " | ".join(_pm(e["metrics"][f"{m}_{r}"], 1 if m == "hd95" else 3) for m in METRICS for r in regions)
+                + " |"
+            )
     return "\n".join(lines)

@@ -27,15 +27,32 @@ from brats_seg.choices import choice_values
 from brats_seg.config import Split
 from brats_seg.project import project_dir
 
-__all__ = ["SETS", "StepFailed", "StudyOutcome", "eval_name", "evaluate_missing", "find_runs", "format_report",
-           "log_to_mlflow", "parse_sets", "read_records", "run_logged", "run_study"]
+__all__ = [
+    "SETS",
+    "StepFailed",
+    "StudyOutcome",
+    "eval_name",
+    "evaluate_missing",
+    "find_runs",
+    "format_report",
+    "log_to_mlflow",
+    "parse_sets",
+    "read_records",
+    "run_logged",
+    "run_study",
+]
 
 log = logging.getLogger(__name__)
 
 # name -> (split, on): evaluate.py writes eval/<split>[@<on>]/summary.json
-SETS = {"test": ("test", ""), "matched": ("test", ""), "val": ("val", ""),
-        "shifted": ("test", "mni_gliomas_shifted"), "heldout": ("all", "mni_gliomas_heldout"),
-        "heldout_shifted": ("all", "mni_gliomas_heldout_shifted")}
+SETS = {
+    "test": ("test", ""),
+    "matched": ("test", ""),
+    "val": ("val", ""),
+    "shifted": ("test", "mni_gliomas_shifted"),
+    "heldout": ("all", "mni_gliomas_heldout"),
+    "heldout_shifted": ("all", "mni_gliomas_heldout_shifted"),
+}
 
 
 class StepFailed(SystemExit):
@@ -73,8 +90,10 @@ def parse_sets(names) -> dict[str, tuple[str, str]]:
         elif at and split in choice_values(Split) and on:
             out[name] = (split, on)
         else:
-            raise ValueError(f"sets: {name!r} is not a set; use {', '.join(SETS)} or <split>@<data config> "
-                             f"with split in {', '.join(choice_values(Split))} (e.g. all@mni_gliomas_heldout).")
+            raise ValueError(
+                f"sets: {name!r} is not a set; use {', '.join(SETS)} or <split>@<data config> "
+                f"with split in {', '.join(choice_values(Split))} (e.g. all@mni_gliomas_heldout)."
+            )
     if not out:
         raise ValueError("sets is empty: name at least one, e.g. sets=test")
     return out
@@ -132,10 +151,15 @@ def evaluate_missing(runs: list[tuple], root: Path, sets: dict, conf) -> tuple[l
         for name, (split, on) in sets.items():
             if folder.summary_json(eval_name(split, on)).is_file():
                 continue
-            command = [sys.executable, str(project_dir() / "scripts" / "evaluate.py"),
-                       f"run_dir={_hydra_value(str(folder.root))}",
-                       f"split={split}", *([f"on={on}"] if on else []), f"evaluate.overlays={str(conf.overlays).lower()}",
-                       *conf.evaluate_args]
+            command = [
+                sys.executable,
+                str(project_dir() / "scripts" / "evaluate.py"),
+                f"run_dir={_hydra_value(str(folder.root))}",
+                f"split={split}",
+                *([f"on={on}"] if on else []),
+                f"evaluate.overlays={str(conf.overlays).lower()}",
+                *conf.evaluate_args,
+            ]
             entry = {"run": _name(folder, root), "set": name, "command": " ".join(command[1:])}
             if not finished:
                 missing.append(dict(entry, why=f"not finished: {why}"))
@@ -162,8 +186,9 @@ def read_records(runs: list[tuple], root: Path, sets: dict, thresholds: list[flo
     from brats_seg.data.labels import region_names
     from brats_seg.evaluation.studies.study import compute_run_record
 
-    regions = [r for r in region_names(runs[0][1].data.layout)
-               if all(r in region_names(cfg.data.layout) for _, cfg, _ in runs)]
+    regions = [
+        r for r in region_names(runs[0][1].data.layout) if all(r in region_names(cfg.data.layout) for _, cfg, _ in runs)
+    ]
     records, configs = [], {}
     for folder, cfg, state in runs:
         name = _name(folder, root)
@@ -172,10 +197,18 @@ def read_records(runs: list[tuple], root: Path, sets: dict, thresholds: list[flo
             path = folder.summary_json(eval_name(split, on))
             summaries[set_name] = json.loads(path.read_text()) if path.is_file() else None
         configs[name] = flatten_config(cfg)
-        records.append(compute_run_record(
-            name, configs[name], state, summaries, regions, thresholds,
-            voxels_per_step=cfg.trainer.batch_size * math.prod(network_input_shape(cfg)),
-            volume_voxels=math.prod(cfg.resolution.shape)))
+        records.append(
+            compute_run_record(
+                name,
+                configs[name],
+                state,
+                summaries,
+                regions,
+                thresholds,
+                voxels_per_step=cfg.trainer.batch_size * math.prod(network_input_shape(cfg)),
+                volume_voxels=math.prod(cfg.resolution.shape),
+            )
+        )
     return records, configs, regions
 
 
@@ -204,10 +237,17 @@ def log_to_mlflow(runs: list[tuple], files: list[Path]) -> int:
             logged += 1
         except Exception as e:  # noqa: BLE001 - tracking never fails the study
             gone = getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"
-            log.warning("cannot log the study into MLflow run %s of %s at %s (%s: %s); %s", record["run_id"],
-                        folder.root, uri, type(e).__name__, str(e)[:300],
-                        "the store no longer has it." if gone else
-                        "the store is left alone; the files stay in the study's folder.")
+            log.warning(
+                "cannot log the study into MLflow run %s of %s at %s (%s: %s); %s",
+                record["run_id"],
+                folder.root,
+                uri,
+                type(e).__name__,
+                str(e)[:300],
+                "the store no longer has it."
+                if gone
+                else "the store is left alone; the files stay in the study's folder.",
+            )
             if not gone:
                 clients[uri] = None
     return logged
@@ -215,14 +255,18 @@ def log_to_mlflow(runs: list[tuple], files: list[Path]) -> int:
 
 def _open_store(uri: str, open_store):
     """A client of the store at ``uri``, or None after one warning."""
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         log.warning("the MLflow store %s is not on this machine; the study is not logged there.", uri)
         return None
     try:
         return open_store(uri)
     except Exception as e:  # noqa: BLE001 - tracking never fails the study
-        log.warning("cannot log the study to MLflow at %s (%s: %s); the files stay in the study's folder.",
-                    uri, type(e).__name__, str(e)[:300])
+        log.warning(
+            "cannot log the study to MLflow at %s (%s: %s); the files stay in the study's folder.",
+            uri,
+            type(e).__name__,
+            str(e)[:300],
+        )
         return None
 
 
@@ -245,8 +289,9 @@ class StudyOutcome:
         """The error line naming each failed evaluation and its log; None if none failed."""
         if not self.failed:
             return None
-        return (f"error: {len(self.failed)} evaluation(s) failed: "
-                + "; ".join(f"{f['run']} ({f['set']}): see {f['log']}" for f in self.failed))
+        return f"error: {len(self.failed)} evaluation(s) failed: " + "; ".join(
+            f"{f['run']} ({f['set']}): see {f['log']}" for f in self.failed
+        )
 
 
 def run_study(conf) -> StudyOutcome:
@@ -260,19 +305,28 @@ def run_study(conf) -> StudyOutcome:
         raise ValueError("dir is not set: pass dir=<the study's folder> (e.g. dir=outputs/patches_vs_whole).")
     root = Path(conf.dir).expanduser().resolve()
     if not root.is_dir():
-        raise FileNotFoundError(f"dir={conf.dir}: no such folder; run the study's sweep first "
-                                "(python train.py -m experiment=<study>) or pass the sweep's folder.")
+        raise FileNotFoundError(
+            f"dir={conf.dir}: no such folder; run the study's sweep first "
+            "(python train.py -m experiment=<study>) or pass the sweep's folder."
+        )
     sets = parse_sets(conf.sets)
     runs, skipped = find_runs(root)
     if not runs:
-        raise ValueError(f"no run folder under {root} (a training run's folder with its config and state); "
-                         "run the study's sweep first: python train.py -m experiment=<study>")
+        raise ValueError(
+            f"no run folder under {root} (a training run's folder with its config and state); "
+            "run the study's sweep first: python train.py -m experiment=<study>"
+        )
     log.info("%d run(s) under %s", len(runs), root)
     missing, failed = evaluate_missing(runs, root, sets, conf)
     records, configs, regions = read_records(runs, root, sets, list(conf.thresholds))
     study = compute_study(records, configs, list(sets), regions, list(conf.thresholds), list(conf.ignore))
-    study.update(dir=str(root), set_definitions={n: {"split": s, "on": on} for n, (s, on) in sets.items()},
-                 missing=missing, failed_evaluations=failed, skipped=skipped)
+    study.update(
+        dir=str(root),
+        set_definitions={n: {"split": s, "on": on} for n, (s, on) in sets.items()},
+        missing=missing,
+        failed_evaluations=failed,
+        skipped=skipped,
+    )
     path = write_text_atomic(root / "study.json", json.dumps(study, indent=1, default=str) + "\n")
     figures = plot_study(study, root, title=root.name)
     logged = log_to_mlflow(runs, [*figures, path]) if conf.mlflow else 0
@@ -285,15 +339,19 @@ def format_report(outcome: StudyOutcome) -> str:
     from brats_seg.evaluation.studies.study import format_study_markdown
 
     study, root = outcome.study, Path(outcome.study["dir"])
-    parts = [f"\n{root.name}: arms by {', '.join(study['arm_keys']) or '(one arm)'}; "
-             "mean ± std over seeds; training time excludes validation\n",
-             format_study_markdown(study)]
+    parts = [
+        f"\n{root.name}: arms by {', '.join(study['arm_keys']) or '(one arm)'}; "
+        "mean ± std over seeds; training time excludes validation\n",
+        format_study_markdown(study),
+    ]
     parts += [f"\nnote: {note}" for note in study["notes"]]
     if study["skipped"]:
         parts.append("\nnot in the study:\n" + "\n".join(f"  {s}" for s in study["skipped"]))
     if study["missing"]:
-        parts.append("\nnot evaluated:\n" + "\n".join(f"  {m['run']} ({m['set']}; {m['why']}): python {m['command']}"
-                                                       for m in study["missing"]))
+        parts.append(
+            "\nnot evaluated:\n"
+            + "\n".join(f"  {m['run']} ({m['set']}; {m['why']}): python {m['command']}" for m in study["missing"])
+        )
     if outcome.logged:
         parts.append(f"\nlogged the charts and study.json to {outcome.logged} MLflow run(s), artifacts study/")
     parts.append(f"\nwrote {outcome.path}\n" + "\n".join(f"      {p}" for p in outcome.figures))

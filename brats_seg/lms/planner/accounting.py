@@ -9,7 +9,7 @@ host overlaps the forward of the blocks between its producer and its reader.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from brats_seg.lms.planner.cost import NetworkCost
 from brats_seg.lms.planner.plan import BlockPlan

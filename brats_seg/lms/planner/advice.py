@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from brats_seg.config import TrainConfig
 from brats_seg.cpu import device_has_native_bf16
 from brats_seg.lms.planner.cost import compute_network_cost
 from brats_seg.lms.planner.memory_model import MemoryModel, memory_model_for
+from brats_seg.lms.planner.preflight import lms_strategy
 from brats_seg.lms.planner.search import (
     auto_config,
     compare_strategies,
@@ -45,10 +46,18 @@ from brats_seg.lms.planner.search import (
 )
 from brats_seg.lms.planner.units import format_gb, format_shape, parse_limit
 from brats_seg.lms.planner.workload import LMSOptions, Workload
-from brats_seg.lms.planner.preflight import lms_strategy
 
-__all__ = ["Advice", "MemoryFacts", "OutOfMemoryError", "Setting", "advice_budget", "advise", "format_limit",
-           "out_of_memory_error", "settings_that_fit"]
+__all__ = [
+    "Advice",
+    "MemoryFacts",
+    "OutOfMemoryError",
+    "Setting",
+    "advice_budget",
+    "advise",
+    "format_limit",
+    "out_of_memory_error",
+    "settings_that_fit",
+]
 
 #: The narrowest U-Net suggested: below 4 filters at the first level the planner would fit almost
 #: anything, but such a network is no longer the experiment the user meant.
@@ -161,19 +170,24 @@ class Advice:
         """The advice sentence(s), ready to follow the facts."""
         head = f"Settings predicted to fit {format_gb(self.budget_bytes)} ({self.reason})"
         if not self.settings:
-            return (f"{head}: none that the planner knows (the smallest resolution, batch and width do not fit): "
-                    "run on a machine (or in a job) with more memory.")
+            return (
+                f"{head}: none that the planner knows (the smallest resolution, batch and width do not fit): "
+                "run on a machine (or in a job) with more memory."
+            )
         text = f"{head}: " + "; ".join(s.describe() for s in self.settings) + "."
         if any(s.resumes for s in self.settings) and not all(s.resumes for s in self.settings):
-            text += (" Added to the same command, lms.* and backend.* changes continue this run folder; the others "
-                     "change the model or its data, so a run folder with progress needs a new run_dir= for them.")
+            text += (
+                " Added to the same command, lms.* and backend.* changes continue this run folder; the others "
+                "change the model or its data, so a run folder with progress needs a new run_dir= for them."
+            )
         elif not any(s.resumes for s in self.settings):
             text += " They change the model or its data: a run folder with progress needs a new run_dir= for them."
         return text
 
 
-def advice_budget(available_bytes: int, predicted_peak_bytes: int | None, measured_peak_bytes: int | None,
-                  memory_model: MemoryModel) -> tuple[int, str]:
+def advice_budget(
+    available_bytes: int, predicted_peak_bytes: int | None, measured_peak_bytes: int | None, memory_model: MemoryModel
+) -> tuple[int, str]:
     """``(budget_bytes, reason)``: what settings are planned against after running out of memory.
 
     The memory available; but if the plan predicted a peak within it (less the planner's
@@ -183,8 +197,10 @@ def advice_budget(available_bytes: int, predicted_peak_bytes: int | None, measur
     budget, reason = int(available_bytes), f"the {format_gb(available_bytes)} available"
     if predicted_peak_bytes and predicted_peak_bytes <= planning_budget(available_bytes, memory_model):
         budget = int(predicted_peak_bytes)
-        reason = (f"the plan's own prediction: {format_gb(predicted_peak_bytes)} was predicted within the "
-                  f"{format_gb(available_bytes)} available, so running out means the run needed more than predicted")
+        reason = (
+            f"the plan's own prediction: {format_gb(predicted_peak_bytes)} was predicted within the "
+            f"{format_gb(available_bytes)} available, so running out means the run needed more than predicted"
+        )
     if predicted_peak_bytes and measured_peak_bytes and measured_peak_bytes > predicted_peak_bytes:
         share = measured_peak_bytes / predicted_peak_bytes
         budget = int(budget / share)
@@ -220,8 +236,9 @@ def _auto_choice(workload: Workload, options: LMSOptions, mm: MemoryModel) -> st
     return "; ".join(parts) or "keeps every block"
 
 
-def settings_that_fit(cfg: TrainConfig, device: str, limit_bytes: int, memory_model: MemoryModel | None = None,
-                      replicas: int = 1) -> list[Setting]:
+def settings_that_fit(
+    cfg: TrainConfig, device: str, limit_bytes: int, memory_model: MemoryModel | None = None, replicas: int = 1
+) -> list[Setting]:
     """The settings the planner predicts to fit ``limit_bytes``, each a change of one thing.
 
     Args:
@@ -259,8 +276,9 @@ def settings_that_fit(cfg: TrainConfig, device: str, limit_bytes: int, memory_mo
             out.append(Setting((override, limit), peak, note, resumes=override.startswith(("lms", "backend"))))
         elif strategy != "auto" and (peak := _predicted(changed, "auto", options, mm)) is not None:
             note = "; ".join(n for n in (note, _auto_choice(changed, options, mm)) if n)
-            out.append(Setting((override, "lms=auto", limit), peak, note,
-                               resumes=override.startswith(("lms", "backend"))))
+            out.append(
+                Setting((override, "lms=auto", limit), peak, note, resumes=override.startswith(("lms", "backend")))
+            )
 
     peak = _predicted(workload, "auto", options, mm)
     if peak is not None:
@@ -298,13 +316,15 @@ def _largest_width(workload: Workload, mm: MemoryModel, strategies: Sequence[str
     widths = [f for f in range(MIN_BASE_FILTERS, m.base_filters) if m.norm != "group" or f % m.groups == 0]
     if not widths:
         return None
-    n, _ = largest_fitting(lambda i: fits_with(_with_width(workload, widths[i - 1]), mm, strategies, options),
-                           len(widths))
+    n, _ = largest_fitting(
+        lambda i: fits_with(_with_width(workload, widths[i - 1]), mm, strategies, options), len(widths)
+    )
     return widths[n - 1] if n else None
 
 
-def advise(cfg: TrainConfig, device: str, facts: MemoryFacts, memory_model: MemoryModel | None = None,
-           replicas: int = 1) -> Advice | None:
+def advise(
+    cfg: TrainConfig, device: str, facts: MemoryFacts, memory_model: MemoryModel | None = None, replicas: int = 1
+) -> Advice | None:
     """The :class:`Advice` for a run that ran out of memory, or None when the memory available is unknown."""
     if not facts.available_bytes:
         return None
@@ -314,8 +334,15 @@ def advise(cfg: TrainConfig, device: str, facts: MemoryFacts, memory_model: Memo
     return Advice(budget, reason, settings_that_fit(cfg, device, budget, mm, replicas))
 
 
-def out_of_memory_error(what: str, cfg: TrainConfig, device: str, facts: MemoryFacts,
-                        memory_model: MemoryModel | None = None, replicas: int = 1, tail: str = "") -> OutOfMemoryError:
+def out_of_memory_error(
+    what: str,
+    cfg: TrainConfig,
+    device: str,
+    facts: MemoryFacts,
+    memory_model: MemoryModel | None = None,
+    replicas: int = 1,
+    tail: str = "",
+) -> OutOfMemoryError:
     """The :class:`OutOfMemoryError` whose message is ``what``, the facts, the advice and ``tail``.
 
     Args:

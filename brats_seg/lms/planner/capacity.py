@@ -35,8 +35,20 @@ from brats_seg.lms.planner.memory_model import MemoryModel
 from brats_seg.lms.planner.search import fits_with, largest_batch, largest_fitting, plan_lms, solve_plan
 from brats_seg.lms.planner.workload import LMSOptions, Workload
 
-__all__ = ["Capacity", "FINDS", "WIDTHS", "WidthRow", "find_width", "cube_shape_at", "find_capacity", "input_shape_at", "largest_input",
-           "largest_patch", "largest_patch_allowed", "patch_shape_at"]
+__all__ = [
+    "FINDS",
+    "WIDTHS",
+    "Capacity",
+    "WidthRow",
+    "cube_shape_at",
+    "find_capacity",
+    "find_width",
+    "input_shape_at",
+    "largest_input",
+    "largest_patch",
+    "largest_patch_allowed",
+    "patch_shape_at",
+]
 
 Shape = tuple[int, int, int]  # spatial (x, y, z), voxels
 
@@ -69,10 +81,14 @@ class Capacity:
         return math.prod(self.input_shape) if self.input_shape else 0
 
     def to_dict(self) -> dict:
-        return {"strategy": self.strategy, "input_shape": list(self.input_shape) if self.input_shape else None,
-                "batch_size": self.batch_size, "voxels": self.voxels,
-                "predicted_peak_bytes": int(self.predicted_peak_bytes),
-                "cube_shape": list(self.cube_shape) if self.cube_shape else None}
+        return {
+            "strategy": self.strategy,
+            "input_shape": list(self.input_shape) if self.input_shape else None,
+            "batch_size": self.batch_size,
+            "voxels": self.voxels,
+            "predicted_peak_bytes": int(self.predicted_peak_bytes),
+            "cube_shape": list(self.cube_shape) if self.cube_shape else None,
+        }
 
 
 def _strategies_for(strategy: str, allow_offload: bool) -> tuple[str, ...]:
@@ -96,8 +112,9 @@ def largest_input(workload: Workload, mm: MemoryModel, strategy: str, options: L
     Memory grows with the input, so the smallest axis is searched by doubling, then bisection.
     """
     multiple = 2**workload.model_cfg.depth
-    shape, peak = _largest_shape(workload, mm, strategy, options,
-                                 lambda scale: input_shape_at(workload.input_shape, multiple, scale), MAX_SCALE)
+    shape, peak = _largest_shape(
+        workload, mm, strategy, options, lambda scale: input_shape_at(workload.input_shape, multiple, scale), MAX_SCALE
+    )
     return Capacity(strategy, shape, workload.batch_size, peak)
 
 
@@ -110,8 +127,10 @@ def largest_patch_allowed(grid_shape: Sequence[int], multiple: int) -> Shape:
     """
     grid = tuple(int(s) for s in grid_shape)
     if len(grid) != 3 or min(grid) < multiple:
-        raise ValueError(f"resolution.shape={list(grid)} has no patch of sides that are multiples of "
-                         f"{multiple} (2**model.depth): every axis must be at least {multiple}; lower model.depth.")
+        raise ValueError(
+            f"resolution.shape={list(grid)} has no patch of sides that are multiples of "
+            f"{multiple} (2**model.depth): every axis must be at least {multiple}; lower model.depth."
+        )
     x, y, z = (multiple * (s // multiple) for s in grid)
     return x, y, z
 
@@ -130,8 +149,9 @@ def cube_shape_at(grid_shape: Sequence[int], multiple: int, scale: int) -> Shape
     return x, y, z
 
 
-def largest_patch(workload: Workload, mm: MemoryModel, strategy: str, options: LMSOptions,
-                  grid_shape: Sequence[int] | None = None) -> Capacity:
+def largest_patch(
+    workload: Workload, mm: MemoryModel, strategy: str, options: LMSOptions, grid_shape: Sequence[int] | None = None
+) -> Capacity:
     """The largest patch of ``grid_shape``'s proportions (:func:`patch_shape_at`) and the largest
     cube (:func:`cube_shape_at`) that ``strategy`` trains at ``workload.batch_size`` within
     ``options.limit_bytes``; the peak reported is the patch's.
@@ -160,8 +180,14 @@ def largest_patch(workload: Workload, mm: MemoryModel, strategy: str, options: L
     return Capacity(strategy, patch, workload.batch_size, peak, cube_shape=cube)
 
 
-def _largest_shape(workload: Workload, mm: MemoryModel, strategy: str, options: LMSOptions,
-                   shape_at: Callable[[int], Shape], max_scale: int) -> tuple[Shape | None, int]:
+def _largest_shape(
+    workload: Workload,
+    mm: MemoryModel,
+    strategy: str,
+    options: LMSOptions,
+    shape_at: Callable[[int], Shape],
+    max_scale: int,
+) -> tuple[Shape | None, int]:
     """``(shape_at(scale), peak)`` at the largest ``scale`` in ``1..max_scale`` that ``strategy``
     fits (``shape_at`` growing with ``scale``: doubling, then bisection); ``(None, 0)`` if none."""
     strategies = _strategies_for(strategy, options.allow_offload)
@@ -173,8 +199,9 @@ def _largest_shape(workload: Workload, mm: MemoryModel, strategy: str, options: 
     return (shape_at(scale), peak) if scale else (None, 0)
 
 
-def find_capacity(find: str, workload: Workload, mm: MemoryModel, options: LMSOptions,
-                  grid_shape: Sequence[int] | None = None) -> dict[str, Capacity]:
+def find_capacity(
+    find: str, workload: Workload, mm: MemoryModel, options: LMSOptions, grid_shape: Sequence[int] | None = None
+) -> dict[str, Capacity]:
     """``{strategy: Capacity}`` for ``off``, ``recompute``, (``offload`` on a GPU) and ``auto``.
 
     Args:
@@ -233,8 +260,9 @@ class WidthRow:
         return dataclasses.asdict(self)
 
 
-def find_width(workload: Workload, mm: MemoryModel, options: LMSOptions,
-               widths: Sequence[int] = WIDTHS) -> tuple[list[WidthRow], int | None]:
+def find_width(
+    workload: Workload, mm: MemoryModel, options: LMSOptions, widths: Sequence[int] = WIDTHS
+) -> tuple[list[WidthRow], int | None]:
     """``(rows, chosen)``: ``auto``'s plan at each width in ``widths`` (those the model accepts: group
     norm needs its groups to divide them), and the widest that fits (None when none does).
 
@@ -251,12 +279,26 @@ def find_width(workload: Workload, mm: MemoryModel, options: LMSOptions,
             plan = solve_plan(dataclasses.replace(workload, model_cfg=model_cfg), options, mm)
         except ValueError:  # a width this model cannot have (e.g. group norm's groups)
             continue
-        rows.append(WidthRow(int(width), bool(plan.fits), int(plan.predicted_peak_bytes), plan.predicted_step_s,
-                             plan.recomputed_flops))
+        rows.append(
+            WidthRow(
+                int(width),
+                bool(plan.fits),
+                int(plan.predicted_peak_bytes),
+                plan.predicted_step_s,
+                plan.recomputed_flops,
+            )
+        )
     fitting = [r for r in rows if r.fits]
     for k, row in enumerate(rows):
-        if row.fits and row.predicted_step_s is not None and any(
-                w.base_filters > row.base_filters and w.predicted_step_s is not None
-                and w.predicted_step_s <= row.predicted_step_s for w in fitting):
+        if (
+            row.fits
+            and row.predicted_step_s is not None
+            and any(
+                w.base_filters > row.base_filters
+                and w.predicted_step_s is not None
+                and w.predicted_step_s <= row.predicted_step_s
+                for w in fitting
+            )
+        ):
             rows[k] = dataclasses.replace(row, slower_than_wider=True)
     return rows, (max(r.base_filters for r in fitting) if fitting else None)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from brats_seg.lms.planner.layer_cost import DTYPE_BYTES, FLOAT32_BYTES, LayerCost, compute_layer_costs
 from brats_seg.lms.planner.memory_model import MemoryModel
@@ -105,8 +106,14 @@ class BlockCost:
 
 
 def _finish_block(
-    name: str, inputs: Sequence[str], output: str, layers: list[LayerCost], tensor_bytes: dict[str, int],
-    skip_input: str | None = None, recomputable: bool = True, tail_start: int | None = None,
+    name: str,
+    inputs: Sequence[str],
+    output: str,
+    layers: list[LayerCost],
+    tensor_bytes: dict[str, int],
+    skip_input: str | None = None,
+    recomputable: bool = True,
+    tail_start: int | None = None,
     release_lag: int = 0,
 ) -> BlockCost:
     """Derive a block's memory quantities from its layer table (``release_lag``: see
@@ -221,8 +228,12 @@ def _kernel_cast_bytes(topology) -> int:
     compute = DTYPE_POLICIES[topology.policy]
     if compute == "float32":
         return 0
-    kernels = sum(layer.kernel**3 * layer.in_channels * layer.output.channels
-                  for block in topology.blocks for layer in block.layers if layer.kind in ("conv", "up_transpose"))
+    kernels = sum(
+        layer.kernel**3 * layer.in_channels * layer.output.channels
+        for block in topology.blocks
+        for layer in block.layers
+        if layer.kind in ("conv", "up_transpose")
+    )
     return kernels * DTYPE_BYTES[compute]
 
 
@@ -230,11 +241,15 @@ def _bf16_scratch_bytes(topology, voxels: int, mm: MemoryModel) -> int:
     """What a bfloat16 step holds outside the allocator (``MemoryModel.bf16_scratch_bytes``)."""
     if DTYPE_POLICIES[topology.policy] != "bfloat16":
         return 0
-    beyond = mm.bf16_scratch_bytes_per_voxel if mm.bf16_scratch_bytes_per_voxel_beyond is None \
+    beyond = (
+        mm.bf16_scratch_bytes_per_voxel
+        if mm.bf16_scratch_bytes_per_voxel_beyond is None
         else mm.bf16_scratch_bytes_per_voxel_beyond
+    )
     knee = mm.bf16_scratch_knee_voxels
-    per_voxel = mm.bf16_scratch_bytes + mm.bf16_scratch_bytes_per_voxel * min(voxels, knee) \
-        + beyond * max(0, voxels - knee)
+    per_voxel = (
+        mm.bf16_scratch_bytes + mm.bf16_scratch_bytes_per_voxel * min(voxels, knee) + beyond * max(0, voxels - knee)
+    )
     width = topology.filters[0]
     # measured on widths whose first level does not fill oneDNN's 16-channel blocks (16 filters did not show it)
     per_filter = mm.bf16_scratch_bytes_per_voxel_filter * voxels * width if width % 16 else 0.0
@@ -276,16 +291,26 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         layers, tensor_bytes, tail_start = compute_layer_costs(spec, globals_, input_shape, batch, mm)
         # BatchNormalization writes its moving statistics in forward: never recomputed.
         recomputable = not any(layer.kind == "norm" and layer.norm == "batch" for layer in spec.layers)
-        blocks.append(_finish_block(spec.name, [t.name for t in spec.inputs], spec.output.name, layers, tensor_bytes,
-                                    spec.skip.name if spec.skip else None, recomputable, tail_start,
-                                    mm.backward_release_lag_layers))
+        blocks.append(
+            _finish_block(
+                spec.name,
+                [t.name for t in spec.inputs],
+                spec.output.name,
+                layers,
+                tensor_bytes,
+                spec.skip.name if spec.skip else None,
+                recomputable,
+                tail_start,
+                mm.backward_release_lag_layers,
+            )
+        )
         globals_[spec.name] = blocks[-1].output_bytes
 
     n = len(blocks)
     batch_image_bytes = batch * voxels * model_cfg.in_channels * BATCH_IMAGE_BYTES_PER_ELEMENT
     labels_bytes = batch * voxels * model_cfg.out_channels * LABEL_BYTES_PER_ELEMENT
     globals_.update(batch_image=batch_image_bytes, labels=labels_bytes)
-    producer = {**{t: -1 for t in DATA_TENSORS}, **{blk.output: i for i, blk in enumerate(blocks)}}
+    producer = {**dict.fromkeys(DATA_TENSORS, -1), **{blk.output: i for i, blk in enumerate(blocks)}}
     consumers: dict[str, list[int]] = {t: [] for t in globals_}
     for i, blk in enumerate(blocks):
         for t in blk.inputs:
@@ -299,9 +324,11 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
     workspace_ref = max(layer.workspace_ref_bytes for blk in blocks for layer in blk.layers)
     weight_grad_scratch_ref = max(layer.weight_grad_scratch_ref_bytes for blk in blocks for layer in blk.layers)
     persistent = {
-        "runtime_bytes": int(mm.runtime_bytes + (mm.runtime_bytes_per_conv + mm.runtime_bytes_per_conv_filter
-                                                  * model_cfg.base_filters) * sum(
-            1 for blk in blocks for layer in blk.layers if layer.kind in ("conv", "up_transpose"))),
+        "runtime_bytes": int(
+            mm.runtime_bytes
+            + (mm.runtime_bytes_per_conv + mm.runtime_bytes_per_conv_filter * model_cfg.base_filters)
+            * sum(1 for blk in blocks for layer in blk.layers if layer.kind in ("conv", "up_transpose"))
+        ),
         "weight_bytes": params * FLOAT32_BYTES,
         "weight_gradient_bytes": trainable * FLOAT32_BYTES,
         "optimizer_slot_bytes": OPTIMIZER_SLOTS[workload.optimizer] * trainable * FLOAT32_BYTES,
@@ -346,8 +373,11 @@ def forward_only_bytes(net: NetworkCost, with_loss: bool = True) -> int:
     n = len(net.blocks)
     worst = 0
     for i in range(n + 1 if with_loss else n):  # block i, or the loss (i == n)
-        alive = sum(nbytes for t, nbytes in net.tensor_bytes.items()
-                    if net.producer[t] <= i <= max(net.consumers[t], default=net.producer[t]))
+        alive = sum(
+            nbytes
+            for t, nbytes in net.tensor_bytes.items()
+            if net.producer[t] <= i <= max(net.consumers[t], default=net.producer[t])
+        )
         working = net.blocks[i].forward_working_drop_bytes if i < n else net.loss_bytes
         worst = max(worst, alive + working)
     return worst

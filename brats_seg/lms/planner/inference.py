@@ -31,7 +31,7 @@ from brats_seg.lms.planner.layer_cost import FLOAT32_BYTES
 from brats_seg.lms.planner.memory_model import MemoryModel
 from brats_seg.lms.planner.workload import Workload
 
-__all__ = ["InferenceEstimate", "NATIVE_SCORING_BYTES_PER_VOXEL", "estimate_inference"]
+__all__ = ["NATIVE_SCORING_BYTES_PER_VOXEL", "InferenceEstimate", "estimate_inference"]
 
 # Native-grid arrays alive while a case is scored: the reference and predicted label maps,
 # per-region boolean masks, surface-distance maps (float64) and panoptica's instance maps:
@@ -61,13 +61,20 @@ class InferenceEstimate:
 
     @property
     def peak_at(self) -> str:
-        return max((("forward", self.forward_bytes), ("native", self.native_bytes), ("scoring", self.scoring_bytes)),
-                   key=lambda kv: kv[1])[0]
+        return max(
+            (("forward", self.forward_bytes), ("native", self.native_bytes), ("scoring", self.scoring_bytes)),
+            key=lambda kv: kv[1],
+        )[0]
 
 
-def estimate_inference(workload: Workload, memory_model: MemoryModel, mirror: bool = True,
-                       resampled_voxels: int | None = None, native_voxels: int | None = None,
-                       scoring: bool = True) -> InferenceEstimate:
+def estimate_inference(
+    workload: Workload,
+    memory_model: MemoryModel,
+    mirror: bool = True,
+    resampled_voxels: int | None = None,
+    native_voxels: int | None = None,
+    scoring: bool = True,
+) -> InferenceEstimate:
     """The peak of evaluating (``scoring``) or predicting one case of ``workload``'s shape.
 
     Args:
@@ -93,8 +100,12 @@ def estimate_inference(workload: Workload, memory_model: MemoryModel, mirror: bo
     # under bfloat16, what oneDNN holds outside the allocator (MemoryModel.bf16_scratch_*), taken
     # as the training step's: an evaluation in bf16 at 96x112x80 measured 0.30 GB against 0.23 GB
     # predicted without it (its forward-only share is not calibrated apart; this errs high)
-    runtime = (net.persistent["runtime_bytes"] + net.persistent["weight_bytes"] + net.persistent["weight_cast_bytes"]
-               + net.persistent["bf16_scratch_bytes"])
+    runtime = (
+        net.persistent["runtime_bytes"]
+        + net.persistent["weight_bytes"]
+        + net.persistent["weight_cast_bytes"]
+        + net.persistent["bf16_scratch_bytes"]
+    )
     host_image = net.tensor_bytes["batch_image"]  # the float16 image on the host; TensorFlow holds a copy
     activations = forward_only_bytes(net, with_loss=False) - net.tensor_bytes["labels"]  # no labels, no loss
     # outside the allocator at the first call: the kind's allowance (AVX2, Zen 4/5 in float32), or

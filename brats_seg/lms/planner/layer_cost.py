@@ -28,8 +28,8 @@ What each kind keeps for its backward pass (TensorFlow autodiff of the Keras 3 l
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from brats_seg.lms.planner.memory_model import MemoryModel
 from brats_seg.model.topology import BlockSpec, LayerSpec, TensorSpec, instance_norm_is_planar
@@ -101,8 +101,9 @@ _WEIGHTLESS = {
 }
 
 
-def compute_layer_costs(block: BlockSpec, input_bytes: Mapping[str, int], input_shape: Sequence[int], batch: int,
-                        mm: MemoryModel) -> tuple[list[LayerCost], dict[str, int], int | None]:
+def compute_layer_costs(
+    block: BlockSpec, input_bytes: Mapping[str, int], input_shape: Sequence[int], batch: int, mm: MemoryModel
+) -> tuple[list[LayerCost], dict[str, int], int | None]:
     """Price the layers of one block in call order, each by the rule of its kind.
 
     Args:
@@ -129,8 +130,9 @@ def compute_layer_costs(block: BlockSpec, input_bytes: Mapping[str, int], input_
 class _BlockCosting:
     """Prices the layers of one topology block, in call order."""
 
-    def __init__(self, block: BlockSpec, tensor_bytes: Mapping[str, int], input_shape: Sequence[int], batch: int,
-                 mm: MemoryModel):
+    def __init__(
+        self, block: BlockSpec, tensor_bytes: Mapping[str, int], input_shape: Sequence[int], batch: int, mm: MemoryModel
+    ):
         self.block, self.input_shape, self.batch, self.mm = block, tuple(input_shape), batch, mm
         self.tensors: dict[str, int] = {t.name: tensor_bytes[t.name] for t in block.inputs}
         self.layers: list[LayerCost] = []
@@ -153,14 +155,24 @@ class _BlockCosting:
             flops = 2.0 * k**3 * cin * cout * self.voxels(y) * self.batch
         # gemm weight-gradient scratch of a 3x3x3 conv: one sample's input plus one y-z im2col slice
         slice_voxels = self.voxels(y) // y.shape(self.input_shape)[0]
-        grad_scratch = cin * (self.voxels(y) + k**3 * slice_voxels) * DTYPE_BYTES[y.dtype] if layer.kind == "conv" \
-            and k > 1 else 0
-        self.layers.append(LayerCost(
-            name=layer.name, kind=layer.kind, inputs=(x.name,), output=y.name, saved=(x.name,), forward_flops=flops,
-            params=layer.params, trainable_params=layer.trainable_params,
-            workspace_ref_bytes=max(self.tensors[x.name], self.tensors[y.name]),
-            weight_grad_scratch_ref_bytes=grad_scratch, channels=(cin, cout),
-        ))
+        grad_scratch = (
+            cin * (self.voxels(y) + k**3 * slice_voxels) * DTYPE_BYTES[y.dtype] if layer.kind == "conv" and k > 1 else 0
+        )
+        self.layers.append(
+            LayerCost(
+                name=layer.name,
+                kind=layer.kind,
+                inputs=(x.name,),
+                output=y.name,
+                saved=(x.name,),
+                forward_flops=flops,
+                params=layer.params,
+                trainable_params=layer.trainable_params,
+                workspace_ref_bytes=max(self.tensors[x.name], self.tensors[y.name]),
+                weight_grad_scratch_ref_bytes=grad_scratch,
+                channels=(cin, cout),
+            )
+        )
 
     def norm(self, layer: LayerSpec) -> None:
         """Instance/group norm save their input and float32 statistics; batch norm an upcast copy."""
@@ -179,7 +191,7 @@ class _BlockCosting:
                 saved.append(x.name)
             if own_copies > 0:
                 copy = f"{y.name}_f32"
-                self.tensors[copy] = int(round(own_copies * f32_bytes))
+                self.tensors[copy] = round(own_copies * f32_bytes)
                 saved.append(copy)
                 creates.append(copy)
             forward_scratch = mm.batch_norm_forward_scratch_tensors * f32_bytes
@@ -188,18 +200,29 @@ class _BlockCosting:
             saved.append(x.name)  # the input in its own dtype; no float32 copy
             split = mm.norm_split_tensors * self.tensors[y.name] if self.batch > 1 else 0.0
             # a channel count oneDNN's channels-last kernel does not vectorise: the planar view's copies
-            planar = mm.norm_planar_tensors * self.tensors[y.name] if instance_norm_is_planar(y.channels, y.dtype) else 0.0
+            planar = (
+                mm.norm_planar_tensors * self.tensors[y.name] if instance_norm_is_planar(y.channels, y.dtype) else 0.0
+            )
             forward_scratch = backward_scratch = split + planar
         else:  # group norm: the XLA path (brats_seg.model.norm.group_norm)
             saved.append(x.name)
             forward_scratch = mm.norm_upcast_forward_tensors * f32_bytes if low_precision else 0.0
             backward_scratch = mm.norm_upcast_backward_tensors * f32_bytes if low_precision else 0.0
-        self.layers.append(LayerCost(
-            name=layer.name, kind="norm", inputs=(x.name,), output=y.name, saved=tuple(saved), creates=tuple(creates),
-            forward_flops=NORM_FLOPS_PER_ELEMENT * self.batch * self.voxels(y) * y.channels,
-            params=layer.params, trainable_params=layer.trainable_params,
-            forward_scratch_bytes=int(forward_scratch), backward_scratch_bytes=int(backward_scratch),
-        ))
+        self.layers.append(
+            LayerCost(
+                name=layer.name,
+                kind="norm",
+                inputs=(x.name,),
+                output=y.name,
+                saved=tuple(saved),
+                creates=tuple(creates),
+                forward_flops=NORM_FLOPS_PER_ELEMENT * self.batch * self.voxels(y) * y.channels,
+                params=layer.params,
+                trainable_params=layer.trainable_params,
+                forward_scratch_bytes=int(forward_scratch),
+                backward_scratch_bytes=int(backward_scratch),
+            )
+        )
 
     def weightless(self, name: str, kind: str, inputs: Sequence[TensorSpec], y: TensorSpec) -> None:
         """A layer without weights, by the rule of its kind in :data:`_WEIGHTLESS`."""
@@ -211,11 +234,18 @@ class _BlockCosting:
         trilinear = kind == "up_trilinear"
         forward_scratch = self.mm.trilinear_scratch_factor if trilinear else 0.0
         backward_scratch = self.mm.trilinear_backward_scratch_factor if trilinear else 0.0
-        self.layers.append(LayerCost(
-            name=name, kind=kind, inputs=tuple(t.name for t in inputs), output=y.name, saved=saved,
-            forward_flops=flops, forward_scratch_bytes=int(forward_scratch * self.tensors[y.name]),
-            backward_scratch_bytes=int(backward_scratch * self.tensors[y.name]),
-        ))
+        self.layers.append(
+            LayerCost(
+                name=name,
+                kind=kind,
+                inputs=tuple(t.name for t in inputs),
+                output=y.name,
+                saved=saved,
+                forward_flops=flops,
+                forward_scratch_bytes=int(forward_scratch * self.tensors[y.name]),
+                backward_scratch_bytes=int(backward_scratch * self.tensors[y.name]),
+            )
+        )
 
     def nest(self, layer: LayerSpec) -> None:
         """NestedRegionSigmoid: the sigmoids (output saved), then each region times its parent's
@@ -224,10 +254,16 @@ class _BlockCosting:
         probabilities = TensorSpec(f"{block}/sigmoid", y.channels, y.level, y.dtype)
         self.weightless(layer.name, "sigmoid", layer.inputs, probabilities)
         self.add_tensor(y)
-        self.layers.append(LayerCost(
-            name=f"{block}_nest", kind="nest", inputs=(probabilities.name,), output=y.name,
-            saved=(probabilities.name, y.name), forward_flops=self.batch * self.voxels(y) * y.channels,
-        ))
+        self.layers.append(
+            LayerCost(
+                name=f"{block}_nest",
+                kind="nest",
+                inputs=(probabilities.name,),
+                output=y.name,
+                saved=(probabilities.name, y.name),
+                forward_flops=self.batch * self.voxels(y) * y.channels,
+            )
+        )
 
     def add(self, layer: LayerSpec) -> None:
         if layer.kind in ("conv", "up_transpose"):

@@ -13,8 +13,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BASE_PRESETS", "CPU_MEMORY_MODELS", "PREVIOUS_FITS", "MemoryModel", "base_preset", "load_preset", "memory_model_for",
-           "upper_bound"]
+__all__ = [
+    "BASE_PRESETS",
+    "CPU_MEMORY_MODELS",
+    "PREVIOUS_FITS",
+    "MemoryModel",
+    "base_preset",
+    "load_preset",
+    "memory_model_for",
+    "upper_bound",
+]
 
 
 #: Fields that may be None (a rule not set: its documented fallback applies).
@@ -273,13 +281,19 @@ BASE_PRESETS: dict[str, dict[str, float]] = {
     "avx512_amx": {"bf16_scratch_bytes_per_voxel_beyond": 54.0},
     # the larger of the per-voxel rule and 16.3 B a voxel and base filter: the Zen 5's largest below 2x
     # (full resolution, 6-24 filters; 288x336x240, 8 filters), its 2x run held out
-    "avx512": {"bf16_scratch_bytes_per_voxel_filter": 16.3,
-               # float32 inference's first call beyond the forward estimate: the largest excess a voxel
-               # at full resolution and below on a Zen 5 (6-16 filters), 288x336x240 held out
-               # (docs/measurements/inference_first_call_zen5/)
-               "inference_scratch_bytes_per_voxel": 51.0},
-    "avx2": {"conv_weight_grad_scratch": 1.0, "runtime_bytes_per_conv_filter": 120_000, "rebuild_runtime_bytes": 0,
-             "inference_scratch_bytes_per_voxel": 130.0},
+    "avx512": {
+        "bf16_scratch_bytes_per_voxel_filter": 16.3,
+        # float32 inference's first call beyond the forward estimate: the largest excess a voxel
+        # at full resolution and below on a Zen 5 (6-16 filters), 288x336x240 held out
+        # (docs/measurements/inference_first_call_zen5/)
+        "inference_scratch_bytes_per_voxel": 51.0,
+    },
+    "avx2": {
+        "conv_weight_grad_scratch": 1.0,
+        "runtime_bytes_per_conv_filter": 120_000,
+        "rebuild_runtime_bytes": 0,
+        "inference_scratch_bytes_per_voxel": 130.0,
+    },
 }
 
 #: Fields last fitted on a kind whose preset was withdrawn (measured on an earlier model),
@@ -333,6 +347,7 @@ def load_preset(kind: str, preset_dir: Path = PRESET_DIR) -> MemoryModel:
 def upper_bound(*models: MemoryModel) -> MemoryModel:
     """The field-by-field largest of ``models``: every field raises a prediction (or, the
     planning margin, lowers the budget), so this predicts at least what each of them does."""
+
     def largest(name: str):
         values = [getattr(m, name) for m in models if getattr(m, name) is not None]
         return max(values) if values else None
@@ -342,7 +357,8 @@ def upper_bound(*models: MemoryModel) -> MemoryModel:
 
 #: The CPU coefficients of the kinds calibrated with ``calibrate_memory.py`` (their files exist).
 CPU_MEMORY_MODELS: dict[str, MemoryModel] = {
-    kind: model for kind in BASE_PRESETS if (model := _read_preset(kind, PRESET_DIR)) is not None}
+    kind: model for kind in BASE_PRESETS if (model := _read_preset(kind, PRESET_DIR)) is not None
+}
 
 
 def memory_model_for(device: str, kind: str | None = None) -> MemoryModel:

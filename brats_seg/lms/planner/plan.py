@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from brats_seg.files import format_bytes
 from brats_seg.lms.planner.units import format_gb, format_seconds, format_shape
@@ -163,8 +164,10 @@ class Plan:
                 f"{m.get('upsample')} up; input {format_shape(i.get('input_shape', ()))} x{m.get('in_channels')}, "
                 f"batch {i.get('batch_size')}, {i.get('policy')}, {i.get('optimizer')}"
             )
-        header = (f"{'block':<11} {'policy':<10} {'kept':>10} {'moved':>10} {'recompute':>13} "
-                  f"{'skip>host':>9} {'overhead':>10}")
+        header = (
+            f"{'block':<11} {'policy':<10} {'kept':>10} {'moved':>10} {'recompute':>13} "
+            f"{'skip>host':>9} {'overhead':>10}"
+        )
         lines += [header, "-" * len(header)]
         for b in self.blocks:
             skip = "yes" if b.skip_offloaded else "-"
@@ -179,23 +182,36 @@ class Plan:
             f"{self.recomputed_flops / 1e9:>7.1f} GFLOP {'':>9} {format_seconds(self.overhead_s):>10}"
         )
         if self.predicted_step_s is not None:
-            lines.append(f"predicted step {format_seconds(self.predicted_step_s)} (the step "
-                         f"{format_seconds(self.base_step_s)} + recomputation {format_seconds(self.overhead_s)})"
-                         + ("" if self.step_time_calibrated else
-                            ": an upper estimate, this CPU has no step-time calibration (scripts/calibrate_step_time.py)"))
+            lines.append(
+                f"predicted step {format_seconds(self.predicted_step_s)} (the step "
+                f"{format_seconds(self.base_step_s)} + recomputation {format_seconds(self.overhead_s)})"
+                + (
+                    ""
+                    if self.step_time_calibrated
+                    else ": an upper estimate, this CPU has no step-time calibration (scripts/calibrate_step_time.py)"
+                )
+            )
         if self.keep_tails:
-            lines.append(f"* {', '.join(sorted(self.keep_tails))}: last conv unit kept (its backward follows at once), "
-                         "the rest recomputed")
+            lines.append(
+                f"* {', '.join(sorted(self.keep_tails))}: last conv unit kept (its backward follows at once), "
+                "the rest recomputed"
+            )
         if self.peak_breakdown:
-            parts = ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {format_bytes(v)}"
-                              for k, v in self.peak_breakdown.items())
+            parts = ", ".join(
+                f"{k.removesuffix('_bytes').replace('_', ' ')} {format_bytes(v)}"
+                for k, v in self.peak_breakdown.items()
+            )
             lines.append(f"at the peak: {parts}")
         if self.strategies:
-            lines.append("strategies: " + "; ".join(
-                f"{name} {format_gb(s['predicted_peak_bytes'])}" if s.get("predicted_peak_bytes") is not None
-                else f"{name} n/a ({s.get('reason', '')})"
-                for name, s in self.strategies.items()
-            ))
+            lines.append(
+                "strategies: "
+                + "; ".join(
+                    f"{name} {format_gb(s['predicted_peak_bytes'])}"
+                    if s.get("predicted_peak_bytes") is not None
+                    else f"{name} n/a ({s.get('reason', '')})"
+                    for name, s in self.strategies.items()
+                )
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -261,8 +277,15 @@ class PlanDoesNotFitError(RuntimeError):
             ``2**depth``) that fits at batch 1 likewise, or None.
     """
 
-    def __init__(self, message: str, smallest_peak_bytes: int, best_strategy: str, limit_bytes: int,
-                 max_batch_size: int, max_resolution: tuple[str, tuple[int, int, int]] | None):
+    def __init__(
+        self,
+        message: str,
+        smallest_peak_bytes: int,
+        best_strategy: str,
+        limit_bytes: int,
+        max_batch_size: int,
+        max_resolution: tuple[str, tuple[int, int, int]] | None,
+    ):
         super().__init__(message)
         self.smallest_peak_bytes = smallest_peak_bytes
         self.best_strategy = best_strategy
@@ -271,9 +294,14 @@ class PlanDoesNotFitError(RuntimeError):
         self.max_resolution = max_resolution
 
     @classmethod
-    def for_plan(cls, plan: Plan, workload: Workload, fixed_strategies: Sequence[str],
-                 largest_batch: tuple[int, int],
-                 largest_resolution: tuple[tuple[str, tuple[int, int, int]], int] | None) -> PlanDoesNotFitError:
+    def for_plan(
+        cls,
+        plan: Plan,
+        workload: Workload,
+        fixed_strategies: Sequence[str],
+        largest_batch: tuple[int, int],
+        largest_resolution: tuple[tuple[str, tuple[int, int, int]], int] | None,
+    ) -> PlanDoesNotFitError:
         """The error for a plan over its limit: the smallest peak and what would fit.
 
         Args:
@@ -286,8 +314,11 @@ class PlanDoesNotFitError(RuntimeError):
                 resolution that fits at batch 1 likewise, or None.
         """
         limit_bytes, budget_bytes, strategy = plan.limit_bytes, plan.budget_bytes, plan.strategy
-        candidates = {k: v["predicted_peak_bytes"] for k, v in (plan.strategies or {}).items()
-                      if v.get("predicted_peak_bytes") is not None}
+        candidates = {
+            k: v["predicted_peak_bytes"]
+            for k, v in (plan.strategies or {}).items()
+            if v.get("predicted_peak_bytes") is not None
+        }
         candidates[strategy] = plan.predicted_peak_bytes  # auto's best attempt when it failed
         best_strategy = min(candidates, key=candidates.get)
         smallest = candidates[best_strategy]
@@ -306,8 +337,10 @@ class PlanDoesNotFitError(RuntimeError):
         else:
             batch_part = f" No batch size fits at {shape} with {lms_choices}."
         if max_res:
-            res_part = (f" The largest standard resolution that fits at batch 1 is {max_res[0]} "
-                        f"{format_shape(max_res[1])} ({format_gb(res_peak)}).")
+            res_part = (
+                f" The largest standard resolution that fits at batch 1 is {max_res[0]} "
+                f"{format_shape(max_res[1])} ({format_gb(res_peak)})."
+            )
         else:
             res_part = " No standard resolution fits at batch 1."
         advice = []
@@ -316,10 +349,13 @@ class PlanDoesNotFitError(RuntimeError):
         if max_batch and max_batch < workload.batch_size:
             advice.append(f"lower trainer.batch_size to {max_batch}")
         on_gpu = "offload" in fixed_strategies  # offload is only offered where there is device memory
-        precision = ("backend.precision=bf16/fp16" if on_gpu
-                     else "backend.precision=bf16 (on a CPU with AMX or AVX512-BF16)")
-        advice += ["choose a smaller resolution",
-                   "lower model.base_filters" + (f" or use {precision}" if workload.policy == "float32" else ""),
-                   "or raise lms.limit"]
+        precision = (
+            "backend.precision=bf16/fp16" if on_gpu else "backend.precision=bf16 (on a CPU with AMX or AVX512-BF16)"
+        )
+        advice += [
+            "choose a smaller resolution",
+            "lower model.base_filters" + (f" or use {precision}" if workload.policy == "float32" else ""),
+            "or raise lms.limit",
+        ]
         message = head + batch_part + res_part + " To fix: " + ", ".join(advice) + "."
         return cls(message, int(smallest), best_strategy, int(limit_bytes), max_batch, max_res)

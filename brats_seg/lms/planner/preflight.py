@@ -51,8 +51,10 @@ def _checked(cfg: TrainConfig, device: str) -> str:
         ValueError: ``model.out_channels`` is unresolved (0): the run was not resolved first.
     """
     if not cfg.model.out_channels:
-        raise ValueError("model.out_channels=0 is unresolved: plan the config brats_seg.resolve.resolve_run returns "
-                         "(ResolvedRun.config), whose outputs follow data.layout.")
+        raise ValueError(
+            "model.out_channels=0 is unresolved: plan the config brats_seg.resolve.resolve_run returns "
+            "(ResolvedRun.config), whose outputs follow data.layout."
+        )
     return device
 
 
@@ -70,8 +72,12 @@ def plan_run(cfg: TrainConfig, device: str, strategy: str | None = None) -> Plan
     device = _checked(cfg, device)
     if strategy is not None and strategy != cfg.lms.name:
         cfg = _with_strategy(cfg, strategy)
-    return plan_lms_from_config(cfg, device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb),
-                                allow_offload=device == "GPU", memory_model=memory_model_for(device))
+    return plan_lms_from_config(
+        cfg,
+        device_memory_bytes(device, cfg.backend.gpu_memory_limit_mb),
+        allow_offload=device == "GPU",
+        memory_model=memory_model_for(device),
+    )
 
 
 def compare_run(cfg: TrainConfig, device: str) -> tuple[int, int, dict]:
@@ -107,7 +113,11 @@ def capacity_run(cfg: TrainConfig, find: str, device: str) -> tuple[int, int, di
     if find == "max_width":  # (rows, the widest width that fits)
         return limit, planning_budget(limit, mm), find_width(Workload.from_config(cfg), mm, options)
     grid = tuple(int(v) for v in cfg.resolution.shape)  # max_patch: the grid the patches are cut from
-    return limit, planning_budget(limit, mm), find_capacity(find, Workload.from_config(cfg), mm, options, grid_shape=grid)
+    return (
+        limit,
+        planning_budget(limit, mm),
+        find_capacity(find, Workload.from_config(cfg), mm, options, grid_shape=grid),
+    )
 
 
 def _with_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from brats_seg.config import STANDARD_RESOLUTIONS as CONFIG_RESOLUTIONS
 from brats_seg.config import TrainConfig
@@ -86,16 +87,29 @@ def plan_lms(workload: Workload, options: LMSOptions, memory_model: MemoryModel 
     plan.strategies = _compare(net, options, inputs, auto_plan=plan if options.strategy == "auto" else None)
     if not plan.fits:
         fixed = _fixed_strategies(options.allow_offload)
-        raise PlanDoesNotFitError.for_plan(plan, workload, fixed, largest_batch(workload, mm, fixed, options),
-                                           largest_resolution(workload, mm, fixed, options))
+        raise PlanDoesNotFitError.for_plan(
+            plan,
+            workload,
+            fixed,
+            largest_batch(workload, mm, fixed, options),
+            largest_resolution(workload, mm, fixed, options),
+        )
     if workload.model_cfg.norm == "batch" and options.strategy != "off":
-        logger.warning("model.norm=batch: blocks with BatchNormalization are always kept (recomputing them would "
-                       "update the moving statistics twice), so LMS can only act on the head; use "
-                       "model.norm=instance or group to let it act on every block.")
-    logger.info("LMS plan %s: predicted peak %s at %s (budget %s of limit %s), recompute %.1f GFLOP, move %s per step",
-                options.strategy, format_gb(plan.predicted_peak_bytes), plan.peak_at, format_gb(plan.budget_bytes),
-                format_gb(options.limit_bytes),
-                plan.recomputed_flops / 1e9, format_bytes(plan.moved_bytes))
+        logger.warning(
+            "model.norm=batch: blocks with BatchNormalization are always kept (recomputing them would "
+            "update the moving statistics twice), so LMS can only act on the head; use "
+            "model.norm=instance or group to let it act on every block."
+        )
+    logger.info(
+        "LMS plan %s: predicted peak %s at %s (budget %s of limit %s), recompute %.1f GFLOP, move %s per step",
+        options.strategy,
+        format_gb(plan.predicted_peak_bytes),
+        plan.peak_at,
+        format_gb(plan.budget_bytes),
+        format_gb(options.limit_bytes),
+        plan.recomputed_flops / 1e9,
+        format_bytes(plan.moved_bytes),
+    )
     return plan
 
 
@@ -106,8 +120,9 @@ def solve_plan(workload: Workload, options: LMSOptions, memory_model: MemoryMode
     return _solve(net, options.strategy, options, inputs)
 
 
-def compare_strategies(workload: Workload, options: LMSOptions, memory_model: MemoryModel | None = None
-                       ) -> dict[str, Any]:
+def compare_strategies(
+    workload: Workload, options: LMSOptions, memory_model: MemoryModel | None = None
+) -> dict[str, Any]:
     """Predictions of ``off``, ``recompute``, ``offload`` and ``auto`` against ``options.limit_bytes``
     (``options.strategy`` is not used); never raises for fit.
 
@@ -133,8 +148,13 @@ def estimate_peak(workload: Workload, options: LMSOptions, memory_model: MemoryM
     return simulate(net, policies, skips, options.size_bytes, options.prefetch)
 
 
-def plan_lms_from_config(cfg: TrainConfig, device_bytes: int, allow_offload: bool, optimizer: str = "adam",
-                         memory_model: MemoryModel | None = None) -> Plan:
+def plan_lms_from_config(
+    cfg: TrainConfig,
+    device_bytes: int,
+    allow_offload: bool,
+    optimizer: str = "adam",
+    memory_model: MemoryModel | None = None,
+) -> Plan:
     """:func:`plan_lms` from the composed config (``lms``, ``model``, ``resolution``, ``trainer``, ``backend``).
 
     Args:
@@ -163,8 +183,7 @@ def fixed_config(net: NetworkCost, strategy: str, options: LMSOptions) -> tuple[
         return ["recompute" if blk.recomputable else "keep" for blk in net.blocks], [False] * n
     # offload: every block whose input can move goes to the host, and every skip.
     policies = [
-        "keep" if not blk.recomputable
-        else "offload" if can_offload(net, i, options) else "recompute"
+        "keep" if not blk.recomputable else "offload" if can_offload(net, i, options) else "recompute"
         for i, blk in enumerate(net.blocks)
     ]
     skips = [can_offload_skip(net, i, options) for i in range(n)]
@@ -180,8 +199,9 @@ def can_offload(net: NetworkCost, i: int, options: LMSOptions) -> bool:
 def can_offload_skip(net: NetworkCost, i: int, options: LMSOptions) -> bool:
     """``dec{l}``'s skip can wait on the host (its producer, not kept, does not pin it)."""
     skip = net.blocks[i].skip_input
-    return (skip is not None and offloadable(net, skip, options.size_bytes)
-            and net.blocks[net.producer[skip]].recomputable)
+    return (
+        skip is not None and offloadable(net, skip, options.size_bytes) and net.blocks[net.producer[skip]].recomputable
+    )
 
 
 def auto_config(net: NetworkCost, options: LMSOptions) -> tuple[list[str], list[bool]]:
@@ -213,9 +233,9 @@ def auto_config(net: NetworkCost, options: LMSOptions) -> tuple[list[str], list[
             for new in nexts if net.blocks[i].recomputable else ():
                 if new == "offload" and not (allow_offload and can_offload(net, i, options)):
                     continue
-                moves.append((policies[:i] + [new] + policies[i + 1:], skips))
+                moves.append((policies[:i] + [new] + policies[i + 1 :], skips))
             if allow_offload and not skips[i] and can_offload_skip(net, i, options):
-                moves.append((policies, skips[:i] + [True] + skips[i + 1:]))
+                moves.append((policies, skips[:i] + [True] + skips[i + 1 :]))
         if not moves:
             break
         best_key, best = None, None
@@ -239,13 +259,13 @@ def auto_config(net: NetworkCost, options: LMSOptions) -> tuple[list[str], list[
         order = sorted(range(n), key=lambda i: -block_row(net, i, policies[i], skips[i], options).overhead_s)
         for i in order:
             if skips[i]:
-                s = skips[:i] + [False] + skips[i + 1:]
+                s = skips[:i] + [False] + skips[i + 1 :]
                 if sim(policies, s).peak_bytes <= limit_bytes:
                     skips, changed = s, True
             for cheaper in ("keep", "recompute"):
                 if policies[i] == cheaper or (cheaper == "recompute" and policies[i] != "offload"):
                     continue
-                p = policies[:i] + [cheaper] + policies[i + 1:]
+                p = policies[:i] + [cheaper] + policies[i + 1 :]
                 if sim(p, skips).peak_bytes <= limit_bytes:
                     policies, changed = p, True
                     break
@@ -261,8 +281,7 @@ def _fixed_strategies(allow_offload: bool) -> tuple[str, ...]:
     return FIXED_STRATEGIES if allow_offload else ("off", "recompute")
 
 
-def fits_with(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions
-               ) -> tuple[bool, int]:
+def fits_with(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions) -> tuple[bool, int]:
     """Whether any of the fixed ``strategies`` fits (:func:`planning_budget`), and the smallest of their peaks."""
     net = compute_network_cost(workload, mm)
     peak = min(
@@ -292,16 +311,17 @@ def largest_fitting(fits: Callable[[int], tuple[bool, int]], cap: int) -> tuple[
     return lo, lo_peak
 
 
-def largest_batch(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions,
-                  cap: int = 4096) -> tuple[int, int]:
+def largest_batch(
+    workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions, cap: int = 4096
+) -> tuple[int, int]:
     """Largest batch (<= cap) at which one of the fixed ``strategies`` fits, and its peak;
     (0, 0) if batch 1 does not fit."""
-    return largest_fitting(
-        lambda batch: fits_with(workload.with_input(batch_size=batch), mm, strategies, options), cap)
+    return largest_fitting(lambda batch: fits_with(workload.with_input(batch_size=batch), mm, strategies, options), cap)
 
 
-def largest_resolution(workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions,
-                       batch_size: int = 1) -> tuple[tuple[str, tuple[int, int, int]], int] | None:
+def largest_resolution(
+    workload: Workload, mm: MemoryModel, strategies: Sequence[str], options: LMSOptions, batch_size: int = 1
+) -> tuple[tuple[str, tuple[int, int, int]], int] | None:
     """``((name, shape), peak)`` of the largest standard resolution (divisible by ``2**depth``)
     at which one of the fixed ``strategies`` fits at ``batch_size``, or None."""
     found = None
@@ -339,8 +359,14 @@ def _prepare(workload: Workload, options: LMSOptions, mm: MemoryModel) -> tuple[
     return compute_network_cost(workload, mm), inputs
 
 
-def _make_plan(net: NetworkCost, strategy: str, policies: Sequence[str], skips: Sequence[bool],
-               options: LMSOptions, inputs: dict[str, Any]) -> Plan:
+def _make_plan(
+    net: NetworkCost,
+    strategy: str,
+    policies: Sequence[str],
+    skips: Sequence[bool],
+    options: LMSOptions,
+    inputs: dict[str, Any],
+) -> Plan:
     timeline = simulate(net, policies, skips, options.size_bytes, options.prefetch)
     rows = [block_row(net, i, p, s, options) for i, (p, s) in enumerate(zip(policies, skips))]
     budget = planning_budget(options.limit_bytes, net.memory_model)
@@ -381,21 +407,30 @@ def _summary(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _compare(net: NetworkCost, options: LMSOptions, inputs: dict[str, Any], auto_plan: Plan | None = None
-             ) -> dict[str, Any]:
+def _compare(
+    net: NetworkCost, options: LMSOptions, inputs: dict[str, Any], auto_plan: Plan | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for strategy in FIXED_STRATEGIES:
         if strategy == "offload" and not options.allow_offload:
-            out[strategy] = {"predicted_peak_bytes": None, "recomputed_flops": None, "moved_bytes": None,
-                             "reason": "offload is not available on this device (CPU: host memory is the device)"}
+            out[strategy] = {
+                "predicted_peak_bytes": None,
+                "recomputed_flops": None,
+                "moved_bytes": None,
+                "reason": "offload is not available on this device (CPU: host memory is the device)",
+            }
             continue
         out[strategy] = _summary(_solve(net, strategy, options, inputs))
     auto_plan = auto_plan or _solve(net, "auto", options, inputs)
     if auto_plan.fits:
         out["auto"] = _summary(auto_plan)
     else:
-        out["auto"] = {"predicted_peak_bytes": None, "recomputed_flops": None, "moved_bytes": None,
-                       "reason": f"no plan fits the budget {format_gb(auto_plan.budget_bytes)} of the limit "
-                                 f"{format_gb(options.limit_bytes)} (smallest peak "
-                                 f"{format_gb(auto_plan.predicted_peak_bytes)})"}
+        out["auto"] = {
+            "predicted_peak_bytes": None,
+            "recomputed_flops": None,
+            "moved_bytes": None,
+            "reason": f"no plan fits the budget {format_gb(auto_plan.budget_bytes)} of the limit "
+            f"{format_gb(options.limit_bytes)} (smallest peak "
+            f"{format_gb(auto_plan.predicted_peak_bytes)})",
+        }
     return out

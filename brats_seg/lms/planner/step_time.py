@@ -26,9 +26,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from brats_seg.model.checks import DTYPE_POLICIES
 
@@ -36,8 +37,16 @@ from brats_seg.model.checks import DTYPE_POLICIES
 # imports nothing of the planner, whose options (workload.py) load the model of this CPU from it.
 NetworkCost = Any
 
-__all__ = ["PRESET_FILE", "UNCALIBRATED_FACTOR", "CpuTimeModel", "TimeCoefficients", "channel_block",
-           "cpu_time_model", "load_time_presets", "step_features"]
+__all__ = [
+    "PRESET_FILE",
+    "UNCALIBRATED_FACTOR",
+    "CpuTimeModel",
+    "TimeCoefficients",
+    "channel_block",
+    "cpu_time_model",
+    "load_time_presets",
+    "step_features",
+]
 
 PRESET_FILE = Path(__file__).resolve().parents[1] / "presets" / "step_time.json"
 
@@ -88,8 +97,10 @@ def block_features(net: NetworkCost, i: int, block: int) -> tuple[float, float]:
     """Block ``i``'s forward ``(padded FLOPs, bytes read and written)``: what recomputing it costs."""
     blk = net.blocks[i]
     flops = sum(_conv_padded(layer, block) for layer in blk.layers if layer.kind in ("conv", "up_transpose"))
-    moved = sum(sum(blk.tensor_bytes.get(t, 0) for t in layer.inputs) + blk.tensor_bytes.get(layer.output, 0)
-                for layer in blk.layers)
+    moved = sum(
+        sum(blk.tensor_bytes.get(t, 0) for t in layer.inputs) + blk.tensor_bytes.get(layer.output, 0)
+        for layer in blk.layers
+    )
     return flops, float(moved)
 
 
@@ -108,8 +119,12 @@ class TimeCoefficients:
         return self.per_flop_s * padded_flops + self.per_byte_s * moved_bytes + self.per_step_s * steps
 
     def scaled(self, factor: float) -> TimeCoefficients:
-        return dataclasses.replace(self, per_flop_s=self.per_flop_s * factor, per_byte_s=self.per_byte_s * factor,
-                                   per_step_s=self.per_step_s * factor)
+        return dataclasses.replace(
+            self,
+            per_flop_s=self.per_flop_s * factor,
+            per_byte_s=self.per_byte_s * factor,
+            per_step_s=self.per_step_s * factor,
+        )
 
 
 @dataclass(frozen=True)
@@ -161,19 +176,26 @@ def load_time_presets(path: Path = PRESET_FILE) -> dict:
         return {}
     try:
         record = json.loads(Path(path).read_text())
-        for cpu, entry in record["cpus"].items():
-            for dtype, c in entry["fit"].items():
+        for entry in record["cpus"].values():
+            for c in entry["fit"].values():
                 TimeCoefficients(**{"block": entry["block"], **c})
         return record["cpus"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path} is not a step-time calibration ({e}); re-run scripts/calibrate_step_time.py "
-                         f"or restore it from git.") from e
+        raise ValueError(
+            f"{path} is not a step-time calibration ({e}); re-run scripts/calibrate_step_time.py "
+            f"or restore it from git."
+        ) from e
 
 
 def _model(cpu: str, entry: Mapping, factor: float = 1.0, calibrated: bool = True) -> CpuTimeModel:
-    return CpuTimeModel(cpu=cpu, block=int(entry["block"]), calibrated=calibrated,
-                        coefficients={d: TimeCoefficients(**{"block": entry["block"], **c}).scaled(factor)
-                                      for d, c in entry["fit"].items()})
+    return CpuTimeModel(
+        cpu=cpu,
+        block=int(entry["block"]),
+        calibrated=calibrated,
+        coefficients={
+            d: TimeCoefficients(**{"block": entry["block"], **c}).scaled(factor) for d, c in entry["fit"].items()
+        },
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -191,20 +213,30 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
     block = channel_block(kind)
     if not presets:  # nothing measured anywhere: a GPU-like guess would be worse than slow
         c = TimeCoefficients(per_flop_s=1 / 20e9, per_byte_s=1 / 2e9, per_step_s=0.1, block=block)
-        return CpuTimeModel(cpu=f"uncalibrated ({cpu})", block=block, calibrated=False,
-                            coefficients={"float32": c, "bfloat16": c})
+        return CpuTimeModel(
+            cpu=f"uncalibrated ({cpu})", block=block, calibrated=False, coefficients={"float32": c, "bfloat16": c}
+        )
     slowest: dict[str, TimeCoefficients] = {}
     for entry in presets.values():
         for dtype, c in entry["fit"].items():
             c = TimeCoefficients(**{**c, "block": block})  # this CPU's channel block
             old = slowest.get(dtype)
-            slowest[dtype] = c if old is None else TimeCoefficients(
-                max(old.per_flop_s, c.per_flop_s), max(old.per_byte_s, c.per_byte_s), max(old.per_step_s, c.per_step_s),
-                block)
-    return CpuTimeModel(cpu=f"uncalibrated ({cpu}): {UNCALIBRATED_FACTOR:g}x the slowest calibrated CPU",
-                        block=block, calibrated=False,
-                        coefficients={d: c.scaled(UNCALIBRATED_FACTOR) for d, c in slowest.items()})
-
+            slowest[dtype] = (
+                c
+                if old is None
+                else TimeCoefficients(
+                    max(old.per_flop_s, c.per_flop_s),
+                    max(old.per_byte_s, c.per_byte_s),
+                    max(old.per_step_s, c.per_step_s),
+                    block,
+                )
+            )
+    return CpuTimeModel(
+        cpu=f"uncalibrated ({cpu}): {UNCALIBRATED_FACTOR:g}x the slowest calibrated CPU",
+        block=block,
+        calibrated=False,
+        coefficients={d: c.scaled(UNCALIBRATED_FACTOR) for d, c in slowest.items()},
+    )
 
 
 def fit_coefficients(points, block: int = 16) -> TimeCoefficients:

@@ -11,8 +11,8 @@ conv unit (:func:`tail_kept`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 from brats_seg.lms.planner.cost import NetworkCost
 from brats_seg.lms.planner.workload import DEFAULT_PREFETCH, DEFAULT_SIZE_BYTES

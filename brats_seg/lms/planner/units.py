@@ -7,7 +7,7 @@ every message shares); :func:`parse_limit` reads both ``GB`` (1e9) and ``GiB`` (
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["format_gb", "format_seconds", "format_shape", "parse_limit"]
 
@@ -31,8 +31,14 @@ def format_shape(shape: Sequence[int]) -> str:
 
 _UNITS = {
     "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _LIMIT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 

@@ -18,7 +18,7 @@ from brats_seg.model.topology import UNetTopology, unet_topology
 if TYPE_CHECKING:
     from brats_seg.lms.planner.step_time import CpuTimeModel
 
-__all__ = ["FIXED_STRATEGIES", "LMSOptions", "OPTIMIZER_SLOTS", "Workload", "pipeline_batches"]
+__all__ = ["FIXED_STRATEGIES", "OPTIMIZER_SLOTS", "LMSOptions", "Workload", "pipeline_batches"]
 
 FIXED_STRATEGIES = ("off", "recompute", "offload")  # LMSStrategy but auto: one policy for every block that allows it
 
@@ -96,10 +96,18 @@ class Workload:
         from brats_seg.data.labels import output_regions
 
         model_cfg = dataclasses.replace(
-            cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels)))
-        return cls(model_cfg, network_input_shape(cfg), cfg.trainer.batch_size, cfg.backend.precision, optimizer,
-                   input_batches=pipeline_batches(cfg.data.prefetch_batches), validates=True,
-                   augment=cfg.trainer.augment)
+            cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels))
+        )
+        return cls(
+            model_cfg,
+            network_input_shape(cfg),
+            cfg.trainer.batch_size,
+            cfg.backend.precision,
+            optimizer,
+            input_batches=pipeline_batches(cfg.data.prefetch_batches),
+            validates=True,
+            augment=cfg.trainer.augment,
+        )
 
     def topology(self) -> UNetTopology:
         """The U-Net under this workload's dtype policy."""
@@ -107,8 +115,11 @@ class Workload:
 
     def with_input(self, input_shape: tuple[int, int, int] | None = None, batch_size: int | None = None) -> Workload:
         """The same workload at another input shape and/or batch size."""
-        return dataclasses.replace(self, input_shape=self.input_shape if input_shape is None else input_shape,
-                                   batch_size=self.batch_size if batch_size is None else batch_size)
+        return dataclasses.replace(
+            self,
+            input_shape=self.input_shape if input_shape is None else input_shape,
+            batch_size=self.batch_size if batch_size is None else batch_size,
+        )
 
 
 @dataclass(frozen=True)
@@ -168,8 +179,9 @@ class LMSOptions:
         object.__setattr__(self, "device_flops", float(self.device_flops))
 
     @classmethod
-    def from_config(cls, lms: LMSConfig, limit_bytes: int | None, allow_offload: bool,
-                    strategy: str | None = None) -> LMSOptions:
+    def from_config(
+        cls, lms: LMSConfig, limit_bytes: int | None, allow_offload: bool, strategy: str | None = None
+    ) -> LMSOptions:
         """The options of the ``lms`` config group (``strategy`` overrides ``lms.name``); without
         offload (a CPU: host memory is the device) recomputation is priced by this CPU's
         step-time model, not by ``lms.device_tflops``."""
@@ -178,6 +190,13 @@ class LMSOptions:
             from brats_seg.lms.planner.step_time import cpu_time_model
 
             time_model = cpu_time_model()
-        return cls(limit_bytes=limit_bytes, strategy=strategy or lms.name, size_bytes=int(lms.size),
-                   prefetch=int(lms.prefetch), host_bandwidth_bps=lms.host_bandwidth_gbps * 1e9,
-                   device_flops=lms.device_tflops * 1e12, allow_offload=allow_offload, time_model=time_model)
+        return cls(
+            limit_bytes=limit_bytes,
+            strategy=strategy or lms.name,
+            size_bytes=int(lms.size),
+            prefetch=int(lms.prefetch),
+            host_bandwidth_bps=lms.host_bandwidth_gbps * 1e9,
+            device_flops=lms.device_tflops * 1e12,
+            allow_offload=allow_offload,
+            time_model=time_model,
+        )

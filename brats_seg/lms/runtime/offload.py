@@ -83,9 +83,9 @@ import tensorflow as tf
 from tensorflow.python.eager import record as _tape
 
 from brats_seg.lms.planner.timeline import POLICIES  # the planner names the policies; the wrapper runs them
-from brats_seg.lms.runtime.stats import OffloadStats
 from brats_seg.lms.runtime.passes import BlockCall, ForwardPass
 from brats_seg.lms.runtime.recompute_safety import check_layers, check_new_ops, check_not_xla
+from brats_seg.lms.runtime.stats import OffloadStats
 
 __all__ = ["POLICIES", "BlockWrapper", "LMSBlock"]
 
@@ -185,11 +185,13 @@ class BlockWrapper:
             if block_name not in self._checked:
                 check_layers(block_name, policy, apply_fn, self.block_layers.get(block_name))
                 self._checked.add(block_name)
-                logger.debug("LMS block %s: %s (host %s, prefetch %d)", block_name, policy, self.host_device,
-                             self.prefetch)
+                logger.debug(
+                    "LMS block %s: %s (host %s, prefetch %d)", block_name, policy, self.host_device, self.prefetch
+                )
             if tf.executing_eagerly():
                 self._tell_once(
-                    "eager", logging.INFO,
+                    "eager",
+                    logging.INFO,
                     "LMS runs eagerly: gradients are exact but activations are not freed early; train "
                     "inside tf.function (model.fit without run_eagerly=True) to save memory.",
                 )
@@ -355,10 +357,14 @@ class BlockWrapper:
             if entry is None or call.index == entry[1].index + 1 or anchor <= entry[1].index:
                 if entry is not None and call.index > entry[1].index + 1:
                     self._tell_once(
-                        f"skip:{entry[1].name}", logging.WARNING,
+                        f"skip:{entry[1].name}",
+                        logging.WARNING,
                         "LMS: lms.prefetch=%d reaches back to %s, so its skip stays on the device for %s; "
                         "lower lms.prefetch or drop %s from the offloaded skips.",
-                        self.prefetch, entry[1].name, call.name, entry[1].name,
+                        self.prefetch,
+                        entry[1].name,
+                        call.name,
+                        entry[1].name,
                     )
                 out.append(x)  # not a skip, the very next block, or a fetch planned before the send
                 continue
@@ -385,8 +391,9 @@ class LMSBlock(keras.layers.Layer):
         block_layers: the block's layers, to track their weights.
     """
 
-    def __init__(self, wrapper: BlockWrapper, block_name: str, apply_fn: Callable, block_layers: Iterable = (),
-                 **kwargs):
+    def __init__(
+        self, wrapper: BlockWrapper, block_name: str, apply_fn: Callable, block_layers: Iterable = (), **kwargs
+    ):
         super().__init__(name=block_name, autocast=False, **kwargs)
         self._convert_input_args = False
         self.wrapper = wrapper

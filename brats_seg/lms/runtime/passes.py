@@ -16,7 +16,6 @@ import tensorflow as tf
 __all__ = ["BlockCall", "ForwardPass", "TensorMap"]
 
 
-
 class TensorMap:
     """Tensor -> value by identity, without keeping the tensor alive (eager memory)."""
 

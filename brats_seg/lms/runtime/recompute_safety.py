@@ -26,8 +26,17 @@ __all__ = ["RecomputeError", "check_layers", "check_new_ops", "check_not_xla", "
 # Graph ops that change state: run twice (forward + recompute) they corrupt training.
 _WRITE_OP_PREFIXES = ("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply")
 _STATEFUL_RANDOM_OPS = frozenset(
-    {"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-     "RandomGamma", "RandomPoisson", "RandomPoissonV2", "RandomShuffle", "Multinomial"}
+    {
+        "RandomUniform",
+        "RandomUniformInt",
+        "RandomStandardNormal",
+        "TruncatedNormal",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+        "RandomShuffle",
+        "Multinomial",
+    }
 )
 
 
@@ -37,8 +46,6 @@ class RecomputeError(ValueError):
     # AutoGraph re-raises errors from a traced function with their own type only if the
     # type uses Exception.__init__ (else it raises a StagingError); keep the type visible.
     __init__ = Exception.__init__
-
-
 
 
 def find_recompute_unsafe_layers(obj: Any, _depth: int = 0, _seen: set | None = None) -> list[str]:

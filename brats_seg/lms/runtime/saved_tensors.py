@@ -46,8 +46,16 @@ class SavedTensor:
     nbytes: int
 
 
-def trace_saved_tensors(model, loss, batch_size: int, input_shape, in_channels: int, out_channels: int,
-                        image_dtype: str = "float16", labels_dtype: str = "uint8") -> list[SavedTensor]:
+def trace_saved_tensors(
+    model,
+    loss,
+    batch_size: int,
+    input_shape,
+    in_channels: int,
+    out_channels: int,
+    image_dtype: str = "float16",
+    labels_dtype: str = "uint8",
+) -> list[SavedTensor]:
     """Trace ``loss(labels, model(image))`` and its gradient by the trainable weights; list what
     forward keeps for backward.
 
@@ -75,12 +83,13 @@ def trace_saved_tensors(model, loss, batch_size: int, input_shape, in_channels: 
     shape = tuple(int(s) for s in input_shape)
     graph = step.get_concrete_function(
         tf.TensorSpec((batch_size, *shape, in_channels), image_dtype),
-        tf.TensorSpec((batch_size, *shape, out_channels), labels_dtype)).graph
+        tf.TensorSpec((batch_size, *shape, out_channels), labels_dtype),
+    ).graph
     ops = graph.get_operations()
-    backward = set(ops[marks[0]:])
+    backward = set(ops[marks[0] :])
     seen: set = set()
     kept: list[SavedTensor] = []
-    for op in ops[:marks[0]]:
+    for op in ops[: marks[0]]:
         if op.type in _NOT_ACTIVATIONS:
             continue
         for t in op.outputs:

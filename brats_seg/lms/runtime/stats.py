@@ -18,9 +18,17 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-__all__ = ["peak_rss_bytes", "reset_peak_rss", "current_rss_bytes", "device_peak_bytes", "reset_device_peak",
-           "allocator_peak_bytes", "reset_allocator_peak",
-           "MemoryStatsCallback", "OffloadStats"]
+__all__ = [
+    "MemoryStatsCallback",
+    "OffloadStats",
+    "allocator_peak_bytes",
+    "current_rss_bytes",
+    "device_peak_bytes",
+    "peak_rss_bytes",
+    "reset_allocator_peak",
+    "reset_device_peak",
+    "reset_peak_rss",
+]
 
 log = logging.getLogger(__name__)
 _warned_reset = False
@@ -168,7 +176,10 @@ class OffloadStats:
 
         def counter(name: str) -> tf.Variable:
             return tf.Variable(
-                0, dtype=tf.int64, trainable=False, name=name,
+                0,
+                dtype=tf.int64,
+                trainable=False,
+                name=name,
                 synchronization=tf.VariableSynchronization.ON_READ,
                 aggregation=tf.VariableAggregation.SUM,
             )
