@@ -33,45 +33,39 @@ register_configs()
 def main(cfg) -> None:
     conf = to_config(cfg)
     # TensorFlow-free checks first: a wrong run_dir fails in a second, not after the TF import.
-    from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.inference.run import inference_settings
-    from brats_seg.resolve import resolve_inference
+    from brats_seg.evaluation.inference.start import start_inference
 
     with user_errors("evaluation"):
-        run = check_run_dir(conf.run_dir, conf.checkpoint, conf.split, conf.evaluate)
+        start = start_inference(
+            conf.run_dir, conf.checkpoint, conf.evaluate, conf.backend, given_override("backend.precision"), conf.split
+        )
         other = _data_config(conf.on) if conf.on else None
-        conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
-        # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
-        backend = resolve_inference(run, conf.backend, given_override("backend.precision"))
+    settings = start.evaluate  # a patch run: windows of its patch
 
     from brats_seg.backend import configure
 
     with user_errors("evaluation"):
-        configure(backend)
+        configure(start.backend)
     from brats_seg.data.labels import region_names
     from brats_seg.evaluation.evaluate import eval_dir, evaluate_run
     from brats_seg.evaluation.inference.run import load_run_config
     from brats_seg.evaluation.scoring.table import format_summary_table
 
     with user_errors("evaluation"):
-        summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, conf.evaluate, data=other)
+        summary = evaluate_run(conf.run_dir, conf.split, conf.checkpoint, settings, data=other)
     layout = load_run_config(conf.run_dir).data.layout
     out = eval_dir(conf.run_dir, f"{conf.split}@{conf.on}" if conf.on else conf.split)
-    mode = (
-        f"sliding-window ({'x'.join(map(str, conf.evaluate.window))})"
-        if conf.evaluate.mode == "sliding"
-        else "whole-volume"
-    )
+    mode = f"sliding-window ({'x'.join(map(str, settings.window))})" if settings.mode == "sliding" else "whole-volume"
     print(
         f"\nevaluated {summary['n_cases']} {conf.split} case(s) of {conf.run_dir} "
-        f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {conf.evaluate.threshold}):\n"
+        f"(checkpoint {conf.checkpoint}, {mode} inference, threshold {settings.threshold}):\n"
     )
     print(format_summary_table(summary, region_names(layout)))
     _print_postprocessing(summary, region_names(layout), Path(conf.run_dir))
     print(f"\n  metrics      {out / 'metrics.csv'}")
     print(f"  summary      {out / 'summary.json'}")
     print(f"  predictions  {out / 'predictions'}/<case_id>.nii.gz")
-    if conf.evaluate.overlays:
+    if settings.overlays:
         print(f"  overlays     {out / 'overlays'}/<case_id>.png")
 
 

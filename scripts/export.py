@@ -31,7 +31,7 @@ register_configs()
 @hydra_entry("../configs", "export")
 def main(cfg) -> None:
     conf = to_config(cfg)
-    from brats_seg.evaluation.evaluate import check_run_dir
+    from brats_seg.evaluation.inference.start import check_run_dir
     from brats_seg.evaluation.serving.export import check_export_output, default_export_dir
 
     with user_errors("export"):  # TensorFlow-free checks first

@@ -40,8 +40,8 @@ register_configs()
 def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.data.predict_inputs import find_input_cases
-    from brats_seg.evaluation.evaluate import check_run_dir
-    from brats_seg.evaluation.inference.run import RunError, inference_settings, run_regions
+    from brats_seg.evaluation.inference.run import RunError, run_regions
+    from brats_seg.evaluation.inference.start import InferenceStart, start_inference
     from brats_seg.evaluation.serving.exported import export_precision, predict_source, prediction_postprocessing
     from brats_seg.resolve import resolve_inference
 
@@ -49,17 +49,17 @@ def main(cfg) -> None:
         if not str(conf.output).strip():
             raise RunError("output is not set: pass output=<folder for the masks>.")
         export = predict_source(conf.run_dir, conf.export, conf.evaluate)  # None: a training run
-        if export is None:
-            run = check_run_dir(conf.run_dir, conf.checkpoint, eval_cfg=conf.evaluate)
-            conf.evaluate = inference_settings(conf.evaluate, run)  # a patch run: windows of its patch
-            # the run's own precision (a bf16 run infers in bf16) unless backend.precision= is given
-            backend = resolve_inference(run, conf.backend, given_override("backend.precision"))
+        if export is None:  # as scripts/evaluate.py starts
+            given = given_override("backend.precision")
+            start = start_inference(conf.run_dir, conf.checkpoint, conf.evaluate, conf.backend, given)
         else:  # the precision the export's graph was traced in
-            run, precision = export.config, export_precision(export, given_override("backend.precision"))
-            backend = resolve_inference(run, dataclasses.replace(conf.backend, precision=precision), True)
+            precision = export_precision(export, given_override("backend.precision"))
+            backend = dataclasses.replace(conf.backend, precision=precision)
+            start = InferenceStart(export.config, conf.evaluate, resolve_inference(export.config, backend, True))
+        run, settings, backend = start.run, start.evaluate, start.backend
         cases = find_input_cases(conf.input, run.data.layout)
         # the rules chosen on the run's val split (scripts/evaluate.py), as the run or the export holds them
-        postprocess = prediction_postprocessing(conf.run_dir, export, run, conf.evaluate, conf.checkpoint)
+        postprocess = prediction_postprocessing(conf.run_dir, export, run, settings, conf.checkpoint)
 
     from brats_seg.backend import configure
 
@@ -71,7 +71,7 @@ def main(cfg) -> None:
     from brats_seg.run_dir import RunFolder
 
     with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded
-        check_inference_memory(run, conf.evaluate, backend.device, inference_policy(), scoring=False)
+        check_inference_memory(run, settings, backend.device, inference_policy(), scoring=False)
         if export is None:
             # read before loading: a checkpoint saved meanwhile shows as another model in predict.json
             identity = {"checkpoint": RunFolder.of(conf.run_dir).checkpoint_identity(conf.checkpoint)}
@@ -80,21 +80,21 @@ def main(cfg) -> None:
             from brats_seg.evaluation.serving.exported import load_exported_model
 
             identity, model = export.identity, load_exported_model(export.folder)
-        with inference_memory_guard(run, conf.evaluate, backend.device, inference_policy(), scoring=False):
+        with inference_memory_guard(run, settings, backend.device, inference_policy(), scoring=False):
             written = predict_new_cases(
-                model, cases, run, conf.output, conf.evaluate, model_identity=identity, postprocess=postprocess
+                model, cases, run, conf.output, settings, model_identity=identity, postprocess=postprocess
             )
     regions = run_regions(run)
     labels = "WT only (edema label)" if regions == ("wt",) else "/".join(r.upper() for r in regions)
     print(f"\nwrote {len(written)} mask(s) ({run.data.layout} labels, {labels}) to {Path(conf.output)}")
-    if conf.evaluate.mode == "sliding":
-        print(f"inference: sliding windows of {'x'.join(map(str, conf.evaluate.window))} (Gaussian blending)")
+    if settings.mode == "sliding":
+        print(f"inference: sliding windows of {'x'.join(map(str, settings.window))} (Gaussian blending)")
     print(f"post-processing: {postprocess.describe() if postprocess is not None else 'none'}")
     for path in written[:10]:
         print(f"  {path}")
     if len(written) > 10:
         print(f"  ... and {len(written) - 10} more")
-    if conf.evaluate.overlays:
+    if settings.overlays:
         print(f"overlays in {Path(conf.output) / 'overlays'}")
 
 

@@ -54,8 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from brats_seg.choices import check_choice
-from brats_seg.config import DataConfig, EvaluateConfig, Split, TrainConfig
+from brats_seg.config import DataConfig, EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.nifti import load_volume, save_mask
@@ -64,7 +63,6 @@ from brats_seg.evaluation.inference.predict import check_native_shape, predict_c
 from brats_seg.evaluation.inference.run import (
     RunError,
     check_evaluate_config,
-    checkpoint_path,
     inference_device,
     inference_policy,
     inference_settings,
@@ -72,6 +70,7 @@ from brats_seg.evaluation.inference.run import (
     load_run_model,
     run_regions,
 )
+from brats_seg.evaluation.inference.start import check_run_dir
 from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.postprocess_run import postprocessing_for_run
 from brats_seg.evaluation.scoring.score import load_reference, score_case
@@ -83,7 +82,6 @@ from brats_seg.run_dir import RunFolder
 from brats_seg.signals import report_progress
 
 __all__ = [
-    "check_run_dir",
     "eval_dir",
     "evaluate_run",
     "split_case_ids",
@@ -98,32 +96,6 @@ _RECORD_VERSION = 2  # bump when scoring changes: every case is evaluated again 
 def eval_dir(run_dir: str | Path, split: str) -> Path:
     """``<run_dir>/eval/<split>``: where an evaluation's files go."""
     return RunFolder(Path(run_dir).expanduser()).eval_dir(split)
-
-
-def check_run_dir(
-    run_dir: str | Path,
-    checkpoint: str = "best",
-    split: str | None = None,
-    eval_cfg: EvaluateConfig | None = None,
-) -> TrainConfig:
-    """Check a run folder can be evaluated (and the settings make sense), without importing TensorFlow.
-
-    Returns:
-        The run's config.
-
-    Raises:
-        RunError: empty ``run_dir``, no config.json, no checkpoint, a bad split name or
-            ``evaluate.*`` value.
-    """
-    if not str(run_dir).strip():
-        raise RunError("run_dir is not set: pass run_dir=<the training run's folder> (e.g. outputs/<run>).")
-    if split is not None:
-        check_choice(split, Split, "split", error=RunError, hint="The run's split.json lists val and test.")
-    config = load_run_config(run_dir)
-    checkpoint_path(run_dir, checkpoint)
-    if eval_cfg is not None:
-        check_evaluate_config(inference_settings(eval_cfg, config), config.model, config.trainer.patch_size)
-    return config
 
 
 def _flair_native(meta: dict) -> np.ndarray:

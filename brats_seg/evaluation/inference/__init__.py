@@ -2,9 +2,11 @@
 
 ::
 
-    run       a trained run as inference sees it: its config, checkpoint, model, device,
-              precision (the memory check before loading is brats_seg.oom's): load_run_config,
-              load_run_model, inference_settings, check_evaluate_config, RunError
+    run       a trained run as inference sees it: its config, checkpoint, model and the device
+              it was configured for (the memory check before loading is brats_seg.oom_inference's):
+              load_run_config, load_run_model, inference_settings, check_evaluate_config, RunError
+    start     the TensorFlow-free start evaluate.py and predict.py share: check_run_dir, and
+              start_inference (the run, its inference settings, the backend resolve_inference decided)
     entries   a run's cases: split_case_ids, prepare_run_entries (their cache entries)
     sliding   inference of one image on the network grid: whole volume or Gaussian windows
               (evaluate.mode), with test-time mirroring: predict_volume
