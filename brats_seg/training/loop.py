@@ -346,7 +346,7 @@ def _train_in_folder(
         t.epochs,
         run_dir,
     )
-    session = _Session(cfg, strategy, cluster, model, loss, tracker, checkpoint, run_dir)
+    session = _Session(cfg, strategy, cluster, model, loss, tracker, checkpoint, run_dir, is_chief)
     session.run(train_dirs, val_dirs, steps, start, callbacks)
     st = checkpoint.state
     return TrainResult(
@@ -368,11 +368,8 @@ class _Session:
     tracker: object
     checkpoint: RunCheckpoint
     run_dir: Path
+    is_chief: bool  # the resolved run's (ResolvedRun.chief)
     closed: bool = False
-
-    @property
-    def is_chief(self) -> bool:
-        return self.cluster is None or self.cluster.is_chief
 
     @property
     def multi(self) -> bool:
