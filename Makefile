@@ -44,7 +44,7 @@ format: $(STAMP)
 
 # The default suite: everything but the `slow` end-to-end runs and the `browser` test; `gpu` tests
 # skip themselves without a GPU. The lint first: CI fails on a formatting or lint error too.
-test: lint
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -m "not slow and not browser" --durations=15
 
 # The rest, minutes each: the entry points end to end (kills, signals, preemption, clusters,
