@@ -24,8 +24,6 @@ import nilearn  # noqa: F401  (a dependency: its MNI152 templates)
 # module, and the writers below are given them (by the generator state they are drawn from) instead
 # of generating them again. Where a test's point is that generating again gives the same case, it
 # still generates again.
-
-
 @pytest.fixture(scope="module")
 def case_3_0():
     """Case 0 of seed 3, generated once for the module."""
