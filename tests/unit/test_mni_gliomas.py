@@ -15,13 +15,49 @@ from brats_seg.data.case_io import load_case_image, load_case_label
 from brats_seg.data.dataset import ensure_synthetic
 from brats_seg.data.labels import labels_to_regions
 from brats_seg.data.layouts import discover_cases
+from brats_seg.data.phantoms import mni_gliomas
 from brats_seg.data.phantoms.mni_gliomas import GRID_SHAPE, generate_mni_case, write_mni_glioma_dataset
 
 
+# A case costs seconds (a 240 x 240 x 155 grid): the cases several tests need are generated once per
+# module, and the writers below are given them (by the generator state they are drawn from) instead
+# of generating them again. Where a test's point is that generating again gives the same case, it
+# still generates again.
 @pytest.fixture(scope="module")
-def mni_root(tmp_path_factory):
+def case_3_0():
+    """Case 0 of seed 3, generated once for the module."""
+    return generate_mni_case(np.random.default_rng([3, 0]))
+
+
+@pytest.fixture(scope="module")
+def case_0_0():
+    """Case 0 of seed 0 (the default seed), generated once for the module."""
+    return generate_mni_case(np.random.default_rng([0, 0]))
+
+
+def _state(rng):
+    return repr(rng.bit_generator.state)
+
+
+def _reusing(*generated):
+    """``generate_mni_case`` that returns a case already generated when it is asked for the matched
+    case of the generator state that case was drawn from, and generates any other."""
+    known = {_state(np.random.default_rng(seq)): case for seq, case in generated}
+
+    def generate(rng, shift=None, shift_rng=None):
+        if shift is None and _state(rng) in known:
+            return known[_state(rng)]
+        return generate_mni_case(rng, shift, shift_rng)
+
+    return generate
+
+
+@pytest.fixture(scope="module")
+def mni_root(tmp_path_factory, case_3_0):
     root = tmp_path_factory.mktemp("mni")
-    ids = write_mni_glioma_dataset(root, n_cases=2, seed=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mni_gliomas, "generate_mni_case", _reusing(([3, 0], case_3_0)))
+        ids = write_mni_glioma_dataset(root, n_cases=2, seed=3)
     return root, ids
 
 
@@ -29,11 +65,11 @@ def _digest(path):
     return hashlib.sha256(np.asarray(nib.load(path).dataobj).tobytes()).hexdigest()
 
 
-def test_same_seed_same_case_other_seed_other_case():
-    a, b = generate_mni_case(np.random.default_rng([3, 0])), generate_mni_case(np.random.default_rng([3, 0]))
+def test_same_seed_same_case_other_seed_other_case(case_3_0, case_0_0):
+    a, b = case_3_0, generate_mni_case(np.random.default_rng([3, 0]))  # generated again
     np.testing.assert_array_equal(a.labels, b.labels)
     np.testing.assert_array_equal(a.images["flair"], b.images["flair"])
-    c = generate_mni_case(np.random.default_rng([4, 0]))
+    c = case_0_0  # case 0 of another seed
     assert not np.array_equal(a.labels, c.labels)
 
 
@@ -55,17 +91,20 @@ def test_cases_load_through_the_real_data_path(mni_root):
         assert flair[regions[..., 0] & ~regions[..., 1]].mean() > 1.2 * flair[brain & ~regions[..., 0]].mean()
 
 
-def test_storage_orientations_are_mixed_and_loaded_as_ras(tmp_path):
-    ids = write_mni_glioma_dataset(tmp_path, n_cases=4, seed=0)
+def test_storage_orientations_are_mixed_and_loaded_as_ras(tmp_path, case_0_0, monkeypatch):
+    with monkeypatch.context() as mp:
+        mp.setattr(mni_gliomas, "generate_mni_case", _reusing(([0, 0], case_0_0)))
+        ids = write_mni_glioma_dataset(tmp_path, n_cases=3, seed=0)  # seed 0: cases 0 and 1 LPS, 2 RAS
     codes = {nib.aff2axcodes(nib.load(tmp_path / i / f"{i}_seg.nii.gz").affine) for i in ids}
     assert codes == {("R", "A", "S"), ("L", "P", "S")}
     # The same seed written again is byte-identical (complete cases are kept, and regenerating gives the same data).
     again = tmp_path / "again"
-    write_mni_glioma_dataset(again, n_cases=1, seed=0)
+    write_mni_glioma_dataset(again, n_cases=1, seed=0)  # generated again
     assert _digest(again / ids[0] / f"{ids[0]}_seg.nii.gz") == _digest(tmp_path / ids[0] / f"{ids[0]}_seg.nii.gz")
 
 
-def test_data_config_generates_on_first_use(tmp_path):
+def test_data_config_generates_on_first_use(tmp_path, case_0_0, monkeypatch):
+    monkeypatch.setattr(mni_gliomas, "generate_mni_case", _reusing(([0, 0], case_0_0)))
     data = DataConfig(name="mni_gliomas", layout="brats2021", root=str(tmp_path / "m"), synthetic_cases=1)
     ensure_synthetic(data)
     assert (tmp_path / "m" / "MNIG_00000" / "MNIG_00000_seg.nii.gz").is_file()
@@ -80,10 +119,10 @@ def test_bad_arguments_are_named():
         write_mni_glioma_dataset("/nonexistent", n_cases=1, seed=-1)
 
 
-def test_the_shifted_case_is_the_same_tumour_acquired_as_another_scanner_would():
+def test_the_shifted_case_is_the_same_tumour_acquired_as_another_scanner_would(case_3_0):
     from brats_seg.data.phantoms.mni_gliomas import SHIFT
 
-    matched = generate_mni_case(np.random.default_rng([3, 0]))
+    matched = case_3_0
     shifted = generate_mni_case(np.random.default_rng([3, 0]), SHIFT, np.random.default_rng([3, 0, 1]))
     for label in (1, 2, 4):  # the same tumour: each compartment's volume kept by the rotation (nearest)
         a, b = np.count_nonzero(matched.labels == label), np.count_nonzero(shifted.labels == label)

@@ -195,10 +195,20 @@ def _files(root: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory):
-    """Two labelled cases of seed 0 in each layout."""
+def written(tmp_path_factory, cases):
+    """Two labelled cases of seed 0 in each layout. The writer is handed the module's cases 0 and 1
+    when it asks for them (by the generator state they were drawn from) instead of generating them
+    three times more; test_a_case_does_not_depend_on_n_cases writes one generated again."""
+    known = {repr(_rng(0, i).bit_generator.state): cases[i] for i in range(2)}
+
+    def generate(rng):
+        key = repr(rng.bit_generator.state)
+        return known[key] if key in known else generate_case(rng)
+
     base = tmp_path_factory.mktemp("synthetic_written")
-    return {layout: (base / layout, write_synthetic_dataset(base / layout, layout, 2, 0)) for layout in LAYOUTS}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(synthetic, "generate_case", generate)
+        return {layout: (base / layout, write_synthetic_dataset(base / layout, layout, 2, 0)) for layout in LAYOUTS}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
