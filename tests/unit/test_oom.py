@@ -437,7 +437,7 @@ def test_training_out_of_memory_ends_in_the_numbers_and_resumes(
     injector = _RunOutOfMemory(exc, epoch, run_dir / ".lock")
     with caplog.at_level(logging.WARNING, logger="brats_seg.training.oom"):
         with pytest.raises(OutOfMemoryError) as err:
-            loop.train(_tiny(root, tmp_path, run_dir), backend, extra_callbacks=[injector])
+            loop.train(_tiny(root, tmp_path, run_dir), extra_callbacks=[injector])
     message = str(err.value)
     plan = json.loads((run_dir / "plan.json").read_text())
     assert message.startswith(f"out of memory in training epoch {epoch}, step 1: {error}") and "\n" not in message
@@ -460,7 +460,7 @@ def test_training_out_of_memory_ends_in_the_numbers_and_resumes(
         first = json.loads((run_dir / "state.json").read_text())["history"][0]
         assert record["measured_epoch"] == 1 and record["measured_peak_bytes"] == int(first["measured_bytes"])
         assert "The run folder keeps its last completed epoch (1): the same command resumes it." in message
-    assert loop.train(_tiny(root, tmp_path, run_dir), backend).epochs_done == 2
+    assert loop.train(_tiny(root, tmp_path, run_dir)).epochs_done == 2
     assert statuses[-1] == "FINISHED"
 
 

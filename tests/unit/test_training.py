@@ -63,7 +63,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_
             self.trained.append(epoch + 1)
 
     counter = CountEpochs()
-    with caplog.at_level(logging.INFO, logger="brats_seg.training.build"):
+    with caplog.at_level(logging.INFO, logger="brats_seg.resolve"):
         resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[counter])  # same command
     assert resumed.epochs_done == 2
     assert counter.trained == [2]  # continued from the last completed epoch, not from scratch
