@@ -43,28 +43,25 @@ def _set(cfg: TrainConfig, key: str, value) -> TrainConfig:
     return cfg
 
 
-@pytest.mark.parametrize(
-    "key,value,message",
-    [
-        ("trainer.batch_size", -1, r"trainer\.batch_size=-1: use an integer >= 1"),
-        (
-            "trainer.lr_schedule",
-            "cosin",
-            r"trainer\.lr_schedule='cosin': use cosine or constant\. Did you mean 'cosine'",
-        ),
-        ("lms.limit", "1MB", r"LMS plan does not fit.*To fix"),
-    ],
-)
-def test_the_corrected_command_trains_in_the_same_run_dir(synthetic_root, tmp_path, backend, key, value, message):
-    """The failed command wrote nothing (no config.json, no cache entry); the corrected one trains there."""
+BAD_VALUES = [
+    ("trainer.batch_size", -1, r"trainer\.batch_size=-1: use an integer >= 1"),
+    ("trainer.lr_schedule", "cosin", r"trainer\.lr_schedule='cosin': use cosine or constant\. Did you mean 'cosine'"),
+    ("lms.limit", "1MB", r"LMS plan does not fit.*To fix"),
+]
+
+
+def test_the_corrected_command_trains_in_the_same_run_dir(synthetic_root, tmp_path, backend):
+    """Each failed command wrote nothing (no config.json, no cache entry); the corrected one trains
+    there. One folder takes the three failures in turn, then the training (one training, not three)."""
     from brats_seg.training.loop import train
 
     root = synthetic_root["brats2021"]
     run_dir = tmp_path / "run"
-    with pytest.raises(ValueError, match=message):
-        train(_set(_cfg(root, tmp_path, run_dir), key, value))
-    assert not (run_dir / "config.json").exists() and not (run_dir / "split.json").exists()
-    assert not (tmp_path / "cache").exists()  # failed before preparation
+    for key, value, message in BAD_VALUES:
+        with pytest.raises(ValueError, match=message):
+            train(_set(_cfg(root, tmp_path, run_dir), key, value))
+        assert not (run_dir / "config.json").exists() and not (run_dir / "split.json").exists(), key
+        assert not (tmp_path / "cache").exists(), key  # failed before preparation
     assert train(_cfg(root, tmp_path, run_dir)).epochs_done == 1
 
 
