@@ -1,6 +1,6 @@
 # One command each for a fresh Linux machine with Python 3.10-3.13:
 #   make test   creates .venv, installs the project with its dev extra, runs the default test suite
-#               (12 min on a 2-core AMD EPYC Zen 5: docs/measurements/ci_zen5/ci_82032dc.txt); make test-slow runs the rest (end-to-end runs of the entry
+#               (12 min on a 2-core AMD EPYC Zen 5: docs/measurements/ci_zen5/ci_ccb468a.txt); make test-slow runs the rest (end-to-end runs of the entry
 #               points, fault drills, the planner's accuracy, the MLflow UI in a browser); CI runs both
 #   make demo   trains on the embedded synthetic dataset, evaluates the held-out split
 # Both install with pip from requirements.lock, the pinned versions every install uses
