@@ -27,13 +27,25 @@ TINY = ResolutionConfig(name="tiny", spacing_mm=4.0, shape=[48, 56, 40])
 @pytest.fixture(scope="session")
 def synthetic_root(tmp_path_factory):
     """``layout -> folder`` with 3 labelled synthetic cases each (seed 0), read-only by convention."""
-    from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
+    from brats_seg.data.phantoms import synthetic
+
+    # The four layouts hold the same three cases (case i of seed 0): each is generated once and
+    # written four times (the generator is a pure function of its generator's state).
+    generated, generate = {}, synthetic.generate_case
+
+    def generate_once(rng):
+        key = repr(rng.bit_generator.state)
+        if key not in generated:
+            generated[key] = generate(rng)
+        return generated[key]
 
     base = tmp_path_factory.mktemp("synthetic")
     roots = {}
-    for layout in ("brats2021", "brats2023", "brats2024", "msd"):
-        roots[layout] = base / layout
-        write_synthetic_dataset(roots[layout], layout, n_cases=3, seed=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(synthetic, "generate_case", generate_once)
+        for layout in ("brats2021", "brats2023", "brats2024", "msd"):
+            roots[layout] = base / layout
+            synthetic.write_synthetic_dataset(roots[layout], layout, n_cases=3, seed=0)
     return roots
 
 

@@ -53,11 +53,12 @@ def _reusing(*generated):
 
 
 @pytest.fixture(scope="module")
-def mni_root(tmp_path_factory, case_3_0):
+def seed0_root(tmp_path_factory, case_0_0):
+    """Three cases of seed 0 written (case 0 the module's; 0 and 1 stored LPS, 2 RAS)."""
     root = tmp_path_factory.mktemp("mni")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mni_gliomas, "generate_mni_case", _reusing(([3, 0], case_3_0)))
-        ids = write_mni_glioma_dataset(root, n_cases=2, seed=3)
+        mp.setattr(mni_gliomas, "generate_mni_case", _reusing(([0, 0], case_0_0)))
+        ids = write_mni_glioma_dataset(root, n_cases=3, seed=0)
     return root, ids
 
 
@@ -73,8 +74,8 @@ def test_same_seed_same_case_other_seed_other_case(case_3_0, case_0_0):
     assert not np.array_equal(a.labels, c.labels)
 
 
-def test_cases_load_through_the_real_data_path(mni_root):
-    root, ids = mni_root
+def test_cases_load_through_the_real_data_path(seed0_root):
+    root, ids = seed0_root
     cases, skipped = discover_cases(root, "brats2021", require_labels=True)
     assert [c.case_id for c in cases] == ids and not skipped
     for case in cases:
@@ -91,16 +92,16 @@ def test_cases_load_through_the_real_data_path(mni_root):
         assert flair[regions[..., 0] & ~regions[..., 1]].mean() > 1.2 * flair[brain & ~regions[..., 0]].mean()
 
 
-def test_storage_orientations_are_mixed_and_loaded_as_ras(tmp_path, case_0_0, monkeypatch):
-    with monkeypatch.context() as mp:
-        mp.setattr(mni_gliomas, "generate_mni_case", _reusing(([0, 0], case_0_0)))
-        ids = write_mni_glioma_dataset(tmp_path, n_cases=3, seed=0)  # seed 0: cases 0 and 1 LPS, 2 RAS
-    codes = {nib.aff2axcodes(nib.load(tmp_path / i / f"{i}_seg.nii.gz").affine) for i in ids}
-    assert codes == {("R", "A", "S"), ("L", "P", "S")}
-    # The same seed written again is byte-identical (complete cases are kept, and regenerating gives the same data).
+def test_storage_orientations_are_mixed_and_loaded_as_ras(seed0_root, tmp_path, case_0_0, monkeypatch):
+    root, ids = seed0_root
+    codes = {nib.aff2axcodes(nib.load(root / i / f"{i}_seg.nii.gz").affine) for i in ids}
+    assert codes == {("R", "A", "S"), ("L", "P", "S")}  # loaded as RAS: the test above
+    # The same case written again is byte-identical (complete cases are kept; that generating again
+    # gives the same case is the first test's).
+    monkeypatch.setattr(mni_gliomas, "generate_mni_case", _reusing(([0, 0], case_0_0)))
     again = tmp_path / "again"
-    write_mni_glioma_dataset(again, n_cases=1, seed=0)  # generated again
-    assert _digest(again / ids[0] / f"{ids[0]}_seg.nii.gz") == _digest(tmp_path / ids[0] / f"{ids[0]}_seg.nii.gz")
+    write_mni_glioma_dataset(again, n_cases=1, seed=0)
+    assert _digest(again / ids[0] / f"{ids[0]}_seg.nii.gz") == _digest(root / ids[0] / f"{ids[0]}_seg.nii.gz")
 
 
 def test_data_config_generates_on_first_use(tmp_path, case_0_0, monkeypatch):
@@ -148,11 +149,11 @@ def test_the_shifted_protocol_shows_less_tumour_contrast_and_more_noise():
 
     same = replace(GEOMETRY_SHIFT, gamma=(1.0, 1.0), bias=0.0)
     plain = generate_mni_case(np.random.default_rng([3, 0]), same, np.random.default_rng([3, 0, 1]))
+    # Both changes in one case (each generation costs seconds): the tumour's contrast is read where
+    # the added noise averages out (medians over the compartments), the noise where the contrast
+    # does not reach (brain away from the tumour).
     faint = generate_mni_case(
-        np.random.default_rng([3, 0]), replace(same, contrast=(0.5, 0.5)), np.random.default_rng([3, 0, 1])
-    )
-    noisy = generate_mni_case(
-        np.random.default_rng([3, 0]), replace(same, noise=0.08), np.random.default_rng([3, 0, 1])
+        np.random.default_rng([3, 0]), replace(same, contrast=(0.5, 0.5), noise=0.08), np.random.default_rng([3, 0, 1])
     )
     et, core = plain.labels == 4, plain.labels == 1
     assert et.sum() > 100 and core.sum() > 100
@@ -167,9 +168,11 @@ def test_the_shifted_protocol_shows_less_tumour_contrast_and_more_noise():
     )
     np.testing.assert_array_equal(faint.labels, plain.labels)  # the same tumour, seen differently
 
-    brain = plain.images["flair"] > 0
-    added = (noisy.images["flair"] - plain.images["flair"])[brain]  # everything else drawn alike
-    level = float(np.median(plain.images["flair"][brain]))
+    from scipy import ndimage as ndi
+
+    away = (plain.images["flair"] > 0) & ~ndi.binary_dilation(plain.labels > 0, iterations=8)
+    added = (faint.images["flair"] - plain.images["flair"])[away]  # everything else drawn alike
+    level = float(np.median(plain.images["flair"][plain.images["flair"] > 0]))
     # 8 % per acquired slice; between slices the linear resampling averages two of them (down to 8/sqrt 2)
     assert 0.05 < float(np.std(added)) / level < 0.085
 

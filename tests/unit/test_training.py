@@ -1,10 +1,9 @@
-"""Training loop: resume equals an uninterrupted run; config guards; data errors before the first step."""
+"""Training loop: an old run folder resumes; config guards; data errors before the first step."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from brats_seg.config import BackendConfig, ModelConfig, TrackingConfig, TrainConfig, TrainerConfig
@@ -27,61 +26,6 @@ def _cfg(root, tmp_path, run_dir, epochs=2) -> TrainConfig:
         tracking=TrackingConfig(name="none"),
         run_dir=str(run_dir),
     )
-
-
-def _weights(run_dir):
-    import keras
-
-    model = keras.models.load_model(run_dir / "checkpoints" / "last.keras", compile=True)
-    return model.get_weights(), [v.numpy() for v in model.optimizer.variables]
-
-
-def test_resume_after_interruption_equals_uninterrupted_run(synthetic_root, tmp_path, backend, caplog):
-    import logging
-
-    import keras
-
-    from brats_seg.training.loop import train
-
-    class Interrupt(keras.callbacks.Callback):
-        """Stands for a crash right after epoch 1's checkpoint."""
-
-        def on_epoch_end(self, epoch, logs=None):
-            if epoch + 1 == 1:
-                self.model.stop_training = True
-
-    root = synthetic_root["brats2021"]
-    full = train(_cfg(root, tmp_path, tmp_path / "full"))
-    assert full.epochs_done == 2
-    part = train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[Interrupt()])
-    assert part.epochs_done == 1
-
-    class CountEpochs(keras.callbacks.Callback):
-        trained: list = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.trained.append(epoch + 1)
-
-    counter = CountEpochs()
-    with caplog.at_level(logging.INFO, logger="brats_seg.resolve"):
-        resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[counter])  # same command
-    assert resumed.epochs_done == 2
-    assert counter.trained == [2]  # continued from the last completed epoch, not from scratch
-    assert "resuming under the run's plan.json" in caplog.text  # the plan it started with, read back
-
-    w_full, opt_full = _weights(tmp_path / "full")
-    w_res, opt_res = _weights(tmp_path / "resumed")
-    for a, b in zip(w_full, w_res):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    for a, b in zip(opt_full, opt_res):  # optimizer step, moments
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    hist = json.loads((tmp_path / "resumed" / "state.json").read_text())["history"]
-    assert [h["epoch"] for h in hist] == [1, 2]
-    header = (tmp_path / "full" / "history.csv").read_text().splitlines()[0].split(",")
-    for r in ("wt", "tc", "et"):  # the per-region monitors, for training and validation
-        for col in (f"prob_{r}", f"vol_{r}", f"ref_vol_{r}", f"val_prob_{r}", f"val_vol_{r}", f"val_ref_vol_{r}"):
-            assert col in header, col
-    assert all(h["ref_vol_wt"] > 0 and 0 < h["prob_wt"] < 1 for h in hist)
 
 
 def test_run_dir_with_a_different_config_is_refused(synthetic_root, tmp_path, backend):
@@ -175,9 +119,13 @@ _KEYS_ADDED_SINCE_FIRST = (
 )
 
 
-def test_an_old_run_folder_resumes_and_evaluates(synthetic_root, tmp_path, backend):
+def test_an_old_run_folder_resumes_and_evaluates(synthetic_root, tmp_path, backend, caplog):
     """A run folder written by the first version (config.json without the newer keys, with
-    lms.enabled and the evaluate group it had) resumes with the same command and evaluates."""
+    lms.enabled and the evaluate group it had) resumes with the same command and evaluates.
+    (That a resumed run ends where an uninterrupted one does, weights and optimizer state, is
+    the slow suite's: tests/integration/test_kill_anywhere.py and test_preemption.py.)"""
+    import logging
+
     import keras
 
     from brats_seg.evaluation.evaluate import evaluate_run
@@ -209,5 +157,14 @@ def test_an_old_run_folder_resumes_and_evaluates(synthetic_root, tmp_path, backe
     counter = CountEpochs()
     again = _cfg(root, tmp_path, run_dir, epochs=2)
     again.model.regions = "independent"
-    assert train(again, extra_callbacks=[counter]).epochs_done == 2
-    assert counter.trained == [2]
+    with caplog.at_level(logging.INFO, logger="brats_seg.resolve"):
+        assert train(again, extra_callbacks=[counter]).epochs_done == 2
+    assert counter.trained == [2]  # continued from the last completed epoch, not from scratch
+    assert "resuming under the run's plan.json" in caplog.text  # the plan it started with, read back
+    hist = json.loads((run_dir / "state.json").read_text())["history"]
+    assert [h["epoch"] for h in hist] == [1, 2]
+    header = (run_dir / "history.csv").read_text().splitlines()[0].split(",")
+    for r in ("wt", "tc", "et"):  # the per-region monitors, for training and validation
+        for col in (f"prob_{r}", f"vol_{r}", f"ref_vol_{r}", f"val_prob_{r}", f"val_vol_{r}", f"val_ref_vol_{r}"):
+            assert col in header, col
+    assert all(h["ref_vol_wt"] > 0 and 0 < h["prob_wt"] < 1 for h in hist)
