@@ -88,6 +88,7 @@ def _auto_limit(overrides) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its peaks and step times are the machine's, not shared with another test
 def test_predicted_peak_within_bounds_where_not_fitted():
     from brats_seg.cpu import cpu_kind
     from brats_seg.lms.planner.memory_model import CPU_MEMORY_MODELS, memory_model_for
