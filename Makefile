@@ -1,6 +1,6 @@
 # One command each for a fresh Linux machine with Python 3.10-3.13:
 #   make test   creates .venv, installs the project with its dev extra, runs the default test suite
-#               (12 min on a 2-core AMD EPYC Zen 5: docs/measurements/ci_zen5/ci_ccb468a.txt); make test-slow runs the rest (end-to-end runs of the entry
+#               (6.3 min on a 2-core AMD EPYC Zen 5: docs/measurements/ci_zen5/ci_d5af722.txt); make test-slow runs the rest (end-to-end runs of the entry
 #               points, fault drills, the planner's accuracy, the MLflow UI in a browser); CI runs both
 #   make demo   trains on the embedded synthetic dataset, evaluates the held-out split
 # Both install with pip from requirements.lock, the pinned versions every install uses
@@ -45,8 +45,8 @@ format: $(STAMP)
 # The default suite: everything but the `slow` end-to-end runs and the `browser` test; `gpu` tests
 # skip themselves without a GPU. The lint first: CI fails on a formatting or lint error too.
 # Two pytest-xdist workers, a test file each at a time (--dist loadfile: a file's module fixtures,
-# often a training, are built once, in one worker): 6.5 min instead of 11.3 on the 2-core Zen 5
-# (docs/measurements/suite_time_zen5/). TEST_WORKERS=0 runs it in this process, one test at a time;
+# often a training, are built once, in one worker): 6.3-6.5 min instead of 10.9-11.3 in one
+# process on the 2-core Zen 5 (docs/measurements/suite_time_zen5/, ci_zen5/ci_d5af722.txt). TEST_WORKERS=0 runs it in this process, one test at a time;
 # more workers on a bigger machine cost a TensorFlow process (~1-2 GB) each.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
