@@ -151,7 +151,8 @@ def _patch_options(shape, multiple: int) -> str:
 
 
 def check_patch_config(cfg: TrainConfig) -> None:
-    """``trainer.patch_size``, ``trainer.foreground_fraction`` and ``trainer.time_budget_s``.
+    """``trainer.patch_size``, ``trainer.patch_schedule``, ``trainer.foreground_fraction`` and
+    ``trainer.time_budget_s``.
 
     A patch is 3 sides, each a multiple of ``2**model.depth`` (the U-Net halves it ``depth``
     times) and at most ``resolution.shape`` on its axis; the message lists the allowed sides.
@@ -169,6 +170,15 @@ def check_patch_config(cfg: TrainConfig) -> None:
     budget = t.time_budget_s
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
         raise ValueError(f"trainer.time_budget_s={budget!r}: use seconds of training >= 0 (0 = no budget).")
+    if t.patch_schedule is not None and t.patch_schedule != []:
+        if t.patch_size:
+            raise ValueError(
+                f"trainer.patch_size={list(t.patch_size)} and trainer.patch_schedule={t.patch_schedule!r} both "
+                "given: the schedule names each stage's patch; give one of them (patch_size=null with a schedule)."
+            )
+        from brats_seg.patch_schedule import parse_schedule
+
+        parse_schedule(t.patch_schedule, cfg.resolution.shape, cfg.model.depth, t.batch_size)
     if not t.patch_size:
         return
     shape, multiple = [int(s) for s in cfg.resolution.shape], 2**cfg.model.depth

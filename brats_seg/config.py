@@ -250,6 +250,7 @@ class TrainerConfig:
     patch_size: list[int] | None = (
         None  # [x, y, z]: train on random crops of this size (sliding-window inference); None = the whole volume
     )
+    patch_schedule: Any = None  # grow | [{patch: [x, y, z] | whole, share: s, batch_size: b}, ...]: patch sizes in stages, each its share of the budget (or epochs); null = trainer.patch_size throughout
     foreground_fraction: float = 0.33  # patch mode: share of crops forced to contain tumour (nnU-Net's 1/3)
     time_budget_s: float = (
         0.0  # seconds of training (validation excluded) after which the run ends as if its epochs were done; 0 = off

@@ -39,22 +39,45 @@ from brats_seg.config import BackendConfig, TrainConfig, flatten_config
 from brats_seg.data.labels import resolve_model_outputs
 from brats_seg.distribute.resolve import planned_replicas
 from brats_seg.lms.planner.preflight import lms_strategy
+from brats_seg.patch_schedule import GROW, Stage, parse_schedule, stage_epochs
 from brats_seg.run_dir import RunFolder, has_progress
 
 if TYPE_CHECKING:
     from brats_seg.lms.planner.plan import Plan
 
 __all__ = [
+    "PlannedStage",
     "ResolvedRun",
     "per_replica",
     "planned_for",
     "resolve_inference",
     "resolve_paths",
     "resolve_run",
+    "stage_config",
     "stored_plan",
 ]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """A stage of ``trainer.patch_schedule`` (:class:`~brats_seg.patch_schedule.Stage`) and the
+    memory plan it trains under; ``first_epoch`` (0-based) where the run has no time budget, the
+    epoch it starts at (None with a budget: the clock decides)."""
+
+    stage: Stage
+    plan: Plan
+    first_epoch: int | None = None
+
+    def to_dict(self) -> dict:
+        return {**self.stage.to_dict(), "first_epoch": self.first_epoch, "plan": self.plan.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data) -> PlannedStage:
+        from brats_seg.lms.planner.plan import Plan
+
+        return cls(Stage.from_dict(data), Plan.from_dict(data["plan"]), data.get("first_epoch"))
 
 
 @dataclass(frozen=True)
@@ -68,8 +91,11 @@ class ResolvedRun:
         replicas: how many replicas share the global batch (each device's memory holds one share).
         chief: this process writes the run folder (False for the other workers of ``multi_worker``).
         lms: the LMS strategy (``off``/``recompute``/``offload``/``auto``).
-        plan: the memory plan the run trains under; None when not resolved for training.
+        plan: the memory plan the run trains under; None when not resolved for training. With a
+            patch schedule, the plan of its stage with the highest predicted peak.
         reason: why this backend and LMS strategy, in words (logged, and kept in the MLflow tags).
+        stages: with ``trainer.patch_schedule``, each stage and its own plan (:class:`PlannedStage`);
+            empty without one.
     """
 
     config: TrainConfig
@@ -79,6 +105,7 @@ class ResolvedRun:
     lms: str = ""
     plan: Plan | None = None
     reason: str = ""
+    stages: tuple[PlannedStage, ...] = ()
 
     @property
     def device(self) -> str:
@@ -129,7 +156,7 @@ def resolve_run(
     replicas, chief = planned_replicas(config.distribute, backend.device, backend.n_gpus) if training else (1, True)
     run = ResolvedRun(config, backend, replicas, chief, strategy, reason=reason)
     if training:
-        stored = stored_plan(config.run_dir, run) if chief and has_progress(Path(config.run_dir)) else None
+        stored = _stored_plans(config.run_dir, run) if chief and has_progress(Path(config.run_dir)) else None
         run = _planned(run, stored)
     log.info(
         "run resolved: backend %s on %s (%s), precision %s (policy %s)%s, %d output(s)%s%s",
@@ -209,37 +236,49 @@ def per_replica(cfg: TrainConfig, replicas: int) -> TrainConfig:
     return dataclasses.replace(cfg, trainer=dataclasses.replace(t, batch_size=t.batch_size // replicas))
 
 
-def _planned(run: ResolvedRun, stored: Plan | None) -> ResolvedRun:
-    """``run`` with its memory plan against ``lms.limit`` for one replica's share of the batch
-    (or ``stored``, the plan a resumed run started with), logged once with the reason.
+def stage_config(cfg: TrainConfig, stage: Stage) -> TrainConfig:
+    """``cfg`` as one stage of its patch schedule trains it: the stage's patch (None: the whole
+    volume) and global batch, and no schedule (what the planner, the data and the model read)."""
+    t = dataclasses.replace(
+        cfg.trainer,
+        patch_size=None if stage.patch is None else list(stage.patch),
+        batch_size=stage.batch_size,
+        patch_schedule=None,
+    )
+    return dataclasses.replace(cfg, trainer=t)
+
+
+def _schedule(cfg: TrainConfig) -> tuple[Stage, ...] | None:
+    t = cfg.trainer
+    return parse_schedule(t.patch_schedule, cfg.resolution.shape, cfg.model.depth, t.batch_size)
+
+
+def _plans(run: ResolvedRun, configs: list[tuple[str, TrainConfig]]):
+    """Plan each config (one replica's share of its batch) under the run's strategy: ``(backend,
+    strategy, reason, plans)``. On a GPU ``backend=auto`` chose, a config whose plan without LMS
+    does not fit moves the whole run to ``gpu_lms`` with ``lms=auto``, and every config is planned so.
 
     Raises:
-        ValueError: the run is predicted not to fit, with the numbers and the fix.
+        ValueError: a config predicted not to fit, named (``where``) with the numbers and the fix.
     """
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
     from brats_seg.lms.planner.preflight import plan_run
 
-    cfg, backend, strategy, reason = per_replica(run.config, run.replicas), run.backend, run.lms, run.reason
-    if stored is not None:
-        if stored.strategy == "auto" and backend.name == "gpu" and backend.reason:
-            backend = dataclasses.replace(backend, name="gpu_lms", xla=False)
-        log.info(
-            "backend %s, lms=%s: resuming under the run's plan.json (predicted peak %.2f GB within %.2f GB)",
-            backend.name,
-            stored.strategy,
-            stored.predicted_peak_bytes / 1e9,
-            stored.budget_bytes / 1e9,
-        )
-        return dataclasses.replace(
-            run,
-            backend=backend,
-            lms=stored.strategy,
-            plan=stored,
-            reason=f"{reason}; the plan the run started with (plan.json)",
-        )
+    backend, strategy, reason = run.backend, run.lms, run.reason
+
+    def plan_all():
+        plans = []
+        for where, cfg in configs:
+            try:
+                plans.append(plan_run(per_replica(cfg, run.replicas), backend.device, strategy))
+            except PlanDoesNotFitError as e:
+                e.where = where
+                raise
+        return plans
+
     try:
         try:
-            plan = plan_run(cfg, backend.device, strategy)
+            plans = plan_all()
         except PlanDoesNotFitError as e:
             if not (backend.reason and backend.device == "GPU" and strategy == "off"):
                 raise
@@ -247,15 +286,90 @@ def _planned(run: ResolvedRun, stored: Plan | None) -> ResolvedRun:
             strategy, reason = (
                 "auto",
                 (
-                    f"backend=auto ({backend.reason}): the plan without LMS does not fit "
+                    f"backend=auto ({backend.reason}): the plan{e.where} without LMS does not fit "
                     f"({e.smallest_peak_bytes / 1e9:.2f} GB predicted); using gpu_lms with lms=auto"
                 ),
             )
             backend = dataclasses.replace(backend, name="gpu_lms", reason=reason, xla=False)
-            plan = plan_run(cfg, backend.device, strategy)
+            plans = plan_all()
     except PlanDoesNotFitError as e:
-        raise ValueError(str(e)) from e
-    if backend.xla and strategy != "off" and any(p != "keep" for p in plan.policies.values()):
+        raise ValueError(f"{e.where.strip(' ()') + ': ' if e.where else ''}{e}") from e
+    return backend, strategy, reason, plans
+
+
+def _stage_starts(cfg: TrainConfig, stages: tuple[Stage, ...], plans) -> list[int | None]:
+    """Each stage's first epoch without a time budget (None with one: the clock decides). For
+    ``grow`` the time shares become epoch shares by each stage's predicted epoch time (its steps
+    per case's voxels times the predicted step), where the step-time model has one (a CPU)."""
+    t = cfg.trainer
+    if t.time_budget_s:
+        return [None] * len(stages)
+    shares = [s.share for s in stages]
+    times = [p.predicted_step_s for p in plans]
+    if str(t.patch_schedule).strip().lower() == GROW and all(x is not None for x in times):
+        from brats_seg.data.patches import crops_per_case
+
+        epoch_s = [crops_per_case(cfg.resolution.shape, s.patch) / s.batch_size * x for s, x in zip(stages, times)]
+        weights = [share / e for share, e in zip(shares, epoch_s)]
+        shares = [w / sum(weights) for w in weights]
+    return list(stage_epochs([dataclasses.replace(s, share=x) for s, x in zip(stages, shares)], t.epochs))
+
+
+def _planned(run: ResolvedRun, stored: tuple[Plan, tuple[PlannedStage, ...]] | None) -> ResolvedRun:
+    """``run`` with its memory plan against ``lms.limit`` for one replica's share of the batch
+    (with a patch schedule, each stage's plan: a stage that does not fit is refused now, named),
+    or the plans a resumed run started with (``stored``: its plan.json's, :func:`_stored_plans`),
+    logged once with the reason.
+
+    Raises:
+        ValueError: the run (or a stage) is predicted not to fit, with the numbers and the fix.
+    """
+    cfg, backend, strategy, reason = run.config, run.backend, run.lms, run.reason
+    schedule = _schedule(cfg)
+    if stored is not None and len(stored[1]) == len(schedule or ()):
+        plan, stages = stored
+        if plan.strategy == "auto" and backend.name == "gpu" and backend.reason:
+            backend = dataclasses.replace(backend, name="gpu_lms", xla=False)
+        log.info(
+            "backend %s, lms=%s: resuming under the run's plan.json (predicted peak %.2f GB within %.2f GB%s)",
+            backend.name,
+            plan.strategy,
+            plan.predicted_peak_bytes / 1e9,
+            plan.budget_bytes / 1e9,
+            f"; {len(stages)} stages" if stages else "",
+        )
+        return dataclasses.replace(
+            run,
+            backend=backend,
+            lms=plan.strategy,
+            plan=plan,
+            reason=f"{reason}; the plan the run started with (plan.json)",
+            stages=stages,
+        )
+    if schedule is None:
+        configs = [("", cfg)]
+    else:
+        for i, stage in enumerate(schedule):
+            if stage.batch_size % run.replicas:
+                raise ValueError(
+                    f"trainer.patch_schedule[{i}].batch_size={stage.batch_size} is a global batch and must divide "
+                    f"among the {run.replicas} replicas of distribute={cfg.distribute.name}: use a multiple of "
+                    f"{run.replicas}."
+                )
+        configs = [
+            (
+                f" (trainer.patch_schedule stage {i + 1} of {len(schedule)}, {s.name}, batch {s.batch_size})",
+                stage_config(cfg, s),
+            )
+            for i, s in enumerate(schedule)
+        ]
+    backend, strategy, reason, plans = _plans(run, configs)
+    plan = max(plans, key=lambda p: p.predicted_peak_bytes)
+    stages = ()
+    if schedule is not None:
+        starts = _stage_starts(cfg, schedule, plans)
+        stages = tuple(PlannedStage(s, p, first) for s, p, first in zip(schedule, plans, starts))
+    if backend.xla and strategy != "off" and any(p != "keep" for pl in plans for p in pl.policies.values()):
         backend = dataclasses.replace(backend, xla=False)  # XLA would drop the plan's host placements
         reason += "; backend.xla off: XLA would drop the plan's recompute/offload placements"
     if backend.reason and backend.reason not in reason:
@@ -271,7 +385,20 @@ def _planned(run: ResolvedRun, stored: Plan | None) -> ResolvedRun:
         plan.limit_bytes / 1e9,
         100 * plan.margin,
     )
-    return dataclasses.replace(run, backend=backend, lms=strategy, plan=plan, reason=reason)
+    for i, st in enumerate(stages):
+        log.info(
+            "stage %d/%d %s, batch %d, share %.3g%s: predicted peak %.2f GB%s%s",
+            i + 1,
+            len(stages),
+            st.stage.name,
+            st.stage.batch_size,
+            st.stage.share,
+            "" if st.first_epoch is None else f" (from epoch {st.first_epoch + 1})",
+            st.plan.predicted_peak_bytes / 1e9,
+            "" if st.plan.predicted_step_s is None else f", step {st.plan.predicted_step_s:.2f} s",
+            "".join(f", {b}={p}" for b, p in st.plan.policies.items() if p != "keep"),
+        )
+    return dataclasses.replace(run, backend=backend, lms=strategy, plan=plan, reason=reason, stages=stages)
 
 
 def planned_for(run: ResolvedRun, replicas: int | None = None) -> dict:
@@ -293,6 +420,12 @@ def stored_plan(run_dir: str | Path, run: ResolvedRun, replicas: int | None = No
     was made for this run's memory settings; None (planning again, and saying why) if they
     changed since (``lms.limit=`` on the resuming command, another precision or replica count),
     or the folder has no readable plan of this version."""
+    stored = _stored_plans(run_dir, run, replicas)
+    return None if stored is None else stored[0]
+
+
+def _stored_plans(run_dir, run: ResolvedRun, replicas: int | None = None):
+    """:func:`stored_plan` and the stages' plans of a patch schedule (``()`` without one)."""
     from brats_seg.lms.planner.plan import Plan
 
     folder = RunFolder(Path(run_dir))
@@ -317,7 +450,7 @@ def stored_plan(run_dir: str | Path, run: ResolvedRun, replicas: int | None = No
         )
         return None
     try:
-        return Plan.from_dict(record)
-    except ValueError as e:
+        return Plan.from_dict(record), tuple(PlannedStage.from_dict(d) for d in record.get("stages", ()))
+    except (ValueError, KeyError, TypeError) as e:
         log.warning("%s: %s; planning again", folder.plan_paths[1], e)
         return None

@@ -113,13 +113,21 @@ def prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
 
 
 def save_plan(run, run_dir: Path) -> list[Path]:
-    """``plan.txt`` and ``plan.json`` (the plan and the settings it was made for,
-    :func:`~brats_seg.resolve.planned_for`): written before the first step, read back on resume
+    """``plan.txt`` and ``plan.json`` (the plan, each patch-schedule stage's, and the settings they
+    were made for, :func:`~brats_seg.resolve.planned_for`): written before the first step, read back on resume
     (:func:`~brats_seg.resolve.stored_plan`)."""
     from brats_seg.resolve import planned_for
 
     record = {**run.plan.to_dict(), "planned_for": planned_for(run)}
-    return RunFolder(run_dir).write_plan(run.plan.format_table(), json.dumps(record, indent=2))
+    table = run.plan.format_table()
+    if run.stages:  # a patch schedule: each stage's plan (the top-level one is the highest peak's)
+        record["stages"] = [st.to_dict() for st in run.stages]
+        table += "".join(
+            f"\n\nstage {i + 1}/{len(run.stages)}: {st.stage.name}, batch {st.stage.batch_size}, share "
+            f"{st.stage.share:.3g}\n{st.plan.format_table()}"
+            for i, st in enumerate(run.stages)
+        )
+    return RunFolder(run_dir).write_plan(table, json.dumps(record, indent=2))
 
 
 def restore(model, export_model, last: Path) -> None:
