@@ -124,7 +124,7 @@ def build_benchmark_step(run, tmp: Path):
     reset_device_peak(backend.device)
     # The step training runs (training/loop.py): strategy.run of the tape, the update and the
     # per-sample metric sums. Keras' train_on_batch, measured before, holds 11-18% more.
-    model, _, stats, loss = compile_models(conf, plan, backend, replicas, steps_per_epoch=100)
+    model, _, stats, loss, _ = compile_models(conf, plan, backend, replicas, steps_per_epoch=100)
     step = make_train_step(replicas, model, loss, training_metrics(conf), conf.trainer.batch_size)
     stop = tf.constant(False)
 

@@ -78,6 +78,7 @@ from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, MetricsTable
 from brats_seg.files import file_identity
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
+from brats_seg.patch_schedule import inference_patch
 from brats_seg.run_dir import RunFolder
 from brats_seg.signals import report_progress
 
@@ -320,7 +321,7 @@ def evaluate_run(
         config = check_run_dir(run_dir, checkpoint, split, eval_cfg)
     else:
         config = load_run_config(run_dir)
-        check_evaluate_config(inference_settings(eval_cfg, config), config.model, config.trainer.patch_size)
+        check_evaluate_config(inference_settings(eval_cfg, config), config.model, inference_patch(config))
     eval_cfg = inference_settings(eval_cfg, config)  # a patch run infers by windows of its patch
     run_dir = Path(run_dir).expanduser()
     case_ids = split_case_ids(run_dir, split)

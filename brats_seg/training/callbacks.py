@@ -61,6 +61,9 @@ class RunCheckpoint(keras.callbacks.Callback):
         export_model: the plain model sharing the training model's weights, saved as
             ``.keras`` (default: the training model itself).
         write: write files (the chief); other workers keep the state in memory only.
+        select_stage: with a patch schedule, its last stage (1-based, the epoch logs' ``stage``):
+            only its epochs can be the best, and early stopping counts there only (their
+            validation infers as evaluation will); None = every epoch.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         state: RunState | None = None,
         export_model: keras.Model | None = None,
         write: bool = True,
+        select_stage: int | None = None,
     ) -> None:
         super().__init__()
         self.export_model = export_model  # saved instead of the training model (LMS wrappers can't be)
@@ -80,6 +84,7 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.folder.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         self.monitor = monitor
         self.patience = patience
+        self.select_stage = select_stage
         self.state = state or RunState(epoch=0, best_value=None, best_epoch=None, history=[])
         self._t0 = time.perf_counter()
 
@@ -91,8 +96,10 @@ class RunCheckpoint(keras.callbacks.Callback):
         row = {"epoch": epoch + 1, "seconds": round(time.perf_counter() - self._t0, 2)}
         row.update({k: float(v) for k, v in logs.items()})
         value = logs.get(self.monitor)
+        selectable = self.select_stage is None or logs.get("stage") == self.select_stage
         improved = (
-            value is not None
+            selectable
+            and value is not None
             and math.isfinite(float(value))
             and (self.state["best_value"] is None or float(value) > self.state["best_value"])
         )
@@ -117,7 +124,9 @@ class RunCheckpoint(keras.callbacks.Callback):
                 self._writing = "history"
                 self.folder.write_history_csv(self.state["history"])
         best_epoch = self.state["best_epoch"] or 0
-        if self.patience and epoch + 1 - best_epoch >= self.patience:
+        if selectable and self.select_stage is not None and not best_epoch:
+            best_epoch = epoch  # the last stage's first epoch: its patience counts from there
+        if selectable and self.patience and epoch + 1 - best_epoch >= self.patience:
             log.info(
                 "early stopping: no %s gain for %d epochs (best %.4f at epoch %d)",
                 self.monitor,

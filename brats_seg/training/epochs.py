@@ -39,11 +39,15 @@ class LoopShape:
     epochs: int  # trainer.epochs: the run's epochs in all
     steps: int  # steps per epoch (TrainInput.steps_per_epoch)
     val_every: int  # trainer.val_every: epochs between validations
+    stage: object = (
+        None  # a patch schedule's stage (training.stages.StageRun): where this loop ends; None = the run's end
+    )
 
 
 @dataclasses.dataclass
 class LoopOutcome:
-    """How the loop ended: ``finished`` (all epochs or early stopping) or ``preempted``.
+    """How the loop ended: ``finished`` (all epochs or early stopping), ``preempted``, or
+    ``stage_done`` (a patch schedule's stage ended; ``epoch`` is the next stage's first).
 
     ``epoch`` (0-based) and ``step`` locate a preemption: ``step`` steps of ``epoch`` done
     (``step == 0``: stopped at an epoch boundary, nothing partial to save).
@@ -77,6 +81,16 @@ def _budget_spent(strategy, clock: TrainingClock, single_worker: bool) -> bool:
     return over > 0
 
 
+def _stage_over(strategy, clock: TrainingClock, end_s: float | None, single_worker: bool) -> bool:
+    """Whether a patch-schedule stage's training seconds are spent, the chief's clock deciding."""
+    if end_s is None:
+        return False
+    over = clock.spent_s >= end_s
+    if single_worker:
+        return over
+    return float(chief_value(strategy, tf.constant(float(over))).numpy()) > 0
+
+
 def run_epochs(
     *,
     strategy,
@@ -93,6 +107,9 @@ def run_epochs(
     clock: TrainingClock | None = None,
 ) -> LoopOutcome:
     """Train epochs ``start.epoch+1 .. shape.epochs`` (1-based), resuming at ``start.step``.
+
+    The caller calls ``callbacks.on_train_begin`` before and ``on_train_end`` after a finished run
+    (a patch schedule runs this once per stage).
 
     Args:
         strategy: the run's strategy.
@@ -113,23 +130,27 @@ def run_epochs(
         clock: the training time spent and its budget (:mod:`brats_seg.training.budget`): each
             epoch logs ``train_s`` and the run's ``train_time_s``; a spent budget ends the
             epoch after the step, which is validated and saved, and the run as finished.
+        shape.stage: a patch schedule's stage (:class:`~brats_seg.training.stages.StageRun`) or
+            None: the loop ends (``stage_done``, at the next epoch) after epoch ``stage.end_epoch`` or
+            after the step at which the clock reaches ``stage.end_s`` (the epoch cut there,
+            validated and saved); each epoch logs ``stage`` (1-based) when there are several.
     """
     from tqdm.auto import tqdm
 
-    epochs, steps, val_every = shape.epochs, shape.steps, shape.val_every
+    epochs, steps, val_every, stage = shape.epochs, shape.steps, shape.val_every, shape.stage
     initial_epoch, initial_step = start.epoch, start.step
     partial = EpochSums.from_dict(start.partial) if start.partial else None  # the sums of those steps
     clock = clock or TrainingClock()
-    callbacks.on_train_begin()
     if _budget_spent(strategy, clock, single_worker):
         log.info(
             "the training budget (trainer.time_budget_s=%g) is spent (%.0f s trained): nothing to train",
             clock.budget_s,
             clock.spent_s,
         )
-        callbacks.on_train_end()
         return LoopOutcome("finished", train_time_s=clock.spent_s)
-    for epoch in range(initial_epoch, epochs):
+    several = stage is not None and stage.count > 1
+    end_epoch = stage.end_epoch if stage is not None else epochs
+    for epoch in range(initial_epoch, end_epoch):
         first = initial_step if epoch == initial_epoch else 0
         sums = partial if (epoch == initial_epoch and partial is not None) else EpochSums()
         callbacks.on_epoch_begin(epoch)
@@ -143,7 +164,7 @@ def run_epochs(
             disable=not (is_chief and sys.stderr.isatty()),
             dynamic_ncols=True,
         )
-        stop = spent = False
+        stop = spent = stage_over = False
         step_times: list[float] = []
         with bar:
             for step in range(first, steps):
@@ -152,6 +173,14 @@ def run_epochs(
                 out = {k: float(v) for k, v in train_step(iterator, tf.constant(preemption.requested)).items()}
                 step_times.append(time.perf_counter() - started)
                 clock.add(step_times[-1])
+                if several and epoch == initial_epoch and step == first:  # a new input shape: traced again
+                    log.info(
+                        "stage %d/%d (%s): first step %.2f s (the step traced for its input)",
+                        stage.index + 1,
+                        stage.count,
+                        stage.name,
+                        step_times[-1],
+                    )
                 # a worker signalled before this step (the flag travels in the step), or this
                 # single-worker process signalled during it
                 stop = out.pop("stop") > 0 or (single_worker and preemption.requested)
@@ -174,12 +203,30 @@ def run_epochs(
                         epoch + 1,
                     )
                     break
+                stage_over = several and not stage.last and _stage_over(strategy, clock, stage.end_s, single_worker)
+                if stage_over:
+                    log.info(
+                        "stage %d/%d (%s) ends: %.0f s trained of its %.0f after step %d of %d of epoch %d; "
+                        "validating, then the next stage",
+                        stage.index + 1,
+                        stage.count,
+                        stage.name,
+                        clock.spent_s,
+                        stage.end_s,
+                        step + 1,
+                        steps,
+                        epoch + 1,
+                    )
+                    break
         logs = sums.means()
         if step_times:  # seconds per training step (the median: the first one traces the step)
             logs["step_s"] = statistics.median(step_times)
         logs["train_s"] = sum(step_times)  # this epoch's training, validation excluded
         logs["train_time_s"] = clock.spent_s  # the run's, across resumes
-        if (epoch + 1) % max(val_every, 1) == 0 or spent:  # as Keras' validation_freq; a budget's end is validated
+        if several:
+            logs["stage"] = stage.index + 1
+        stage_end = several and not stage.last and (stage_over or epoch + 1 == stage.end_epoch)
+        if (epoch + 1) % max(val_every, 1) == 0 or spent or stage_end:  # as Keras' validation_freq; ends validated
             started = time.perf_counter()
             callbacks.on_test_begin()  # as Keras' fit around its validation pass
             logs.update(validate().means("val_"))
@@ -200,5 +247,6 @@ def run_epochs(
             break
         if stop:  # signalled during the epoch's last step: the epoch is complete and saved
             return LoopOutcome("preempted", epoch + 1, 0, train_time_s=clock.spent_s)
-    callbacks.on_train_end()
+        if stage_end:
+            return LoopOutcome("stage_done", epoch + 1, 0, train_time_s=clock.spent_s)
     return LoopOutcome("finished", train_time_s=clock.spent_s)

@@ -44,20 +44,18 @@ import keras
 import tensorflow as tf
 
 from brats_seg.backend import configure
-from brats_seg.config import TrainConfig, flatten_config
+from brats_seg.config import TrainConfig, network_input_shape
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions
 from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset
 from brats_seg.distribute.strategy import make_strategy
-from brats_seg.evaluation.serving.mlflow_model import log_best_model
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.oom import MemoryWatch, out_of_memory_guard
 from brats_seg.resolve import ResolvedRun, resolve_run
 from brats_seg.run_dir import RunFolder
 from brats_seg.signals import Preempted
-from brats_seg.tracking import NullTracker, Tracker, git_commit, make_run_name, training_metric_key
-from brats_seg.tracking.datasets import split_inputs
+from brats_seg.tracking import NullTracker, make_run_name
 from brats_seg.training.budget import TrainingClock
 from brats_seg.training.build import compile_models, training_metrics
 from brats_seg.training.callbacks import DeadRegionWarning, RunCheckpoint, TrackingCallback, TrainingCurves, load_state
@@ -66,7 +64,9 @@ from brats_seg.training.cluster_sync import COLLECTIVE_ERRORS, cluster_error, sy
 from brats_seg.training.epochs import LoopOutcome, LoopShape, evaluate, run_epochs
 from brats_seg.training.oom import MemoryRecordCallback, warn_about_dead_run
 from brats_seg.training.preemption import PreemptionFlag
+from brats_seg.training.stages import StageModels, stage_of_epoch, stage_runs, total_steps
 from brats_seg.training.steps import chief_value, make_eval_step, make_sliding_eval_step, make_train_step
+from brats_seg.training.tracked import end_tracking, start_tracking
 
 __all__ = ["TrainResult", "train"]
 
@@ -97,59 +97,6 @@ def _prepared_data(cfg: TrainConfig):
             "training needs at least one of each (add cases or change data.val_fraction/test_fraction)."
         )
     return ds
-
-
-def _start_tracking(
-    run: ResolvedRun, run_dir: Path, run_name: str, replicas: int, plan_files, tags: dict[str, str] | None
-):
-    """The chief's tracked run, with its tags, the split (``split.json``, and each split as an MLflow
-    dataset input: :mod:`brats_seg.tracking.datasets`) and the plan."""
-    cfg, backend = run.config, run.backend
-    tracker = Tracker.start(
-        cfg.tracking,
-        run_dir,
-        run_name,
-        params=flatten_config(cfg),
-        tags={
-            "backend": backend.name,
-            "device": backend.device,
-            "precision": backend.precision,
-            "lms": run.lms,
-            "lms_reason": run.reason,
-            "resolution": cfg.resolution.name,
-            "data": cfg.data.name,
-            "git_commit": git_commit(),
-            "run_dir": str(run_dir),
-            "distribute": cfg.distribute.name,
-            "replicas": str(replicas),
-            **(tags or {}),
-        },
-    )
-    folder = RunFolder(run_dir)
-    tracker.log_artifact(folder.split_path)
-    tracker.log_datasets(split_inputs(cfg.data, cfg.resolution, folder.read_split()))
-    for path in plan_files:
-        tracker.log_artifact(path, "plan")
-    return tracker
-
-
-def _end_tracking(tracker, state, run_dir: Path, is_chief: bool, status: str) -> None:
-    """Log the final artifacts and the best value, then, if training finished, the best checkpoint as
-    the run's MLflow model (registered as ``tracking.register_as`` if set:
-    :mod:`brats_seg.evaluation.serving.mlflow_model`), last, so that nothing waits on it; end the tracked run."""
-    folder = RunFolder(run_dir)
-    try:
-        if is_chief and folder.checkpoint_file("best").is_file():
-            tracker.log_artifact(folder.checkpoint_file("best"), "checkpoints")
-        if is_chief and folder.history_path.is_file():
-            tracker.log_artifact(folder.history_path)
-        tracker.log_metrics(
-            {training_metric_key("best_val_dice_mean"): state["best_value"] or 0.0}, step=state["epoch"]
-        )
-        if is_chief and status == "FINISHED":
-            log_best_model(tracker, run_dir, step=state["best_epoch"] or 0)
-    finally:
-        tracker.end(status)
 
 
 def _train_dataset_fn(cfg: TrainConfig, train_dirs, start: ResumePosition):
@@ -294,7 +241,8 @@ def _train_in_folder(
     t = cfg.trainer
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
     train_dirs, val_dirs = [e.path for e in ds.entries_of("train")], [e.path for e in ds.entries_of("val")]
-    steps = TrainInput.from_config(cfg).steps_per_epoch(len(train_dirs), cfg.resolution.shape)
+    stages = stage_runs(run, len(train_dirs))  # one, the run itself, without a patch schedule
+    steps = stages[0].steps
     keras.utils.set_random_seed(t.seed)
     if t.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -304,7 +252,16 @@ def _train_in_folder(
         gc.collect()
     baseline = current_rss_bytes() if backend.device == "CPU" else None  # the runtime, before the model
     watch.started(baseline, state)
-    model, export_model, offload_stats, loss = compile_models(cfg, plan, backend, strategy, steps)
+    compiled = compile_models(
+        stages[0].config,
+        stages[0].plan,
+        backend,
+        strategy,
+        steps,
+        export_shape=network_input_shape(stages[-1].config),  # a schedule's last stage: what evaluation infers
+        total_steps=total_steps(stages, t.epochs),
+    )
+    model, export_model, offload_stats = compiled.model, compiled.export_model, compiled.offload_stats
     start = load_resume(run_dir, state, model, export_model, steps)
     if cluster is not None and cluster.num_workers > 1:  # workers without the chief's files follow it
         start = sync_with_chief(strategy, cluster, model, steps, t, len(train_dirs), start)
@@ -321,10 +278,19 @@ def _train_in_folder(
         cfg.run_name
         or make_run_name(cfg.data.name, cfg.resolution.name, _model_desc(cfg), backend.name, run.lms) + name_suffix
     )
-    tracker = _start_tracking(run, run_dir, run_name, replicas, plan_files, tags) if is_chief else NullTracker()
-    checkpoint = RunCheckpoint(run_dir, "val_dice_mean", t.early_stopping_patience, state, export_model, write=is_chief)
+    tracker = start_tracking(run, run_dir, run_name, replicas, plan_files, tags) if is_chief else NullTracker()
+    checkpoint = RunCheckpoint(
+        run_dir,
+        "val_dice_mean",
+        t.early_stopping_patience,
+        state,
+        export_model,
+        write=is_chief,
+        select_stage=len(stages) if len(stages) > 1 else None,
+    )
+    memory_stats = MemoryStatsCallback(backend.device, offload_stats, baseline)
     callbacks = [
-        MemoryStatsCallback(backend.device, offload_stats, baseline),
+        memory_stats,
         checkpoint,
         TrackingCallback(tracker),
         MemoryRecordCallback(watch),
@@ -335,19 +301,21 @@ def _train_in_folder(
         callbacks.insert(1, DeadRegionWarning(regions, t.dead_region_epochs, (state or {}).get("history", ())))
         callbacks.insert(callbacks.index(checkpoint) + 1, TrainingCurves(checkpoint, regions, tracker, run_name))
     log.info(
-        "training %s: %d train / %d val cases, %d steps/epoch of %d over %d replica(s), epochs %d..%d, run %s",
+        "training %s: %d train / %d val cases, %s over %d replica(s), epochs %d..%d, run %s",
         run_name,
         len(train_dirs),
         len(val_dirs),
-        steps,
-        t.batch_size,
+        "; ".join(
+            f"{s.name + ': ' if s.name else ''}{s.steps} steps/epoch of {s.config.trainer.batch_size}" for s in stages
+        ),
         strategy.num_replicas_in_sync,
         start.epoch + 1,
         t.epochs,
         run_dir,
     )
-    session = _Session(cfg, strategy, cluster, model, loss, tracker, checkpoint, run_dir, is_chief)
-    session.run(train_dirs, val_dirs, steps, start, callbacks)
+    models = StageModels(compiled, stages, backend, strategy)
+    session = _Session(cfg, strategy, cluster, models, tracker, checkpoint, run_dir, is_chief, memory_stats)
+    session.run(train_dirs, val_dirs, stages, start, callbacks)
     st = checkpoint.state
     return TrainResult(
         run_dir, float(st["best_value"] or 0.0), int(st["best_epoch"] or 0), int(st["epoch"]), tracker.run_id
@@ -363,22 +331,22 @@ class _Session:
     cfg: TrainConfig
     strategy: object
     cluster: object
-    model: object
-    loss: object
+    models: StageModels  # each stage's model on the run's layers (one stage without a schedule)
     tracker: object
     checkpoint: RunCheckpoint
     run_dir: Path
     is_chief: bool  # the resolved run's (ResolvedRun.chief)
+    memory_stats: MemoryStatsCallback
     closed: bool = False
 
     @property
     def multi(self) -> bool:
         return self.cluster is not None and self.cluster.num_workers > 1
 
-    def run(self, train_dirs, val_dirs, steps: int, start: ResumePosition, callbacks) -> None:
+    def run(self, train_dirs, val_dirs, stages, start: ResumePosition, callbacks) -> None:
         status = "FAILED"
         try:
-            status = self._epochs(train_dirs, val_dirs, steps, start, callbacks)
+            status = self._epochs(train_dirs, val_dirs, stages, start, callbacks)
         except KeyboardInterrupt:
             status = "KILLED"
             raise
@@ -390,37 +358,69 @@ class _Session:
         finally:
             self.close(status)
 
-    def _epochs(self, train_dirs, val_dirs, steps: int, start: ResumePosition, callbacks) -> str:
-        """Run the remaining epochs; ``FINISHED``, or :class:`Preempted` once the position is saved."""
+    def _epochs(self, train_dirs, val_dirs, stages, start: ResumePosition, callbacks) -> str:
+        """Run the remaining epochs, stage after stage; ``FINISHED``, or :class:`Preempted` once the
+        position is saved."""
         t = self.cfg.trainer
         outcome = LoopOutcome("finished")
         flag = PreemptionFlag()
         with flag:  # through the save: a second SIGTERM does not cut it short
             if start.epoch < t.epochs:
-                iterator = iter(
-                    self.strategy.distribute_datasets_from_function(_train_dataset_fn(self.cfg, train_dirs, start))
-                )
+                state = self.checkpoint.state or {}
+                history = state.get("history") or []
                 metrics = training_metrics(self.cfg)
+                optimizer = self.models.compiled.model.optimizer
                 clock = TrainingClock(
-                    t.time_budget_s,
-                    (self.checkpoint.state or {}).get("train_time_s", 0.0),
-                    getattr(self.model.optimizer, "_learning_rate", None),
+                    t.time_budget_s, state.get("train_time_s", 0.0), getattr(optimizer, "_learning_rate", None)
                 )
+                began = float(history[-1].get("train_time_s", 0.0)) if start.step and history else clock.spent_s
+                index = stage_of_epoch(stages, start.epoch, began)  # the epoch's stage: when it began
                 val_dataset = make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels)
-                outcome = run_epochs(
-                    strategy=self.strategy,
-                    model=self.model,
-                    iterator=iterator,
-                    train_step=make_train_step(self.strategy, self.model, self.loss, metrics, t.batch_size),
-                    validate=functools.partial(evaluate, self._eval_step(metrics), val_dataset),
-                    shape=LoopShape(t.epochs, steps, t.val_every),
-                    start=start,
-                    callbacks=keras.callbacks.CallbackList(callbacks, model=self.model),
-                    preemption=flag,
-                    is_chief=self.is_chief,
-                    single_worker=not self.multi,
-                    clock=clock,
-                )
+                callback_list = keras.callbacks.CallbackList(callbacks, model=self.models.compiled.model)
+                callback_list.on_train_begin()
+                while True:
+                    stage = stages[index]
+                    model, stats = self.models.model(index)
+                    self.memory_stats.offload_stats = stats
+                    if stage.count > 1:
+                        log.info(
+                            "stage %d/%d: %s, batch %d, from epoch %d step %d",
+                            index + 1,
+                            stage.count,
+                            stage.name,
+                            stage.config.trainer.batch_size,
+                            start.epoch + 1,
+                            start.step + 1,
+                        )
+                    iterator = iter(
+                        self.strategy.distribute_datasets_from_function(
+                            _train_dataset_fn(stage.config, train_dirs, start)
+                        )
+                    )
+                    outcome = run_epochs(
+                        strategy=self.strategy,
+                        model=model,
+                        iterator=iterator,
+                        train_step=make_train_step(
+                            self.strategy, model, self.models.compiled.loss, metrics, stage.config.trainer.batch_size
+                        ),
+                        validate=functools.partial(
+                            evaluate, self._eval_step(model, stage.config, metrics), val_dataset
+                        ),
+                        shape=LoopShape(t.epochs, stage.steps, t.val_every, stage),
+                        start=start,
+                        callbacks=callback_list,
+                        preemption=flag,
+                        is_chief=self.is_chief,
+                        single_worker=not self.multi,
+                        clock=clock,
+                    )
+                    if outcome.status != "stage_done":
+                        break
+                    index = max(index + 1, stage_of_epoch(stages, outcome.epoch, clock.spent_s))
+                    start = ResumePosition(outcome.epoch, 0)
+                if outcome.status == "finished":
+                    callback_list.on_train_end()
             else:
                 log.info("run %s already has %d/%d epochs: nothing to train", self.run_dir, start.epoch, t.epochs)
             if outcome.status == "preempted":
@@ -433,17 +433,17 @@ class _Session:
             raise Preempted(flag.signal_name or "signal", where, str(self.run_dir))
         return "FINISHED"
 
-    def _eval_step(self, metrics):
-        """Validation of whole volumes: in one pass, or (patch mode) by windows of the patch
-        size with Gaussian blending, as evaluation infers the run (``evaluate.window_overlap``'s
-        default overlap)."""
-        patch = self.cfg.trainer.patch_size
+    def _eval_step(self, model, cfg: TrainConfig, metrics):
+        """Validation of whole volumes: in one pass, or (patch mode, or a schedule's patch stage)
+        by windows of the patch size with Gaussian blending, as evaluation infers the run
+        (``evaluate.window_overlap``'s default overlap)."""
+        patch = cfg.trainer.patch_size
         if not patch:
-            return make_eval_step(self.model, metrics, self.loss)
+            return make_eval_step(model, metrics, self.models.compiled.loss)
         from brats_seg.config import EvaluateConfig
 
         return make_sliding_eval_step(
-            self.model, metrics, self.loss, patch, EvaluateConfig().window_overlap, self.cfg.model.depth
+            model, metrics, self.models.compiled.loss, patch, EvaluateConfig().window_overlap, cfg.model.depth
         )
 
     def _save_preempted(self, outcome: LoopOutcome) -> str:
@@ -457,4 +457,4 @@ class _Session:
         """End the tracked run once (a preempted run closes before it raises)."""
         if not self.closed:
             self.closed = True
-            _end_tracking(self.tracker, self.checkpoint.state, self.run_dir, self.is_chief, status)
+            end_tracking(self.tracker, self.checkpoint.state, self.run_dir, self.is_chief, status)

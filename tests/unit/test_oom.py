@@ -418,8 +418,8 @@ def test_training_out_of_memory_ends_in_the_numbers_and_resumes(
     import brats_seg.training.loop as loop
 
     statuses = []
-    end_tracking = loop._end_tracking
-    monkeypatch.setattr(loop, "_end_tracking", lambda *a: (statuses.append(a[-1]), end_tracking(*a)))
+    end_tracking = loop.end_tracking
+    monkeypatch.setattr(loop, "end_tracking", lambda *a: (statuses.append(a[-1]), end_tracking(*a)))
     run_dir = tmp_path / "run"
     root = synthetic_root["brats2021"]
     if error == "MemoryError":

@@ -1,19 +1,16 @@
 """Patch mode: where crops lie (determinism, foreground share, bounds), the patch dataset, the
-wall-clock budget and its schedule, the keys' checks, and a tiny patch run that is stopped by
-a signal mid-epoch, resumes to the uninterrupted run's weights and evaluates on the native grid."""
+wall-clock budget's learning-rate schedule and the keys' checks. Patch runs end to end (stopped by
+a signal mid-epoch, resumed to the uninterrupted run's weights, evaluated by sliding windows on
+the native grid; a budget's end): test_patch_schedule_training.py, whose stages are patch runs."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import signal
 
 import numpy as np
 import pytest
 
-from brats_seg.config import BackendConfig, ModelConfig, TrackingConfig, TrainConfig, TrainerConfig
 from brats_seg.data.patches import PatchSampler, crop_origin, crops_per_case, is_foreground_crop, tumour_locations
 from tests.conftest import TINY, data_config
 
@@ -178,91 +175,3 @@ def test_a_bad_patch_key_is_one_error_line_exit_2_and_nothing_written(override, 
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and key in errors[0], done.stderr[-2000:]
     assert not run_dir.exists() or not any(run_dir.iterdir())
-
-
-def _cfg(root, tmp_path, run_dir) -> TrainConfig:
-    return TrainConfig(
-        data=data_config(root, "brats2021", tmp_path),
-        resolution=TINY,
-        model=ModelConfig(depth=3, base_filters=4),
-        trainer=TrainerConfig(
-            epochs=2, batch_size=1, seed=3, patch_size=[24, 32, 24], warmup_epochs=1, steps_per_epoch=4
-        ),
-        tracking=TrackingConfig(name="none"),
-        run_dir=str(run_dir),
-    )
-
-
-def test_a_patch_run_stopped_mid_epoch_resumes_exactly_and_evaluates_whole_volumes_on_the_native_grid(
-    synthetic_root, tmp_path
-):
-    import keras
-
-    from brats_seg.backend import configure, decide_backend
-    from brats_seg.evaluation.evaluate import evaluate_run
-    from brats_seg.signals import Preempted
-    from brats_seg.training.loop import train
-
-    configure(decide_backend(BackendConfig(name="cpu_onednn")))
-    root = synthetic_root["brats2021"]
-    full = train(_cfg(root, tmp_path, tmp_path / "full"))
-    assert full.epochs_done == 2
-
-    class Kill(keras.callbacks.Callback):
-        """SIGTERM to this process during step 3 of epoch 2, as `kill` sends it."""
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if self.epoch == 1 and batch == 2:
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-    with pytest.raises(Preempted):
-        train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[Kill()])
-    state = json.loads((tmp_path / "resumed" / "state.json").read_text())
-    assert (state["epoch"], state["step"]) == (1, 3) and state["train_time_s"] > 0
-    resumed = train(_cfg(root, tmp_path, tmp_path / "resumed"))
-    assert resumed.epochs_done == 2
-
-    def weights(run):
-        return keras.models.load_model(tmp_path / run / "checkpoints" / "last.keras", compile=False).get_weights()
-
-    for a, b in zip(weights("full"), weights("resumed")):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    history = json.loads((tmp_path / "resumed" / "state.json").read_text())["history"]
-    assert history[-1]["train_time_s"] >= history[0]["train_time_s"] > 0 and "val_dice_mean" in history[-1]
-
-    summary = evaluate_run(tmp_path / "full", "test")
-    assert summary["n_cases"] >= 1 and 0.0 <= summary["dice_wt"]["mean"] <= 1.0
-    chosen_with = json.loads((tmp_path / "full" / "postprocess.json").read_text())
-    assert '"mode": "sliding"' in json.dumps(chosen_with) and "[24, 32, 24]" in json.dumps(chosen_with)
-    import nibabel as nib
-
-    from brats_seg.run_dir import RunFolder
-
-    folder = RunFolder(tmp_path / "full")
-    case_id = json.loads(folder.split_path.read_text())["test"][0]
-    predicted = nib.load(folder.prediction_file("test", case_id))
-    label = next(p for p in (root / case_id).iterdir() if p.name.endswith("seg.nii.gz"))
-    assert predicted.shape == nib.load(label).shape  # the native grid, not the 48x56x40 network grid
-
-
-def test_a_budget_ends_the_run_as_if_done_and_the_same_command_trains_nothing_more(synthetic_root, tmp_path):
-    import dataclasses
-
-    from brats_seg.backend import configure, decide_backend
-    from brats_seg.training.loop import train
-
-    configure(decide_backend(BackendConfig(name="cpu_onednn")))
-    cfg = _cfg(synthetic_root["brats2021"], tmp_path, tmp_path / "budget")
-    cfg.trainer = dataclasses.replace(cfg.trainer, epochs=50, steps_per_epoch=None, time_budget_s=2.0)
-    first = train(cfg)
-    state = json.loads((tmp_path / "budget" / "state.json").read_text())
-    assert first.epochs_done < 50 and state["train_time_s"] >= 2.0
-    last = state["history"][-1]
-    assert last["train_time_s"] == state["train_time_s"] and "val_dice_mean" in last  # the cut epoch is validated
-    assert (tmp_path / "budget" / "checkpoints" / "best.keras").is_file()
-    again = train(cfg)
-    assert again.epochs_done == first.epochs_done
-    assert json.loads((tmp_path / "budget" / "state.json").read_text())["train_time_s"] == state["train_time_s"]

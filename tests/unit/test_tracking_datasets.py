@@ -1,6 +1,6 @@
 """A run's data splits as MLflow dataset inputs, the evaluated split and its table, against a sqlite store.
 
-The tracked start is training's own (``_start_tracking``, given a run folder with its
+The tracked start is training's own (``start_tracking``, given a run folder with its
 ``split.json``), without a model; the evaluation's logging is evaluation's own
 (``_log_to_mlflow``, given a ``metrics.csv``). The data root need not exist: a split's dataset
 is metadata (name, digest, source, profile), no case is read.
@@ -26,7 +26,7 @@ from brats_seg.evaluation.scoring.table import MetricsTable
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import NullTracker
 from brats_seg.tracking.datasets import split_inputs
-from brats_seg.training.loop import _start_tracking
+from brats_seg.training.tracked import start_tracking
 from tests.conftest import TINY
 
 LOGGER = "brats_seg.tracking.faults"  # the tracker says what failed through FaultPolicy
@@ -66,8 +66,9 @@ def _tracked_start(cfg: TrainConfig, run_dir: Path):
         lms="off",
         reason="test",
         backend=types.SimpleNamespace(name="cpu_onednn", device="CPU", precision="float32"),
+        stages=(),
     )
-    return _start_tracking(run, run_dir, run_dir.name, 1, [], None)
+    return start_tracking(run, run_dir, run_dir.name, 1, [], None)
 
 
 def _inputs(uri: str, run_id: str) -> dict[str, tuple]:

@@ -18,6 +18,7 @@ from brats_seg.choices import check_choice
 from brats_seg.config import EvalMode, EvaluateConfig, ModelConfig, TrainConfig
 from brats_seg.data.labels import output_regions
 from brats_seg.evaluation.inference.sliding import resolve_window
+from brats_seg.patch_schedule import inference_patch
 from brats_seg.run_dir import RunError, RunFolder
 
 __all__ = [
@@ -70,7 +71,7 @@ def inference_settings(cfg: EvaluateConfig, run: TrainConfig) -> EvaluateConfig:
         RunError: an ``evaluate.window`` other than the patch (its norm learned the statistics
             of windows of the patch's size).
     """
-    patch = [int(p) for p in (run.trainer.patch_size or [])]
+    patch = inference_patch(run) or []
     if not patch:
         return cfg
     if cfg.window and [int(w) for w in cfg.window] != patch:

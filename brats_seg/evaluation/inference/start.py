@@ -22,6 +22,7 @@ from brats_seg.evaluation.inference.run import (
     inference_settings,
     load_run_config,
 )
+from brats_seg.patch_schedule import inference_patch
 
 __all__ = ["InferenceStart", "check_run_dir", "start_inference"]
 
@@ -48,7 +49,7 @@ def check_run_dir(
     config = load_run_config(run_dir)
     checkpoint_path(run_dir, checkpoint)
     if eval_cfg is not None:
-        check_evaluate_config(inference_settings(eval_cfg, config), config.model, config.trainer.patch_size)
+        check_evaluate_config(inference_settings(eval_cfg, config), config.model, inference_patch(config))
     return config
 
 

@@ -51,13 +51,14 @@ from pathlib import Path
 
 from brats_seg.backend import PRECISION_POLICIES
 from brats_seg.choices import check_choice
-from brats_seg.config import EvaluateConfig, ExportFormat, TrainConfig, config_to_dict, network_input_shape
+from brats_seg.config import EvaluateConfig, ExportFormat, TrainConfig, config_to_dict
 from brats_seg.data.labels import REGION_TITLES, label_table
 from brats_seg.data.layouts import CHANNELS
 from brats_seg.data.preprocess import describe_preprocessing
 from brats_seg.evaluation.inference.run import RunError, load_run_config, load_run_model, run_regions
 from brats_seg.evaluation.inference.sliding import GAUSSIAN_SIGMA_SCALE, gaussian_importance_map, window_corners
 from brats_seg.files import atomic_dir, write_text_atomic
+from brats_seg.patch_schedule import inference_patch
 from brats_seg.run_dir import RunFolder
 
 __all__ = [
@@ -124,11 +125,12 @@ def describe_inference(config: TrainConfig) -> dict:
     ``overlap`` is ``evaluate.window_overlap``'s default, ``sigma_scale`` the Gaussian's sigma per
     axis as a fraction of the window (:func:`brats_seg.evaluation.inference.sliding.gaussian_importance_map`).
     """
-    if not config.trainer.patch_size:
+    patch = inference_patch(config)
+    if not patch:
         return {"mode": "whole"}
     return {
         "mode": "sliding",
-        "window": list(network_input_shape(config)),
+        "window": patch,
         "overlap": float(EvaluateConfig().window_overlap),
         "blending": "gaussian",
         "sigma_scale": float(GAUSSIAN_SIGMA_SCALE),
@@ -322,11 +324,12 @@ def export_run(
 def _model_at_network_input(model, config: TrainConfig):
     """``model`` for a run trained on whole volumes; for a patch run, the U-Net built at the patch
     (as training built it) holding ``model``'s weights: the model the sliding windows run."""
-    if not config.trainer.patch_size:
+    patch = inference_patch(config)
+    if not patch:
         return model
     from brats_seg.model.unet3d import build_unet3d
 
-    window_model = build_unet3d(config.model, network_input_shape(config))
+    window_model = build_unet3d(config.model, tuple(patch))
     window_model.set_weights(model.get_weights())  # same builder and config: the same weights in the same order
     return window_model
 

@@ -255,15 +255,24 @@ def _value_text(value) -> str:
 
 
 def compute_arm_label(values: Mapping[str, object]) -> str:
-    """An arm's name from its label keys' values: ``whole``, ``patch 48x48x48``,
-    ``resolution=full``, ``precision=bf16``, ``augment=nnunet`` (the whole key if two end alike)."""
+    """An arm's name from its label keys' values: ``whole``, ``patch 48x48x48``, ``grow`` (a
+    patch schedule), ``resolution=full``, ``precision=bf16``, ``augment=nnunet`` (the whole key if two end alike)."""
     if not values:
         return "all runs"
     short = [k.rsplit(".", 1)[-1] for k in values]
     parts = []
+    schedule = values.get("trainer.patch_schedule")
     for (key, value), name in zip(values.items(), short):
-        if key == "trainer.patch_size":
-            parts.append("whole" if not value else f"patch {_value_text(value)}")
+        if key == "trainer.patch_schedule":
+            if value:  # grow, or a schedule's stages
+                parts.append(
+                    str(value)
+                    if isinstance(value, str)
+                    else "schedule " + " > ".join(_value_text(s.get("patch")) for s in value if isinstance(s, Mapping))
+                )
+        elif key == "trainer.patch_size":
+            if not schedule:
+                parts.append("whole" if not value else f"patch {_value_text(value)}")
         elif key.endswith(".name"):
             parts.append(f"{key[:-5]}={_value_text(value)}")
         else:
