@@ -42,7 +42,8 @@ format: $(STAMP)
 	$(BIN)/ruff format $(LINTED)
 	$(BIN)/ruff check --fix $(LINTED)
 
-# The default suite: everything but the `slow` end-to-end runs and the `browser` test; `gpu` tests
+# The default suite: everything but the `slow` end-to-end runs, the `browser` test and the `alone`
+# measurements (run by test-slow); `gpu` tests
 # skip themselves without a GPU. The lint first: CI fails on a formatting or lint error too.
 # Two pytest-xdist workers, a test file each at a time (--dist loadfile: a file's module fixtures,
 # often a training, are built once, in one worker): 6.3-6.5 min instead of 10.9-11.3 in one
@@ -50,12 +51,13 @@ format: $(STAMP)
 # more workers on a bigger machine cost a TensorFlow process (~1-2 GB) each.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -m "not slow and not browser" -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(BIN)/python -m pytest -m "not slow and not browser and not alone" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The rest, minutes each: the entry points end to end (kills, signals, preemption, clusters,
 # sweeps, 2x, the planner measured), and the MLflow UI in headless Chromium.
-# Two workers as above, then the `alone` tests (the planner's accuracy: its memory peaks must be
-# the machine's) with nothing beside them; both run whatever the first gives.
+# Two workers as above, then the `alone` tests (the planner's accuracy, the inference estimate
+# against the allocator's peak: their memory peaks must be the machine's) with nothing beside them;
+# both run whatever the first gives.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "(slow or browser) and not alone" -n $(TEST_WORKERS) --dist loadfile --durations=10; \
 	first=$$?; $(BIN)/python -m pytest -m "alone"; second=$$?; test $$first -eq 0 && test $$second -eq 0

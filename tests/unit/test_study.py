@@ -472,13 +472,13 @@ def _jobs(sweep_params, typed: list[str]) -> list[list[str]]:
         (
             "patches_vs_whole",
             [],
-            {"trainer.patch_size": "null,[48,48,48]", "trainer.seed": "0,1,2"},
+            {"+arm": "whole,patch48,grow", "trainer.seed": "0,1,2"},
             "outputs/patches_vs_whole",
         ),
         (
             "patches_vs_whole_full",
             [],
-            {"trainer.patch_size": "null,[128,128,128],[96,96,96]", "trainer.seed": "0"},
+            {"+arm": "whole,patch96,grow", "trainer.seed": "0,1,2"},
             "outputs/patches_vs_whole_full",
         ),
         ("resolution_study", [], {"resolution": "half,full"}, "outputs/resolution_study"),
@@ -516,8 +516,11 @@ def test_each_study_is_a_sweep_whose_jobs_compose_and_pass_the_checks(experiment
             conf.run_dir = str(tmp_path / name)
             if experiment != "precision_study" or conf.backend.precision == "fp32":
                 check_train_config(resolve_model_outputs(conf))
+        if experiment.startswith("patches_vs_whole"):  # grow composes the schedule, no patch
+            grow = to_config(compose("train", overrides=[f"experiment={experiment}", "+arm=grow"]))
+            assert grow.trainer.patch_schedule == "grow" and grow.trainer.patch_size is None
     assert len(names) == len(jobs)  # one folder per job
-    if experiment == "patches_vs_whole":
-        assert len(jobs) == 6 and "patch_size-48x48x48_seed-2" in names
+    if experiment.startswith("patches_vs_whole"):  # three arms of three seeds
+        assert len(jobs) == 9 and {"arm-grow_seed-2", "arm-whole_seed-0"} <= names
     if extra:  # a key given on the command line replaces the sweep's own
         assert names == {"resolution-tiny_shape-48x64x48"}
