@@ -20,7 +20,8 @@ schedule is one stage with the run's own config, so both take the same path.
   windows, or the whole volume); earlier stages' validation scores are logged, not selected, and
   early stopping counts only in the last stage.
 
-Imports TensorFlow inside :class:`StageModels` only; the rest is pure.
+Imported after :func:`brats_seg.backend.configure` (the data pipeline it reads steps from imports
+TensorFlow); the functions are pure.
 """
 
 from __future__ import annotations

@@ -74,6 +74,9 @@ def test_stages_train_in_order_resume_mid_stage_exactly_and_the_last_stage_is_se
     plan = json.loads((tmp_path / "full" / "plan.json").read_text())
     assert [s["patch"] for s in plan["stages"]] == [[16, 16, 16], "whole", [24, 32, 24]]
     assert [s["batch_size"] for s in plan["stages"]] == [1, 1, 2]
+    # each epoch's record holds its stage's plan beside the measured peak above the runtime
+    assert [h["planned_bytes"] for h in state["history"]] == [s["plan"]["predicted_peak_bytes"] for s in plan["stages"]]
+    assert all(h["measured_bytes"] > 0 for h in state["history"])
     for k, name in enumerate(("16x16x16", "whole", "24x32x24"), start=1):
         assert f"stage {k}/3: {name}" in caplog.text
         assert f"stage {k}/3 ({name}): first step" in caplog.text  # the retrace at each stage, timed
@@ -134,3 +137,21 @@ def test_with_a_budget_the_clock_ends_each_stage_and_the_run(synthetic_root, tmp
     again = train(cfg)  # the same command: the budget is spent, nothing more is trained
     assert again.epochs_done == first.epochs_done
     assert _state(tmp_path / "budget")["train_time_s"] == state["train_time_s"]
+
+
+def test_the_stage_of_an_epoch_follows_its_first_epochs_or_the_clock_when_it_began():
+    """A resumed run's stage is a pure function of the run folder: the epoch (no budget), or the
+    training seconds spent when the epoch began (a budget); an epoch begun at a stage's end is the
+    next stage's (killed between the two, the run resumes in the right one)."""
+    from brats_seg.training.stages import StageRun, stage_of_epoch
+
+    def stages(firsts, ends_s):
+        return [
+            StageRun(i, len(firsts), f"s{i}", None, None, 3, f, 0, e) for i, (f, e) in enumerate(zip(firsts, ends_s))
+        ]
+
+    by_epoch = stages([0, 2, 5], [None] * 3)
+    assert [stage_of_epoch(by_epoch, e, 0.0) for e in range(7)] == [0, 0, 1, 1, 1, 2, 2]
+    by_time = stages([None] * 3, [10.0, 20.0, 30.0])
+    assert [stage_of_epoch(by_time, 0, s) for s in (0.0, 9.9, 10.0, 19.99, 20.0, 35.0)] == [0, 0, 1, 1, 2, 2]
+    assert stage_of_epoch(stages([0], [None]), 9, 99.0) == 0  # no schedule: one stage

@@ -155,6 +155,14 @@ def test_the_budget_schedule_warms_up_then_reaches_its_floor_as_the_budget_ends(
         ("trainer.patch_size=[32,32]", "trainer.patch_size=[32, 32]"),
         ("trainer.foreground_fraction=1.5", "trainer.foreground_fraction=1.5"),
         ("trainer.time_budget_s=-1", "trainer.time_budget_s=-1"),
+        # trainer.patch_schedule: a stage's patch, the shares, a stage that cannot fit, both keys
+        ("trainer.patch_schedule=[{patch:[20,32,24],share:1}]", "trainer.patch_schedule[0].patch=[20, 32, 24]"),
+        ("trainer.patch_schedule=[{patch:whole,share:0.6},{patch:whole,share:0.5}]", "the shares sum to 1.1, not 1"),
+        (
+            "trainer.patch_schedule=[{patch:[16,16,16],share:0.5},{patch:whole,share:0.5,batch_size:64}] lms.limit=1GB",
+            "trainer.patch_schedule stage 2 of 2, whole, batch 64: ",
+        ),
+        ("trainer.patch_schedule=grow trainer.patch_size=[16,16,16]", "trainer.patch_schedule='grow' both given"),
     ],
 )
 def test_a_bad_patch_key_is_one_error_line_exit_2_and_nothing_written(override, key, tmp_path):
@@ -165,7 +173,14 @@ def test_a_bad_patch_key_is_one_error_line_exit_2_and_nothing_written(override, 
     repo = Path(__file__).resolve().parents[2]
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, str(repo / "train.py"), "resolution=tiny", "tracking=none", f"run_dir={run_dir}", override],
+        [
+            sys.executable,
+            str(repo / "train.py"),
+            "resolution=tiny",
+            "tracking=none",
+            f"run_dir={run_dir}",
+            *override.split(),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
