@@ -222,6 +222,7 @@ def run_epochs(
         if step_times:  # seconds per training step (the median: the first one traces the step)
             logs["step_s"] = statistics.median(step_times)
         logs["train_s"] = sum(step_times)  # this epoch's training, validation excluded
+        logs["steps"] = first + len(step_times)  # steps this epoch took (a cut or resumed epoch: what it took)
         logs["train_time_s"] = clock.spent_s  # the run's, across resumes
         if several:
             logs["stage"] = stage.index + 1

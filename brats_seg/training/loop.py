@@ -373,7 +373,8 @@ class _Session:
                 clock = TrainingClock(
                     t.time_budget_s, state.get("train_time_s", 0.0), getattr(optimizer, "_learning_rate", None)
                 )
-                began = float(history[-1].get("train_time_s", 0.0)) if start.step and history else clock.spent_s
+                # the clock when the epoch to train began: the last finished epoch's end if it is under way
+                began = float(history[-1].get("train_time_s", 0.0) if history else 0.0) if start.step else clock.spent_s
                 index = stage_of_epoch(stages, start.epoch, began)  # the epoch's stage: when it began
                 val_dataset = make_eval_dataset(val_dirs, 1, self.cfg.model.in_channels, self.cfg.model.out_channels)
                 callback_list = keras.callbacks.CallbackList(callbacks, model=self.models.compiled.model)

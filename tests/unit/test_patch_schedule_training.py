@@ -104,7 +104,10 @@ def test_stages_train_in_order_resume_mid_stage_exactly_and_the_last_stage_is_se
 
     for a, b in zip(weights("full"), weights("resumed"), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    assert [h["stage"] for h in _state(tmp_path / "resumed")["history"]] == [1, 2, 3]
+    resumed_history = _state(tmp_path / "resumed")["history"]
+    assert [h["stage"] for h in resumed_history] == [1, 2, 3]
+    # the steps each epoch took, the resumed one counting those before the signal
+    assert [h["steps"] for h in resumed_history] == [h["steps"] for h in state["history"]] == [3, 1, 3]
 
     summary = evaluate_run(tmp_path / "full", "test", progress=False)
     assert summary["n_cases"] >= 1 and 0.0 <= summary["dice_wt"]["mean"] <= 1.0
