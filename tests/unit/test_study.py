@@ -212,6 +212,34 @@ def test_throughput_counts_the_network_input_and_whole_volumes(patches):
     assert whole["mean"] == pytest.approx(statistics.mean(whole["values"]))
 
 
+def test_a_schedule_runs_steps_voxels_and_memory_are_read_per_stage_as_recorded(tmp_path):
+    """A grow run's throughput counts each epoch's steps at its stage's step size; steps are the
+    steps taken; the process's peak and the peak above the runtime are apart, the latter against
+    each stage's plan; the arm is named grow."""
+    root = tmp_path / "study"
+    folder = make_run(root, "arm-grow_seed-0", trainer__patch_schedule="grow", epochs=4, done=4)
+    state = folder.read_state()
+    stages = [(2 * 32**3), (2 * 48**3), (2 * 64**3), (2 * math.prod(HALF.shape))]  # grow at half, depth 4
+    for row, stage, steps in zip(state["history"], (1, 2, 3, 4), (30, 20, 10, 5)):
+        row.update(
+            stage=stage,
+            steps=steps,
+            peak_bytes=5e9 + stage,
+            measured_bytes=1e9 * stage,
+            planned_bytes=1e9 * stage / 1.1,
+        )
+    folder.write_state(state)
+    make_run(root, "arm-whole_seed-0", epochs=4, done=4)
+    _, study = _run(root)
+    record = next(r for r in study["runs"] if r["name"] == "arm-grow_seed-0")
+    assert record["steps_taken"] == 65
+    voxels = 30 * stages[0] + 20 * stages[1] + 10 * stages[2] + 5 * stages[3]
+    assert record["voxels_per_s"] == pytest.approx(voxels / state["train_time_s"])
+    assert record["peak_process_bytes"] == 5e9 + 4 and record["peak_above_runtime_bytes"] == 4e9
+    assert {int(k): round(v, 6) for k, v in record["plan_error_by_stage"].items()} == {1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1}
+    assert sorted(a["label"] for a in study["arms"]) == ["grow", "whole"]
+
+
 def test_the_charts_are_valid_pngs_and_no_temporary_file_is_left(patches):
     _run(patches, sets=["test", "heldout"])
     names = ["val_dice_vs_time.png", "throughput.png", "test_metrics.png", "heldout_metrics.png"]

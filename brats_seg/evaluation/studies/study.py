@@ -14,11 +14,12 @@ imports TensorFlow.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+
+from brats_seg.evaluation.studies.arms import compute_arm_keys, compute_arm_label, compute_arms, is_ignored
 
 __all__ = [
     "FALLBACK_TIME",
@@ -163,6 +164,7 @@ def compute_run_record(
     thresholds: Sequence[float],
     voxels_per_step: int,
     volume_voxels: int,
+    stage_voxels: Mapping[int, int] | None = None,
 ) -> dict:
     """One run of the study, from its folder's contents.
 
@@ -175,6 +177,15 @@ def compute_run_record(
         thresholds: validation mean Dice levels for :func:`compute_time_to_reach`.
         voxels_per_step: ``trainer.batch_size`` times the network input's voxels (patch or grid).
         volume_voxels: the voxels of one whole volume (``resolution.shape``).
+        stage_voxels: a patch schedule's voxels per step by stage (1-based: its batch times its
+            patch's or the grid's voxels); None without one.
+
+    Steps and memory are as the run recorded them: ``steps_taken`` sums the steps each epoch took
+    (``history``'s ``steps``; the optimizer's ``iterations`` for runs before it), the throughput
+    is the voxels those steps trained over the training seconds, ``peak_process_bytes`` the
+    process's peak (runtime included) and ``peak_above_runtime_bytes`` the peak above the runtime,
+    which the plan predicts; ``plan_error_by_stage`` is that peak against each stage's plan
+    (``planned_bytes``): measured / planned - 1.
     """
     state = state or {}
     history = state.get("history") or []
@@ -183,10 +194,21 @@ def compute_run_record(
     iterations = state.get("iterations")
     step_s = [s for s in (_finite(r.get("step_s")) for r in history) if s]
     step_voxels_per_s = voxels_per_step / statistics.median(step_s) if step_s else None
-    # optimizer steps over training seconds (data waits and the first step's tracing included), else the median step
-    voxels_per_s = (
-        int(iterations) * voxels_per_step / train_time_s if iterations and train_time_s else step_voxels_per_s
-    )
+    stepped = [r for r in history if _finite(r.get("steps")) is not None]
+    steps_taken = sum(int(r["steps"]) for r in stepped) if stepped and len(stepped) == len(history) else iterations
+    if stage_voxels and stepped and len(stepped) == len(history):  # a schedule: each epoch at its stage's step size
+        voxels_trained = sum(int(r["steps"]) * stage_voxels[int(r.get("stage", 1))] for r in history)
+    else:
+        voxels_trained = int(steps_taken) * voxels_per_step if steps_taken else None
+    # steps taken over training seconds (data waits and the first step's tracing included), else the median step
+    voxels_per_s = voxels_trained / train_time_s if voxels_trained and train_time_s else step_voxels_per_s
+    measured = [_finite(r.get("measured_bytes")) for r in history]
+    plan_error: dict[int, float] = {}
+    for r, m in zip(history, measured):
+        planned = _finite(r.get("planned_bytes"))
+        if m is not None and planned:
+            k = int(r.get("stage", 1))
+            plan_error[k] = max(plan_error.get(k, -1.0), m / planned - 1.0)
     finished, why = compute_finished(config, state)
     vals = [d for d in timeline["val_dice_mean"] if d is not None]
     best = _finite(state.get("best_value"))
@@ -203,116 +225,21 @@ def compute_run_record(
         "best_epoch": state.get("best_epoch"),
         "time_to_val_dice": compute_time_to_reach(timeline, thresholds),
         "voxels_per_step": voxels_per_step,
+        "steps_taken": steps_taken,
+        "peak_process_bytes": max((x for x in (_finite(r.get("peak_bytes")) for r in history) if x), default=None),
+        "peak_above_runtime_bytes": max((m for m in measured if m is not None), default=None),
+        "plan_error_by_stage": plan_error,
         "voxels_per_s": voxels_per_s,
         "volumes_per_s": voxels_per_s / volume_voxels if voxels_per_s else None,
         "step_voxels_per_s": step_voxels_per_s,
-        "throughput_source": "optimizer steps / training seconds" if iterations and train_time_s else "median step_s",
+        "throughput_source": "voxels of the steps taken / training seconds"
+        if voxels_trained and train_time_s
+        else "median step_s",
         "spacing_mm": config.get("resolution.spacing_mm"),
         "curve": timeline,
         "sets": {s: _set_record(summary, regions) for s, summary in summaries.items() if summary is not None},
         "missing": [s for s, summary in summaries.items() if summary is None],
     }
-
-
-def _ignored(key: str, ignore: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(key, pattern) for pattern in ignore)
-
-
-def _hashable(value):
-    return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def compute_arm_keys(configs: Mapping[str, Mapping[str, object]], ignore: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``(label keys, differing keys)`` of flattened configs (run name -> config).
-
-    The differing keys are those whose value is not the same in every run (``ignore`` excluded).
-    The label keys are the fewest of them that tell the arms apart: keys are taken by how many
-    values they have (a group's ``.name`` first among equals), and a key whose value follows from
-    those taken already is left out of the label (``resolution.shape`` once ``resolution.name``
-    varies; the 2x arm's ``lms.name`` and epochs).
-    """
-    keys = sorted({k for c in configs.values() for k in c})
-    differing = [
-        k for k in keys if not _ignored(k, ignore) and len({_hashable(c.get(k)) for c in configs.values()}) > 1
-    ]
-    distinct = {k: len({_hashable(c.get(k)) for c in configs.values()}) for k in differing}
-    label: list[str] = []
-    for key in sorted(differing, key=lambda k: (-distinct[k], not k.endswith(".name"), k)):
-        seen: dict = {}
-        determined = True
-        for c in configs.values():
-            past = tuple(_hashable(c.get(k)) for k in label)
-            if seen.setdefault(past, _hashable(c.get(key))) != _hashable(c.get(key)):
-                determined = False
-                break
-        if not determined or not label:
-            label.append(key)
-    return label, differing
-
-
-def _value_text(value) -> str:
-    return "x".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
-
-
-def compute_arm_label(values: Mapping[str, object]) -> str:
-    """An arm's name from its label keys' values: ``whole``, ``patch 48x48x48``, ``grow`` (a
-    patch schedule), ``resolution=full``, ``precision=bf16``, ``augment=nnunet`` (the whole key if two end alike)."""
-    if not values:
-        return "all runs"
-    short = [k.rsplit(".", 1)[-1] for k in values]
-    parts = []
-    schedule = values.get("trainer.patch_schedule")
-    for (key, value), name in zip(values.items(), short):
-        if key == "trainer.patch_schedule":
-            if value:  # grow, or a schedule's stages
-                parts.append(
-                    str(value)
-                    if isinstance(value, str)
-                    else "schedule " + " > ".join(_value_text(s.get("patch")) for s in value if isinstance(s, Mapping))
-                )
-        elif key == "trainer.patch_size":
-            if not schedule:
-                parts.append("whole" if not value else f"patch {_value_text(value)}")
-        elif key.endswith(".name"):
-            parts.append(f"{key[:-5]}={_value_text(value)}")
-        else:
-            parts.append(f"{name if short.count(name) == 1 else key}={_value_text(value)}")
-    return ", ".join(parts)
-
-
-def _order(value):
-    """Sort key of a config value: None first, then numbers, then text and lists."""
-    if value is None:
-        return (0, 0.0, "")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (1, float(value), "")
-    if isinstance(value, (list, tuple)):
-        return (2, float(math.prod(value)) if all(isinstance(v, (int, float)) for v in value) else 0.0, str(value))
-    return (3, 0.0, str(value))
-
-
-def compute_arms(configs: Mapping[str, Mapping[str, object]], ignore: Sequence[str]) -> list[dict]:
-    """The arms of a study: ``[{"label", "values", "runs"}]``, runs whose configs agree on every
-    key but ``ignore`` pooled (their seeds). Ordered coarse to fine when the resolution varies,
-    else by the label keys' values (whole volume first)."""
-    label_keys, differing = compute_arm_keys(configs, ignore)
-    groups: dict[tuple, list[str]] = {}
-    for name in sorted(configs):
-        groups.setdefault(tuple(_hashable(configs[name].get(k)) for k in differing), []).append(name)
-    arms = []
-    for members in groups.values():
-        first = configs[members[0]]
-        values = {k: first.get(k) for k in label_keys}
-        arms.append({"label": compute_arm_label(values), "values": values, "runs": members})
-    # label keys may not tell two arms apart if a determined key differs within a label: name both fully
-    labels = [a["label"] for a in arms]
-    for arm, members in zip(arms, groups.values()):
-        if labels.count(arm["label"]) > 1:
-            arm["values"] = {k: configs[members[0]].get(k) for k in differing}
-            arm["label"] = compute_arm_label(arm["values"])
-    if "resolution.name" in label_keys:
-        return sorted(arms, key=lambda a: -float(configs[a["runs"][0]].get("resolution.spacing_mm") or 0.0))
-    return sorted(arms, key=lambda a: [_order(a["values"][k]) for k in a["values"]])
 
 
 def shared_curve(curves: Sequence[Mapping], key: str) -> dict | None:
@@ -401,7 +328,7 @@ def compute_study(
             runs[name]["arm"] = arm["label"]
             runs[name]["config"] = {k: configs[name].get(k) for k in differing}
     first = configs[records[0]["name"]]
-    common = {k: v for k, v in first.items() if k not in differing and not _ignored(k, ignore)}
+    common = {k: v for k, v in first.items() if k not in differing and not is_ignored(k, ignore)}
     notes = []
     if any(r["time_source"] != "train_time_s" for r in records):
         old = [r["name"] for r in records if r["time_source"] != "train_time_s"]

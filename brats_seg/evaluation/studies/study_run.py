@@ -207,9 +207,23 @@ def read_records(runs: list[tuple], root: Path, sets: dict, thresholds: list[flo
                 thresholds,
                 voxels_per_step=cfg.trainer.batch_size * math.prod(network_input_shape(cfg)),
                 volume_voxels=math.prod(cfg.resolution.shape),
+                stage_voxels=_stage_voxels(cfg),
             )
         )
     return records, configs, regions
+
+
+def _stage_voxels(cfg) -> dict[int, int] | None:
+    """A patch schedule's voxels per step by stage (1-based), None without one."""
+    import math
+
+    from brats_seg.patch_schedule import parse_schedule
+
+    t = cfg.trainer
+    stages = parse_schedule(t.patch_schedule, cfg.resolution.shape, cfg.model.depth, t.batch_size)
+    if not stages:
+        return None
+    return {i: s.batch_size * math.prod(s.patch or cfg.resolution.shape) for i, s in enumerate(stages, start=1)}
 
 
 def log_to_mlflow(runs: list[tuple], files: list[Path]) -> int:
