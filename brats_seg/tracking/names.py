@@ -55,6 +55,7 @@ _TRAINING_SECTIONS = (
     (re.compile(r"(?:val_)?(?:prob|vol|ref_vol)_\w+"), "region monitors", "{key}"),
     (re.compile(r"learning_rate"), "optimizer", "{key}"),
     (re.compile(r"\w+_s|\w+_bytes|lms_\w+"), "memory and time", "{key}"),  # step_s, val_s, peak_bytes
+    (re.compile(r"steps|stage"), "schedule", "{key}"),  # the steps an epoch took; a patch schedule's stage
 )
 
 
