@@ -143,13 +143,6 @@ def check_register_as(tracker: str, name: str) -> None:
         )
 
 
-def _patch_options(shape, multiple: int) -> str:
-    """Allowed patch sides per axis, as the message lists them (all multiples up to the grid)."""
-    return "; ".join(
-        f"{axis}: {', '.join(str(v) for v in range(multiple, int(s) + 1, multiple))}" for axis, s in zip("xyz", shape)
-    )
-
-
 def check_patch_config(cfg: TrainConfig) -> None:
     """``trainer.patch_size``, ``trainer.patch_schedule``, ``trainer.foreground_fraction`` and
     ``trainer.time_budget_s``.
@@ -170,27 +163,13 @@ def check_patch_config(cfg: TrainConfig) -> None:
     budget = t.time_budget_s
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
         raise ValueError(f"trainer.time_budget_s={budget!r}: use seconds of training >= 0 (0 = no budget).")
+    from brats_seg.patch_schedule import check_patch, parse_schedule
+
     if t.patch_schedule is not None and t.patch_schedule != []:
         if t.patch_size:
             raise ValueError(
                 f"trainer.patch_size={list(t.patch_size)} and trainer.patch_schedule={t.patch_schedule!r} both "
                 "given: the schedule names each stage's patch; give one of them (patch_size=null with a schedule)."
             )
-        from brats_seg.patch_schedule import parse_schedule
-
         parse_schedule(t.patch_schedule, cfg.resolution.shape, cfg.model.depth, t.batch_size)
-    if not t.patch_size:
-        return
-    shape, multiple = [int(s) for s in cfg.resolution.shape], 2**cfg.model.depth
-    patch = list(t.patch_size)
-    if len(patch) != 3 or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in patch):
-        raise ValueError(
-            f"trainer.patch_size={patch!r}: use 3 positive sizes [x, y, z] (or null for the whole "
-            f"volume); allowed sides at model.depth={cfg.model.depth} on {shape}: "
-            f"{_patch_options(shape, multiple)}."
-        )
-    if any(p % multiple or p > s for p, s in zip(patch, shape)):
-        raise ValueError(
-            f"trainer.patch_size={patch}: each side must be a multiple of 2**model.depth = {multiple} "
-            f"and at most resolution.shape={shape}; allowed sides: {_patch_options(shape, multiple)}."
-        )
+    check_patch(t.patch_size or None, "trainer.patch_size", cfg.resolution.shape, cfg.model.depth)

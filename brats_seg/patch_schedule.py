@@ -93,19 +93,29 @@ def _sides_message(grid: Sequence[int], multiple: int) -> str:
     )
 
 
-def _patch(value, where: str, grid: Sequence[int], multiple: int, depth: int) -> tuple[int, int, int] | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() == WHOLE):
+def check_patch(
+    value, key: str, grid: Sequence[int], depth: int, whole_word: bool = False
+) -> tuple[int, int, int] | None:
+    """A patch as ``key`` gives it (``trainer.patch_size``, or a stage's ``patch``): None for the
+    whole volume (null, or ``whole`` where ``whole_word``), else its 3 sides, each a multiple of
+    ``2**depth`` (the U-Net halves it ``depth`` times) and at most the grid on its axis.
+
+    Raises:
+        ValueError: naming ``key`` and the allowed sides.
+    """
+    if value is None or (whole_word and isinstance(value, str) and value.strip().lower() == WHOLE):
         return None
+    grid, multiple = [int(g) for g in grid], 2 ** int(depth)
     sides = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else None
     if sides is None or len(sides) != 3 or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in sides):
         raise ValueError(
-            f"{where}.patch={value!r}: use {WHOLE!r} or 3 positive sizes [x, y, z]; allowed sides "
-            f"at model.depth={depth} on {list(grid)}: {_sides_message(grid, multiple)}."
+            f"{key}={value!r}: use {repr(WHOLE) if whole_word else 'null'} or 3 positive sizes [x, y, z]; allowed "
+            f"sides at model.depth={depth} on {grid}: {_sides_message(grid, multiple)}."
         )
     if any(p % multiple or p > g for p, g in zip(sides, grid)):
         raise ValueError(
-            f"{where}.patch={sides}: each side must be a multiple of 2**model.depth = {multiple} and at "
-            f"most resolution.shape={list(grid)}; allowed sides: {_sides_message(grid, multiple)}."
+            f"{key}={sides}: each side must be a multiple of 2**model.depth = {multiple} and at "
+            f"most resolution.shape={grid}; allowed sides: {_sides_message(grid, multiple)}."
         )
     return tuple(int(p) for p in sides)
 
@@ -125,7 +135,7 @@ def parse_schedule(value, grid: Sequence[int], depth: int, batch_size: int) -> t
     """
     if value is None or (isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 0):
         return None
-    grid, multiple = [int(g) for g in grid], 2 ** int(depth)
+    grid = [int(g) for g in grid]
     if isinstance(value, str):
         if value.strip().lower() != GROW:
             raise ValueError(
@@ -156,7 +166,8 @@ def parse_schedule(value, grid: Sequence[int], depth: int, batch_size: int) -> t
                 f"{where}.batch_size={batch!r}: use a positive global batch (or leave it out: "
                 f"trainer.batch_size={batch_size})."
             )
-        stages.append(Stage(_patch(item["patch"], where, grid, multiple, depth), float(share), int(batch)))
+        patch = check_patch(item["patch"], f"{where}.patch", grid, depth, whole_word=True)
+        stages.append(Stage(patch, float(share), int(batch)))
     total = sum(s.share for s in stages)
     if abs(total - 1.0) > _SHARE_SUM_TOL:
         raise ValueError(f"trainer.patch_schedule: the shares sum to {total:g}, not 1: {[s.share for s in stages]}.")

@@ -226,7 +226,7 @@ def run_epochs(
         logs["train_time_s"] = clock.spent_s  # the run's, across resumes
         if several:
             logs["stage"] = stage.index + 1
-        if stage is not None and getattr(stage, "plan", None) is not None:  # beside measured_bytes: the same quantity
+        if stage is not None and stage.plan is not None:  # beside measured_bytes: the same quantity
             logs["planned_bytes"] = float(stage.plan.predicted_peak_bytes)  # this stage's plan, above the runtime
         stage_end = several and not stage.last and (stage_over or epoch + 1 == stage.end_epoch)
         if (epoch + 1) % max(val_every, 1) == 0 or spent or stage_end:  # as Keras' validation_freq; ends validated
