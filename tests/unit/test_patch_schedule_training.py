@@ -1,9 +1,10 @@
 """trainer.patch_schedule in training: stages in order, each with its own patch, batch and model on
-shared weights and one optimizer; a run stopped mid-stage resumes to the uninterrupted run's
-weights; the best checkpoint is the last stage's and evaluation infers as that stage (sliding
-windows of a last patch, on the native grid); with a time budget the clock ends each stage (the
-cut epoch validated) and the run, and the same command trains nothing more. (A single patch size
-is the one-stage case of the same loop: these replace test_patches.py's end-to-end runs.)"""
+shared weights and one optimizer; a run stopped in its second stage (at the stage change, then
+mid-stage) resumes in that stage to the uninterrupted run's weights; the best checkpoint is the
+last stage's and evaluation infers as that stage (sliding windows of a last patch, on the native
+grid); with a time budget the clock ends each stage (the cut epoch validated) and the run, and the
+same command trains nothing more. (A single patch size is the one-stage case of the same loop:
+these replace test_patches.py's end-to-end runs.)"""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ import pytest
 from brats_seg.config import BackendConfig, ModelConfig, TrackingConfig, TrainConfig, TrainerConfig
 from tests.conftest import TINY, data_config
 
-# Patches, the whole volume, then a patch again (a schedule may end on a patch: evaluation then
+# Patches, larger patches for two epochs (a run is killed there: at the stage change, then
+# mid-stage), the whole volume, then a patch again (a schedule may end on a patch: evaluation then
 # slides that patch's windows, as a single patch size's run does).
 SCHEDULE = [
-    {"patch": [16, 16, 16], "share": 1 / 3},
-    {"patch": "whole", "share": 1 / 3},
-    {"patch": [24, 32, 24], "share": 1 / 3, "batch_size": 2},
+    {"patch": [16, 16, 16], "share": 0.2},
+    {"patch": [24, 32, 24], "share": 0.4, "batch_size": 2},
+    {"patch": "whole", "share": 0.2},
+    {"patch": [32, 32, 32], "share": 0.2},
 ]
 
 
@@ -36,7 +39,7 @@ def backend():
 
 
 def _cfg(root, tmp_path, run_dir, **trainer) -> TrainConfig:
-    settings = dict(epochs=3, batch_size=1, seed=3, warmup_epochs=1, steps_per_epoch=3, patch_schedule=SCHEDULE)
+    settings = dict(epochs=5, batch_size=1, seed=3, warmup_epochs=1, steps_per_epoch=3, patch_schedule=SCHEDULE)
     return TrainConfig(
         data=data_config(root, "brats2021", tmp_path),
         resolution=TINY,
@@ -65,54 +68,70 @@ def test_stages_train_in_order_resume_mid_stage_exactly_and_the_last_stage_is_se
     root = synthetic_root["brats2021"]
     with caplog.at_level(logging.INFO):
         full = train(_cfg(root, tmp_path, tmp_path / "full"))
-    assert full.epochs_done == 3
+    assert full.epochs_done == 5
     state = _state(tmp_path / "full")
-    assert [h["stage"] for h in state["history"]] == [1, 2, 3]
-    assert state["best_epoch"] == 3  # only the last stage's epochs are selected
+    assert [h["stage"] for h in state["history"]] == [1, 2, 2, 3, 4]
+    assert state["best_epoch"] == 5  # only the last stage's epochs are selected
     assert all("val_dice_mean" in h for h in state["history"])  # every stage validated (logged)
-    assert state["iterations"] == 3 + 1 + 3  # 3 steps a patch stage, the one training case whole: one optimizer
+    assert state["iterations"] == 3 + 3 + 3 + 1 + 3  # 3 steps a patch epoch, the one training case whole: one optimizer
     plan = json.loads((tmp_path / "full" / "plan.json").read_text())
-    assert [s["patch"] for s in plan["stages"]] == [[16, 16, 16], "whole", [24, 32, 24]]
-    assert [s["batch_size"] for s in plan["stages"]] == [1, 1, 2]
-    # each epoch's record holds its stage's plan beside the measured peak above the runtime
-    assert [h["planned_bytes"] for h in state["history"]] == [s["plan"]["predicted_peak_bytes"] for s in plan["stages"]]
-    assert all(h["measured_bytes"] > 0 for h in state["history"])
-    for k, name in enumerate(("16x16x16", "whole", "24x32x24"), start=1):
-        assert f"stage {k}/3: {name}" in caplog.text
-        assert f"stage {k}/3 ({name}): first step" in caplog.text  # the retrace at each stage, timed
+    assert [s["patch"] for s in plan["stages"]] == [[16, 16, 16], [24, 32, 24], "whole", [32, 32, 32]]
+    assert [s["batch_size"] for s in plan["stages"]] == [1, 2, 1, 1]
+    # each epoch's record holds its stage's plan beside the measured peak above the runtime (a
+    # number, not asserted positive: this process's RSS before the model holds earlier tests' pools)
+    planned = [s["plan"]["predicted_peak_bytes"] for s in plan["stages"]]
+    assert [h["planned_bytes"] for h in state["history"]] == [planned[int(h["stage"]) - 1] for h in state["history"]]
+    assert all(np.isfinite(h["measured_bytes"]) for h in state["history"])
+    for k, name in enumerate(("16x16x16", "24x32x24", "whole", "32x32x32"), start=1):
+        assert f"stage {k}/4: {name}" in caplog.text
+        assert f"stage {k}/4 ({name}): first step" in caplog.text  # the retrace at each stage, timed
 
     class Kill(keras.callbacks.Callback):
-        """SIGTERM to this process during step 2 of epoch 3 (stage 3), as `kill` sends it."""
+        """SIGTERM to this process as `kill` sends it, before step ``step`` (0-based) of epoch ``epoch``."""
+
+        def __init__(self, epoch, step):
+            super().__init__()
+            self.at = (epoch, step)
 
         def on_train_batch_begin(self, batch, logs=None):
-            if self.epoch == 2 and batch == 1:
+            if (self.epoch, batch) == self.at:
                 os.kill(os.getpid(), signal.SIGTERM)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
 
+    resumed = tmp_path / "resumed"
+    # killed in the second stage twice: at its first step (the stage change), then mid-stage; the
+    # step under way when the signal comes is finished and saved
     with pytest.raises(Preempted):
-        train(_cfg(root, tmp_path, tmp_path / "resumed"), extra_callbacks=[Kill()])
-    assert (_state(tmp_path / "resumed")["epoch"], _state(tmp_path / "resumed")["step"]) == (2, 2)
+        train(_cfg(root, tmp_path, resumed), extra_callbacks=[Kill(1, 0)])
+    assert (_state(resumed)["epoch"], _state(resumed)["step"]) == (1, 1)
+    caplog.clear()
+    with caplog.at_level(logging.INFO), pytest.raises(Preempted):
+        train(_cfg(root, tmp_path, resumed), extra_callbacks=[Kill(2, 1)])
+    assert "stage 2/4: 24x32x24, batch 2, from epoch 2 step 2" in caplog.text  # in the stage it was killed in
+    assert "stage 1/4" not in caplog.text
+    assert (_state(resumed)["epoch"], _state(resumed)["step"]) == (2, 2)
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        assert train(_cfg(root, tmp_path, tmp_path / "resumed")).epochs_done == 3
-    assert "stage 3/3: 24x32x24, batch 2, from epoch 3 step 3" in caplog.text  # back in its stage, at its step
+        assert train(_cfg(root, tmp_path, resumed)).epochs_done == 5
+    assert "stage 2/4: 24x32x24, batch 2, from epoch 3 step 3" in caplog.text  # back in its stage, mid-stage
 
     def weights(run):
         return keras.models.load_model(tmp_path / run / "checkpoints" / "last.keras", compile=False).get_weights()
 
     for a, b in zip(weights("full"), weights("resumed"), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    resumed_history = _state(tmp_path / "resumed")["history"]
-    assert [h["stage"] for h in resumed_history] == [1, 2, 3]
-    # the steps each epoch took, the resumed one counting those before the signal
-    assert [h["steps"] for h in resumed_history] == [h["steps"] for h in state["history"]] == [3, 1, 3]
+    resumed_history = _state(resumed)["history"]
+    assert [h["stage"] for h in resumed_history] == [1, 2, 2, 3, 4]
+    assert _state(resumed)["iterations"] == state["iterations"]
+    # the steps each epoch took, a resumed one counting those before the signal
+    assert [h["steps"] for h in resumed_history] == [h["steps"] for h in state["history"]] == [3, 3, 3, 1, 3]
 
     summary = evaluate_run(tmp_path / "full", "test", progress=False)
     assert summary["n_cases"] >= 1 and 0.0 <= summary["dice_wt"]["mean"] <= 1.0
     chosen_with = json.dumps(json.loads((tmp_path / "full" / "postprocess.json").read_text()))
-    assert '"mode": "sliding"' in chosen_with and "[24, 32, 24]" in chosen_with  # the last stage's windows
+    assert '"mode": "sliding"' in chosen_with and "[32, 32, 32]" in chosen_with  # the last stage's windows
     folder = RunFolder(tmp_path / "full")
     case_id = json.loads(folder.split_path.read_text())["test"][0]
     label = next(p for p in (root / case_id).iterdir() if p.name.endswith("seg.nii.gz"))
