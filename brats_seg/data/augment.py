@@ -45,34 +45,72 @@ def nnunet_transforms(shape: tuple[int, int, int], params: AugmentationConfig):
         params: ranges and probabilities (``trainer.augmentation``).
     """
     from batchgenerators.transforms.abstract_transforms import Compose
-    from batchgenerators.transforms.color_transforms import (BrightnessMultiplicativeTransform,
-                                                             ContrastAugmentationTransform, GammaTransform)
+    from batchgenerators.transforms.color_transforms import (
+        BrightnessMultiplicativeTransform,
+        ContrastAugmentationTransform,
+        GammaTransform,
+    )
     from batchgenerators.transforms.noise_transforms import GaussianBlurTransform, GaussianNoiseTransform
     from batchgenerators.transforms.resample_transforms import SimulateLowResolutionTransform
     from batchgenerators.transforms.spatial_transforms import MirrorTransform, SpatialTransform
 
     p = params
     angle = (-math.radians(p.rotation_deg), math.radians(p.rotation_deg))
-    return Compose([
-        SpatialTransform(
-            tuple(shape), patch_center_dist_from_border=None, do_elastic_deform=False,
-            do_rotation=p.p_rotation > 0, angle_x=angle, angle_y=angle, angle_z=angle, p_rot_per_axis=1.0,
-            do_scale=p.p_scale > 0, scale=tuple(p.scale_range), border_mode_data="constant", border_cval_data=0,
-            order_data=p.order_data, border_mode_seg="constant", border_cval_seg=0, order_seg=0, random_crop=False,
-            p_el_per_sample=0.0, p_scale_per_sample=p.p_scale, p_rot_per_sample=p.p_rotation),
-        GaussianNoiseTransform(noise_variance=tuple(p.noise_variance), p_per_sample=p.p_noise),
-        GaussianBlurTransform(tuple(p.blur_sigma), different_sigma_per_channel=True, p_per_sample=p.p_blur,
-                              p_per_channel=p.p_blur_per_channel),
-        BrightnessMultiplicativeTransform(multiplier_range=tuple(p.brightness_range), p_per_sample=p.p_brightness),
-        ContrastAugmentationTransform(contrast_range=tuple(p.contrast_range), p_per_sample=p.p_contrast),
-        SimulateLowResolutionTransform(zoom_range=tuple(p.low_res_zoom), per_channel=True,
-                                       p_per_channel=p.p_low_res_per_channel, order_downsample=0,
-                                       order_upsample=p.order_data, p_per_sample=p.p_low_res, ignore_axes=None),
-        GammaTransform(tuple(p.gamma_range), invert_image=True, per_channel=True, retain_stats=True,
-                       p_per_sample=p.p_gamma_inverted),
-        GammaTransform(tuple(p.gamma_range), invert_image=False, per_channel=True, retain_stats=True,
-                       p_per_sample=p.p_gamma),
-    ] + ([MirrorTransform(tuple(p.mirror_axes))] if p.mirror_axes else []))
+    return Compose(
+        [
+            SpatialTransform(
+                tuple(shape),
+                patch_center_dist_from_border=None,
+                do_elastic_deform=False,
+                do_rotation=p.p_rotation > 0,
+                angle_x=angle,
+                angle_y=angle,
+                angle_z=angle,
+                p_rot_per_axis=1.0,
+                do_scale=p.p_scale > 0,
+                scale=tuple(p.scale_range),
+                border_mode_data="constant",
+                border_cval_data=0,
+                order_data=p.order_data,
+                border_mode_seg="constant",
+                border_cval_seg=0,
+                order_seg=0,
+                random_crop=False,
+                p_el_per_sample=0.0,
+                p_scale_per_sample=p.p_scale,
+                p_rot_per_sample=p.p_rotation,
+            ),
+            GaussianNoiseTransform(noise_variance=tuple(p.noise_variance), p_per_sample=p.p_noise),
+            GaussianBlurTransform(
+                tuple(p.blur_sigma),
+                different_sigma_per_channel=True,
+                p_per_sample=p.p_blur,
+                p_per_channel=p.p_blur_per_channel,
+            ),
+            BrightnessMultiplicativeTransform(multiplier_range=tuple(p.brightness_range), p_per_sample=p.p_brightness),
+            ContrastAugmentationTransform(contrast_range=tuple(p.contrast_range), p_per_sample=p.p_contrast),
+            SimulateLowResolutionTransform(
+                zoom_range=tuple(p.low_res_zoom),
+                per_channel=True,
+                p_per_channel=p.p_low_res_per_channel,
+                order_downsample=0,
+                order_upsample=p.order_data,
+                p_per_sample=p.p_low_res,
+                ignore_axes=None,
+            ),
+            GammaTransform(
+                tuple(p.gamma_range),
+                invert_image=True,
+                per_channel=True,
+                retain_stats=True,
+                p_per_sample=p.p_gamma_inverted,
+            ),
+            GammaTransform(
+                tuple(p.gamma_range), invert_image=False, per_channel=True, retain_stats=True, p_per_sample=p.p_gamma
+            ),
+        ]
+        + ([MirrorTransform(tuple(p.mirror_axes))] if p.mirror_axes else [])
+    )
 
 
 def augment_nnunet_case(image: np.ndarray, regions: np.ndarray, seed: int, transforms) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,9 @@ def load_case_image(case: Case) -> tuple[np.ndarray, Volume]:
         vol = load_volume(case.images[0], case.case_id, expect_ndim=4)
         if vol.data.shape[-1] != 4:
             raise CaseError(
-                case.case_id, vol.path, f"expected 4 modalities along the 4th axis, found {vol.data.shape[-1]}",
+                case.case_id,
+                vol.path,
+                f"expected 4 modalities along the 4th axis, found {vol.data.shape[-1]}",
                 "A 4D image holds FLAIR, T1, T1ce, T2 in the order its dataset.json's 'modality' gives; "
                 "pass a BraTS case folder otherwise.",
             )
@@ -49,10 +51,18 @@ def load_case_label(case: Case, ref: Volume) -> Volume | None:
     if case.label is None:
         return None
     label = load_volume(case.label, case.case_id)
-    check_same_grid(case.case_id, [(str(ref.path), ref.original_shape, ref.original_affine),
-                                   (str(label.path), label.original_shape, label.original_affine)])
+    check_same_grid(
+        case.case_id,
+        [
+            (str(ref.path), ref.original_shape, ref.original_affine),
+            (str(label.path), label.original_shape, label.original_affine),
+        ],
+    )
     label.data = check_label_map(
-        case.case_id, case.label, label.data, case.layout,
+        case.case_id,
+        case.label,
+        label.data,
+        case.layout,
         f"Is the dataset really laid out as data={case.layout}? If so, fix or remove this case "
         "(or run with data.on_error=skip).",
     )

@@ -22,9 +22,10 @@ a table, not a code path. :func:`regions_to_labels` is the exact inverse of
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,20 +36,20 @@ if TYPE_CHECKING:  # a type only: the config schemas import nothing of data/
     from brats_seg.config import TrainConfig
 
 __all__ = [
-    "Region",
-    "LabelTable",
     "LABELS",
     "REGION_TITLES",
-    "label_table",
-    "region_names",
-    "region_label_values",
-    "output_regions",
-    "region_parents",
-    "invalid_label_values",
+    "LabelTable",
+    "Region",
     "check_label_map",
+    "invalid_label_values",
+    "label_table",
     "labels_to_regions",
-    "resolve_model_outputs",
+    "output_regions",
+    "region_label_values",
+    "region_names",
+    "region_parents",
     "regions_to_labels",
+    "resolve_model_outputs",
 ]
 
 # Human names of the regions, for messages, tables and overlays.
@@ -122,14 +123,18 @@ def _table(names: dict[int, str], roles: dict[str, int], cavity: bool = False) -
     return LabelTable(MappingProxyType(names), tuple(regions), tuple(paint), MappingProxyType(roles))
 
 
-LABELS: Mapping[str, LabelTable] = MappingProxyType({
-    "msd": _table({1: "edema", 2: "non-enhancing tumour", 3: "enhancing tumour"},
-                  {"edema": 1, "core": 2, "enhancing": 3}),
-    "brats2021": _table({1: "NCR/NET", 2: "ED", 4: "ET"}, {"edema": 2, "core": 1, "enhancing": 4}),
-    "brats2023": _table({1: "NETC", 2: "SNFH", 3: "ET"}, {"edema": 2, "core": 1, "enhancing": 3}),
-    "brats2024": _table({1: "NETC", 2: "SNFH", 3: "ET", 4: "RC"},
-                        {"edema": 2, "core": 1, "enhancing": 3, "cavity": 4}, cavity=True),
-})
+LABELS: Mapping[str, LabelTable] = MappingProxyType(
+    {
+        "msd": _table(
+            {1: "edema", 2: "non-enhancing tumour", 3: "enhancing tumour"}, {"edema": 1, "core": 2, "enhancing": 3}
+        ),
+        "brats2021": _table({1: "NCR/NET", 2: "ED", 4: "ET"}, {"edema": 2, "core": 1, "enhancing": 4}),
+        "brats2023": _table({1: "NETC", 2: "SNFH", 3: "ET"}, {"edema": 2, "core": 1, "enhancing": 3}),
+        "brats2024": _table(
+            {1: "NETC", 2: "SNFH", 3: "ET", 4: "RC"}, {"edema": 2, "core": 1, "enhancing": 3, "cavity": 4}, cavity=True
+        ),
+    }
+)
 
 
 def label_table(layout: str) -> LabelTable:
@@ -200,9 +205,10 @@ def invalid_label_values(label: np.ndarray, layout: str) -> list:
 
 
 def _hint_for(present: set[int], bad: list, layout: str, hint: str) -> str:
-    """"Use data=<other>" when every value present is another layout's (e.g. brats2024's RC 4)."""
-    fits = sorted((o for o, t in LABELS.items() if o != layout and present <= set(t.values)),
-                  key=lambda o: len(LABELS[o].values))
+    """ "Use data=<other>" when every value present is another layout's (e.g. brats2024's RC 4)."""
+    fits = sorted(
+        (o for o, t in LABELS.items() if o != layout and present <= set(t.values)), key=lambda o: len(LABELS[o].values)
+    )
     if not fits:
         return hint
     names = ", ".join(f"{int(v)} = {LABELS[fits[0]].names[int(v)]}" for v in bad)
@@ -227,9 +233,13 @@ def check_label_map(case_id: str, path, data: np.ndarray, layout: str, hint: str
         raise CaseError(case_id, path, "label map holds non-integer values", "Write it as an integer label map.")
     bad = invalid_label_values(labels, layout)
     if bad:
-        raise CaseError(case_id, path, f"label values {[int(v) for v in bad]} are not in the {layout} label set "
-                        f"{list(label_table(layout).values)}",
-                        _hint_for(set(np.unique(labels).astype(int).tolist()), bad, layout, hint))
+        raise CaseError(
+            case_id,
+            path,
+            f"label values {[int(v) for v in bad]} are not in the {layout} label set "
+            f"{list(label_table(layout).values)}",
+            _hint_for(set(np.unique(labels).astype(int).tolist()), bad, layout, hint),
+        )
     return labels.astype(np.int16)
 
 
@@ -281,7 +291,7 @@ def regions_to_labels(regions: np.ndarray, layout: str, names: Sequence[str] | N
     return label
 
 
-def resolve_model_outputs(cfg: "TrainConfig") -> "TrainConfig":
+def resolve_model_outputs(cfg: TrainConfig) -> TrainConfig:
     """A copy of ``cfg`` with ``model.out_channels`` (and ``model.region_parents``) set from
     ``data.layout``; ``cfg`` itself is not written into.
 
@@ -293,10 +303,17 @@ def resolve_model_outputs(cfg: "TrainConfig") -> "TrainConfig":
     Raises:
         ValueError: a value that fits neither, naming the layout's regions.
     """
-    check_choice(cfg.model.regions, Regions, "model.regions",
-                 hint="nested (the default) predicts TC and ET within WT; independent, free sigmoids.")
+    check_choice(
+        cfg.model.regions,
+        Regions,
+        "model.regions",
+        hint="nested (the default) predicts TC and ET within WT; independent, free sigmoids.",
+    )
     out_channels = len(output_regions(cfg.data.layout, cfg.model.out_channels))
     parents = region_parents(cfg.data.layout, out_channels)
-    model = replace(cfg.model, out_channels=out_channels,
-                    region_parents=list(parents) if cfg.model.regions == "nested" else [-1] * len(parents))
+    model = replace(
+        cfg.model,
+        out_channels=out_channels,
+        region_parents=list(parents) if cfg.model.regions == "nested" else [-1] * len(parents),
+    )
     return replace(cfg, model=model)

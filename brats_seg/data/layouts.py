@@ -34,9 +34,9 @@ from brats_seg.data.nifti import find_nifti, is_nifti, nifti_stem
 
 __all__ = [
     "CHANNELS",
+    "MSD_CHANNELS",
     "Case",
     "case_file_paths",
-    "MSD_CHANNELS",
     "case_from_dir",
     "check_dataset_root",
     "discover_cases",
@@ -137,7 +137,6 @@ def _case_dirs(root: Path, layout: str):
             yield from (g for g in sorted(p for p in child.iterdir() if p.is_dir()) if _looks_like_case_dir(g, layout))
 
 
-
 def folder_naming(folder: Path, layout: str) -> str | None:
     """The BraTS layout whose file names ``<folder>/<folder name><sep>*`` the folder holds (``layout`` first)."""
     for name in dict.fromkeys([layout, *_SUFFIXES]):
@@ -165,8 +164,10 @@ def msd_channel_order(dataset_json: Path, meta: dict) -> tuple[int, ...]:
     entry = meta.get("modality", meta.get("channel_names"))
     example = '"modality": {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"}'
     if not isinstance(entry, dict):
-        raise DatasetError(f"{dataset_json}: no 'modality' entry, so the channel order of the 4D images is unknown. "
-                           f"Add it in the order of the images' 4th axis, e.g. {example}.")
+        raise DatasetError(
+            f"{dataset_json}: no 'modality' entry, so the channel order of the 4D images is unknown. "
+            f"Add it in the order of the images' 4th axis, e.g. {example}."
+        )
     order: dict[int, int] = {}
     try:
         for index, name in entry.items():
@@ -201,12 +202,20 @@ def _msd_case(root: Path, dj: Path, i: int, entry, require_labels: bool, channel
     label = _resolve_inside(root, entry["label"], dj) if entry.get("label") else None
     case_id = nifti_stem(image)
     if not image.is_file():
-        raise CaseError(case_id, image, "image file listed in dataset.json is missing",
-                        "Restore it or remove its entry from dataset.json (or run with data.on_error=skip).")
+        raise CaseError(
+            case_id,
+            image,
+            "image file listed in dataset.json is missing",
+            "Restore it or remove its entry from dataset.json (or run with data.on_error=skip).",
+        )
     if label is None or not label.is_file():
         if require_labels:
-            raise CaseError(case_id, label or dj, "label file listed in dataset.json is missing",
-                            "Restore it or remove its entry (or run with data.on_error=skip).")
+            raise CaseError(
+                case_id,
+                label or dj,
+                "label file listed in dataset.json is missing",
+                "Restore it or remove its entry (or run with data.on_error=skip).",
+            )
         label = None
     return Case(case_id, "msd", (image,), label, channels)
 

@@ -135,7 +135,9 @@ def load_volume(path: str | Path, case_id: str, expect_ndim: int = 3, dtype=np.f
     bad = int(np.size(data) - np.count_nonzero(np.isfinite(data)))
     if bad:
         raise CaseError(
-            case_id, path, f"{bad} voxels are NaN or Inf",
+            case_id,
+            path,
+            f"{bad} voxels are NaN or Inf",
             "Fix the file (e.g. re-export it from the source) or remove the case (or data.on_error=skip).",
         )
     affine = img.affine

@@ -26,8 +26,7 @@ from nibabel.spatialimages import HeaderDataError
 
 from brats_seg.data.errors import CaseError
 
-__all__ = ["READ_ERRORS", "REEXPORT", "bad_header", "check_header", "describe", "one_line", "unreadable",
-           "wrong_ndim"]
+__all__ = ["READ_ERRORS", "REEXPORT", "bad_header", "check_header", "describe", "one_line", "unreadable", "wrong_ndim"]
 
 #
 # nibabel trusts the header: it allocates what dim x datatype declares before reading,
@@ -36,8 +35,14 @@ __all__ = ["READ_ERRORS", "REEXPORT", "bad_header", "check_header", "describe", 
 # file's real size at hand, so a bad file is refused before any voxel is touched.
 
 READ_ERRORS = (
-    nib.filebasedimages.ImageFileError, HeaderDataError, EOFError, zlib.error, gzip.BadGzipFile,
-    OSError, ValueError, np.linalg.LinAlgError,
+    nib.filebasedimages.ImageFileError,
+    HeaderDataError,
+    EOFError,
+    zlib.error,
+    gzip.BadGzipFile,
+    OSError,
+    ValueError,
+    np.linalg.LinAlgError,
 )
 _GZIP_MAGIC = b"\x1f\x8b"
 _MAX_DEFLATE_RATIO = 1032  # deflate expands at most ~1032:1, so a .nii.gz of n bytes holds <= 1032 n bytes
@@ -45,8 +50,9 @@ _HEADER_CLASSES = {348: nib.Nifti1Header, 540: nib.Nifti2Header}  # sizeof_hdr -
 _SINGLE_FILE_MAGIC = {348: "n+1", 540: "n+2"}  # a .nii holds header and voxels; "ni1"/"ni2" is a .hdr/.img pair
 _EXTENSION_FLAG_BYTES = 4  # after the header: non-zero first byte = extensions follow
 REEXPORT = "Re-download or re-export it from the source (or run with data.on_error=skip)."
-REEXPORT_TRUNCATED = ("The file is truncated or not a NIfTI file: re-download or re-export it "
-                       "(or run with data.on_error=skip).")
+REEXPORT_TRUNCATED = (
+    "The file is truncated or not a NIfTI file: re-download or re-export it (or run with data.on_error=skip)."
+)
 
 
 def one_line(e: BaseException) -> str:
@@ -72,7 +78,9 @@ def bad_header(case_id: str, path: Path, why: str, hint: str = REEXPORT) -> Case
 def wrong_ndim(case_id: str, path: Path, expect_ndim: int, shape: tuple) -> CaseError:
     what = {3: "a 3D volume (one modality or label map)", 4: "a 4D image (x, y, z, modality)"}[expect_ndim]
     return CaseError(
-        case_id, path, f"expected {what}, found {len(shape)}D with shape {tuple(shape)}",
+        case_id,
+        path,
+        f"expected {what}, found {len(shape)}D with shape {tuple(shape)}",
         "Check the dataset layout (data=msd expects 4D images, data=brats2021/brats2023 3D files).",
     )
 
@@ -101,15 +109,23 @@ def check_header(path: Path, case_id: str, expect_ndim: int = 3, dtype=np.float3
         gzipped = f.read(2) == _GZIP_MAGIC
     named_gz = path.name.lower().endswith(".gz")
     if named_gz and not gzipped:
-        raise unreadable(case_id, path, ": it is named .nii.gz but is not gzip-compressed",
-                          "If it is an uncompressed NIfTI file, rename it to .nii; otherwise re-download or "
-                          "re-export it (or run with data.on_error=skip).")
+        raise unreadable(
+            case_id,
+            path,
+            ": it is named .nii.gz but is not gzip-compressed",
+            "If it is an uncompressed NIfTI file, rename it to .nii; otherwise re-download or "
+            "re-export it (or run with data.on_error=skip).",
+        )
     if gzipped and not named_gz:
-        raise unreadable(case_id, path, ": it is gzip-compressed but named .nii",
-                          "Rename it to .nii.gz (or run with data.on_error=skip).")
+        raise unreadable(
+            case_id,
+            path,
+            ": it is gzip-compressed but named .nii",
+            "Rename it to .nii.gz (or run with data.on_error=skip).",
+        )
     capacity_bytes = file_bytes * (_MAX_DEFLATE_RATIO if gzipped else 1)
     try:
-        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
             header, flag = _read_header(f, case_id, path)
             _check_shape_and_spacing(header, case_id, path, expect_ndim)
             n_voxels, itemsize = _check_datatype_and_scaling(header, case_id, path)
@@ -127,23 +143,30 @@ def _read_header(f, case_id: str, path: Path):
     raw = f.read(max(_HEADER_CLASSES) + _EXTENSION_FLAG_BYTES)
     if len(raw) < 4:
         raise unreadable(case_id, path, f": its header is truncated ({len(raw)} of 348 bytes)")
-    for endian, order in (("<", "little"), (">", "big")):
+    for endian, order in (("<", "little"), (">", "big")):  # noqa: B007 (endian is read after the loop)
         sizeof_hdr = int.from_bytes(raw[:4], order, signed=True)
         if sizeof_hdr in _HEADER_CLASSES:
             break
     else:
-        raise unreadable(case_id, path, f": not a NIfTI file, its first 4 bytes (sizeof_hdr) read "
-                                         f"{int.from_bytes(raw[:4], 'little', signed=True)}, not 348 (NIfTI-1) "
-                                         "or 540 (NIfTI-2)")
+        raise unreadable(
+            case_id,
+            path,
+            f": not a NIfTI file, its first 4 bytes (sizeof_hdr) read "
+            f"{int.from_bytes(raw[:4], 'little', signed=True)}, not 348 (NIfTI-1) "
+            "or 540 (NIfTI-2)",
+        )
     if len(raw) < sizeof_hdr:
         raise unreadable(case_id, path, f": its header is truncated ({len(raw)} of {sizeof_hdr} bytes)")
     header = _HEADER_CLASSES[sizeof_hdr](raw[:sizeof_hdr], endianness=endian, check=False)
     magic = bytes(header["magic"]).rstrip(b"\0").decode("latin-1")
     if magic != _SINGLE_FILE_MAGIC[sizeof_hdr]:
         pair = " (it marks a header whose voxels are in a separate .img file)" if magic in ("ni1", "ni2") else ""
-        raise bad_header(case_id, path, f"magic string {magic!r}{pair} is not "
-                                         f"{_SINGLE_FILE_MAGIC[sizeof_hdr]!r}, as a single-file .nii needs")
-    flag = raw[sizeof_hdr:sizeof_hdr + 1]
+        raise bad_header(
+            case_id,
+            path,
+            f"magic string {magic!r}{pair} is not {_SINGLE_FILE_MAGIC[sizeof_hdr]!r}, as a single-file .nii needs",
+        )
+    flag = raw[sizeof_hdr : sizeof_hdr + 1]
     return header, flag not in (b"", b"\x00")
 
 
@@ -154,7 +177,7 @@ def _check_shape_and_spacing(header, case_id: str, path: Path, expect_ndim: int)
     for i in range(1, dim[0] + 1):
         if dim[i] < 1:
             raise bad_header(case_id, path, f"dim[{i}]={dim[i]}, but every axis needs at least one voxel")
-    shape = tuple(dim[1:dim[0] + 1])
+    shape = tuple(dim[1 : dim[0] + 1])
     if len(shape) == 4 and shape[3] == 1 and expect_ndim == 3:
         shape = shape[:3]
     if len(shape) != expect_ndim:
@@ -173,15 +196,19 @@ def _check_datatype_and_scaling(header, case_id: str, path: Path) -> tuple[int, 
     stored = data_type_codes.dtype[code]
     if stored.kind not in "iuf" or stored.itemsize == 0:
         name = data_type_codes.niistring[code].removeprefix("NIFTI_TYPE_") or data_type_codes.label[code]
-        raise bad_header(case_id, path, f"data type {name} (datatype {code}) is not supported: an image here holds "
-                                         "one integer or float value per voxel",
-                          "Convert it to a scalar integer or float image and re-export it "
-                          "(or run with data.on_error=skip).")
+        raise bad_header(
+            case_id,
+            path,
+            f"data type {name} (datatype {code}) is not supported: an image here holds "
+            "one integer or float value per voxel",
+            "Convert it to a scalar integer or float image and re-export it (or run with data.on_error=skip).",
+        )
     slope, inter = float(header["scl_slope"]), float(header["scl_inter"])
     if slope != 0 and np.isfinite(slope) and not np.isfinite(inter):  # slope 0/NaN/Inf: unscaled (nibabel)
-        raise bad_header(case_id, path, f"scl_inter={inter:g} with scl_slope={slope:g}: the intensity scaling "
-                                         "is undefined")
-    n_voxels = math.prod(int(d) for d in header["dim"][1:int(header["dim"][0]) + 1])  # no int64 overflow
+        raise bad_header(
+            case_id, path, f"scl_inter={inter:g} with scl_slope={slope:g}: the intensity scaling is undefined"
+        )
+    n_voxels = math.prod(int(d) for d in header["dim"][1 : int(header["dim"][0]) + 1])  # no int64 overflow
     return n_voxels, stored.itemsize
 
 
@@ -195,15 +222,21 @@ def _check_data_fits(header, case_id, path: Path, data_bytes: int, file_bytes: i
         raise bad_header(case_id, path, f"vox_offset={offset_f:g} lies inside the {first}-byte header")
     offset = int(offset_f)
     if offset + data_bytes > capacity_bytes:
-        shape = "x".join(str(int(d)) for d in header["dim"][1:int(header["dim"][0]) + 1])
+        shape = "x".join(str(int(d)) for d in header["dim"][1 : int(header["dim"][0]) + 1])
         dtype = data_type_codes.label[int(header["datatype"])]
-        holds = (f"a gzip file of {file_bytes} bytes can hold at most {capacity_bytes} bytes"
-                 if capacity_bytes > file_bytes else f"the file holds {file_bytes} bytes")
+        holds = (
+            f"a gzip file of {file_bytes} bytes can hold at most {capacity_bytes} bytes"
+            if capacity_bytes > file_bytes
+            else f"the file holds {file_bytes} bytes"
+        )
         size = f"{data_bytes} bytes" + (f" ({data_bytes / 1e9:.3g} GB)" if data_bytes >= 1e9 else "")
-        raise unreadable(case_id, path, f": its header declares {shape} {dtype} voxels, {size} of voxel data "
-                                         f"from byte {offset}, but {holds}",
-                          "The file is truncated or its header is corrupt: re-download or re-export it "
-                          "(or run with data.on_error=skip).")
+        raise unreadable(
+            case_id,
+            path,
+            f": its header declares {shape} {dtype} voxels, {size} of voxel data from byte {offset}, but {holds}",
+            "The file is truncated or its header is corrupt: re-download or re-export it "
+            "(or run with data.on_error=skip).",
+        )
     return offset
 
 
@@ -212,9 +245,12 @@ def _check_memory(case_id: str, path: Path, n_voxels: int, stored_itemsize: int,
     need_bytes = n_voxels * (stored_itemsize + 2 * out_itemsize)  # stored array, converted copy, RAS copy
     free_bytes = _available_memory_bytes()
     if need_bytes > free_bytes:
-        raise CaseError(case_id, path, f"loading it needs about {need_bytes / 1e9:.1f} GB of memory but "
-                                       f"{free_bytes / 1e9:.1f} GB is available",
-                        "Free memory or prepare with fewer data.num_workers (or run with data.on_error=skip).")
+        raise CaseError(
+            case_id,
+            path,
+            f"loading it needs about {need_bytes / 1e9:.1f} GB of memory but {free_bytes / 1e9:.1f} GB is available",
+            "Free memory or prepare with fewer data.num_workers (or run with data.on_error=skip).",
+        )
 
 
 def _check_extensions(f, header, case_id: str, path: Path, offset: int) -> None:
@@ -227,18 +263,26 @@ def _check_extensions(f, header, case_id: str, path: Path, offset: int) -> None:
             raise unreadable(case_id, path, f": it ends inside the header extension at byte {pos}")
         esize, _ecode = struct.unpack(f"{header.endianness}ii", head)
         if esize < 8:
-            raise bad_header(case_id, path, f"the header extension at byte {pos} declares {esize} bytes, "
-                                             "fewer than its own 8-byte size and code")
+            raise bad_header(
+                case_id,
+                path,
+                f"the header extension at byte {pos} declares {esize} bytes, fewer than its own 8-byte size and code",
+            )
         if pos + esize > offset:
-            raise bad_header(case_id, path, f"the header extension at byte {pos} declares {esize} bytes, "
-                                             f"running past the start of the voxel data at byte {offset}")
+            raise bad_header(
+                case_id,
+                path,
+                f"the header extension at byte {pos} declares {esize} bytes, "
+                f"running past the start of the voxel data at byte {offset}",
+            )
         pos += esize
 
 
 def _check_affine(header, case_id: str, path: Path) -> None:
     """The affine nibabel will use (sform, else qform, else pixdim) is finite and of full rank."""
-    which = ("sform" if header["sform_code"] != 0 else "qform" if header["qform_code"] != 0
-             else "pixdim (no sform or qform)")
+    which = (
+        "sform" if header["sform_code"] != 0 else "qform" if header["qform_code"] != 0 else "pixdim (no sform or qform)"
+    )
     try:
         affine = header.get_best_affine()
     except (ValueError, ArithmeticError, np.linalg.LinAlgError) as e:
@@ -246,7 +290,7 @@ def _check_affine(header, case_id: str, path: Path) -> None:
     if not np.all(np.isfinite(affine)):
         raise bad_header(case_id, path, f"its {which} affine contains NaN or Inf")
     axes = affine[:3, :3]
-    lengths = np.sqrt((axes ** 2).sum(axis=0))
+    lengths = np.sqrt((axes**2).sum(axis=0))
     # |det| / product of axis lengths: 1 for perpendicular axes, 0 when they are parallel or zero
     if np.any(lengths == 0) or abs(np.linalg.det(axes)) < 1e-6 * float(np.prod(lengths)):
         raise bad_header(case_id, path, f"its {which} affine is singular: its voxel axes do not span 3D space")

@@ -98,5 +98,7 @@ def find_input_cases(source: str | Path, layout: str) -> list[Case]:
     ids = [c.case_id for c in cases]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        raise DatasetError(f"input {path}: case ids {dupes} occur more than once; their masks would overwrite each other.")
+        raise DatasetError(
+            f"input {path}: case ids {dupes} occur more than once; their masks would overwrite each other."
+        )
     return cases

@@ -34,8 +34,9 @@ def case_native_grid(case: Case) -> tuple[tuple, tuple] | None:
         return None
 
 
-def preparation_memory_advice(native_shape, native_spacing_mm, spacing_mm: float, shape, num_workers: int,
-                              available_bytes: int) -> tuple[str, str]:
+def preparation_memory_advice(
+    native_shape, native_spacing_mm, spacing_mm: float, shape, num_workers: int, available_bytes: int
+) -> tuple[str, str]:
     """``(what happened, what to do)`` for a case whose preparation ran out of memory, computed
     from its estimated memory (:func:`~brats_seg.data.preprocess.estimate_preparation_bytes`).
 
@@ -55,16 +56,23 @@ def preparation_memory_advice(native_shape, native_spacing_mm, spacing_mm: float
     room = int(available_bytes) + (num_workers - 1) * need
     grid = "x".join(str(int(n)) for n in native_shape[:3])
     zooms = "x".join(f"{float(z):g}" for z in native_spacing_mm[:3])
-    at_once = (f"{num_workers} cases prepared at once (data.num_workers={num_workers})" if num_workers > 1
-               else "one case prepared at a time")
-    problem = (f"out of memory preparing it at {spacing_mm:g} mm: a case needs about {format_bytes(need)} "
-               f"(estimated from its header: {grid} voxels of {zooms} mm) and {format_bytes(int(available_bytes))} "
-               f"was available, with {at_once}")
+    at_once = (
+        f"{num_workers} cases prepared at once (data.num_workers={num_workers})"
+        if num_workers > 1
+        else "one case prepared at a time"
+    )
+    problem = (
+        f"out of memory preparing it at {spacing_mm:g} mm: a case needs about {format_bytes(need)} "
+        f"(estimated from its header: {grid} voxels of {zooms} mm) and {format_bytes(int(available_bytes))} "
+        f"was available, with {at_once}"
+    )
     hints = []
     if num_workers > 1:  # the others' share alone holds a case, so fewer workers always fit
         workers = min(int(room // max(need, 1)), num_workers - 1)
-        hints.append(f"data.num_workers={workers} (about {format_bytes(workers * need)} for {workers} "
-                     f"case{'s' if workers > 1 else ''} at once)")
+        hints.append(
+            f"data.num_workers={workers} (about {format_bytes(workers * need)} for {workers} "
+            f"case{'s' if workers > 1 else ''} at once)"
+        )
     else:
         for name, mm, net_shape in STANDARD_RESOLUTIONS:  # finest first
             nbytes = estimate_preparation_bytes(native_shape, native_spacing_mm, mm, net_shape)
@@ -75,11 +83,15 @@ def preparation_memory_advice(native_shape, native_spacing_mm, spacing_mm: float
         hints.append(f"none: no standard resolution coarser than {spacing_mm:g} mm fits in {format_bytes(room)}")
     note = ""
     if need <= available_bytes:  # the estimate fits what is free now: something else set the bound
-        note = (f" By the estimate one more case fits in the {format_bytes(int(available_bytes))} available now, so a limit "
-                "on this process (ulimit -v, a container's or job's memory limit) may be below the machine's "
-                "free memory, or another program used it meanwhile.")
-    fix = (f"Settings that would fit: {'; or '.join(hints)}. Or free memory (other programs) or use a machine with "
-           f"more.{note} The cases already prepared are kept.")
+        note = (
+            f" By the estimate one more case fits in the {format_bytes(int(available_bytes))} available now, so a limit "
+            "on this process (ulimit -v, a container's or job's memory limit) may be below the machine's "
+            "free memory, or another program used it meanwhile."
+        )
+    fix = (
+        f"Settings that would fit: {'; or '.join(hints)}. Or free memory (other programs) or use a machine with "
+        f"more.{note} The cases already prepared are kept."
+    )
     return problem, fix
 
 
@@ -90,8 +102,12 @@ def out_of_memory_error(case: Case, spacing_mm: float, shape, num_workers: int) 
     available = psutil.virtual_memory().available
     grid = case_native_grid(case)
     if grid is None:
-        return CaseError(case.case_id, case.images[0], f"out of memory preparing it ({format_bytes(available)} "
-                         "available)", "Use fewer data.num_workers or a coarser resolution.")
+        return CaseError(
+            case.case_id,
+            case.images[0],
+            f"out of memory preparing it ({format_bytes(available)} available)",
+            "Use fewer data.num_workers or a coarser resolution.",
+        )
     problem, fix = preparation_memory_advice(grid[0], grid[1], spacing_mm, shape, num_workers, available)
     return CaseError(case.case_id, None, problem, fix)
 
@@ -112,6 +128,11 @@ def workers_that_fit(case: Case, spacing_mm: float, shape, num_workers: int) -> 
     per_case = estimate_preparation_bytes(grid[0], grid[1], spacing_mm, shape)
     fit = max(1, int(0.5 * psutil.virtual_memory().available // max(per_case, 1)))
     if fit < num_workers:
-        log.info("preparing %d case(s) at a time instead of data.num_workers=%d: a case at %.2g mm needs "
-                 "about %.1f GB", fit, num_workers, spacing_mm, per_case / 1e9)
+        log.info(
+            "preparing %d case(s) at a time instead of data.num_workers=%d: a case at %.2g mm needs about %.1f GB",
+            fit,
+            num_workers,
+            spacing_mm,
+            per_case / 1e9,
+        )
     return min(num_workers, fit)

@@ -24,15 +24,15 @@ import SimpleITK as sitk
 from brats_seg.data.errors import CaseError
 
 __all__ = [
-    "PreprocessRecord",
-    "check_same_grid",
-    "resample",
-    "zscore_brain",
-    "preprocess_case",
-    "invert_to_native",
-    "describe_preprocessing",
     "NETWORK_DTYPE",
     "ZSCORE_MIN_STD",
+    "PreprocessRecord",
+    "check_same_grid",
+    "describe_preprocessing",
+    "invert_to_native",
+    "preprocess_case",
+    "resample",
+    "zscore_brain",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,12 +80,15 @@ def check_same_grid(case_id: str, shapes_affines: list[tuple[str, tuple, np.ndar
     for path, shape, aff in shapes_affines[1:]:
         if tuple(shape[:3]) != tuple(ref_shape[:3]):
             raise CaseError(
-                case_id, path, f"shape {tuple(shape[:3])} differs from {ref_shape[:3]} of {ref_path}",
+                case_id,
+                path,
+                f"shape {tuple(shape[:3])} differs from {ref_shape[:3]} of {ref_path}",
                 "All modalities and the label of a case must share one grid: co-register and resample them first.",
             )
         if not np.allclose(aff, ref_aff, atol=atol):
             raise CaseError(
-                case_id, path,
+                case_id,
+                path,
                 f"affine differs from that of {ref_path} (max difference {np.abs(aff - ref_aff).max():.4g})",
                 "All modalities and the label of a case must share one grid: co-register and resample them first.",
             )
@@ -95,8 +98,9 @@ def _resampled_shape(shape: tuple[int, ...], spacing_mm, target_mm: float) -> tu
     return tuple(max(1, int(round(n * s / target_mm))) for n, s in zip(shape[:3], spacing_mm))
 
 
-def estimate_preparation_bytes(native_shape, native_spacing_mm, target_spacing_mm: float, shape,
-                               channels: int = 4) -> int:
+def estimate_preparation_bytes(
+    native_shape, native_spacing_mm, target_spacing_mm: float, shape, channels: int = 4
+) -> int:
     """Memory :func:`preprocess_case` and the cache writer hold for one case at their peak.
 
     The native float32 image, one float32 array of all channels on the resampled grid (the
@@ -107,13 +111,14 @@ def estimate_preparation_bytes(native_shape, native_spacing_mm, target_spacing_m
     reports by file) counts as ``target_spacing_mm``: the estimate must not fail first.
     """
     native = int(np.prod(native_shape[:3]))
-    native_spacing_mm = [float(s) if np.isfinite(s) and s > 0 else float(target_spacing_mm)
-                         for s in native_spacing_mm]
+    native_spacing_mm = [float(s) if np.isfinite(s) and s > 0 else float(target_spacing_mm) for s in native_spacing_mm]
     resampled = int(np.prod(_resampled_shape(tuple(native_shape), native_spacing_mm, target_spacing_mm)))
     network = int(np.prod(shape))
-    return (native * (4 * channels + 2)  # float32 image, brain mask, label
-            + resampled * (4 * channels + 2 * 4 + 2)  # all channels, a channel's SimpleITK in/out, masks
-            + network * (2 * channels + 4))  # float16 image, labels and regions
+    return (
+        native * (4 * channels + 2)  # float32 image, brain mask, label
+        + resampled * (4 * channels + 2 * 4 + 2)  # all channels, a channel's SimpleITK in/out, masks
+        + network * (2 * channels + 4)
+    )  # float16 image, labels and regions
 
 
 def resample(
@@ -249,11 +254,15 @@ def preprocess_case(
     extent = [b[1] - b[0] for b in box]
     too_big = [e - n for e, n in zip(extent, shape)]
     if any(t > 0 for t in too_big):
-        msg = (f"brain bounding box {tuple(extent)} voxels at {target_spacing_mm} mm is larger than "
-               f"resolution.shape {tuple(shape)} by {tuple(max(t, 0) for t in too_big)} voxels")
+        msg = (
+            f"brain bounding box {tuple(extent)} voxels at {target_spacing_mm} mm is larger than "
+            f"resolution.shape {tuple(shape)} by {tuple(max(t, 0) for t in too_big)} voxels"
+        )
         if not allow_crop:
             raise CaseError(
-                case_id, None, msg,
+                case_id,
+                None,
+                msg,
                 "Use a larger resolution.shape (divisible by 2**model.depth), or data.allow_crop=true "
                 "to cut the brain box to the shape with a warning.",
             )
@@ -329,8 +338,12 @@ def describe_preprocessing(spacing_mm: float, shape, allow_crop: bool = False) -
             f"standard deviation under {ZSCORE_MIN_STD} counts as 1); background voxels set to 0",
             f"crop/pad to {shape}: brain box = bounding box of the resampled brain mask [start, stop) per axis; "
             "window start = box_start + (box_stop - box_start) // 2 - shape // 2 (may be negative or past the "
-            "end: zero padding); " + ("a box larger than the shape is cut, with a warning"
-                                       if allow_crop else "a box larger than the shape is refused"),
+            "end: zero padding); "
+            + (
+                "a box larger than the shape is cut, with a warning"
+                if allow_crop
+                else "a box larger than the shape is refused"
+            ),
             f"the image is rounded to {np.dtype(NETWORK_DTYPE).name} (brats_seg's cache dtype) before the "
             "network; feeding float32 differs by that rounding only",
         ],
@@ -338,7 +351,6 @@ def describe_preprocessing(spacing_mm: float, shape, allow_crop: bool = False) -
         "network_dtype": np.dtype(NETWORK_DTYPE).name,
         "inverse": [
             "place the network output (x, y, z, R) back in the resampled grid at -window_start (zero outside)",
-            f"resample each channel linearly to the native {ORIENTATION} grid; then back to the file's own "
-            "orientation",
+            f"resample each channel linearly to the native {ORIENTATION} grid; then back to the file's own orientation",
         ],
     }

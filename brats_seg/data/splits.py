@@ -26,7 +26,7 @@ from pathlib import Path
 
 from brats_seg.files import write_text_atomic
 
-__all__ = ["make_split", "save_split", "load_split"]
+__all__ = ["load_split", "make_split", "save_split"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _allocate(total: int, sizes: Mapping[str, int], floored: set[str]) -> dict[s
     the larger group, then the name); each group of ``floored`` gets at least one when ``total``
     allows one for each of them."""
     n = sum(sizes.values())
-    share = {g: 0 for g in sizes}
+    share = dict.fromkeys(sizes, 0)
     if total <= 0 or n == 0:
         return share
     least = {g: int(g in floored and len(floored) <= total) for g in sizes}
@@ -56,8 +56,9 @@ def _allocate(total: int, sizes: Mapping[str, int], floored: set[str]) -> dict[s
     return share
 
 
-def make_split(case_ids: list[str], val_fraction: float, test_fraction: float, seed: int,
-               strata: Mapping[str, str] | None = None) -> dict:
+def make_split(
+    case_ids: list[str], val_fraction: float, test_fraction: float, seed: int, strata: Mapping[str, str] | None = None
+) -> dict:
     """Split case ids into train/val/test.
 
     With 3 or more cases, val and test get at least one case each.
@@ -141,7 +142,9 @@ def load_split(path: str | Path) -> dict:
     try:
         split = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"split file {path} not found: run scripts/prepare_data.py or train.py first.") from None
+        raise FileNotFoundError(
+            f"split file {path} not found: run scripts/prepare_data.py or train.py first."
+        ) from None
     for key in ("train", "val", "test"):
         if not isinstance(split.get(key), list):
             raise ValueError(f"{path}: split file lacks a '{key}' list; delete it to have it rebuilt.")

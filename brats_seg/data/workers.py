@@ -155,9 +155,11 @@ def _worker_died(workers: list, cache_root: Path) -> DataError:
         elif code and code != 128 + signal.SIGTERM:  # not one the broken pool stopped
             ends.append(f"PID {p.pid} exited with status {code}")
     how = "; ".join(ends) or "it ended abruptly"
-    return DataError(f"a process preparing cases into {cache_root} died ({how}): killed from outside, or by the "
-                     "system for want of memory. The entries finished are kept; run the same command again, with "
-                     "fewer data.num_workers if memory is short.")
+    return DataError(
+        f"a process preparing cases into {cache_root} died ({how}): killed from outside, or by the "
+        "system for want of memory. The entries finished are kept; run the same command again, with "
+        "fewer data.num_workers if memory is short."
+    )
 
 
 def _results(futures: list, pool: ProcessPoolExecutor, snapshot: list, cache_root: Path):
@@ -188,8 +190,9 @@ def run_in_workers(fn, args: list[tuple], num_workers: int, cache_root: Path, fi
     ``finished(error)`` as each ends; on any exception (a signal's too) the workers are stopped and
     what they left in ``cache_root`` is removed, then it is raised."""
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx, initializer=_init_worker,
-                               initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(
+        max_workers=num_workers, mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),)
+    )
     workers: list = []
     try:
         with _signals_blocked():  # the workers are started by these submits

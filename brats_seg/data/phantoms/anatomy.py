@@ -32,16 +32,16 @@ from scipy import ndimage as ndi
 __all__ = [
     "NORMAL",
     "Grid",
-    "make_grid",
-    "smooth_noise",
-    "ramp",
-    "ellipsoid_level",
+    "bias_field",
     "brain_level",
-    "warp",
+    "ellipsoid_level",
+    "make_grid",
+    "normal_images",
+    "ramp",
     "sample_anatomy",
     "sample_normal_contrast",
-    "normal_images",
-    "bias_field",
+    "smooth_noise",
+    "warp",
 ]
 
 # Relative intensities (white matter on T1 = 1) per modality: FLAIR, T1, T1ce, T2 (CHANNELS order).
@@ -195,9 +195,15 @@ def sample_anatomy(rng, grid: Grid, depth: np.ndarray, wc) -> dict[str, np.ndarr
         lvl = ellipsoid_level(grid.coords, c, [r] * 3) + 0.3 * r * np.tanh(smooth_noise(rng, shape, 5.0))
         artefact = np.maximum(artefact, ramp(lvl, 6.0) * rng.uniform(0.4, 0.9))
     return {
-        "wm": wm, "gm": gm, "deep": deep, "csf": csf, "flair_artefact": artefact,
-        "cap": cap.astype(np.float32) * wm, "wmh": wmh * wm,
-        "plexus": plexus, "vessel": np.maximum(sinus, veins).astype(np.float32),
+        "wm": wm,
+        "gm": gm,
+        "deep": deep,
+        "csf": csf,
+        "flair_artefact": artefact,
+        "cap": cap.astype(np.float32) * wm,
+        "wmh": wmh * wm,
+        "plexus": plexus,
+        "vessel": np.maximum(sinus, veins).astype(np.float32),
     }
 
 

@@ -46,8 +46,16 @@ from brats_seg.data.layouts import CHANNELS, case_file_paths
 from brats_seg.data.phantoms.writer import check_generator_args, write_case
 from brats_seg.files import write_text_atomic
 
-__all__ = ["GEOMETRY_SHIFT", "GRID_SHAPE", "SHIFT", "AcquisitionShift", "MNICase", "generate_mni_case", "mni_case_id",
-           "write_mni_glioma_dataset"]
+__all__ = [
+    "GEOMETRY_SHIFT",
+    "GRID_SHAPE",
+    "SHIFT",
+    "AcquisitionShift",
+    "MNICase",
+    "generate_mni_case",
+    "mni_case_id",
+    "write_mni_glioma_dataset",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +74,9 @@ _TEMPLATES = {
 # tumour compartments oedema, non-enhancing core, enhancing, necrosis.
 _TUMOUR = ("ed", "core", "et", "nec")  # the compartments another protocol shows with other contrast
 _MEANS = {
-    "t1":   dict(csf=0.30, gm=0.70, wm=1.00, ed=0.62, core=0.55, et=0.60, nec=0.35),
+    "t1": dict(csf=0.30, gm=0.70, wm=1.00, ed=0.62, core=0.55, et=0.60, nec=0.35),
     "t1ce": dict(csf=0.32, gm=0.72, wm=1.00, ed=0.65, core=0.60, et=1.45, nec=0.35),
-    "t2":   dict(csf=1.60, gm=0.85, wm=0.55, ed=1.25, core=1.05, et=0.95, nec=1.50),
+    "t2": dict(csf=1.60, gm=0.85, wm=0.55, ed=1.25, core=1.05, et=0.95, nec=1.50),
     "flair": dict(csf=0.25, gm=0.85, wm=0.70, ed=1.45, core=1.15, et=1.10, nec=0.70),
 }
 
@@ -133,7 +141,10 @@ def _templates() -> tuple[dict[str, np.ndarray], np.ndarray]:
     try:
         import nilearn.datasets
     except ImportError as e:  # pragma: no cover - a dependency
-        raise RuntimeError("the MNI glioma generator needs nilearn, a dependency of brats-seg: reinstall it (pip install -c requirements.lock -e .)") from e
+        raise RuntimeError(
+            "the MNI glioma generator needs nilearn, a dependency of brats-seg: reinstall it "
+            "(pip install -c requirements.lock -e .)"
+        ) from e
     folder = Path(nilearn.datasets.__file__).parent / "data"
     maps, affine = {}, None
     for key, name in _TEMPLATES.items():
@@ -238,12 +249,16 @@ def _compartments(rng, u: np.ndarray, e: np.ndarray, brain: np.ndarray) -> dict[
 def _rotation(angles: np.ndarray) -> np.ndarray:
     cx, cy, cz = np.cos(angles)
     sx, sy, sz = np.sin(angles)
-    return (np.array([[1, 0, 0], [0, cx, -sx], [0, sx, cx]]) @ np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
-            @ np.array([[cz, -sz, 0], [sz, cz, 0], [0, 0, 1]]))
+    return (
+        np.array([[1, 0, 0], [0, cx, -sx], [0, sx, cx]])
+        @ np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
+        @ np.array([[cz, -sz, 0], [sz, cz, 0], [0, 0, 1]])
+    )
 
 
-def _sampling_coords(rng, template_affine: np.ndarray, seed_world: np.ndarray, push_mm: float,
-                     tilt: np.ndarray | None = None):
+def _sampling_coords(
+    rng, template_affine: np.ndarray, seed_world: np.ndarray, push_mm: float, tilt: np.ndarray | None = None
+):
     """Template voxel coordinates for every output voxel: random affine, smooth warp and a
     radial mass effect around the tumour (backward mapping); ``tilt``, a rotation matrix, turns
     the head further in the scanner (the shifted set)."""
@@ -264,10 +279,12 @@ def _sampling_coords(rng, template_affine: np.ndarray, seed_world: np.ndarray, p
         for _ in range(2):
             k = rng.standard_normal(3)
             k *= 2 * np.pi / (np.linalg.norm(k) * rng.uniform(80, 160))
-            world[axis] += np.float32(rng.uniform(0.8, 2.0)) * np.sin(k.astype(np.float32) @ world + rng.uniform(0, 6.3))
+            world[axis] += np.float32(rng.uniform(0.8, 2.0)) * np.sin(
+                k.astype(np.float32) @ world + rng.uniform(0, 6.3)
+            )
     r = world - seed_world[:, None]
     dist = np.linalg.norm(r, axis=0) + 1e-3
-    world -= r / dist * (push_mm * np.exp(-(dist / (3 * max(push_mm, 1))) ** 2))
+    world -= r / dist * (push_mm * np.exp(-((dist / (3 * max(push_mm, 1))) ** 2)))
     inv = np.linalg.inv(template_affine)
     vox = inv[:3, :3] @ world + inv[:3, 3:4]
     return vox.reshape(3, *shape).astype(np.float32), out_affine
@@ -277,8 +294,17 @@ def _bias_field(c: np.ndarray, amplitude: float = 0.15) -> np.ndarray:
     """A smooth multiplicative bias field (+-``amplitude``): exp of a random quadratic in x, y, z."""
     x, y, z = (np.linspace(-1, 1, n, dtype=np.float32) for n in GRID_SHAPE)
     x, y, z = x[:, None, None], y[None, :, None], z[None, None, :]
-    p = (c[0] * x + c[1] * y + c[2] * z + c[3] * x * x + c[4] * y * y + c[5] * z * z
-         + c[6] * x * y + c[7] * y * z + c[8] * x * z)
+    p = (
+        c[0] * x
+        + c[1] * y
+        + c[2] * z
+        + c[3] * x * x
+        + c[4] * y * y
+        + c[5] * z * z
+        + c[6] * x * y
+        + c[7] * y * z
+        + c[8] * x * z
+    )
     return np.exp(amplitude * p / 3).astype(np.float32)
 
 
@@ -321,8 +347,9 @@ def _acquire_shifted(images: dict[str, np.ndarray], rng: np.random.Generator, sh
         images[m] = (img * inside).astype(np.float32)
 
 
-def generate_mni_case(rng: np.random.Generator, shift: AcquisitionShift | None = None,
-                      shift_rng: np.random.Generator | None = None) -> MNICase:
+def generate_mni_case(
+    rng: np.random.Generator, shift: AcquisitionShift | None = None, shift_rng: np.random.Generator | None = None
+) -> MNICase:
     """One case (see the module doc); with ``shift``, the same case acquired as another scanner
     would (:class:`AcquisitionShift`), its differences drawn from ``shift_rng`` so that ``rng``
     draws exactly what the matched case draws."""
@@ -349,8 +376,12 @@ def generate_mni_case(rng: np.random.Generator, shift: AcquisitionShift | None =
         mean = {k: v * rng.uniform(0.93, 1.07) for k, v in _MEANS[m].items()}
         if shift is not None:  # the protocol's contrast (drawn from shift_rng: rng draws as matched)
             lo, hi = shift.contrast
-            mean.update({k: mean["wm"] + (lo + (hi - lo) * contrast_u[m][j]) * (mean[k] - mean["wm"])
-                         for j, k in enumerate(_TUMOUR)})
+            mean.update(
+                {
+                    k: mean["wm"] + (lo + (hi - lo) * contrast_u[m][j]) * (mean[k] - mean["wm"])
+                    for j, k in enumerate(_TUMOUR)
+                }
+            )
         img = csf * mean["csf"] + gm * mean["gm"] + wm * mean["wm"]
         if m in ("t1", "t1ce"):
             img *= 0.85 + 0.3 * t1  # the template's own T1 texture
@@ -401,16 +432,22 @@ def _check_shift_record(out: Path, shift: AcquisitionShift | None) -> None:
     if have != want and (have is not None or (shift is not None and cases)):
         if cases:
             was = "an older generator's acquisition (not recorded)" if have is None else f"the acquisition {have}"
-            log.warning("%s holds %d cases written with %s; this generator acquires them as %s: writing them again",
-                        out, len(cases), was, want)
+            log.warning(
+                "%s holds %d cases written with %s; this generator acquires them as %s: writing them again",
+                out,
+                len(cases),
+                was,
+                want,
+            )
         for p in cases:
             shutil.rmtree(p)
     if have != want:
         write_text_atomic(path, json.dumps(want, indent=1) + "\n")
 
 
-def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed: int = 0,
-                             shift: bool = False) -> list[str]:
+def write_mni_glioma_dataset(
+    out_dir: str | os.PathLike, n_cases: int = 20, seed: int = 0, shift: bool = False
+) -> list[str]:
     """Write ``n_cases`` cases in the ``brats2021`` layout; existing complete cases are kept.
 
     Args:
@@ -437,14 +474,20 @@ def write_mni_glioma_dataset(out_dir: str | os.PathLike, n_cases: int = 20, seed
         files = case_file_paths(out, cid, "brats2021")
         if all(p.exists() for p in files.values()):
             continue
-        case = generate_mni_case(np.random.default_rng([int(seed), i]), SHIFT if shift else None,
-                                 np.random.default_rng([int(seed), i, 1]))
+        case = generate_mni_case(
+            np.random.default_rng([int(seed), i]), SHIFT if shift else None, np.random.default_rng([int(seed), i, 1])
+        )
         affine, axes = case.affine, ()
         if case.lps:  # store LPS: flip x and y in the array, and in the affine
             f = np.diag([-1.0, -1.0, 1.0, 1.0])
             f[0, 3], f[1, 3] = GRID_SHAPE[0] - 1, GRID_SHAPE[1] - 1
             affine, axes = case.affine @ f, (0, 1)
-        write_case(files, {m: np.flip(case.images[m], axes) for m in MODALITIES}, np.flip(case.labels, axes), affine,
-                   "brats-seg MNI glioma")
+        write_case(
+            files,
+            {m: np.flip(case.images[m], axes) for m in MODALITIES},
+            np.flip(case.labels, axes),
+            affine,
+            "brats-seg MNI glioma",
+        )
     log.info("MNI glioma dataset in %s: %d cases.", out, len(ids))
     return ids

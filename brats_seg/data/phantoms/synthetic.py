@@ -55,16 +55,16 @@ from brats_seg.data.phantoms.tumour import (
 from brats_seg.data.phantoms.writer import check_generator_args, write_case, write_msd_json
 
 __all__ = [
-    "SHAPE",
     "AFFINE",
     "MODALITIES",
+    "SHAPE",
     "CaseParams",
     "SyntheticCase",
-    "sample_case_params",
-    "generate_case",
-    "tissue_to_labels",
     "add_resection_cavity",
     "case_files",
+    "generate_case",
+    "sample_case_params",
+    "tissue_to_labels",
     "write_synthetic_dataset",
 ]
 
@@ -272,6 +272,7 @@ def add_resection_cavity(case: SyntheticCase, rng: np.random.Generator) -> Synth
 
 # --------------------------------------------------------------------------- writing
 
+
 def _case_id(layout: str, i: int) -> str:
     if layout == "brats2021":
         return f"BraTS2021_{i:05d}"
@@ -336,7 +337,19 @@ def write_synthetic_dataset(
         write_case(files, case.images, case.labels(layout), case.affine, _DESCRIPTION)
         written += 1
     if layout == "msd":
-        write_msd_json(out, case_ids, with_labels, "Synthetic BraTS-like gliomas (brats-seg), MSD Task01_BrainTumour layout", "brats_seg.data.phantoms.synthetic")
-    logger.info("Synthetic %s dataset in %s: %d cases (%d written, %d existed).",
-                layout, out, len(case_ids), written, len(case_ids) - written)
+        write_msd_json(
+            out,
+            case_ids,
+            with_labels,
+            "Synthetic BraTS-like gliomas (brats-seg), MSD Task01_BrainTumour layout",
+            "brats_seg.data.phantoms.synthetic",
+        )
+    logger.info(
+        "Synthetic %s dataset in %s: %d cases (%d written, %d existed).",
+        layout,
+        out,
+        len(case_ids),
+        written,
+        len(case_ids) - written,
+    )
     return case_ids

@@ -24,14 +24,14 @@ from brats_seg.data.layouts import CHANNELS
 from brats_seg.data.phantoms.anatomy import Grid, ellipsoid_level, ramp, sample_normal_contrast, smooth_noise
 
 __all__ = [
-    "Lesion",
-    "sample_lesions",
-    "tumour_levels",
     "Contrast",
-    "sample_contrast",
-    "tumour_box",
-    "tissue_codes",
+    "Lesion",
     "paint_tumour",
+    "sample_contrast",
+    "sample_lesions",
+    "tissue_codes",
+    "tumour_box",
+    "tumour_levels",
 ]
 
 
@@ -60,8 +60,13 @@ def sample_lesions(rng: np.random.Generator, semi: np.ndarray) -> tuple[Lesion, 
     """The tumour foci in a brain of semi-axes ``semi`` (mm): the main one, and in ~15 % of cases a satellite."""
     side = rng.choice([-1.0, 1.0])  # either hemisphere, from deep (12 mm off midline) to cortical
     while True:
-        lesion_centre = np.array([side * rng.uniform(12, 0.7 * semi[0]), rng.uniform(-0.65, 0.65) * semi[1],
-                                  rng.uniform(-0.55, 0.6) * semi[2]])
+        lesion_centre = np.array(
+            [
+                side * rng.uniform(12, 0.7 * semi[0]),
+                rng.uniform(-0.65, 0.65) * semi[1],
+                rng.uniform(-0.55, 0.6) * semi[2],
+            ]
+        )
         if np.linalg.norm(lesion_centre / semi) <= 0.75:
             break
     r_wt = float(np.exp(rng.uniform(np.log(10), np.log(38))))  # 4 to 230 cm^3 nominal
@@ -77,8 +82,9 @@ def _sized_lesion(rng, centre: np.ndarray, r_wt: float) -> Lesion:
     """A focus of WT radius ``r_wt``: core 0.5-0.85 of it, necrosis 0.5-0.85 of the core (none under 2 mm)."""
     r_core = r_wt * rng.uniform(0.5, 0.85)
     r_nec = min(r_core * rng.uniform(0.5, 0.85), r_core - 2.5)
-    return Lesion(tuple(np.round(centre, 2).tolist()), round(r_wt, 2), round(r_core, 2),
-                  round(r_nec, 2) if r_nec >= 2.0 else 0.0)
+    return Lesion(
+        tuple(np.round(centre, 2).tolist()), round(r_wt, 2), round(r_core, 2), round(r_nec, 2) if r_nec >= 2.0 else 0.0
+    )
 
 
 # --------------------------------------------------------------------------- levels

@@ -32,8 +32,13 @@ def check_generator_args(n_cases: int, seed: int) -> None:
         raise ValueError(f"seed should be >= 0 (it seeds np.random.default_rng), got {seed}.")
 
 
-def write_case(files: Mapping[str, Path], images: Mapping[str, np.ndarray], labels: np.ndarray | None,
-               affine: np.ndarray, description: str) -> None:
+def write_case(
+    files: Mapping[str, Path],
+    images: Mapping[str, np.ndarray],
+    labels: np.ndarray | None,
+    affine: np.ndarray,
+    description: str,
+) -> None:
     """Write one case: its channels (one file each, or one 4D ``image`` for msd), then its label.
 
     Args:
@@ -78,8 +83,12 @@ def write_msd_json(out: Path, case_ids: Sequence[str], with_labels: bool, descri
             log.warning("%s is not valid JSON; rewriting it.", path)
     if with_labels:
         entries = {e["image"]: e for e in meta["training"]}
-        entries.update({f"./imagesTr/{c}.nii.gz": {"image": f"./imagesTr/{c}.nii.gz",
-                        "label": f"./labelsTr/{c}.nii.gz"} for c in case_ids})
+        entries.update(
+            {
+                f"./imagesTr/{c}.nii.gz": {"image": f"./imagesTr/{c}.nii.gz", "label": f"./labelsTr/{c}.nii.gz"}
+                for c in case_ids
+            }
+        )
         meta["training"] = [entries[k] for k in sorted(entries)]
     else:
         meta["test"] = sorted(set(meta["test"]) | {f"./imagesTs/{c}.nii.gz" for c in case_ids})
