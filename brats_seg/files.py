@@ -40,6 +40,7 @@ __all__ = [
     "disk_full_error",
     "file_identity",
     "format_bytes",
+    "free_bytes",
     "is_disk_full",
     "is_temporary",
     "write_bytes_atomic",
@@ -89,7 +90,8 @@ def format_bytes(nbytes: float) -> str:
     return f"{int(nbytes)} B"
 
 
-def _free_bytes(path: Path) -> int | None:
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the file system of ``path`` or of its nearest existing parent (None if unknown)."""
     for folder in (path, *path.parents):
         try:
             return shutil.disk_usage(folder).free
@@ -124,7 +126,7 @@ def disk_full_error(exc: BaseException, path: str | os.PathLike, what: str = "")
         return exc if not what or exc.what else DiskFullError(exc.path, exc.free_bytes, what)
     if not is_disk_full(exc):
         return None
-    return DiskFullError(path, _free_bytes(Path(path)), what)
+    return DiskFullError(path, free_bytes(Path(path)), what)
 
 
 def _file_mode() -> int:
@@ -208,7 +210,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
             if full is None:
                 raise
             tmp_path.unlink(missing_ok=True)  # give the space back before saying how much is free
-            raise DiskFullError(path, _free_bytes(path)) from e
+            raise DiskFullError(path, free_bytes(path)) from e
         _crash_point(path, "before")
         _replace(tmp_path, path)
         _fsync_dir(path.parent)
@@ -259,7 +261,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             if disk_full_error(e, path) is None:
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # give the space back before saying how much is free
-            raise DiskFullError(path, _free_bytes(path)) from e
+            raise DiskFullError(path, free_bytes(path)) from e
         _crash_point(path, "before")
         old = None
         if path.exists():

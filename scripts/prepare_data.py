@@ -5,8 +5,11 @@
     python scripts/prepare_data.py data=msd data.root=/data/Task01_BrainTumour data.on_error=skip
 
 Prints how many cases were prepared (built now / already cached), which were skipped
-and why, the array shapes, and the time taken; exits 2 on bad data unless
-``data.on_error=skip``. SIGTERM/SIGINT stop it (and its worker processes) with exit status 75;
+and why, the array shapes, the cache's size on disk, and the time taken; exits 2 on bad data
+unless ``data.on_error=skip``. Before writing anything it predicts what the entries to build will
+take (the resolution's grid fixes an entry's size: ~76 MB at full, ~9.5 MB at half) and refuses,
+with the sizes, when the disk has less free; the progress bar shows cases/s, the ETA and the bytes
+written. SIGTERM/SIGINT stop it (and its worker processes) with exit status 75;
 the same command then builds only the cases not prepared yet.
 """
 
@@ -20,7 +23,10 @@ register_configs()
 
 @hydra_entry("../configs", "prepare")
 def main(cfg) -> None:
+    from brats_seg.data.cache import cache_bytes_on_disk, entry_bytes
     from brats_seg.data.dataset import prepare_dataset
+    from brats_seg.data.labels import region_names
+    from brats_seg.files import format_bytes
 
     conf = to_config(cfg)
     with user_errors("preparation"):
@@ -31,8 +37,13 @@ def main(cfg) -> None:
         f"prepared {n} cases ({ds.n_built} built now, {n - ds.n_built} already cached) "
         f"in {ds.seconds:.1f} s at {conf.resolution.spacing_mm} mm"
     )
-    print(f"  image  {shape + (4,)} float16, regions {shape + (3,)} uint8 (WT, TC, ET)")
-    print(f"  cache  {ds.cache_root}")
+    regions = region_names(conf.data.layout)
+    names = ", ".join(r.upper() for r in regions)
+    print(f"  image  {shape + (4,)} float16, regions {shape + (len(regions),)} uint8 ({names})")
+    print(
+        f"  cache  {ds.cache_root}: {format_bytes(cache_bytes_on_disk(ds.cache_root))} on disk "
+        f"({format_bytes(entry_bytes(shape, 4, len(regions)))} a labelled case)"
+    )
     print(
         f"  split  {ds.split_path}: train {len(ds.split['train'])}, val {len(ds.split['val'])}, "
         f"test {len(ds.split['test'])}"

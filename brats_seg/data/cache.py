@@ -19,12 +19,20 @@ stops (:mod:`brats_seg.data.workers`). A full disk ends in one
 stay valid; the next run builds only the missing ones); a case that runs out of memory gets a
 :class:`~brats_seg.data.errors.CaseError` with its estimated memory, what was available and
 the settings that would fit (:mod:`brats_seg.data.prep_memory`).
+
+What the entries will take is known before anything is written: every case is resampled onto the
+resolution's fixed grid, so an entry's size is the grid's voxels times 8 bytes (float16, four
+contrasts) plus one byte per region when labelled, and meta.json (:func:`entry_bytes`,
+:func:`predict_cache_bytes`). :func:`prepare_cases` compares that with the disk's free space
+before it creates anything and raises :class:`~brats_seg.data.errors.CacheSpaceError` if it does
+not fit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -36,27 +44,30 @@ from pathlib import Path
 import numpy as np
 
 from brats_seg.data.case_io import load_case_image, load_case_label
-from brats_seg.data.errors import CaseError
+from brats_seg.data.errors import CacheSpaceError, CaseError
 from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.layouts import Case
 from brats_seg.data.prep_memory import out_of_memory_error, workers_that_fit
 from brats_seg.data.preprocess import preprocess_case
-from brats_seg.files import DiskFullError, atomic_dir, is_temporary, write_text_atomic
-from brats_seg.locks import LockedError, hold_lock, remove_stale_temporaries
 from brats_seg.data.workers import WorkerStopped, run_in_workers
+from brats_seg.files import DiskFullError, atomic_dir, format_bytes, free_bytes, is_temporary, write_text_atomic
+from brats_seg.locks import LockedError, hold_lock, remove_stale_temporaries
 from brats_seg.signals import report_progress
 
 __all__ = [
     "IMAGE_FILE",
     "META_FILE",
-    "REGIONS_FILE",
     "PREPROCESS_VERSION",
+    "REGIONS_FILE",
     "CacheEntry",
-    "compute_fingerprint",
-    "load_entry_meta",
-    "region_voxels",
     "build_entry",
+    "cache_bytes_on_disk",
+    "compute_fingerprint",
+    "entry_bytes",
+    "load_entry_meta",
+    "predict_cache_bytes",
     "prepare_cases",
+    "region_voxels",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,8 +77,9 @@ IMAGE_FILE = "image.npy"  # float16 (x, y, z, 4): FLAIR, T1, T1ce, T2
 REGIONS_FILE = "regions.npy"  # uint8 (x, y, z, R): the layout's regions, WT first
 META_FILE = "meta.json"  # written last: marks the entry complete
 
-PREPROCESS_VERSION = 2  # bump when preprocessing changes: every entry is rebuilt (2: z-score statistics summed in float64)
-
+PREPROCESS_VERSION = (
+    2  # bump when preprocessing changes: every entry is rebuilt (2: z-score statistics summed in float64)
+)
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,75 @@ class _Stream:
 
 
 # ---------------------------------------------------------------------------------------
+# What entries take on disk
+# ---------------------------------------------------------------------------------------
+
+_BLOCK = 4096  # a file system block: files and folders take whole blocks
+_META_BYTES = 4096  # meta.json: paths and the preprocessing record, 1-3 kB; one block
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-int(nbytes) // _BLOCK) * _BLOCK
+
+
+def _npy_bytes(shape, dtype) -> int:
+    """Bytes of the ``.npy`` file ``np.save`` writes for an array of ``shape`` and ``dtype``."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
+    )
+    return len(header.getvalue()) + int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+
+def entry_bytes(shape, n_channels: int = 4, n_regions: int | None = 3) -> int:
+    """Disk bytes of one cache entry on the grid ``shape``: ``image.npy`` (float16), ``regions.npy``
+    (uint8, ``n_regions`` channels; None for an unlabelled case), ``meta.json`` and the folder."""
+    image = _blocks(_npy_bytes(tuple(shape) + (n_channels,), np.float16))
+    regions = 0 if n_regions is None else _blocks(_npy_bytes(tuple(shape) + (n_regions,), np.uint8))
+    return image + regions + _META_BYTES + _BLOCK
+
+
+def _case_bytes(case: Case, shape) -> int:
+    n_regions = len(region_names(case.layout)) if case.label is not None else None
+    return entry_bytes(shape, 4, n_regions)
+
+
+def predict_cache_bytes(cases: list[Case], shape) -> int:
+    """What the entries of ``cases`` will take on disk at a resolution whose grid is ``shape``."""
+    return sum(_case_bytes(c, shape) for c in cases)
+
+
+def cache_bytes_on_disk(cache_root: str | Path) -> int:
+    """Bytes the entries under ``cache_root`` take on disk now (allocated blocks, folders included)."""
+    total = 0
+    for path in Path(cache_root).rglob("*"):
+        with contextlib.suppress(OSError):
+            total += path.stat().st_blocks * 512
+    return total
+
+
+def _check_space(todo: list[Case], cache_root: Path, shape) -> int:
+    """The bytes ``todo``'s entries will take; :class:`CacheSpaceError` if the disk has less free
+    (checked before anything is written: an entry rebuilt is counted whole, as its old version is
+    removed only once the new one is in place)."""
+    need = predict_cache_bytes(todo, shape)
+    free = free_bytes(cache_root)
+    if todo:
+        log.info(
+            "%d cache entr%s to build: %s (%s each) into %s, %s free there",
+            len(todo),
+            "y" if len(todo) == 1 else "ies",
+            format_bytes(need),
+            format_bytes(need / len(todo)),
+            cache_root,
+            "unknown" if free is None else format_bytes(free),
+        )
+    if free is not None and need > free:
+        raise CacheSpaceError(cache_root, need, free, len(todo), _case_bytes(todo[0], shape), shape)
+    return need
+
+
+# ---------------------------------------------------------------------------------------
 # Building entries
 # ---------------------------------------------------------------------------------------
 
@@ -216,8 +297,6 @@ def _has_leftovers(cache_root: Path) -> bool:
         return False
 
 
-
-
 # ---------------------------------------------------------------------------------------
 # Preparing cases
 # ---------------------------------------------------------------------------------------
@@ -225,8 +304,12 @@ def _has_leftovers(cache_root: Path) -> bool:
 
 def _stale(cases: list[Case], cache_root: Path, fingerprints: dict[str, str]) -> list[Case]:
     """The cases whose entry is missing or was made from other inputs or settings."""
-    return [c for c in cases
-            if (meta := load_entry_meta(cache_root / c.case_id)) is None or meta.get("fingerprint") != fingerprints[c.case_id]]
+    return [
+        c
+        for c in cases
+        if (meta := load_entry_meta(cache_root / c.case_id)) is None
+        or meta.get("fingerprint") != fingerprints[c.case_id]
+    ]
 
 
 def _disk_full(exc: DiskFullError, cache_root: Path, n_valid: int, n_cases: int) -> DiskFullError:
@@ -237,12 +320,25 @@ def _disk_full(exc: DiskFullError, cache_root: Path, n_valid: int, n_cases: int)
         free = shutil.disk_usage(cache_root).free
     except OSError:
         free = exc.free_bytes
-    return DiskFullError(exc.path, free, f"{n_valid} of the {n_cases} cache entries are complete and kept; the next "
-                         f"run builds only the {n_cases - n_valid} missing.")
+    return DiskFullError(
+        exc.path,
+        free,
+        f"{n_valid} of the {n_cases} cache entries are complete and kept; the next "
+        f"run builds only the {n_cases - n_valid} missing.",
+    )
 
 
-def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, shape, allow_crop: bool,
-           fingerprints: dict[str, str], num_workers: int, progress: bool) -> list[CaseError]:
+def _build(
+    todo: list[Case],
+    n_cases: int,
+    cache_root: Path,
+    spacing_mm: float,
+    shape,
+    allow_crop: bool,
+    fingerprints: dict[str, str],
+    num_workers: int,
+    progress: bool,
+) -> list[CaseError]:
     """Build ``todo``'s entries (in ``num_workers`` spawned processes); the errors of the cases that failed.
 
     Raises:
@@ -257,6 +353,8 @@ def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, 
     num_workers = min(workers_that_fit(todo[0], spacing_mm, shape, num_workers), len(todo))
     log.info("preprocessing %d of %d cases into %s (%d worker(s))", len(todo), n_cases, cache_root, num_workers)
     bar = tqdm(total=len(todo), desc="preparing cases", unit="case", disable=not progress)
+    need = predict_cache_bytes(todo, shape)  # the bar shows cases/s and the ETA, and the bytes written
+    bar.set_postfix_str(f"0 B of {format_bytes(need)}", refresh=False)
     args = [(c, cache_root, spacing_mm, shape, allow_crop, fingerprints[c.case_id], num_workers) for c in todo]
     done = 0
 
@@ -265,6 +363,7 @@ def _build(todo: list[Case], n_cases: int, cache_root: Path, spacing_mm: float, 
         if err is not None:
             errors.append(err)
         done += 1
+        bar.set_postfix_str(f"{format_bytes(need * done / len(todo))} of {format_bytes(need)}", refresh=False)
         report_progress(f"{n_cases - len(todo) + done - len(errors)} of {n_cases} cases prepared")
         bar.update()
 
@@ -305,6 +404,8 @@ def prepare_cases(
         :class:`CaseError` of each failed case, and how many entries were (re)built.
 
     Raises:
+        CacheSpaceError: the entries to build take more than the disk has free (predicted from
+            the grid; nothing is written).
         DiskFullError: no space for an entry; the message names it and the free space (the
             entries built are kept, and the next run builds only the missing ones).
 
@@ -313,15 +414,18 @@ def prepare_cases(
     stop the workers at once; the entries finished are kept.
     """
     cache_root = Path(cache_root)
-    cache_root.mkdir(parents=True, exist_ok=True)
     fingerprints = {c.case_id: compute_fingerprint(c, spacing_mm, shape, allow_crop) for c in cases}
     errors: list[CaseError] = []  # of the cases built here
-    todo = _stale(cases, cache_root, fingerprints)
+    todo = _stale(cases, cache_root, fingerprints) if cache_root.is_dir() else list(cases)
+    _check_space(todo, cache_root, shape)  # before anything is written
+    cache_root.mkdir(parents=True, exist_ok=True)
     if todo:
         with hold_lock(cache_root, "cache entry", wait=True):  # another job building it: wait (a sweep's jobs share it)
             remove_stale_temporaries(cache_root)  # builders hold the lock: these are dead builders'
             todo = _stale(cases, cache_root, fingerprints)  # what another process built meanwhile is done
-            errors = _build(todo, len(cases), cache_root, spacing_mm, shape, allow_crop, fingerprints, num_workers, progress)
+            errors = _build(
+                todo, len(cases), cache_root, spacing_mm, shape, allow_crop, fingerprints, num_workers, progress
+            )
     elif _has_leftovers(cache_root):
         with contextlib.suppress(LockedError), hold_lock(cache_root, "cache entry"):  # a live builder's are its own
             remove_stale_temporaries(cache_root)

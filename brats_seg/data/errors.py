@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DataError", "CaseError", "DatasetError"]
+__all__ = ["CacheSpaceError", "CaseError", "DataError", "DatasetError"]
 
 
 class DataError(ValueError):
@@ -39,3 +39,36 @@ class CaseError(DataError):
 
     def __reduce__(self):  # picklable across worker processes
         return (type(self), (self.case_id, self.path, self.problem, self.hint))
+
+
+class CacheSpaceError(DataError):
+    """The cache's disk has less free space than the entries to build will take; raised before
+    anything is written (the cache folder is not even created).
+
+    Args:
+        cache_root: the cache folder.
+        need_bytes: what the entries to build will take on disk (predicted).
+        free_bytes: free bytes on that disk now.
+        n_cases: the entries to build.
+        each_bytes: one entry's bytes.
+        grid: the resolution's grid, e.g. ``(192, 224, 160)``.
+    """
+
+    def __init__(self, cache_root, need_bytes: int, free_bytes: int, n_cases: int, each_bytes: int, grid) -> None:
+        from brats_seg.files import format_bytes
+
+        self.cache_root, self.need_bytes, self.free_bytes = Path(cache_root), need_bytes, free_bytes
+        self.n_cases, self.each_bytes, self.grid = n_cases, each_bytes, tuple(grid)
+        grid_text = "x".join(str(int(n)) for n in self.grid)
+        super().__init__(
+            f"the cache needs {format_bytes(need_bytes)} for {n_cases} case(s) on the {grid_text} grid "
+            f"({format_bytes(each_bytes)} each) in {self.cache_root}, and that disk has {format_bytes(free_bytes)} "
+            f"free; nothing was written. Free {format_bytes(need_bytes - free_bytes)} or more there, or give "
+            "data.cache_dir= a disk with room (a coarser resolution= takes less: half is 1/8 of full)."
+        )
+
+    def __reduce__(self):
+        return (
+            type(self),
+            (self.cache_root, self.need_bytes, self.free_bytes, self.n_cases, self.each_bytes, self.grid),
+        )

@@ -125,17 +125,71 @@ def small_tmpfs(tmp_path):
         yield mnt
 
 
-def test_a_full_tmpfs_stops_the_workers_with_one_error_and_the_next_run_builds_the_rest(cases, small_tmpfs):
+def test_a_full_tmpfs_stops_the_workers_with_one_error_and_the_next_run_builds_the_rest(
+    cases, small_tmpfs, monkeypatch
+):
     root = small_tmpfs / "cache"
     # One entry first (1.2 of the 2 MB): neither of the other two then fits, whichever worker writes
     # first. With an empty tmpfs the outcome was a race: both workers' images fit, and the entry
     # whose regions came second failed, while the other was renamed in place or stopped just before.
     _prepare(cases[:1], root)
+    # The check before writing saw room (another writer fills the disk after it): the disk fills
+    # during the writes, the path this test is about.
+    monkeypatch.setattr(cache, "free_bytes", lambda path: 1 << 40)
     with pytest.raises(DiskFullError) as err:
         _prepare(cases, root, num_workers=2)
     assert shutil.disk_usage(small_tmpfs).free < 1_300_000  # really full: no room for another entry
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_tmpfs)], check=True, capture_output=True)
     _check_disk_full_then_resume(cases, root, err.value, num_workers=2)
+
+
+# ---------------------------------------------------------------------------------------
+# What the cache will take, checked before anything is written
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["brats2021", "brats2024"])
+def test_the_predicted_cache_size_is_what_preparing_writes(synthetic_root, tmp_path, layout):
+    """From the cases and the grid alone (brats2024: four regions), against the blocks on disk."""
+    found = discover_cases(synthetic_root[layout], layout)[0]
+    predicted = cache.predict_cache_bytes(found, TINY.shape)
+    prepare_cases(found, tmp_path / "cache", TINY.spacing_mm, TINY.shape, num_workers=1, progress=False)
+    on_disk = cache.cache_bytes_on_disk(tmp_path / "cache")
+    assert abs(predicted / on_disk - 1) < 0.05, (predicted, on_disk)
+    n_regions = 4 if layout == "brats2024" else 3
+    assert predicted > len(found) * int(np.prod(TINY.shape)) * (8 + n_regions)  # at least the arrays' bytes
+    # the full grid, as the docs quote it: ~76 MB an entry, ~95 GB for BraTS 2021's 1,251 cases
+    assert round(1251 * cache.entry_bytes((192, 224, 160)) / 1e9) == 95
+
+
+def test_a_cache_that_does_not_fit_the_disk_is_refused_before_anything_is_written(cases, small_tmpfs):
+    root = small_tmpfs / "cache"  # 2 MB free, three entries of 1.2 MB to build
+    with pytest.raises(cache.CacheSpaceError) as err:
+        _prepare(cases, root)
+    need = cache.predict_cache_bytes(cases, SHAPE)
+    message = str(err.value)
+    assert format_bytes(need) in message and format_bytes(shutil.disk_usage(small_tmpfs).free) in message
+    assert "3 case(s)" in message and "data.cache_dir=" in message and "nothing was written" in message
+    assert not root.exists() and list(small_tmpfs.iterdir()) == []  # not even the folder
+
+
+def test_prepare_data_refuses_a_disk_too_small_with_one_error_line_and_exit_2(cases, small_tmpfs, tmp_path):
+    """The script as a user runs it: one `error:` line with the sizes, exit 2, nothing written."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
+    root = cases[0].images[0].parent.parent
+    command = [sys.executable, str(script), "data=brats2021", f"data.root={root}", "resolution=tiny"]
+    done = subprocess.run(
+        [*command, f"data.cache_dir={small_tmpfs}"], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(errors) == 1 and "the cache needs" in errors[0] and "free" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and list(small_tmpfs.iterdir()) == []
+    fits = subprocess.run(
+        [*command, f"data.cache_dir={tmp_path / 'cache'}"], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    assert "prepared 3 cases" in fits.stdout and "on disk" in fits.stdout and "(WT, TC, ET)" in fits.stdout
 
 
 # ---------------------------------------------------------------------------------------
