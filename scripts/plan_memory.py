@@ -6,8 +6,11 @@
     python scripts/plan_memory.py resolution=full model.depth=4 backend=cpu_onednn lms.limit=8GB plan.find=max_input
     python scripts/plan_memory.py resolution=full model.depth=4 backend=cpu_onednn lms.limit=8GB plan.find=max_patch
 
-Prints the plan table for the configured ``lms=`` strategy (``auto`` when lms=off) and,
-for each strategy (off / recompute / offload / auto), the predicted peak and overhead.
+Prints the plan table for the configured ``lms=`` strategy (``auto`` when lms=off),
+for each strategy (off / recompute / offload / auto) the predicted peak and overhead, and on a CPU
+what the run will take on the dataset at ``data.root`` (seconds per step, per epoch of training
+and of validation, and for the whole run, with the step-time model's confidence:
+:mod:`brats_seg.run_time`).
 Exits 1 if the configured strategy does not fit ``lms.limit``, with what would fit. A plan
 fits when its predicted peak is at most ``lms.limit`` less the device preset's planning
 margin (the model's worst under-prediction in cross-validation; 11.9% on every CPU kind with the
@@ -26,6 +29,7 @@ volumes (``trainer.patch_size=null``) in the budget: patches are not needed for 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
@@ -254,8 +258,34 @@ def main(cfg) -> None:
             )
         if error is not None:
             print(f"\n{error}")
+        else:
+            _print_time(dataclasses.replace(run, plan=plan))
     if error is not None:
         raise SystemExit(1)
+
+
+def _print_time(run) -> None:
+    """Seconds per step, per epoch and for the run on this dataset and CPU (brats_seg.run_time),
+    when data.root holds the dataset; a GPU has no step-time model."""
+    from brats_seg.data.dataset import split_sizes
+    from brats_seg.run_time import predict_run_time
+
+    if run.config.trainer.patch_schedule:
+        print("\ntime: with trainer.patch_schedule, the start of training states each stage's time (train.py's log)")
+        return
+    sizes = split_sizes(run.config.data)
+    if sizes is None:
+        print(f"\ntime: no dataset at data.root={run.config.data.root} yet, so no epoch or run time (the step: above)")
+        return
+    try:
+        estimate = predict_run_time(run, sizes[0], sizes[1])
+    except ValueError as e:  # e.g. fewer training cases than a batch: what training would refuse, said now
+        print(f"\ntime: {e}")
+        return
+    if estimate is None:
+        print("\ntime: no step-time model on a GPU (the step times above are the planner's overhead only)")
+        return
+    print("\n" + "\n".join(estimate.lines()))
 
 
 if __name__ == "__main__":

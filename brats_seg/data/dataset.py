@@ -21,8 +21,16 @@ from brats_seg.data.errors import DataError
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.splits import load_split, make_split, save_split
 
-__all__ = ["GENERATED", "PreparedDataset", "PreparationFailed", "compute_strata", "dataset_cache_dir", "prepare_dataset",
-           "ensure_synthetic"]
+__all__ = [
+    "GENERATED",
+    "PreparationFailed",
+    "PreparedDataset",
+    "compute_strata",
+    "dataset_cache_dir",
+    "ensure_synthetic",
+    "prepare_dataset",
+    "split_sizes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +92,9 @@ def ensure_synthetic(data: DataConfig) -> None:
 
         if data.layout != "brats2021":
             raise ValueError(f"data={data.name} is written in the brats2021 layout, got data.layout={data.layout!r}.")
-        write_mni_glioma_dataset(Path(data.root), data.synthetic_cases, data.synthetic_seed,
-                                 shift=data.name.endswith("_shifted"))
+        write_mni_glioma_dataset(
+            Path(data.root), data.synthetic_cases, data.synthetic_seed, shift=data.name.endswith("_shifted")
+        )
         return
     from brats_seg.data.phantoms.synthetic import write_synthetic_dataset
 
@@ -102,6 +111,18 @@ def compute_strata(entries: list[CacheEntry]) -> dict[str, str]:
     return strata
 
 
+def split_sizes(data: DataConfig) -> tuple[int, int, int] | None:
+    """``(train, val, test)`` case counts of ``data`` as preparing it would split it (the plain split's
+    sizes; a stratified one's differ by a case or so), from its folder alone (nothing is read or
+    written); None where ``data.root`` holds no dataset (yet)."""
+    try:
+        cases, _ = discover_cases(data.root, data.layout, require_labels=True, on_error="skip")
+    except DataError:
+        return None
+    split = make_split([c.case_id for c in cases], data.val_fraction, data.test_fraction, data.split_seed)
+    return len(split["train"]), len(split["val"]), len(split["test"])
+
+
 def prepare_dataset(
     data: DataConfig,
     resolution: ResolutionConfig,
@@ -113,8 +134,12 @@ def prepare_dataset(
         DatasetError: the dataset as a whole is unusable (root, dataset.json, no cases).
         PreparationFailed: bad cases with ``data.on_error=raise`` (the good ones are cached).
     """
-    check_choice(data.on_error, OnError, "data.on_error",
-                 hint="raise stops at the first bad case; skip prepares the rest and lists the bad ones.")
+    check_choice(
+        data.on_error,
+        OnError,
+        "data.on_error",
+        hint="raise stops at the first bad case; skip prepares the rest and lists the bad ones.",
+    )
     t0 = time.perf_counter()
     if data.name in GENERATED:
         ensure_synthetic(data)
@@ -127,15 +152,20 @@ def prepare_dataset(
     failures = skipped + [(e.case_id, str(e)) for e in errors]
     if errors and data.on_error == "raise":
         raise PreparationFailed(failures, len(entries))
-    for case_id, msg in failures:
+    for _case_id, msg in failures:
         log.warning("skipped %s", msg)
     if not entries:
         raise DataError(f"no case of {data.root} could be prepared; see the messages above.")
 
     # a file per kind of split, so runs with and without data.stratify never rewrite each other's
     split_path = base / f"split_seed{data.split_seed}{'_stratified' if data.stratify else ''}.json"
-    split = make_split([e.case_id for e in entries], data.val_fraction, data.test_fraction, data.split_seed,
-                       strata=compute_strata(entries) if data.stratify else None)
+    split = make_split(
+        [e.case_id for e in entries],
+        data.val_fraction,
+        data.test_fraction,
+        data.split_seed,
+        strata=compute_strata(entries) if data.stratify else None,
+    )
     if not split_path.is_file() or load_split(split_path) != split:
         save_split(split, split_path)
     return PreparedDataset(

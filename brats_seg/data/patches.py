@@ -32,8 +32,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["LOCATIONS_PER_REGION", "PatchSampler", "crop_origin", "crops_per_case", "is_foreground_crop",
-           "tumour_locations"]
+__all__ = [
+    "LOCATIONS_PER_REGION",
+    "PatchSampler",
+    "crop_origin",
+    "crops_per_case",
+    "is_foreground_crop",
+    "steps_per_epoch",
+    "tumour_locations",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,33 @@ def crops_per_case(grid: Sequence[int], patch: Sequence[int] | None) -> int:
     if not patch:
         return 1
     return max(1, round(math.prod(int(g) for g in grid) / math.prod(int(p) for p in patch)))
+
+
+def steps_per_epoch(
+    n_cases: int, grid: Sequence[int], patch: Sequence[int] | None, batch_size: int, max_steps: int | None = None
+) -> int:
+    """Batches (>= 1) per training epoch over ``n_cases`` cases cached on ``grid``: each case
+    :func:`crops_per_case` times, in full batches (remainder dropped), at most ``max_steps``
+    (``trainer.steps_per_epoch``; None or 0: no cap). The one rule the loop, the input pipeline
+    and the run's time estimate share (no TensorFlow here).
+
+    Raises:
+        ValueError: fewer cases (crops) than one batch, or a bad batch size / cap.
+    """
+    elements = n_cases * crops_per_case(grid, patch)  # what an epoch visits
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    if elements < batch_size:
+        raise ValueError(
+            f"{elements} training case(s) cannot fill one batch of {batch_size}: "
+            f"lower trainer.batch_size to at most {max(elements, 1)} or add cases."
+        )
+    steps = elements // batch_size
+    if max_steps is not None and max_steps != 0:
+        if max_steps < 0:
+            raise ValueError(f"trainer.steps_per_epoch must be >= 1 or null, got {max_steps!r}.")
+        steps = min(steps, max_steps)
+    return steps
 
 
 def is_foreground_crop(global_position: int, fraction: float) -> bool:
@@ -80,8 +114,9 @@ def tumour_locations(regions: np.ndarray, per_region: int = LOCATIONS_PER_REGION
     return out
 
 
-def crop_origin(shape: Sequence[int], patch: Sequence[int], rng: np.random.Generator,
-                centre: Sequence[int] | None = None) -> tuple[int, int, int]:
+def crop_origin(
+    shape: Sequence[int], patch: Sequence[int], rng: np.random.Generator, centre: Sequence[int] | None = None
+) -> tuple[int, int, int]:
     """The crop's first voxel: centred on ``centre`` (moved inside the grid), or uniform."""
     origin = []
     for axis, (size, side) in enumerate(zip(shape, patch)):
@@ -128,15 +163,20 @@ class PatchSampler:
         if not present:
             if case not in self._said_no_tumour:
                 self._said_no_tumour.add(case)
-                log.info("case %s has no tumour: its crops meant to hold tumour (trainer.foreground_fraction=%g) "
-                         "are drawn anywhere", case_name or case, self.fraction)
+                log.info(
+                    "case %s has no tumour: its crops meant to hold tumour (trainer.foreground_fraction=%g) "
+                    "are drawn anywhere",
+                    case_name or case,
+                    self.fraction,
+                )
             return crop_origin(self.shape, self.patch, rng), False
         coords = present[int(rng.integers(len(present)))]
         centre = coords[int(rng.integers(len(coords)))]
         return crop_origin(self.shape, self.patch, rng, centre), True
 
-    def crop(self, epoch: int, position: int, case: int, image: np.ndarray, regions: np.ndarray,
-             case_name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    def crop(
+        self, epoch: int, position: int, case: int, image: np.ndarray, regions: np.ndarray, case_name: str = ""
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The crop of ``image`` and ``regions`` (memory-mapped: only the crop is read), contiguous."""
         (x, y, z), _ = self.origin(epoch, position, case, regions, case_name)
         px, py, pz = self.patch

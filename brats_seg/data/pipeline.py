@@ -36,23 +36,23 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from brats_seg.config import AugmentationConfig, TrainConfig, augment_preset
 from brats_seg.data.cache import IMAGE_FILE, REGIONS_FILE  # the cache owns an entry's file names
-from brats_seg.data.patches import PatchSampler, crops_per_case
+from brats_seg.data.patches import PatchSampler, crops_per_case, steps_per_epoch
 
 __all__ = [
     "IMAGE_FILE",
     "REGIONS_FILE",
     "TrainInput",
-    "make_train_dataset",
     "make_eval_dataset",
+    "make_train_dataset",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,10 +97,18 @@ class TrainInput:
     def from_config(cls, cfg: TrainConfig) -> TrainInput:
         """The run's: ``trainer.*``, the model's channels and ``data.prefetch_batches``."""
         t = cfg.trainer
-        return cls(batch_size=t.batch_size, seed=t.seed, augment=t.augment, in_channels=cfg.model.in_channels,
-                   out_channels=cfg.model.out_channels, max_steps_per_epoch=t.steps_per_epoch,
-                   prefetch_batches=cfg.data.prefetch_batches, augmentation=t.augmentation, patch_size=t.patch_size,
-                   foreground_fraction=t.foreground_fraction)
+        return cls(
+            batch_size=t.batch_size,
+            seed=t.seed,
+            augment=t.augment,
+            in_channels=cfg.model.in_channels,
+            out_channels=cfg.model.out_channels,
+            max_steps_per_epoch=t.steps_per_epoch,
+            prefetch_batches=cfg.data.prefetch_batches,
+            augmentation=t.augmentation,
+            patch_size=t.patch_size,
+            foreground_fraction=t.foreground_fraction,
+        )
 
     def steps_per_epoch(self, n_cases: int, grid: Sequence[int]) -> int:
         """Batches (>= 1) per training epoch over ``n_cases`` cases cached on ``grid`` ``(x, y, z)``: the
@@ -111,21 +119,7 @@ class TrainInput:
         Raises:
             ValueError: fewer cases (crops) than one batch, or a bad batch size / cap.
         """
-        elements = n_cases * crops_per_case(grid, self.patch_size)  # what an epoch visits
-        batch_size, max_steps = self.batch_size, self.max_steps_per_epoch
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-        if elements < batch_size:
-            raise ValueError(
-                f"{elements} training case(s) cannot fill one batch of {batch_size}: "
-                f"lower trainer.batch_size to at most {max(elements, 1)} or add cases."
-            )
-        steps = elements // batch_size
-        if max_steps is not None and max_steps != 0:
-            if max_steps < 0:
-                raise ValueError(f"trainer.steps_per_epoch must be >= 1 or null, got {max_steps!r}.")
-            steps = min(steps, max_steps)
-        return steps
+        return steps_per_epoch(n_cases, grid, self.patch_size, self.batch_size, self.max_steps_per_epoch)
 
 
 # ---------------------------------------------------------------------------------------
@@ -159,7 +153,8 @@ def _check_cases(case_dirs: Sequence[Path], out_channels: int) -> tuple[int, int
             array = _open(case_dir, filename)
             expected_dtype = CACHE_DTYPES[filename]
             channels_ok = array.ndim == 4 and (
-                array.shape[-1] == 4 if filename == IMAGE_FILE else array.shape[-1] >= out_channels)
+                array.shape[-1] == 4 if filename == IMAGE_FILE else array.shape[-1] >= out_channels
+            )
             if not channels_ok or array.dtype != expected_dtype:
                 expected = "4" if filename == IMAGE_FILE else f">= {out_channels}"
                 raise ValueError(
@@ -284,8 +279,9 @@ def _nnunet_map(seed: int, spatial, params: AugmentationConfig | None):
         return augment_nnunet_case(image, regions, nnunet_case_seed(seed, epoch, position), transforms)
 
     def augment(epoch, position, image, regions):
-        out_image, out_regions = tf.numpy_function(augment_numpy, [epoch, position, image, regions],
-                                                   [image.dtype, regions.dtype], stateful=False)
+        out_image, out_regions = tf.numpy_function(
+            augment_numpy, [epoch, position, image, regions], [image.dtype, regions.dtype], stateful=False
+        )
         return tf.ensure_shape(out_image, image.shape), tf.ensure_shape(out_regions, regions.shape)
 
     return augment
@@ -304,8 +300,15 @@ def _epoch_order(n_cases: int, seed: int, epoch: int, per_epoch: int, repeats: i
     return np.random.default_rng([seed, epoch]).permutation(n_cases * repeats)[:per_epoch] % n_cases
 
 
-def _index_stream(n_cases: int, seed: int, first_epoch: int, per_epoch: int, first_position: int = 0,
-                  owns=lambda position: True, repeats: int = 1) -> Iterator[tuple[int, int, int]]:
+def _index_stream(
+    n_cases: int,
+    seed: int,
+    first_epoch: int,
+    per_epoch: int,
+    first_position: int = 0,
+    owns=lambda position: True,
+    repeats: int = 1,
+) -> Iterator[tuple[int, int, int]]:
     """Endless ``(epoch, position, case_index)`` from position ``first_position`` of
     ``first_epoch`` on, the positions ``owns`` accepts."""
     for epoch in itertools.count(first_epoch):
@@ -391,8 +394,7 @@ def make_train_dataset(
     )
     if patch_size:
         element = tuple(int(p) for p in patch_size)
-        load_crop = _patch_map(paths, spatial, element, in_channels, out_channels, seed, foreground_fraction,
-                               per_epoch)
+        load_crop = _patch_map(paths, spatial, element, in_channels, out_channels, seed, foreground_fraction, per_epoch)
     else:
         element, load_whole = spatial, _load_map(paths, spatial, in_channels, out_channels)
 
@@ -400,8 +402,11 @@ def make_train_dataset(
             return load_whole(case)
 
     preset = augment_preset(augment)
-    augment_fn = {"none": lambda: None, "light": lambda: _augment_map(seed),
-                  "nnunet": lambda: _nnunet_map(seed, element, spec.augmentation)}[preset]()
+    augment_fn = {
+        "none": lambda: None,
+        "light": lambda: _augment_map(seed),
+        "nnunet": lambda: _nnunet_map(seed, element, spec.augmentation),
+    }[preset]()
 
     def load_and_augment(epoch, position, case):
         image, regions = load_crop(epoch, position, case)
@@ -412,8 +417,18 @@ def make_train_dataset(
     logger.info(
         "train dataset: %d cases, %d steps/epoch of %d (worker %d/%d, batches of %d), shape %s, seed %d, "
         "from epoch %d step %d, augment=%s%s",
-        len(paths), steps, batch_size, index, count, replica_batch, spatial, seed, initial_epoch, initial_step,
-        preset, f", crops {element} ({foreground_fraction:g} on tumour)" if patch_size else "",
+        len(paths),
+        steps,
+        batch_size,
+        index,
+        count,
+        replica_batch,
+        spatial,
+        seed,
+        initial_epoch,
+        initial_step,
+        preset,
+        f", crops {element} ({foreground_fraction:g} on tumour)" if patch_size else "",
     )
     return ds.with_options(_options())
 
@@ -442,8 +457,8 @@ def make_eval_dataset(
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
     spatial = _check_cases(paths, out_channels)
     ds = tf.data.Dataset.range(len(paths)).map(
-        _load_map(paths, spatial, in_channels, out_channels), num_parallel_calls=MAP_PARALLEL_CALLS,
-        deterministic=True)
+        _load_map(paths, spatial, in_channels, out_channels), num_parallel_calls=MAP_PARALLEL_CALLS, deterministic=True
+    )
     # One case a batch (validation): a static batch dimension, so the model's instance norm runs
     # its fast kernel (brats_seg.model.norm); with larger batches the last one may be smaller.
     return ds.batch(batch_size, drop_remainder=batch_size == 1).prefetch(PREFETCH_BATCHES).with_options(_options())

@@ -313,6 +313,12 @@ def _train_in_folder(
         t.epochs,
         run_dir,
     )
+    if is_chief and start.epoch == 0:  # what the run will take, before its first step
+        from brats_seg.run_time import predict_run_time
+
+        estimate = predict_run_time(run, len(train_dirs), len(val_dirs))
+        for line in estimate.lines() if estimate is not None else ():
+            log.info("%s", line)
     models = StageModels(compiled, stages, backend, strategy)
     session = _Session(cfg, strategy, cluster, models, tracker, checkpoint, run_dir, is_chief, memory_stats)
     session.run(train_dirs, val_dirs, stages, start, callbacks)

@@ -82,6 +82,8 @@ def test_stages_train_in_order_resume_mid_stage_exactly_and_the_last_stage_is_se
     planned = [s["plan"]["predicted_peak_bytes"] for s in plan["stages"]]
     assert [h["planned_bytes"] for h in state["history"]] == [planned[int(h["stage"]) - 1] for h in state["history"]]
     assert all(np.isfinite(h["measured_bytes"]) for h in state["history"])
+    assert "time: 1 training and 1 validation case(s)" in caplog.text  # before the first step, each stage priced
+    assert "whole: step" in caplog.text and "run:" in caplog.text and "for 5 epochs" in caplog.text
     for k, name in enumerate(("16x16x16", "24x32x24", "whole", "32x32x32"), start=1):
         assert f"stage {k}/4: {name}" in caplog.text
         assert f"stage {k}/4 ({name}): first step" in caplog.text  # the retrace at each stage, timed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["format_gb", "format_seconds", "format_shape", "parse_limit"]
+__all__ = ["format_duration", "format_gb", "format_seconds", "format_shape", "parse_limit"]
 
 
 def format_gb(nbytes: float) -> str:
@@ -22,6 +22,19 @@ def format_seconds(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
+
+
+def format_duration(seconds: float | None) -> str:
+    """A run's or an epoch's time: ``850 ms``, ``12.3 s``, ``2 min 30 s``, ``3 h 05 min``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return format_seconds(seconds)
+    if seconds < 3600:
+        minutes, rest = divmod(round(seconds), 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, rest = divmod(round(seconds / 60), 60)
+    return f"{hours} h {rest:02d} min"
 
 
 def format_shape(shape: Sequence[int]) -> str:
