@@ -357,9 +357,32 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         policy=topology.policy,
     )
     if workload.validates:  # one case at a time, fed by its own pipeline (batches of one)
-        pipeline = (batch_image_bytes + labels_bytes) // batch * workload.input_batches
+        if workload.validation_grid is None:
+            pipeline = (batch_image_bytes + labels_bytes) // batch * workload.input_batches
+        else:  # whole volumes by sliding windows of the input: their host arrays, not the window's
+            pipeline = sliding_validation_bytes(workload)
         net = dataclasses.replace(net, validation_bytes=forward_only_bytes(net) // batch + pipeline)
     return net
+
+
+#: Whole-grid float32 arrays a sliding-window validation holds per output region at its peak
+#: (brats_seg.training.steps.make_sliding_eval_step, evaluation/inference/sliding.py): the
+#: probabilities' running sum, the stacked prediction and its tensor copy, the labels cast to
+#: float32 and two temporaries of the loss and metrics over the volume.
+SLIDING_REGION_ARRAYS = 5
+
+
+def sliding_validation_bytes(workload: Workload) -> int:
+    """Host bytes of validating one whole volume of ``workload.validation_grid`` by sliding windows
+    (a patch run's validation), besides the window's forward pass: the validation pipeline's
+    whole volumes (the cache's float16 image and uint8 regions, as many as it holds), the image as
+    NumPy, the blending's float32 weights and :data:`SLIDING_REGION_ARRAYS` float32 arrays per region.
+    Counted from the code, not fitted."""
+    voxels = math.prod(workload.validation_grid)
+    c, r = workload.model_cfg.in_channels, workload.model_cfg.out_channels
+    pipeline = voxels * (c * BATCH_IMAGE_BYTES_PER_ELEMENT + r * LABEL_BYTES_PER_ELEMENT) * workload.input_batches
+    step = voxels * (c * BATCH_IMAGE_BYTES_PER_ELEMENT + 4 + 4 * r * SLIDING_REGION_ARRAYS)
+    return int(pipeline + step)
 
 
 def forward_only_bytes(net: NetworkCost, with_loss: bool = True) -> int:

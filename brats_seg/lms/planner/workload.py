@@ -61,6 +61,9 @@ class Workload:
             benchmark does not. Planned as a step of its own after the training step.
         augment: the training augmentation preset (``trainer.augment``): ``nnunet`` adds its
             temporaries for the case in the pipeline's map call (``cost.augment_bytes``).
+        validation_grid: the grid validation infers whole volumes on by sliding windows of the
+            input shape, when it is not the input (a patch run or stage); None: validation runs
+            the network on its input shape (whole-volume training).
 
     Raises:
         ValueError: a bad value, named, with what to use instead.
@@ -74,6 +77,7 @@ class Workload:
     input_batches: int = 0
     validates: bool = False
     augment: str = "light"
+    validation_grid: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", check_policy(self.policy))
@@ -98,15 +102,17 @@ class Workload:
         model_cfg = dataclasses.replace(
             cfg.model, out_channels=len(output_regions(cfg.data.layout, cfg.model.out_channels))
         )
+        shape, grid = network_input_shape(cfg), tuple(int(g) for g in cfg.resolution.shape)
         return cls(
             model_cfg,
-            network_input_shape(cfg),
+            shape,
             cfg.trainer.batch_size,
             cfg.backend.precision,
             optimizer,
             input_batches=pipeline_batches(cfg.data.prefetch_batches),
             validates=True,
             augment=cfg.trainer.augment,
+            validation_grid=None if tuple(shape) == grid else grid,
         )
 
     def topology(self) -> UNetTopology:
