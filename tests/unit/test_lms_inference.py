@@ -37,6 +37,33 @@ def test_a_validating_run_plans_its_validation_pass_as_a_step():
     assert max(without.total_bytes) > timeline.total_bytes[-1]  # keeping everything, training is the peak
 
 
+def test_a_patch_run_plans_its_sliding_validation_on_the_whole_grid():
+    """Trained on patches, validation slides windows over whole volumes: besides the window's
+    forward pass it holds the validation pipeline's whole volumes and whole-grid arrays (the image,
+    the blending's weights and five float32 arrays a region), not the patch's."""
+    from brats_seg.lms.planner.cost import SLIDING_REGION_ARRAYS
+
+    grid, patch = (128, 128, 96), (32, 32, 32)
+    plain = compute_network_cost(Workload(CFG, patch, 2, input_batches=3, validates=True), MemoryModel())
+    sliding = compute_network_cost(
+        Workload(CFG, patch, 2, input_batches=3, validates=True, validation_grid=grid), MemoryModel()
+    )
+    voxels = np.prod(grid)
+    pipeline = 3 * voxels * (4 * 2 + 3 * 1)  # three whole cases: float16 image, uint8 regions
+    step = voxels * (4 * 2 + 4 + 4 * 3 * SLIDING_REGION_ARRAYS)
+    assert sliding.validation_bytes == forward_only_bytes(sliding) // 2 + pipeline + step
+    # against the same run planned as before: the patch-sized pipeline replaced by the whole grid's arrays
+    assert sliding.validation_bytes - plain.validation_bytes == pipeline + step - 3 * np.prod(patch) * (4 * 2 + 3)
+    # the training step is the same either way; a whole-volume workload has no validation grid
+    assert sliding.persistent_bytes == plain.persistent_bytes
+    from brats_seg.config import ResolutionConfig, TrainConfig, TrainerConfig
+
+    cfg = TrainConfig(resolution=ResolutionConfig(name="half", spacing_mm=2.0, shape=[96, 112, 80]))
+    assert Workload.from_config(cfg).validation_grid is None
+    patched = dataclasses.replace(cfg, trainer=TrainerConfig(patch_size=[48, 48, 48]))
+    assert Workload.from_config(patched).validation_grid == (96, 112, 80)
+
+
 def test_forward_only_is_below_the_keep_all_training_step_and_halves_under_bf16():
     f32 = compute_network_cost(Workload(CFG, SHAPE, 1), MemoryModel())
     bf16 = compute_network_cost(Workload(CFG, SHAPE, 1, "mixed_bfloat16"), MemoryModel())
