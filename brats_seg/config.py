@@ -29,6 +29,7 @@ LRSchedule = choice_type("LRSchedule", ("cosine", "constant"), __name__)
 BackendName = choice_type("BackendName", ("auto", "gpu", "gpu_lms", "cpu_onednn"), __name__)
 Precision = choice_type("Precision", ("fp32", "bf16", "fp16"), __name__)
 LMSStrategy = choice_type("LMSStrategy", ("off", "recompute", "offload", "auto"), __name__)
+Calibrate = choice_type("Calibrate", ("auto", "now", "never"), __name__)
 TrackerName = choice_type("TrackerName", ("mlflow", "none"), __name__)
 DistributeName = choice_type("DistributeName", ("none", "mirrored", "multi_worker"), __name__)
 Collective = choice_type("Collective", ("auto", "ring", "nccl"), __name__)
@@ -49,6 +50,7 @@ CHOICES = {  # config key -> its closed set
     "backend": BackendName,
     "backend.precision": Precision,
     "lms": LMSStrategy,
+    "lms.calibrate": Calibrate,
     "tracking": TrackerName,
     "distribute": DistributeName,
     "distribute.collective": Collective,
@@ -127,6 +129,11 @@ class DataConfig:
     val_fraction: float = 0.15  # share of cases used for model selection
     test_fraction: float = 0.2  # share held out for the final score, never trained on
     split_seed: int = 0  # the split is a pure function of (case ids, seed, and each case's regions when stratified)
+    split_file: str = (
+        ""  # a split (train/val/test), a folds file or nnU-Net's splits_final.json; empty = the seeded split
+    )
+    fold: str = ""  # 0..num_folds-1: that cross-validation fold of the training cases (test stays out) | all: train on every training case | empty: no folds
+    num_folds: int = 5  # folds of data.fold when they are made here (a folds split file brings its own)
     stratify: bool = True  # val and test keep each group's share of cases, grouped by the regions a label holds (e.g. no ET): post-processing then sees them on val
     allow_crop: bool = False  # a brain box larger than resolution.shape: error (False) or warn+crop
     # Only for data=synthetic: generated on first use when `root` holds no cases.
@@ -283,6 +290,7 @@ class LMSConfig:
     prefetch: int = 1  # blocks ahead in backward at which a copy back is issued
     host_bandwidth_gbps: float = 12.0  # host<->device link used to cost transfers (PCIe 3 x16 ~12)
     device_tflops: float = 10.0  # used to cost recomputation and to hide transfers
+    calibrate: Calibrate = Calibrate.auto  # auto: a CPU without a step-time calibration is measured on first use (minutes, cached per CPU) for runs of seconds a step | now: measure again | never
 
 
 @dataclass

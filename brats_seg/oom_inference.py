@@ -53,6 +53,7 @@ class _InferenceCase:
     native_voxels: int | None
     mirror: bool
     scoring: bool
+    members: int = 1
 
     def estimate(self, workload: Workload | None = None, mirror: bool | None = None) -> InferenceEstimate:
         return estimate_inference(
@@ -62,11 +63,12 @@ class _InferenceCase:
             resampled_voxels=self.resampled_voxels,
             native_voxels=self.native_voxels,
             scoring=self.scoring,
+            members=self.members,
         )
 
 
 def _largest_case(
-    run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records, scoring: bool
+    run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records, scoring: bool, members: int = 1
 ) -> _InferenceCase:
     return _InferenceCase(
         workload=dataclasses.replace(Workload.from_config(run), policy=policy),
@@ -75,11 +77,18 @@ def _largest_case(
         native_voxels=max((math.prod(r["native_shape"]) for r in records), default=None),
         mirror=eval_cfg.mirror and eval_cfg.mode == "whole",
         scoring=scoring,
+        members=members,
     )
 
 
 def check_inference_memory(
-    run: TrainConfig, eval_cfg: EvaluateConfig, device: str, policy: str, records=(), scoring: bool = True
+    run: TrainConfig,
+    eval_cfg: EvaluateConfig,
+    device: str,
+    policy: str,
+    records=(),
+    scoring: bool = True,
+    members: int = 1,
 ) -> InferenceEstimate:
     """Predict a case's evaluation (``scoring``) or prediction peak and hold it to the run's
     ``lms.limit`` (less the planning margin), before any model is loaded.
@@ -91,6 +100,8 @@ def check_inference_memory(
         policy: the dtype policy the model infers in (``float32``, ``mixed_bfloat16``).
         records: the cases' ``PreprocessRecord`` dicts (their resampled and native grids);
             none: the network grid stands for both.
+        scoring: evaluation (scored) or prediction (written only).
+        members: the models of an ensemble (1: a run's).
 
     Returns:
         The :class:`~brats_seg.lms.planner.inference.InferenceEstimate` of the largest case.
@@ -98,14 +109,15 @@ def check_inference_memory(
     Raises:
         RunError: the estimate is over the budget, with the numbers and what to change.
     """
-    case = _largest_case(run, eval_cfg, device, policy, records, scoring)
+    case = _largest_case(run, eval_cfg, device, policy, records, scoring, members)
     workload, estimate = case.workload, case.estimate()
     limit = parse_limit(run.lms.limit, device_memory_bytes(device, run.backend.gpu_memory_limit_mb))
     budget = planning_budget(limit, case.memory_model)
     log.info(
-        "inference of a case (%s, %s): predicted peak %s at its %s step, budget %s (lms.limit %s)",
+        "inference of a case (%s, %s%s): predicted peak %s at its %s step, budget %s (lms.limit %s)",
         "x".join(map(str, workload.input_shape)),
         workload.policy,
+        f", an ensemble of {members}" if members > 1 else "",
         format_gb(estimate.peak_bytes),
         estimate.peak_at,
         format_gb(budget),
@@ -165,6 +177,7 @@ def inference_memory_guard(
     records=(),
     scoring: bool = True,
     baseline_bytes: int | None = None,
+    members: int = 1,
 ) -> Iterator[None]:
     """Turn running out of memory inside the block (TensorFlow's ``ResourceExhaustedError``,
     Python's ``MemoryError``) into an :class:`InferenceOutOfMemoryError`: the estimate of
@@ -172,7 +185,7 @@ def inference_memory_guard(
     and what would lower the peak. Other errors pass unchanged.
 
     Args:
-        run, eval_cfg, device, policy, records, scoring: as :func:`check_inference_memory`.
+        run, eval_cfg, device, policy, records, scoring, members: as :func:`check_inference_memory`.
         baseline_bytes: on CPU, the RSS before the model was loaded (the measured peak is
             reported above it, as the estimate counts); None: no peak is reported on CPU.
 
@@ -184,7 +197,9 @@ def inference_memory_guard(
     except Exception as e:
         if not is_out_of_memory(e):
             raise
-        raise inference_out_of_memory_error(e, run, eval_cfg, device, policy, records, scoring, baseline_bytes) from e
+        raise inference_out_of_memory_error(
+            e, run, eval_cfg, device, policy, records, scoring, baseline_bytes, members
+        ) from e
 
 
 def inference_out_of_memory_error(
@@ -196,9 +211,10 @@ def inference_out_of_memory_error(
     records=(),
     scoring: bool = True,
     baseline_bytes: int | None = None,
+    members: int = 1,
 ) -> InferenceOutOfMemoryError:
     """The :class:`InferenceOutOfMemoryError` for ``exc`` (see :func:`inference_memory_guard`)."""
-    case = _largest_case(run, eval_cfg, device, policy, records, scoring)
+    case = _largest_case(run, eval_cfg, device, policy, records, scoring, members)
     workload, estimate = case.workload, case.estimate()
     measured = peak_at_failure(device, baseline_bytes)
     facts = [

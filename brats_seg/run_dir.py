@@ -14,6 +14,8 @@
               postprocess.json   the post-processing chosen on the val split, and for which checkpoint
                                  and inference settings (brats_seg.evaluation.postprocess)
 
+An ensemble's folder (``ensemble.json`` names its runs: brats_seg.evaluation.inference.ensemble) reads as a run.
+
 Training, resume, evaluation, prediction and the scripts ask a :class:`RunFolder` for these
 paths and files instead of joining names. Every file a later step reads is written through
 :mod:`brats_seg.files` (temporary file, fsync, rename), so a run killed at any moment never
@@ -426,11 +428,19 @@ class RunFolder:
     # -- checkpoints -------------------------------------------------------------------
 
     def checkpoint(self, which: str = "best") -> Path:
-        """The checkpoint to load: ``best`` | ``last`` of this run, or a ``.keras`` file's path.
+        """The checkpoint to load: ``best`` | ``last`` of this run, or a ``.keras`` file's path; of an
+        ensemble's folder, its ``ensemble.json`` once every member's ``which`` checkpoint is there.
 
         Raises:
             RunError: an unknown name, or a checkpoint not saved yet.
         """
+        members = self.ensemble_members()
+        if members:
+            if which not in CHECKPOINTS:
+                raise RunError(f"checkpoint={which!r}: an ensemble loads each member's best or last checkpoint.")
+            for member in members:
+                member.checkpoint(which)
+            return self.ensemble_path
         if which in CHECKPOINTS:
             path = self.checkpoint_file(which)
         elif which.endswith(".keras"):
@@ -446,18 +456,41 @@ class RunFolder:
 
     def checkpoint_identity(self, which: str = "best") -> dict[str, Any]:
         """What tells the weights of checkpoint ``which`` apart: its size and the SHA-256 of its
-        bytes. Outputs recorded with an identity are reused only while it holds: a new save
-        changes it, while moving or copying the run folder does not.
+        bytes (of an ensemble's folder: each member's, in order). Outputs recorded with an
+        identity are reused only while it holds: a new save changes it, while moving or copying
+        the run folder does not.
 
         Raises:
             RunError: as :meth:`checkpoint`.
         """
+        members = self.ensemble_members()
+        if members:
+            self.checkpoint(which)
+            return {"ensemble": [member.checkpoint_identity(which) for member in members]}
         path = self.checkpoint(which)
         digest = hashlib.sha256()
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+    @property
+    def ensemble_path(self) -> Path:
+        return self.root / "ensemble.json"
+
+    def ensemble_members(self) -> list[RunFolder]:
+        """The member runs of an ensemble's folder (its ``ensemble.json``; unreadable: RunError); ``[]`` for a run."""
+        try:
+            members = [RunFolder(Path(m["run_dir"])) for m in json.loads(self.ensemble_path.read_text())["members"]]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise RunError(
+                f"{self.ensemble_path} cannot be read ({e!r}); make the ensemble again in a new folder."
+            ) from e
+        if not members:
+            raise RunError(f"{self.ensemble_path} names no member runs; make the ensemble again in a new folder.")
+        return members
 
 
 def has_progress(run_dir: str | Path) -> bool:

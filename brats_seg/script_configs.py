@@ -121,10 +121,13 @@ class MakeSyntheticConfig:
 class EvaluateScriptConfig:
     """Config of ``scripts/evaluate.py``."""
 
-    run_dir: str = ""  # required: the training run's output folder
+    run_dir: str = ""  # required: the training run's output folder (with runs=: the ensemble's folder)
     split: Split = Split.test  # val | test | all
     checkpoint: str = "best"  # best (by val Dice) | last
     on: str = ""  # another dataset with the split's case ids (a configs/data name, e.g. mni_gliomas_shifted): eval/<split>@<on>/
+    runs: list[str] = field(
+        default_factory=list
+    )  # two or more run folders (e.g. the folds): run_dir becomes their ensemble (probabilities averaged)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
 
@@ -133,7 +136,10 @@ class EvaluateScriptConfig:
 class PredictScriptConfig:
     """Config of ``scripts/predict.py``."""
 
-    run_dir: str = ""  # the training run whose best model predicts (or export=)
+    run_dir: str = ""  # the training run whose best model predicts (or export=; with runs=: the ensemble's folder)
+    runs: list[str] = field(
+        default_factory=list
+    )  # two or more run folders: run_dir becomes their ensemble (probabilities averaged)
     export: str = ""  # an exported model's folder (scripts/export.py) instead of run_dir: predicts as the run would
     input: str = ""  # required: a case folder, an MSD 4D file, a .txt list of either, or a dataset root
     output: str = ""  # required: folder for <case_id>.nii.gz masks
@@ -178,6 +184,7 @@ class StepTimeCalibrationConfig:
     out: str = ""  # default brats_seg/lms/presets/step_time.json (this CPU's entry replaced, others kept)
     write: bool = True  # false: report only
     figure: str = ""  # a PNG of predicted against measured step times (fitted, leave-one-out, held out)
+    quick: bool = False  # measure this CPU now (a short sweep, minutes) instead of fit=, cached per CPU id in the user's cache (or out=)
 
 
 @dataclass

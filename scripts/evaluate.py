@@ -6,6 +6,7 @@
     python scripts/evaluate.py run_dir=outputs/<run> evaluate.mode=sliding evaluate.window=[96,96,96]
     python scripts/evaluate.py run_dir=outputs/<run> on=mni_gliomas_shifted   # the same cases, another scanner
     python scripts/evaluate.py run_dir=outputs/<run> evaluate.postprocess=none   # masks as thresholded
+    python scripts/evaluate.py run_dir=outputs/folds/ensemble 'runs=[outputs/folds/fold_0,outputs/folds/fold_1]'
 
 Prints the means per region of the legacy Dice/HD95, the BraTS 2023-24 lesion-wise ranking
 metrics and today's official lesion-wise Dice/NSD/HD95 (panoptica), and where the files are:
@@ -17,6 +18,12 @@ inference settings). ``on=<data config>`` scores the split's cases as another da
 holds them (same ids and layout) into ``eval/<split>@<on>/``. Exits 2 with a message on a run folder without a
 config.json or checkpoint, a bad split, or bad data. SIGTERM/SIGINT stop it with exit status 75;
 the same command then continues with the cases not evaluated yet (``eval/<split>/cases/``).
+
+``runs=[...]`` makes ``run_dir`` the ensemble of those runs (their probabilities averaged;
+``brats_seg.evaluation.inference.ensemble``), or checks it is: of the folds of a cross-validation,
+``split=val`` scores each fold's val cases with the fold that held them out, and post-processing is
+chosen on all of them together; ``split=test`` scores the ensemble. Afterwards ``run_dir=`` alone
+evaluates it again.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ def main(cfg) -> None:
     from brats_seg.evaluation.inference.start import start_inference
 
     with user_errors("evaluation"):
+        if conf.runs:
+            from brats_seg.evaluation.inference.ensemble import make_ensemble
+
+            make_ensemble(conf.run_dir, conf.runs, conf.checkpoint)
         start = start_inference(
             conf.run_dir, conf.checkpoint, conf.evaluate, conf.backend, given_override("backend.precision"), conf.split
         )

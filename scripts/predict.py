@@ -5,6 +5,7 @@
     python scripts/predict.py run_dir=outputs/<run> input=/data/Task01_BrainTumour/imagesTs output=/out
     python scripts/predict.py run_dir=outputs/<run> input=cases.txt output=/out evaluate.mode=sliding
     python scripts/predict.py export=outputs/<run>/export input=/data/new/CASE output=/out   # an export
+    python scripts/predict.py run_dir=outputs/folds/ensemble 'runs=[outputs/folds/fold_0,...]' input=... output=...
 
 ``export=`` (or ``run_dir=``) takes a folder ``scripts/export.py`` wrote: the same
 preprocessing, inversion to the native grid, threshold and labels (the run's config is kept in the
@@ -15,6 +16,10 @@ group, hence ``export=``.)
 The masks are post-processed as the run's ``postprocess.json`` says (chosen on its val split by
 ``scripts/evaluate.py``; an export carries it): small components removed, a small ET relabelled as
 necrosis. ``evaluate.postprocess=none`` writes them as thresholded.
+
+``runs=[...]`` makes ``run_dir`` the ensemble of those runs and predicts with the mean of their
+probabilities (``brats_seg.evaluation.inference.ensemble``; post-processing as the ensemble's
+``postprocess.json`` says, chosen by ``scripts/evaluate.py`` on the folds' val cases together).
 
 ``input`` is a BraTS case folder, an MSD-style 4D image (FLAIR, T1, T1ce, T2), a folder
 of 4D images, a ``.txt`` list of either (one per line), or a dataset root. Writes
@@ -48,6 +53,12 @@ def main(cfg) -> None:
     with user_errors("prediction"):  # TensorFlow-free checks first
         if not str(conf.output).strip():
             raise RunError("output is not set: pass output=<folder for the masks>.")
+        if conf.runs:
+            from brats_seg.evaluation.inference.ensemble import make_ensemble
+
+            if str(conf.export).strip():
+                raise RunError("runs= and export= together: an ensemble is made of training runs' folders.")
+            make_ensemble(conf.run_dir, conf.runs, conf.checkpoint)
         export = predict_source(conf.run_dir, conf.export, conf.evaluate)  # None: a training run
         if export is None:  # as scripts/evaluate.py starts
             given = given_override("backend.precision")
@@ -65,13 +76,15 @@ def main(cfg) -> None:
 
     with user_errors("prediction"):
         configure(backend)
+    from brats_seg.evaluation.inference.ensemble import ensemble_size
     from brats_seg.evaluation.inference.predict import predict_new_cases
     from brats_seg.evaluation.inference.run import inference_policy, load_run_model
     from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
     from brats_seg.run_dir import RunFolder
 
     with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded
-        check_inference_memory(run, settings, backend.device, inference_policy(), scoring=False)
+        members = 1 if export is not None else ensemble_size(conf.run_dir)
+        check_inference_memory(run, settings, backend.device, inference_policy(), scoring=False, members=members)
         if export is None:
             # read before loading: a checkpoint saved meanwhile shows as another model in predict.json
             identity = {"checkpoint": RunFolder.of(conf.run_dir).checkpoint_identity(conf.checkpoint)}
@@ -80,7 +93,7 @@ def main(cfg) -> None:
             from brats_seg.evaluation.serving.exported import load_exported_model
 
             identity, model = export.identity, load_exported_model(export.folder)
-        with inference_memory_guard(run, settings, backend.device, inference_policy(), scoring=False):
+        with inference_memory_guard(run, settings, backend.device, inference_policy(), scoring=False, members=members):
             written = predict_new_cases(
                 model, cases, run, conf.output, settings, model_identity=identity, postprocess=postprocess
             )

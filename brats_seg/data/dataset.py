@@ -9,6 +9,7 @@ already prepared is lost.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,8 +19,9 @@ from brats_seg.choices import check_choice
 from brats_seg.config import DataConfig, OnError, ResolutionConfig
 from brats_seg.data.cache import CacheEntry, prepare_cases, region_voxels
 from brats_seg.data.errors import DataError
+from brats_seg.data.folds import FOLDS_KIND, SplitFileError, check_fold, fold_split, make_folds, read_split_file
 from brats_seg.data.layouts import discover_cases
-from brats_seg.data.splits import load_split, make_split, save_split
+from brats_seg.data.splits import make_split, save_split
 
 __all__ = [
     "GENERATED",
@@ -29,6 +31,7 @@ __all__ = [
     "dataset_cache_dir",
     "ensure_synthetic",
     "prepare_dataset",
+    "run_split",
     "split_sizes",
 ]
 
@@ -65,6 +68,13 @@ class PreparedDataset:
             return list(self.entries)
         ids = set(self.split[subset])
         return [e for e in self.entries if e.case_id in ids]
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def dataset_cache_dir(data: DataConfig) -> Path:
@@ -112,15 +122,75 @@ def compute_strata(entries: list[CacheEntry]) -> dict[str, str]:
 
 
 def split_sizes(data: DataConfig) -> tuple[int, int, int] | None:
-    """``(train, val, test)`` case counts of ``data`` as preparing it would split it (the plain split's
-    sizes; a stratified one's differ by a case or so), from its folder alone (nothing is read or
-    written); None where ``data.root`` holds no dataset (yet)."""
+    """``(train, val, test)`` case counts of ``data`` as preparing it would split it (a fold's, a split
+    file's, or the plain split's; a stratified one's differ by a case or so), from its folder alone
+    (nothing is written); None where ``data.root`` holds no dataset (yet)."""
     try:
         cases, _ = discover_cases(data.root, data.layout, require_labels=True, on_error="skip")
     except DataError:
         return None
-    split = make_split([c.case_id for c in cases], data.val_fraction, data.test_fraction, data.split_seed)
+    split, _, _ = run_split(data, [c.case_id for c in cases], None, dataset_cache_dir(data))
     return len(split["train"]), len(split["val"]), len(split["test"])
+
+
+def _split_path(data: DataConfig, base: Path) -> Path:
+    # a file per kind of split, so runs with and without data.stratify never rewrite each other's
+    return base / f"split_seed{data.split_seed}{'_stratified' if data.stratify else ''}.json"
+
+
+def run_split(
+    data: DataConfig, case_ids: list[str], strata: dict[str, str] | None, base: Path
+) -> tuple[dict, Path, list[tuple[Path, dict]]]:
+    """The split a run of ``data`` trains on (:mod:`brats_seg.data.folds`): ``(split, the file it
+    comes from, [(path, record)] to write beside the cache)``; nothing is written here.
+
+    Raises:
+        SplitFileError: a bad ``data.split_file`` or ``data.fold``.
+    """
+    fold = str(data.fold).strip() if data.fold is not None else ""
+    if data.split_file:
+        path = Path(data.split_file).expanduser()
+        given = read_split_file(path, case_ids)
+        source = {"split_file": str(path), "format": given["format"]}
+        if "folds" in given:
+            if not fold:
+                n = len(given["folds"])
+                raise SplitFileError(
+                    f"data.split_file={path} holds {n} folds: choose one with data.fold=0..{n - 1} or all."
+                )
+            return fold_split(given["folds"], given["test"], fold, source), path, []
+        if not fold:
+            return {**source, **{k: given[k] for k in ("train", "val", "test")}}, path, []
+        check_fold(fold, data.num_folds)
+        pool = given["train"] + given["val"]
+        folds = make_folds(pool, data.num_folds, data.split_seed, _restrict(strata, pool))
+        return fold_split(folds, given["test"], fold, {**source, "seed": data.split_seed}), path, []
+    if fold:
+        check_fold(fold, data.num_folds)
+    split = make_split(case_ids, data.val_fraction, data.test_fraction, data.split_seed, strata=strata)
+    split_path = _split_path(data, base)
+    writes = [(split_path, split)]
+    if not fold:
+        return split, split_path, writes
+    pool = split["train"] + split["val"]
+    folds = make_folds(pool, data.num_folds, data.split_seed, _restrict(strata, pool))
+    record = {
+        "kind": FOLDS_KIND,
+        "seed": data.split_seed,
+        "val_fraction": data.val_fraction,
+        "test_fraction": data.test_fraction,
+        "stratified": strata is not None,
+        "n_folds": data.num_folds,
+        "test": split["test"],
+        "folds": folds,
+    }
+    folds_path = base / f"folds_seed{data.split_seed}_k{data.num_folds}{'_stratified' if data.stratify else ''}.json"
+    writes.append((folds_path, record))
+    return fold_split(folds, split["test"], fold, {k: record[k] for k in ("seed", "stratified")}), folds_path, writes
+
+
+def _restrict(strata: dict[str, str] | None, ids: list[str]) -> dict[str, str] | None:
+    return None if strata is None else {c: strata[c] for c in ids}
 
 
 def prepare_dataset(
@@ -145,6 +215,9 @@ def prepare_dataset(
         ensure_synthetic(data)
     cases, skipped = discover_cases(data.root, data.layout, require_labels=True, on_error=data.on_error)
     base = dataset_cache_dir(data)
+    # a bad split file or fold is refused before anything is written (checked again on the cases
+    # that prepare, which a split file must name only)
+    run_split(data, [c.case_id for c in cases], None, base)
     cache_root = base / resolution.name
     entries, errors, n_built = prepare_cases(
         cases, cache_root, resolution.spacing_mm, resolution.shape, data.allow_crop, data.num_workers, progress
@@ -157,17 +230,12 @@ def prepare_dataset(
     if not entries:
         raise DataError(f"no case of {data.root} could be prepared; see the messages above.")
 
-    # a file per kind of split, so runs with and without data.stratify never rewrite each other's
-    split_path = base / f"split_seed{data.split_seed}{'_stratified' if data.stratify else ''}.json"
-    split = make_split(
-        [e.case_id for e in entries],
-        data.val_fraction,
-        data.test_fraction,
-        data.split_seed,
-        strata=compute_strata(entries) if data.stratify else None,
+    split, split_path, writes = run_split(
+        data, [e.case_id for e in entries], compute_strata(entries) if data.stratify else None, base
     )
-    if not split_path.is_file() or load_split(split_path) != split:
-        save_split(split, split_path)
+    for path, record in writes:
+        if not path.is_file() or _read_json(path) != record:
+            save_split(record, path)
     return PreparedDataset(
         cache_root=cache_root,
         entries=entries,

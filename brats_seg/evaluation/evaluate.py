@@ -58,6 +58,8 @@ from brats_seg.config import DataConfig, EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.nifti import load_volume, save_mask
+from brats_seg.evaluation.inference.ensemble import ensemble_size
+from brats_seg.evaluation.inference.ensemble_model import member_for
 from brats_seg.evaluation.inference.entries import prepare_run_entries, split_case_ids
 from brats_seg.evaluation.inference.predict import check_native_shape, predict_case_labels, predict_case_native
 from brats_seg.evaluation.inference.run import (
@@ -368,10 +370,14 @@ def _evaluate_cases(
     reset_peak_rss()
     estimate = None
 
+    members = ensemble_size(run_dir)
+
     def load(records):  # predicted to fit lms.limit (the val cases' and these), or refused before it is loaded
         nonlocal estimate
         every = [*records, *(e.meta["record"] for e in entries)]
-        estimate = check_inference_memory(config, eval_cfg, inference_device(), inference_policy(), every)
+        estimate = check_inference_memory(
+            config, eval_cfg, inference_device(), inference_policy(), every, members=members
+        )
         return load_run_model(run_dir, checkpoint, config)
 
     postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress, load, identity)
@@ -400,7 +406,9 @@ def _evaluate_cases(
         if model is None:
             model = load(records)
         # running out of memory anyway: the estimate, the measured peak and what lowers it
-        guard = inference_memory_guard(config, eval_cfg, device, policy, records, baseline_bytes=baseline)
+        guard = inference_memory_guard(
+            config, eval_cfg, device, policy, records, baseline_bytes=baseline, members=members
+        )
     table = MetricsTable(region_names(config.data.layout))
     unprocessed = MetricsTable(region_names(config.data.layout))  # as thresholded: the post-processing's effect
     changed = 0
@@ -410,7 +418,9 @@ def _evaluate_cases(
         for i, entry in enumerate(bar):
             reused = rows.get(entry.case_id)
             if reused is None:
-                row, raw = _evaluate_case(model, entry, config, eval_cfg, folder, split, postprocess)
+                # a fold ensemble's val case: the fold that held it out (the cross-validation prediction)
+                predictor = member_for(model, entry.case_id, split.split("@")[0])
+                row, raw = _evaluate_case(predictor, entry, config, eval_cfg, folder, split, postprocess)
                 if key is not None:  # last: the case is complete
                     folder.write_eval_case(
                         split,

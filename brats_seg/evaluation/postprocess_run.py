@@ -1,6 +1,8 @@
 """A run's post-processing as evaluation applies it: ``<run_dir>/postprocess.json`` read back when it
 was chosen for this checkpoint, these inference settings and these val cases, else chosen now on
 the run's val split (:func:`~brats_seg.evaluation.postprocess.choose_postprocessing`) and written.
+An ensemble of a cross-validation's folds (:mod:`~brats_seg.evaluation.inference.ensemble`) chooses
+on every fold's val cases together, each predicted by the fold that held it out, as nnU-Net does.
 
 The rules themselves and how they are chosen: :mod:`brats_seg.evaluation.postprocess`. Nothing here
 imports TensorFlow at module level.
@@ -15,6 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from brats_seg.config import EvaluateConfig, TrainConfig
+from brats_seg.evaluation.inference.ensemble import ensemble_size
+from brats_seg.evaluation.inference.ensemble_model import member_for
 from brats_seg.evaluation.inference.entries import prepare_run_entries, split_case_ids
 from brats_seg.evaluation.inference.predict import check_native_shape, predict_case_labels, predict_case_native
 from brats_seg.evaluation.inference.run import (
@@ -145,17 +149,18 @@ def postprocessing_for_run(
     entries = prepare_run_entries(config, val_ids, progress)
     device, policy = inference_device(), inference_policy()
     records = [e.meta["record"] for e in entries]
+    members = ensemble_size(run_dir)
     if model is None and load_model is not None:
         model = load_model(records)
     elif model is None:
-        check_inference_memory(config, eval_cfg, device, policy, records)
+        check_inference_memory(config, eval_cfg, device, policy, records, members=members)
         model = load_run_model(run_dir, checkpoint, config)
     names = run_regions(config)
     cases = []
-    with inference_memory_guard(config, eval_cfg, device, policy, records):
+    with inference_memory_guard(config, eval_cfg, device, policy, records, members=members):
         for entry in tqdm(entries, desc="choosing post-processing (val)", unit="case", disable=not progress):
             probs = predict_case_native(
-                model,
+                member_for(model, entry.case_id, "val"),  # a fold ensemble: the fold that held the case out
                 entry,
                 entry.meta["record"],
                 mode=eval_cfg.mode,

@@ -107,8 +107,8 @@ def prepare_run_dir(cfg: TrainConfig, split: dict, split_path: Path) -> Path:
                 f"{folder.split_path}: the dataset's test split changed since this run started "
                 f"({split_path}). Resuming would train on former test cases; start a new run_dir=."
             )
-    else:  # the dataset's split file as it is (its seed and fractions with the ids); nothing trained on it yet
-        folder.write_split(json.loads(Path(split_path).read_text()))
+    else:  # the run's split (the seeded split's seed and fractions, or its fold and file, with the ids)
+        folder.write_split(split)
     return run_dir
 
 

@@ -143,11 +143,21 @@ def load_run_model(run_dir: str | Path, checkpoint: str = "best", config: TrainC
 
     Returns:
         A Keras model ``(B, X, Y, Z, in_channels) -> (B, X, Y, Z, out_channels)`` on the
-        run's network grid.
+        run's network grid; of an ensemble's folder, an
+        :class:`~brats_seg.evaluation.inference.ensemble.Ensemble` of its members' models.
 
     Raises:
         RunError: missing config/checkpoint, or weights that do not fit the config.
     """
+    folder = RunFolder(Path(run_dir).expanduser())
+    members = folder.ensemble_members()
+    if members:  # an ensemble's folder: each member's model; a fold's val cases by that fold
+        from brats_seg.evaluation.inference.ensemble_model import Ensemble
+
+        index = {str(m.root): i for i, m in enumerate(members)}
+        val_by = folder.read_split().get("val_predicted_by") or {}
+        models = [load_run_model(m.root, checkpoint, load_run_config(m.root)) for m in members]
+        return Ensemble(models, {case: index[run] for case, run in val_by.items()})
     from brats_seg.model.unet3d import build_unet3d
 
     config = config or load_run_config(run_dir)

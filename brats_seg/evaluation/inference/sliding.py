@@ -29,6 +29,7 @@ import numpy as np
 
 from brats_seg.choices import check_choice
 from brats_seg.config import EvalMode
+from brats_seg.evaluation.inference.ensemble_model import Ensemble
 
 __all__ = [
     "GAUSSIAN_SIGMA_SCALE",
@@ -170,7 +171,8 @@ def predict_volume(
     """Probabilities of one image on the network grid.
 
     Args:
-        model: Keras model ``(B, X, Y, Z, C) -> (B, X, Y, Z, R)`` sigmoid probabilities.
+        model: Keras model ``(B, X, Y, Z, C) -> (B, X, Y, Z, R)`` sigmoid probabilities, or an
+            :class:`~brats_seg.evaluation.inference.ensemble_model.Ensemble` (the mean of its members').
         image: ``(X, Y, Z, C')`` float image, ``C' >= C`` (extra channels dropped:
             FLAIR-only models take channel 0).
         mode: ``whole`` | ``sliding``.
@@ -191,6 +193,16 @@ def predict_volume(
     check_choice(mode, EvalMode, "evaluate.mode")
     if not 0 <= overlap < 1:
         raise ValueError(f"evaluate.window_overlap={overlap}: use a fraction in [0, 1).")
+    if isinstance(model, Ensemble):  # the members one after the other, their running sum kept
+        total = None
+        for member in model.models:
+            probs = predict_volume(member, image, mode, window, overlap, depth, batch_size, mirror)
+            if total is None:
+                total = probs if probs.flags.writeable else probs.copy()
+            else:
+                total += probs
+        total /= len(model.models)
+        return total
     image = _check_image(model, image)
     shape = tuple(int(s) for s in image.shape[:3])
     if mode == "whole":  # mirrored inside the graph: no flipped copy of the volume on the host

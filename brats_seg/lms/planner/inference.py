@@ -19,6 +19,10 @@ Per case, at the worst of three moments:
   probabilities of every channel;
 - **scoring**: the native probabilities, label maps and the metrics' distance maps, a few
   native-sized float64 arrays (:data:`NATIVE_SCORING_BYTES_PER_VOXEL`).
+
+An ensemble of ``members`` models (:mod:`brats_seg.evaluation.inference.ensemble`) runs them one after
+the other: every member's weights are held, and the running sum of the finished members' float32
+probabilities waits through the next member's forward pass.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def estimate_inference(
     resampled_voxels: int | None = None,
     native_voxels: int | None = None,
     scoring: bool = True,
+    members: int = 1,
 ) -> InferenceEstimate:
     """The peak of evaluating (``scoring``) or predicting one case of ``workload``'s shape.
 
@@ -86,6 +91,7 @@ def estimate_inference(
             network spacing; the cache's ``resampled_shape``); default the network grid's.
         native_voxels: voxels of the native grid; default the network grid's.
         scoring: whether the case is scored (evaluation) or only written (prediction).
+        members: models of an ensemble, run one after the other (1: a single run's model).
     """
     one = dataclasses.replace(workload, batch_size=1, input_batches=0, validates=False)
     net = compute_network_cost(one, memory_model)
@@ -102,8 +108,7 @@ def estimate_inference(
     # predicted without it (its forward-only share is not calibrated apart; this errs high)
     runtime = (
         net.persistent["runtime_bytes"]
-        + net.persistent["weight_bytes"]
-        + net.persistent["weight_cast_bytes"]
+        + max(1, members) * (net.persistent["weight_bytes"] + net.persistent["weight_cast_bytes"])
         + net.persistent["bf16_scratch_bytes"]
     )
     host_image = net.tensor_bytes["batch_image"]  # the float16 image on the host; TensorFlow holds a copy
@@ -114,6 +119,8 @@ def estimate_inference(
     forward = runtime + host_image + mm.activation_factor * activations + outside
     if mirror:  # the first pass's probabilities wait through the second; then the mean of both
         forward = max(forward + mm.activation_factor * probs, runtime + host_image + 3 * probs)
+    if members > 1:  # the finished members' sum waits through the next member's pass
+        forward += probs
     back = runtime + probs + 2 * resampled * FLOAT32_BYTES + native * (regions + 1) * FLOAT32_BYTES
     score = runtime + native * regions * FLOAT32_BYTES + (native * NATIVE_SCORING_BYTES_PER_VOXEL if scoring else 0)
     return InferenceEstimate(int(forward), int(back), int(score))
