@@ -33,9 +33,14 @@ def run(conf: TrainConfig, extra_callbacks=(), tags=None, name_suffix: str = "")
     """Resolve the run once (every value checked, the backend, replicas, LMS strategy and plan
     decided, in a second, before TensorFlow is imported), apply the backend it decided, then train."""
     from brats_seg.backend import configure
+    from brats_seg.benchmark.self_calibration import ensure_calibrated
     from brats_seg.resolve import resolve_run
 
     resolved = resolve_run(conf)
+    # a CPU without a step-time calibration is measured first when the run is worth it (lms.calibrate);
+    # one process per machine does it (the workers of a cluster would measure each other's load)
+    if str(conf.distribute.name) == "none" and ensure_calibrated(conf, resolved.backend.device) is not None:
+        resolved = resolve_run(conf)  # planned again with this CPU's own step times
     configure(resolved.backend)
     from brats_seg.training.loop import train
 

@@ -197,10 +197,13 @@ def _step_s(cfg: TrainConfig, plan, time_model) -> float:
 def _confidence(model) -> str:
     """How far to trust the step times: the calibration's error on points its fit did not see, or
     that the CPU has none (an upper estimate)."""
-    from brats_seg.lms.planner.step_time import load_time_presets
-
     if not model.calibrated:
-        return f"an upper estimate: this CPU has no step-time calibration ({model.cpu})"
-    summary = load_time_presets().get(model.cpu, {}).get("summary", {})
-    held_out = summary.get("held_out") or summary.get("leave_one_out") or "not recorded"
-    return f"step-time model calibrated on this CPU ({model.cpu}); its error on points it was not fitted on: {held_out}"
+        return (
+            f"an upper estimate: this CPU has no step-time calibration ({model.cpu}); lms.calibrate=now "
+            "measures one in minutes"
+        )
+    held_out = model.held_out or "not recorded"
+    return (
+        f"step-time model of this CPU ({model.cpu}; {model.source}); its error on points it was not fitted on: "
+        f"{held_out}"
+    )

@@ -14,15 +14,19 @@ without it (leave-one-out), and the ``held_out`` points (any strategy: a ``recom
 prediction adds the planner's price of recomputing, so those judge that too). Writes the fit
 with those errors into ``brats_seg/lms/presets/step_time.json`` under this CPU's id
 (:func:`brats_seg.cpu.cpu_id`); the planner reads it from there.
+
+    python scripts/calibrate_step_time.py quick=true      # this CPU, measured now, in minutes
+
+``quick=true`` is the calibration of a CPU the presets do not know
+(``brats_seg.benchmark.self_calibration``; ``train.py`` runs it on first use, ``lms.calibrate``): a
+short sweep measured now, fitted the same way and cached for this CPU in the user's cache folder
+(``~/.cache/brats_seg/step_time/``; ``out=`` elsewhere), which the planner reads before the
+presets; ``held_out=`` judges it on earlier measurements of this CPU.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import functools
 import json
-import statistics
 from pathlib import Path
 
 from brats_seg.cli import hydra_entry, to_config, user_errors
@@ -31,168 +35,42 @@ from brats_seg.script_configs import register_configs
 register_configs()
 
 
-@functools.cache
-def _network(overrides: tuple[str, ...]):
-    """The cost tables and the options of the benchmark's composed config for ``overrides``."""
-    from hydra import compose  # inside this script's Hydra app, whose config folder holds benchmark.yaml
-
-    from brats_seg.lms.planner.cost import compute_network_cost
-    from brats_seg.lms.planner.workload import Workload
-
-    conf = to_config(compose(config_name="benchmark", overrides=[o for o in overrides if "sweep" not in o]))
-    workload = dataclasses.replace(Workload.from_config(conf), input_batches=0, validates=False)
-    return compute_network_cost(workload), conf.lms
-
-
-def _read(paths) -> list[dict]:
-    from brats_seg.cpu import cpu_id
-
-    records = []
-    for p in paths:
-        path = Path(p)
-        if not path.is_file():
-            raise ValueError(f"{path}: no such file; give the results.jsonl of a benchmark sweep.")
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                r["step_s"], r["overrides"], r["strategy"]
-            except (ValueError, KeyError) as e:
-                raise ValueError(f"{path}:{n} is not a benchmark record ({e}).") from e
-            r["_file"] = str(path)
-            records.append(r)
-    here = cpu_id()
-    other = {r.get("cpu_id") for r in records if r.get("cpu_id") not in (None, here)}
-    if other:
-        raise ValueError(
-            f"records from another CPU ({', '.join(sorted(other))}); this one is {here}: "
-            "calibrate on the CPU that measured them."
-        )
-    return records
-
-
-BLOCKS = (1, 4, 8, 16)  # channel counts convolutions may be padded to; the fit keeps the one that predicts best
-
-
-def _features(record: dict, block: int) -> tuple[float, float]:
-    from brats_seg.lms.planner.step_time import step_features
-
-    net, _ = _network(tuple(record["overrides"]))
-    f = step_features(net, block)
-    return f["padded_flops"], f["bytes"]
-
-
-def _dtype(record: dict) -> str:
-    return "bfloat16" if record["precision"] == "bf16" else "float32" if record["precision"] == "fp32" else "float16"
-
-
-def _predict(record: dict, model) -> float:
-    """The planner's step time for the record's configuration: the step, plus recomputing what
-    its fixed strategy recomputes, priced by ``model``."""
-    from brats_seg.lms.planner.accounting import plan_overhead
-    from brats_seg.lms.planner.search import fixed_config
-    from brats_seg.lms.planner.workload import LMSOptions
-
-    net, lms = _network(tuple(record["overrides"]))
-    seconds = model.step_s(net)
-    if record["strategy"] != "off":
-        options = dataclasses.replace(
-            LMSOptions.from_config(lms, None, allow_offload=False, strategy=record["strategy"]), time_model=model
-        )
-        policies, skips = fixed_config(net, record["strategy"], options)
-        seconds += plan_overhead(net, policies, skips, options)
-    return seconds
-
-
-def _label(record: dict) -> str:
-    keep = ("resolution", "model.", "backend.precision", "trainer.batch_size", "lms")
-    return " ".join(o for o in record["overrides"] if o.startswith(keep) and not o.startswith("resolution=tiny"))
-
-
-def _row(record: dict, predicted: float) -> dict:
-    return {
-        "point": _label(record),
-        "file": record["_file"],
-        "measured_s": record["step_s"],
-        "predicted_s": round(predicted, 3),
-        "error": round(predicted / record["step_s"] - 1, 4),
-    }
-
-
-def _summary(rows: list[dict]) -> str:
-    if not rows:
-        return "no points"
-    errors = [r["error"] for r in rows]
-    return (
-        f"{len(rows)} points, error {min(errors):+.1%} to {max(errors):+.1%}, "
-        f"median |error| {statistics.median(abs(e) for e in errors):.1%}"
-    )
-
-
-def calibrate(fit_paths, held_out_paths) -> dict:
-    from brats_seg.cpu import cpu_id, cpu_kind, cpu_model_name
-    from brats_seg.lms.planner.step_time import CpuTimeModel, channel_block, fit_coefficients
-
-    block = channel_block(cpu_kind())
-    fitted = [r for r in _read(fit_paths) if r["strategy"] == "off"]
-    held = _read(held_out_paths)
-    if not fitted:
-        raise ValueError("no lms=off point in the fit files: fit on a sweep with lms=off (e.g. benchmark.sweep=width).")
-    by_dtype: dict[str, list[dict]] = {}
-    for r in fitted:
-        by_dtype.setdefault(_dtype(r), []).append(r)
-    coefficients, fit_rows, loo_rows = {}, [], []
-    for dtype, records in sorted(by_dtype.items()):
-        best = None
-        for pad in BLOCKS:  # the padding whose fit predicts the points it did not see best
-            points = [(*_features(r, pad), r["step_s"]) for r in records]
-            loo = []
-            for k, r in enumerate(records):  # each point predicted by a fit that did not see it
-                if len(points) > 3:
-                    alone = CpuTimeModel(
-                        cpu=cpu_id(),
-                        block=pad,
-                        coefficients={dtype: fit_coefficients(points[:k] + points[k + 1 :], pad)},
-                    )
-                    loo.append(_row(r, _predict(r, alone)))
-            worst = max((abs(row["error"]) for row in loo), default=0.0)
-            if best is None or worst < best[0]:
-                best = (worst, pad, fit_coefficients(points, pad), loo)
-        _, pad, coefficients[dtype], loo = best
-        model = CpuTimeModel(cpu=cpu_id(), block=pad, coefficients={dtype: coefficients[dtype]})
-        fit_rows += [_row(r, _predict(r, model)) for r in records]
-        loo_rows += loo
-    model = CpuTimeModel(cpu=cpu_id(), block=block, coefficients=coefficients)
-    held_rows = [_row(r, _predict(r, model)) for r in held if _dtype(r) in coefficients]
-    return {
-        "cpu_name": cpu_model_name(),
-        "kind": cpu_kind(),
-        "block": block,
-        "fit": {d: dataclasses.asdict(c) for d, c in coefficients.items()},
-        "fitted_on": sorted({r["_file"] for r in fitted}),
-        "held_out_files": sorted({r["_file"] for r in held}),
-        "date": datetime.date.today().isoformat(),
-        "fitted_points": fit_rows,
-        "leave_one_out": loo_rows,
-        "held_out": held_rows,
-        "summary": {
-            "fitted_points": _summary(fit_rows),
-            "leave_one_out": _summary(loo_rows),
-            "held_out": _summary(held_rows),
-        },
-    }
-
-
 @hydra_entry("../configs", "calibrate_step_time")
 def main(cfg) -> None:
+    from brats_seg.benchmark.step_time_fit import calibrate
     from brats_seg.cpu import cpu_id
     from brats_seg.files import write_text_atomic
     from brats_seg.lms.planner.step_time import PRESET_FILE
 
     conf = to_config(cfg)
+    if conf.quick:  # this CPU measured now, cached for it (the presets left as they are)
+        from brats_seg.benchmark.self_calibration import calibrate_here
+        from brats_seg.lms.planner.step_time import user_calibration_path
+
+        with user_errors():
+            out = Path(conf.out) if conf.out else user_calibration_path()
+            entry = calibrate_here(out=out, held_out=list(conf.held_out))
+        _report(entry, conf.figure)
+        print(f"\nmeasured {len(entry['points'])} points in {entry['seconds']:.0f} s; wrote {out}")
+        for failure in entry["failed"]:
+            print(f"  not measured: {failure}")
+        print(entry["memory_preset"]["said"])
+        return
     with user_errors():
         entry = calibrate(list(conf.fit), list(conf.held_out))
+    _report(entry, conf.figure)
+    if not conf.write:
+        return
+    out = Path(conf.out) if conf.out else PRESET_FILE
+    record = json.loads(out.read_text()) if out.is_file() else {"cpus": {}}
+    record["cpus"][cpu_id()] = entry
+    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
+    print(f"\nwrote {cpu_id()} into {out}")
+
+
+def _report(entry: dict, figure: str) -> None:
+    from brats_seg.cpu import cpu_id
+
     for name in ("fitted_points", "leave_one_out", "held_out"):
         print(f"\n{name.replace('_', ' ')}: {entry['summary'][name]}")
         for r in entry[name]:
@@ -207,7 +85,7 @@ def main(cfg) -> None:
             f"convolution, {1 / c['per_byte_s'] / 1e9 if c['per_byte_s'] else float('inf'):.1f} GB/s of layer "
             f"traffic, {c['per_step_s']:.3f} s a step"
         )
-    if conf.figure:
+    if figure:
         from brats_seg.plots import plot_step_time_fit
 
         groups = {
@@ -216,14 +94,7 @@ def main(cfg) -> None:
             "held out": entry["held_out"],
         }
         title = f"{entry['cpu_name']} ({cpu_id()}): step-time model"
-        print(f"wrote {plot_step_time_fit(groups, conf.figure, title=title)}")
-    if not conf.write:
-        return
-    out = Path(conf.out) if conf.out else PRESET_FILE
-    record = json.loads(out.read_text()) if out.is_file() else {"cpus": {}}
-    record["cpus"][cpu_id()] = entry
-    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
-    print(f"\nwrote {cpu_id()} into {out}")
+        print(f"wrote {plot_step_time_fit(groups, figure, title=title)}")
 
 
 if __name__ == "__main__":

@@ -206,12 +206,15 @@ def _print_patch_rows(found: dict) -> None:
 
 @hydra_entry("../configs", "plan_memory")
 def main(cfg) -> None:
+    from brats_seg.benchmark.self_calibration import ensure_calibrated
     from brats_seg.lms.planner.plan import PlanDoesNotFitError
     from brats_seg.lms.planner.preflight import capacity_run, compare_run, plan_run
     from brats_seg.resolve import resolve_run
 
     with user_errors():
         run = resolve_run(to_config(cfg), training=False)  # outputs derived, values checked, device decided: once
+        if ensure_calibrated(run.config, run.device) is not None:  # lms.calibrate: this CPU measured first
+            run = resolve_run(to_config(cfg), training=False)
     conf, device = run.config, run.device
     if conf.plan.find:
         with user_errors():

@@ -11,6 +11,15 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# a step-time calibration cached in the user's home (lms.calibrate, calibrate_step_time.py quick=true)
+# would take precedence over the shipped presets the tests assert against: the tests' own, empty
+if "BRATS_SEG_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["BRATS_SEG_CACHE_DIR"] = tempfile.mkdtemp(prefix="brats_seg_test_cache_")
+# and no test measures this CPU on first use (lms.calibrate=auto): parallel workers would time each
+# other; tests/unit/test_self_calibration.py measures it on purpose
+os.environ.setdefault("BRATS_SEG_CALIBRATE", "never")
 
 from brats_seg.backend import configure_environment, decide_backend
 from brats_seg.config import BackendConfig, DataConfig, ResolutionConfig

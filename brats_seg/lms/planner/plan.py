@@ -83,6 +83,9 @@ class Plan:
             recomputation (:mod:`~brats_seg.lms.planner.step_time`); None on a GPU.
         step_time_calibrated: False where this CPU has no step-time calibration of its own
             (the time is an upper estimate).
+        step_time_source: which step-time model priced it (:attr:`CpuTimeModel.source
+            <brats_seg.lms.planner.step_time.CpuTimeModel.source>`: the shipped preset, this
+            machine's own calibration, or none); "" on a GPU.
     """
 
     strategy: str
@@ -98,6 +101,7 @@ class Plan:
     budget_bytes: int | None = None
     base_step_s: float | None = None
     step_time_calibrated: bool = True
+    step_time_source: str = ""
 
     def __post_init__(self) -> None:
         if self.budget_bytes is None:
@@ -188,9 +192,11 @@ class Plan:
                 + (
                     ""
                     if self.step_time_calibrated
-                    else ": an upper estimate, this CPU has no step-time calibration (scripts/calibrate_step_time.py)"
+                    else ": an upper estimate, this CPU has no step-time calibration (lms.calibrate=now measures one)"
                 )
             )
+            if self.step_time_source:
+                lines.append(f"step-time model: {self.step_time_source}")
         if self.keep_tails:
             lines.append(
                 f"* {', '.join(sorted(self.keep_tails))}: last conv unit kept (its backward follows at once), "
@@ -232,6 +238,7 @@ class Plan:
             "base_step_s": self.base_step_s,
             "predicted_step_s": self.predicted_step_s,
             "step_time_calibrated": self.step_time_calibrated,
+            "step_time_source": self.step_time_source,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -255,6 +262,7 @@ class Plan:
                 budget_bytes=data.get("budget_bytes"),
                 base_step_s=data.get("base_step_s"),
                 step_time_calibrated=bool(data.get("step_time_calibrated", True)),
+                step_time_source=str(data.get("step_time_source", "")),
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a saved LMS plan ({err!r}); re-create it with scripts/plan_memory.py.") from err

@@ -383,6 +383,7 @@ def _make_plan(
         timeline=list(zip(timeline.steps, timeline.total_bytes)),
         base_step_s=None if options.time_model is None else options.time_model.step_s(net),
         step_time_calibrated=options.time_model is None or options.time_model.calibrated,
+        step_time_source="" if options.time_model is None else getattr(options.time_model, "source", ""),
     )
 
 

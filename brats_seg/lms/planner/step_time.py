@@ -16,9 +16,13 @@ touched* are what every layer reads and writes. The coefficients are fitted per 
 different speeds) to benchmark sweeps by ``scripts/calibrate_step_time.py`` and kept in
 ``brats_seg/lms/presets/step_time.json`` with the error on points the fit did not see.
 
-A CPU without a calibration gets the slowest calibrated coefficients times
+A CPU the presets do not know is calibrated on the user's machine, in minutes
+(:mod:`brats_seg.benchmark.self_calibration`: ``lms.calibrate=auto|now``, or
+``scripts/calibrate_step_time.py quick=true``): a short measured sweep fitted the same way and cached
+per CPU id in the user's cache folder (:func:`user_calibration_path`), which is read before the
+shipped presets. A CPU with neither gets the slowest calibrated coefficients times
 :data:`UNCALIBRATED_FACTOR`: recomputation is priced high rather than low, and the step
-time printed is an upper estimate, said so (:attr:`CpuTimeModel.calibrated`).
+time printed is an upper estimate, said so (:attr:`CpuTimeModel.calibrated`, :attr:`CpuTimeModel.source`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +51,9 @@ __all__ = [
     "channel_block",
     "cpu_time_model",
     "load_time_presets",
+    "read_user_calibration",
     "step_features",
+    "user_calibration_path",
 ]
 
 PRESET_FILE = Path(__file__).resolve().parents[1] / "presets" / "step_time.json"
@@ -139,12 +147,18 @@ class CpuTimeModel:
         coefficients: compute dtype (``float32``, ``bfloat16``) -> coefficients.
         calibrated: False for the stand-in of a CPU without its own calibration (an upper
             estimate).
+        source: where the coefficients come from: ``preset`` (the shipped ``step_time.json``),
+            ``calibrated here`` (this machine's cached calibration, with its file and date) or
+            ``uncalibrated``.
+        held_out: the calibration's error on points its fit did not see (a summary line), or "".
     """
 
     cpu: str
     block: int
     coefficients: Mapping[str, TimeCoefficients] = field(default_factory=dict)
     calibrated: bool = True
+    source: str = "preset"
+    held_out: str = ""
 
     def _for(self, net: NetworkCost) -> TimeCoefficients:
         dtype = DTYPE_POLICIES[net.policy]
@@ -187,7 +201,45 @@ def load_time_presets(path: Path = PRESET_FILE) -> dict:
         ) from e
 
 
-def _model(cpu: str, entry: Mapping, factor: float = 1.0, calibrated: bool = True) -> CpuTimeModel:
+def user_calibration_path(cpu: str | None = None) -> Path:
+    """Where this machine's own calibration of ``cpu`` (default this CPU) is cached:
+    ``$BRATS_SEG_CACHE_DIR`` or ``$XDG_CACHE_HOME/brats_seg`` (``~/.cache/brats_seg``), then
+    ``step_time/<cpu id>.json``."""
+    from brats_seg.cpu import cpu_id
+
+    base = os.environ.get("BRATS_SEG_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "brats_seg"
+    name = re.sub(r"[^A-Za-z0-9]+", "_", cpu or cpu_id()).strip("_")
+    return Path(base).expanduser() / "step_time" / f"{name}.json"
+
+
+def read_user_calibration(cpu: str | None = None) -> dict | None:
+    """This machine's cached calibration entry of ``cpu`` (the shape of a preset's), or None: no
+    file, or one that is not a calibration of that CPU (then it is ignored, with a warning, and
+    calibrating again replaces it)."""
+    import logging
+
+    from brats_seg.cpu import cpu_id
+
+    cpu = cpu or cpu_id()
+    path = user_calibration_path(cpu)
+    try:
+        entry = json.loads(path.read_text())
+        if entry.get("cpu_id") != cpu:
+            raise ValueError(f"it calibrates {entry.get('cpu_id')!r}")
+        for c in entry["fit"].values():
+            TimeCoefficients(**{"block": entry["block"], **c})
+        return entry
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        logging.getLogger(__name__).warning("%s is not a step-time calibration of this CPU (%s): ignored", path, e)
+        return None
+
+
+def _model(
+    cpu: str, entry: Mapping, factor: float = 1.0, calibrated: bool = True, source: str = "preset"
+) -> CpuTimeModel:
+    summary = entry.get("summary", {}) if isinstance(entry.get("summary"), Mapping) else {}
     return CpuTimeModel(
         cpu=cpu,
         block=int(entry["block"]),
@@ -195,26 +247,37 @@ def _model(cpu: str, entry: Mapping, factor: float = 1.0, calibrated: bool = Tru
         coefficients={
             d: TimeCoefficients(**{"block": entry["block"], **c}).scaled(factor) for d, c in entry["fit"].items()
         },
+        source=source,
+        held_out=str(summary.get("held_out") or summary.get("leave_one_out") or ""),
     )
 
 
 @functools.lru_cache(maxsize=8)
 def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path = PRESET_FILE) -> CpuTimeModel:
-    """The step-time model of this CPU (or of ``cpu``/``kind``): its calibration, or for a CPU
-    without one the slowest calibrated coefficients times :data:`UNCALIBRATED_FACTOR`, with its
-    own kind's channel block (``calibrated=False``)."""
+    """The step-time model of this CPU (or of ``cpu``/``kind``): this machine's own cached
+    calibration (:func:`user_calibration_path`), else the shipped preset, else for a CPU without
+    either the slowest calibrated coefficients times :data:`UNCALIBRATED_FACTOR`, with its
+    own kind's channel block (``calibrated=False``). Cached: ``cpu_time_model.cache_clear()`` after
+    calibrating."""
     from brats_seg.cpu import cpu_id, cpu_kind
 
     cpu = cpu or cpu_id()
     kind = kind or cpu_kind()
+    own = read_user_calibration(cpu)
+    if own is not None:
+        return _model(cpu, own, source=f"calibrated here ({user_calibration_path(cpu)}, {own.get('date', '?')})")
     presets = load_time_presets(path)
     if cpu in presets:
-        return _model(cpu, presets[cpu])
+        return _model(cpu, presets[cpu], source=f"preset ({path.name})")
     block = channel_block(kind)
     if not presets:  # nothing measured anywhere: a GPU-like guess would be worse than slow
         c = TimeCoefficients(per_flop_s=1 / 20e9, per_byte_s=1 / 2e9, per_step_s=0.1, block=block)
         return CpuTimeModel(
-            cpu=f"uncalibrated ({cpu})", block=block, calibrated=False, coefficients={"float32": c, "bfloat16": c}
+            cpu=f"uncalibrated ({cpu})",
+            block=block,
+            calibrated=False,
+            coefficients={"float32": c, "bfloat16": c},
+            source="uncalibrated",
         )
     slowest: dict[str, TimeCoefficients] = {}
     for entry in presets.values():
@@ -236,6 +299,7 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
         block=block,
         calibrated=False,
         coefficients={d: c.scaled(UNCALIBRATED_FACTOR) for d, c in slowest.items()},
+        source="uncalibrated",
     )
 
 

@@ -1,0 +1,199 @@
+"""Calibrating the step-time model on the user's own CPU, in minutes: a short measured sweep.
+
+A CPU the shipped presets (``brats_seg/lms/presets/step_time.json``) do not know would be priced at
+:data:`~brats_seg.lms.planner.step_time.UNCALIBRATED_FACTOR` times the slowest calibrated CPU: an
+upper estimate, 3x over on a CPU as fast as the calibrated one. :func:`calibrate_here` measures
+:data:`QUICK_POINTS` instead (a few widths at half resolution and two cheap ones at full, depth 4,
+batch 1, ``lms=off``; both precisions where the CPU has native bf16), each in a fresh
+``scripts/benchmark.py`` process as the width sweeps are, fits the same model
+(:func:`brats_seg.benchmark.step_time_fit.calibrate`, leave-one-out error per point) and caches it
+for this CPU id (:func:`~brats_seg.lms.planner.step_time.user_calibration_path`), where the planner
+reads it before the presets. It also checks the memory preset's kind against the CPU
+(:func:`brats_seg.cpu.cpu_kind`) and records what it found.
+
+``lms.calibrate`` decides when (:func:`ensure_calibrated`, called by ``train.py`` and
+``scripts/plan_memory.py`` before planning):
+
+- ``auto`` (default): on first use, when this CPU has neither a preset nor a cached calibration and
+  the run's step, priced by the stand-in, would take :data:`AUTO_MIN_STEP_S` or more (a run where the
+  minutes pay: the tiny test and demo runs are not calibrated for);
+- ``now``: measure again and replace the cached calibration;
+- ``never``: the stand-in (an upper estimate, said so).
+
+``BRATS_SEG_CALIBRATE=never`` in the environment turns ``auto`` off for a machine that must not
+measure (CI and the test suite, whose parallel workers would time each other's load); ``now`` on the
+command line still measures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["AUTO_MIN_STEP_S", "QUICK_POINTS", "calibrate_here", "ensure_calibrated"]
+
+log = logging.getLogger(__name__)
+
+#: (resolution, base filters) measured by the quick calibration, depth 4, batch 1, lms=off: widths
+#: on both sides of the channel block at half resolution and the two cheapest full-resolution ones
+#: (the fit sees both grids; every other width and shape is held out)
+QUICK_POINTS = (("half", 4), ("half", 8), ("half", 16), ("half", 32), ("full", 4), ("full", 8))
+
+#: ``lms.calibrate=auto`` calibrates only for a run whose step the stand-in prices at this or more
+AUTO_MIN_STEP_S = 2.0
+
+_BASE = ["backend=cpu_onednn", "model.depth=4", "trainer.batch_size=1", "lms=off", "benchmark.steps=3"]
+
+
+def _precisions() -> list[str]:
+    from brats_seg.cpu import has_native_bf16
+
+    return ["fp32", "bf16"] if has_native_bf16() else ["fp32"]
+
+
+def calibrate_here(
+    progress: bool = True, points=QUICK_POINTS, out: Path | None = None, held_out: list[str] | None = None
+) -> dict:
+    """Measure ``points`` on this CPU, fit the step-time model and cache it (``out``: default the
+    user's cache, :func:`~brats_seg.lms.planner.step_time.user_calibration_path`).
+
+    ``held_out``: benchmark JSON lines measured on this CPU before (e.g. the full-resolution width
+    sweep) that the fit is judged on, those of a measured configuration left out.
+
+    Returns:
+        The cached entry: the fit per dtype, each point's leave-one-out error, the seconds it took.
+
+    Raises:
+        RuntimeError: fewer than 3 points of a dtype could be measured (their errors named).
+    """
+    from tqdm.auto import tqdm
+
+    from brats_seg.benchmark.step_time_fit import calibrate
+    from brats_seg.cpu import cpu_id, cpu_kind
+    from brats_seg.files import write_text_atomic
+    from brats_seg.lms.planner.memory_model import CPU_MEMORY_MODELS
+    from brats_seg.lms.planner.step_time import cpu_time_model, user_calibration_path
+    from brats_seg.project import project_dir
+
+    t0 = time.perf_counter()
+    combos = [(res, width, p) for p in _precisions() for res, width in points]
+    records, failures = [], []
+    with tempfile.TemporaryDirectory(prefix="brats_seg_calibration_") as tmp:
+        path = Path(tmp) / "quick.jsonl"
+        bar = tqdm(combos, desc="calibrating this CPU's step time", unit="point", disable=not progress)
+        for res, width, precision in bar:
+            bar.set_postfix_str(f"{res} {width} filters {precision}")
+            cmd = [
+                sys.executable,
+                str(project_dir() / "scripts" / "benchmark.py"),
+                *_BASE,
+                f"resolution={res}",
+                f"model.base_filters={width}",
+                f"backend.precision={precision}",
+                "tracking=none",
+            ]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=project_dir())
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+                failures.append(f"{res} {width} filters {precision}: {tail}")
+                continue
+            records.append(json.loads(lines[-1]))
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+        try:
+            entry = calibrate([str(path)], list(held_out or []))
+        except ValueError as e:
+            raise RuntimeError(f"the step-time calibration could not fit ({e}); points that failed: {failures}") from e
+    entry["fitted_on"] = ["quick calibration (brats_seg.benchmark.self_calibration.QUICK_POINTS)"]
+    for rows in (entry["fitted_points"], entry["leave_one_out"]):
+        for row in rows:
+            row["file"] = "quick calibration"
+    entry["cpu_id"] = cpu_id()
+    entry["points"] = [f"{r} {w} filters {p}" for r, w, p in combos]
+    entry["failed"] = failures
+    entry["seconds"] = round(time.perf_counter() - t0, 1)
+    kind = cpu_kind()
+    entry["memory_preset"] = {
+        "cpu_kind": kind,
+        "calibrated": kind in CPU_MEMORY_MODELS,
+        "said": (
+            f"the memory model has a calibrated preset for this CPU's kind ({kind})"
+            if kind in CPU_MEMORY_MODELS
+            else f"the memory model has no preset for this CPU's kind ({kind}): plans take the safe side "
+            "(the field-wise largest preset); scripts/calibrate_memory.py calibrates one"
+        ),
+    }
+    log.info("%s", entry["memory_preset"]["said"])
+    fitted = {row["point"] for row in entry["fitted_points"]}
+    entry["held_out"] = [row for row in entry["held_out"] if row["point"] not in fitted]
+    if entry["held_out"]:
+        from brats_seg.benchmark.step_time_fit import summary_line
+
+        entry["summary"]["held_out"] = summary_line(entry["held_out"])
+    else:  # the quick fit's own judge: each point predicted by a fit that did not see it
+        entry["summary"]["held_out"] = entry["summary"]["leave_one_out"] + " (leave-one-out)"
+    target = out or user_calibration_path()
+    write_text_atomic(target, json.dumps(entry, indent=1) + "\n")
+    cpu_time_model.cache_clear()
+    log.info(
+        "calibrated this CPU's step time in %.0f s on %d points (%s); cached in %s",
+        entry["seconds"],
+        len(records),
+        entry["summary"]["leave_one_out"],
+        target,
+    )
+    return entry
+
+
+def _stand_in_step_s(conf) -> float:
+    """The run's step as the uncalibrated stand-in prices it."""
+    import dataclasses
+
+    from brats_seg.lms.planner.cost import compute_network_cost
+    from brats_seg.lms.planner.step_time import cpu_time_model
+    from brats_seg.lms.planner.workload import Workload
+
+    workload = dataclasses.replace(Workload.from_config(conf), input_batches=0, validates=False)
+    return cpu_time_model().step_s(compute_network_cost(workload))
+
+
+def ensure_calibrated(conf, device: str = "CPU", progress: bool = True) -> dict | None:
+    """Apply ``conf.lms.calibrate`` before a run is planned (see the module's doc); the entry
+    measured, or None when nothing was measured.
+
+    Raises:
+        ValueError: an unknown ``lms.calibrate``.
+    """
+    from brats_seg.lms.planner.step_time import cpu_time_model
+
+    mode = str(conf.lms.calibrate)
+    if mode not in ("auto", "now", "never"):
+        raise ValueError(f"lms.calibrate={mode}: use auto (on first use, for runs of seconds a step), now or never.")
+    if mode == "auto" and os.environ.get("BRATS_SEG_CALIBRATE", "").strip().lower() == "never":
+        mode = "never"
+    if mode == "never" or device != "CPU":
+        return None
+    if mode == "auto":
+        model = cpu_time_model()
+        if model.calibrated:
+            return None
+        step = _stand_in_step_s(conf)
+        if step < AUTO_MIN_STEP_S:
+            log.info(
+                "this CPU has no step-time calibration; the run's step is priced at %.2f s at most, so it is "
+                "not calibrated for (lms.calibrate=now measures one in minutes)",
+                step,
+            )
+            return None
+        log.warning(
+            "this CPU has no step-time calibration and the run's step is priced at up to %.1f s: measuring "
+            "one now, once (a few minutes; cached per CPU; lms.calibrate=never skips it)",
+            step,
+        )
+    return calibrate_here(progress=progress)
