@@ -77,10 +77,11 @@ class ResolvedBackend:
 
 
 def physical_cores() -> int:
-    """Physical CPU cores (hyper-threads excluded), at least 1."""
-    import psutil
+    """The physical cores this process may use (its affinity and its cgroup's CPU quota; hyper-threads
+    excluded), at least 1: :func:`brats_seg.cpu.usable_cores`."""
+    from brats_seg.cpu import usable_cores
 
-    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    return usable_cores()
 
 
 def configure_environment(backend: ResolvedBackend) -> None:

@@ -72,7 +72,11 @@ def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     if training and d.name not in GENERATED:  # a second, not TensorFlow's start-up, before a missing folder is said
         check_dataset_root(d.root, d.layout)
     check_choice(d.on_error, OnError, "data.on_error")
-    _positive_int(d.num_workers, "data.num_workers")
+    if str(d.num_workers).strip().lower() != "auto":
+        workers = d.num_workers
+        if isinstance(workers, str) and workers.strip().isdigit():
+            workers = int(workers)
+        _positive_int(workers, "data.num_workers", what="or auto: the cores this process may use")
     _positive_int(d.prefetch_batches, "data.prefetch_batches", minimum=0)
     _fraction(d.val_fraction, "data.val_fraction")
     _fraction(d.test_fraction, "data.test_fraction")
@@ -87,6 +91,7 @@ def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     if t.steps_per_epoch is not None:
         _positive_int(t.steps_per_epoch, "trainer.steps_per_epoch", what="or null for one pass over the cases")
     _positive_int(t.val_every, "trainer.val_every")
+    _positive_int(t.val_cases, "trainer.val_cases", minimum=0, what="0 validates on every val case")
     _positive_int(t.warmup_epochs, "trainer.warmup_epochs", minimum=0)
     _positive_int(t.early_stopping_patience, "trainer.early_stopping_patience", minimum=0, what="0 = off")
     _positive_int(t.dead_region_epochs, "trainer.dead_region_epochs", minimum=0, what="0 = off")

@@ -124,7 +124,7 @@ class DataConfig:
         "data/cache"  # preprocessed cases live under <cache_dir>/<data.name>_<8 hex of the root's hash>/<resolution>/
     )
     on_error: OnError = OnError["raise"]  # raise | skip: what a bad case does to preparation
-    num_workers: int = 2  # parallel case preparation (processes); 2 = the cores of a small box
+    num_workers: str = "auto"  # parallel case preparation (processes): auto = the cores this process may use (affinity, cgroup quota), lowered to what memory holds; or a count
     prefetch_batches: int = 1  # training batches made ahead of the step; each costs memory (planned); 1 hides loading when a step takes longer than making a batch
     val_fraction: float = 0.15  # share of cases used for model selection
     test_fraction: float = 0.2  # share held out for the final score, never trained on
@@ -250,6 +250,7 @@ class TrainerConfig:
     bce_weight: float = 1.0  # loss = soft Dice + bce_weight * BCE
     batch_dice: bool = True  # the soft Dice of each region over the batch (nnU-Net's batch_dice), not per sample; per replica under distribute=
     val_every: int = 1  # epochs between validations
+    val_cases: int = 0  # validation during training on this many of the val cases (a fixed seeded subset: 188 whole volumes a pass at full resolution is minutes); 0 = all. Post-processing and evaluate.py split=val use them all
     deterministic: bool = True  # TF op determinism: bit-identical resume; may slow some GPU kernels
     dead_region_epochs: int = (
         3  # epochs of an empty prediction (reference not empty) before warning that a region is dead; 0 = off

@@ -146,3 +146,89 @@ def cpu_id(cpuinfo: str | None = None) -> str:
     vendor = _cpuinfo_field(text, "vendor_id") or platform.machine() or "unknown"
     family, model = _cpuinfo_field(text, "cpu family"), _cpuinfo_field(text, "model")
     return f"{vendor} family {family or '?'} model {model or '?'}"
+
+
+# ---------------------------------------------------------------------------------------
+# How many cores this process may use: affinity, physical cores, the cgroup's quota, sockets, NUMA
+# ---------------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """``0-3,8,10-11`` (the kernel's CPU list format) as CPU numbers."""
+    cpus: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    return cpus
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: str | None = None) -> float | None:
+    """The CPUs' worth of time this process's cgroup may use (``cpu.max`` in v2, ``cpu.cfs_quota_us /
+    cpu.cfs_period_us`` in v1; a container's ``--cpus``, a SLURM job's ``--cpus-per-task`` under cgroup
+    CPU limits); None without a limit."""
+    lines = (proc_cgroup if proc_cgroup is not None else _read(Path("/proc/self/cgroup")) or "").splitlines()
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        path = path.lstrip("/")
+        if hierarchy == "0" and controllers == "":  # v2
+            for folder in (root / path, root):
+                text = _read(folder / "cpu.max")
+                if text:
+                    quota, _, period = text.partition(" ")
+                    return None if quota == "max" else int(quota) / int(period or 100000)
+        elif "cpu" in controllers.split(","):  # v1
+            name = ",".join(sorted(controllers.split(",")))
+            for folder in (root / name / path, root / "cpu" / path, root / name, root / "cpu"):
+                quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+                if quota is not None and period:
+                    return None if int(quota) <= 0 else int(quota) / int(period)
+    return None
+
+
+def cpu_topology(
+    sys_cpu: Path = Path("/sys/devices/system/cpu"), sys_node: Path = Path("/sys/devices/system/node")
+) -> dict:
+    """The CPUs this process may run on (its affinity: ``taskset``, ``numactl``, a container's
+    cpuset), the physical cores and sockets among them, the NUMA nodes with their CPUs, and the
+    cgroup's CPU quota."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores, sockets = set(), set()
+    for cpu in allowed:
+        topo = sys_cpu / f"cpu{cpu}" / "topology"
+        package = _read(topo / "physical_package_id") or "0"
+        core = _read(topo / "core_id") or str(cpu)
+        sockets.add(package)
+        cores.add((package, core))
+    nodes = {}
+    for node in sorted(sys_node.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        text = _read(node / "cpulist")
+        if text:
+            nodes[int(node.name[4:])] = [c for c in parse_cpu_list(text) if c in allowed]
+    return {
+        "allowed_cpus": allowed,
+        "physical_cores": len(cores),
+        "sockets": len(sockets),
+        "numa_nodes": {n: cpus for n, cpus in nodes.items() if cpus} or {0: allowed},
+        "cgroup_quota": cgroup_cpu_quota(),
+    }
+
+
+def usable_cores(topology: dict | None = None) -> int:
+    """The cores this process can keep busy: the physical cores of its affinity, at most its cgroup's
+    CPU quota (rounded up), at least 1. What ``backend.intra_op_threads=0`` and
+    ``data.num_workers=auto`` take: two workers pinned to one CPU each get one thread each, a
+    container limited to 4 CPUs on a 64-core host gets 4, not 64."""
+    topo = topology or cpu_topology()
+    cores = max(1, int(topo["physical_cores"]))
+    quota = topo.get("cgroup_quota")
+    if quota:
+        cores = min(cores, max(1, int(-(-quota // 1))))
+    return cores

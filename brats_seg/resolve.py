@@ -297,6 +297,12 @@ def _plans(run: ResolvedRun, configs: list[tuple[str, TrainConfig]]):
     return backend, strategy, reason, plans
 
 
+def planned(run: ResolvedRun) -> ResolvedRun:
+    """``run`` with its plan and, with ``trainer.patch_schedule``, each stage's, as training plans
+    them (for a command that states a run's costs without training it: ``plan_memory.py``)."""
+    return _planned(run, None)
+
+
 def _stage_starts(cfg: TrainConfig, stages: tuple[Stage, ...], plans) -> list[int | None]:
     """Each stage's first epoch without a time budget (None with one: the clock decides). For
     ``grow`` the time shares become epoch shares by each stage's predicted epoch time (its steps

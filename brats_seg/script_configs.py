@@ -65,6 +65,7 @@ __all__ = [
 @dataclass
 class PlanConfig:
     format: PlanFormat = PlanFormat.table  # table | json
+    cases: int = 0  # the time of a dataset of this many labelled cases (split by data.val_fraction, data.test_fraction, data.fold) instead of those at data.root: the cost before the download
     find: str = ""  # "" (plan the run) | max_input | max_batch | max_patch (trainer.patch_size, within resolution.shape): the largest that fits lms.limit, per strategy | max_width (model.base_filters, lms=auto, with the step time)
 
 

@@ -269,14 +269,27 @@ def main(cfg) -> None:
 
 def _print_time(run) -> None:
     """Seconds per step, per epoch and for the run on this dataset and CPU (brats_seg.run_time),
-    when data.root holds the dataset; a GPU has no step-time model."""
+    when data.root holds the dataset or plan.cases gives its size; a GPU has no step-time model."""
     from brats_seg.data.dataset import split_sizes
     from brats_seg.run_time import predict_run_time
 
-    if run.config.trainer.patch_schedule:
-        print("\ntime: with trainer.patch_schedule, the start of training states each stage's time (train.py's log)")
-        return
-    sizes = split_sizes(run.config.data)
+    if run.config.trainer.patch_schedule:  # each stage planned, as training plans them
+        from brats_seg.resolve import planned
+
+        run = planned(run)
+    data = run.config.data
+    if run.config.plan.cases:  # a dataset not downloaded yet: its split's sizes from the count
+        from pathlib import Path
+
+        from brats_seg.data.dataset import run_split
+
+        ids = [f"case_{i:05d}" for i in range(run.config.plan.cases)]  # the sizes depend on the count alone
+        split, _, _ = run_split(dataclasses.replace(data, split_file=""), ids, None, Path("/nonexistent"))
+        sizes = len(split["train"]), len(split["val"]), len(split["test"])
+    else:
+        sizes = split_sizes(data)
+    if sizes is not None and run.config.trainer.val_cases:
+        sizes = (sizes[0], min(sizes[1], run.config.trainer.val_cases), sizes[2])
     if sizes is None:
         print(f"\ntime: no dataset at data.root={run.config.data.root} yet, so no epoch or run time (the step: above)")
         return

@@ -130,8 +130,8 @@ def calibrate_here(
         ),
     }
     log.info("%s", entry["memory_preset"]["said"])
-    fitted = {row["point"] for row in entry["fitted_points"]}
-    entry["held_out"] = [row for row in entry["held_out"] if row["point"] not in fitted]
+    fitted = {" ".join(sorted(row["point"].split())) for row in entry["fitted_points"]}
+    entry["held_out"] = [row for row in entry["held_out"] if " ".join(sorted(row["point"].split())) not in fitted]
     if entry["held_out"]:
         from brats_seg.benchmark.step_time_fit import summary_line
 

@@ -22,6 +22,7 @@ from brats_seg.data.errors import DataError
 from brats_seg.data.folds import FOLDS_KIND, SplitFileError, check_fold, fold_split, make_folds, read_split_file
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.splits import make_split, save_split
+from brats_seg.data.workers import preparation_workers
 
 __all__ = [
     "GENERATED",
@@ -220,7 +221,13 @@ def prepare_dataset(
     run_split(data, [c.case_id for c in cases], None, base)
     cache_root = base / resolution.name
     entries, errors, n_built = prepare_cases(
-        cases, cache_root, resolution.spacing_mm, resolution.shape, data.allow_crop, data.num_workers, progress
+        cases,
+        cache_root,
+        resolution.spacing_mm,
+        resolution.shape,
+        data.allow_crop,
+        preparation_workers(data.num_workers),
+        progress,
     )
     failures = skipped + [(e.case_id, str(e)) for e in errors]
     if errors and data.on_error == "raise":

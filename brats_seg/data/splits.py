@@ -26,7 +26,7 @@ from pathlib import Path
 
 from brats_seg.files import write_text_atomic
 
-__all__ = ["load_split", "make_split", "save_split"]
+__all__ = ["load_split", "make_split", "save_split", "validation_subset"]
 
 log = logging.getLogger(__name__)
 
@@ -152,3 +152,13 @@ def load_split(path: str | Path) -> dict:
     if seen:
         raise ValueError(f"{path}: cases {sorted(seen)} are both in the test split and in train/val.")
     return split
+
+
+def validation_subset(case_ids: list[str], n: int, seed: int) -> list[str]:
+    """The ``n`` val cases validated on during training (``trainer.val_cases``; 0 or more than there
+    are: all), sorted: the first ``n`` by the split's seeded hash, so a run validates on the same
+    cases every epoch and runs of one split (the arms of a study) on the same ones."""
+    ids = sorted(set(case_ids))
+    if n <= 0 or n >= len(ids):
+        return ids
+    return sorted(sorted(ids, key=lambda c: _rank_key(seed, c))[:n])

@@ -184,6 +184,18 @@ def _results(futures: list, pool: ProcessPoolExecutor, snapshot: list, cache_roo
             raise _worker_died(_known_workers(snapshot, pool), cache_root)
 
 
+def preparation_workers(value) -> int:
+    """``data.num_workers`` as a count of processes: ``auto`` = the cores this process may use (its
+    affinity and cgroup quota: :func:`brats_seg.cpu.usable_cores`), else the positive integer given
+    (``brats_seg.checks`` refused anything else). Preparation lowers it further to what memory holds
+    (:func:`brats_seg.data.prep_memory.workers_that_fit`)."""
+    if str(value).strip().lower() == "auto":
+        from brats_seg.cpu import usable_cores
+
+        return usable_cores()
+    return max(1, int(value))
+
+
 def run_in_workers(fn, args: list[tuple], num_workers: int, cache_root: Path, finished) -> None:
     """Run ``fn(*a)`` for each ``a`` of ``args`` in ``num_workers`` spawned processes (safe even if the
     parent has imported TensorFlow; ``fn`` returns ``(case_id, error or None)``), calling

@@ -48,6 +48,7 @@ from brats_seg.config import TrainConfig, network_input_shape
 from brats_seg.data.dataset import prepare_dataset
 from brats_seg.data.labels import output_regions
 from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset
+from brats_seg.data.splits import validation_subset
 from brats_seg.distribute.strategy import make_strategy
 from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
 from brats_seg.locks import hold_lock, remove_stale_temporaries
@@ -240,7 +241,15 @@ def _train_in_folder(
 
     t = cfg.trainer
     state = load_state(run_dir) if is_chief else None  # the others take the chief's (no shared storage needed)
-    train_dirs, val_dirs = [e.path for e in ds.entries_of("train")], [e.path for e in ds.entries_of("val")]
+    validated = set(validation_subset(ds.split["val"], t.val_cases, cfg.data.split_seed))  # trainer.val_cases
+    train_dirs = [e.path for e in ds.entries_of("train")]
+    val_dirs = [e.path for e in ds.entries_of("val") if e.case_id in validated]
+    if len(val_dirs) < len(ds.split["val"]):
+        log.info(
+            "validating during training on %d of the %d val cases (trainer.val_cases; a fixed seeded subset)",
+            len(val_dirs),
+            len(ds.split["val"]),
+        )
     stages = stage_runs(run, len(train_dirs))  # one, the run itself, without a patch schedule
     steps = stages[0].steps
     keras.utils.set_random_seed(t.seed)

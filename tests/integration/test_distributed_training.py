@@ -57,6 +57,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -362,15 +363,23 @@ def test_two_workers_one_killed_then_resumed_without_shared_files_end_as_one_pro
     workers = f"distribute.workers=[127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}]"
     run_dir = tmp_path / "mw"
 
-    def start(other_run_dir=None):
+    def start(other_run_dir=None, pinned=False):
         dirs = [run_dir, other_run_dir or run_dir]
-        return [
-            Worker(
-                _train_cmd(reference, dirs[i], uri, "distribute=multi_worker", workers, f"distribute.index={i}"),
-                tmp_path,
-            )
+        cmds = [
+            _train_cmd(reference, dirs[i], uri, "distribute=multi_worker", workers, f"distribute.index={i}")
             for i in range(2)
         ]
+        if pinned:  # docs/performance.md's line: one worker per NUMA node (here: per CPU), threads from it
+            cmds = [
+                (
+                    ["numactl", f"--physcpubind={i}", "--localalloc"]
+                    if shutil.which("numactl")
+                    else ["taskset", "-c", str(i)]
+                )
+                + [o for o in cmd if not o.startswith("backend.intra_op_threads=")]
+                for i, cmd in enumerate(cmds)
+            ]
+        return [Worker(cmd, tmp_path) for cmd in cmds]
 
     # 1. worker 1 dies in epoch 2: worker 0 stops within the bound, naming it. (SIGTERM to both,
     # saved and resumed mid-epoch, is the sbatch test's, under SLURM.)
@@ -390,10 +399,19 @@ def test_two_workers_one_killed_then_resumed_without_shared_files_end_as_one_pro
     # 2. the same command on both resumes from the last saved epoch and ends as one process does;
     # worker 1 is given a run_dir of its own, as on a machine without the chief's file system:
     # it takes the chief's weights and position, and writes nothing there
+    # Both are pinned as docs/performance.md says a many-core server's workers are (numactl, one CPU
+    # each here; .ci/run installs it, taskset elsewhere), without backend.intra_op_threads: each takes
+    # its one core from its affinity.
     elsewhere = tmp_path / "not_shared"
-    ws = start(other_run_dir=elsewhere)
+    ws = start(other_run_dir=elsewhere, pinned=True)
+    for i, w in enumerate(ws):
+        w.wait_for("intra-op threads")
+        status = Path(f"/proc/{w.proc.pid}/status").read_text()
+        assert f"Cpus_allowed_list:\t{i}\n" in status, status
     codes = [w.finish(timeout=600) for w in ws]
     assert codes == [0, 0], [w.output()[-3000:] for w in ws]
+    for w in ws:
+        assert "policy float32, 1 intra-op threads" in w.output(), w.output()[-3000:]
     assert not elsewhere.exists() or not any(elsewhere.iterdir())
     assert_same_training(reference / "single", run_dir)
     client, run = _only_mlflow_run(uri, run_dir)  # one run for the job, the chief's

@@ -89,7 +89,14 @@ def test_no_import_circles_between_modules():
 
 
 #: Modules at the very bottom: standard library (and psutil) only, importable by anyone (config.py included).
-LEAVES = ("brats_seg.choices", "brats_seg.signals", "brats_seg.memory", "brats_seg.sweeps", "brats_seg.patch_schedule")
+LEAVES = (
+    "brats_seg.choices",
+    "brats_seg.signals",
+    "brats_seg.memory",
+    "brats_seg.sweeps",
+    "brats_seg.patch_schedule",
+    "brats_seg.cpu",
+)
 
 
 def test_config_and_data_import_nothing_above_them():

@@ -13,6 +13,7 @@ from brats_seg.data.cache import CacheEntry, prepare_cases
 from brats_seg.data.errors import DataError, DatasetError
 from brats_seg.data.layouts import discover_cases
 from brats_seg.data.splits import load_split
+from brats_seg.data.workers import preparation_workers
 from brats_seg.run_dir import RunError, RunFolder
 
 __all__ = ["prepare_run_entries", "split_case_ids"]
@@ -47,7 +48,7 @@ def prepare_run_entries(config: TrainConfig, case_ids: list[str], progress: bool
         config.resolution.spacing_mm,
         config.resolution.shape,
         data.allow_crop,
-        data.num_workers,
+        preparation_workers(data.num_workers),
         progress,
     )
     if errors:
