@@ -74,7 +74,7 @@ def check_train_config(cfg: TrainConfig, training: bool = True) -> None:
     check_choice(d.on_error, OnError, "data.on_error")
     if str(d.num_workers).strip().lower() != "auto":
         workers = d.num_workers
-        if isinstance(workers, str) and workers.strip().isdigit():
+        if isinstance(workers, str) and workers.strip().lstrip("-").isdigit():
             workers = int(workers)
         _positive_int(workers, "data.num_workers", what="or auto: the cores this process may use")
     _positive_int(d.prefetch_batches, "data.prefetch_batches", minimum=0)

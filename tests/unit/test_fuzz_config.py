@@ -132,7 +132,7 @@ ROWS = [
         None,
     ),
     ("train.py", ["trainer.epochs=0"], r"trainer\.epochs=0: use an integer >= 1\.$", None),
-    ("train.py", ["data.num_workers=-2"], r"data\.num_workers=-2: use an integer >= 1\.$", None),
+    ("train.py", ["data.num_workers=-2"], r"data\.num_workers=-2: use an integer >= 1 \(or auto: .*\)\.$", None),
     ("train.py", ["model.base_filters=0"], r"model\.base_filters must be an integer >= 1, got 0", None),
     ("train.py", ["resolution.shape=[50,50,50]"], r"\(50, 50, 50\).*model\.depth=3.*\(48, 48, 48\)", None),
     ("train.py", ["lms.limit=16gigs"], r"lms\.limit '16gigs'", None),
