@@ -4,7 +4,8 @@
 # a clone at a fixed commit ($CODE), data and outputs in /work/main. ARMS picks the arms to run (one
 # arm of three seeds is about two hours here). Each job resumes if interrupted (the same overrides,
 # the same run folder) and is passed over when finished; each finished run is evaluated on the test
-# split and on the 20 held-out cases.
+# split and on the 20 held-out cases. While a file HOLD exists in the outputs folder, no training
+# starts (evaluations are not timed and go on): other work can use the machine between budgeted runs.
 CODE=${CODE:-/work/study46}
 ARMS=${ARMS:-grow whole patch96}
 cd /work/main
@@ -18,6 +19,11 @@ for arm in $ARMS; do
   for seed in 0 1 2; do
     name="arm-${arm}_seed-$seed"
     run=$OUT/$name
+    if [ -f $OUT/HOLD ]; then
+      echo "$(date -u +%FT%TZ) held before $name ($(cat $OUT/HOLD))"
+      while [ -f $OUT/HOLD ]; do sleep 5; done
+      echo "$(date -u +%FT%TZ) released"
+    fi
     echo "$(date -u +%FT%TZ) train $name"
     $PY $CODE/train.py experiment=patches_vs_whole_full +arm=$arm trainer.seed=$seed run_dir=$run \
       >> $OUT/$name.train.log 2>&1
