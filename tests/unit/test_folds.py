@@ -202,7 +202,7 @@ def test_prepare_data_script_refuses_a_bad_split_file_in_one_error_line(syntheti
         [
             sys.executable,
             str(REPO / "scripts" / "prepare_data.py"),
-            "data=synthetic",
+            "data=brats2021",  # data=synthetic would generate the missing cases of its 40 into the shared root
             f"data.root={synthetic_root['brats2021']}",
             f"data.cache_dir={tmp_path / 'cache'}",
             "resolution=tiny",
