@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,6 +74,7 @@ def calibrate_here(
     from tqdm.auto import tqdm
 
     from brats_seg.benchmark.step_time_fit import calibrate
+    from brats_seg.benchmark.sweep import measure_point
     from brats_seg.cpu import cpu_id, cpu_kind
     from brats_seg.files import write_text_atomic
     from brats_seg.lms.planner.memory_model import CPU_MEMORY_MODELS
@@ -98,13 +98,11 @@ def calibrate_here(
                 f"backend.precision={precision}",
                 "tracking=none",
             ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=project_dir())
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-            if proc.returncode != 0 or not lines:
-                tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-                failures.append(f"{res} {width} filters {precision}: {tail}")
+            result = measure_point(cmd, project_dir())  # as a sweep measures each of its points
+            if isinstance(result, str):
+                failures.append(f"{res} {width} filters {precision}: {result}")
                 continue
-            records.append(json.loads(lines[-1]))
+            records.append(result)
         write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
         try:
             entry = calibrate([str(path)], list(held_out or []))

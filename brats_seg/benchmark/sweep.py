@@ -16,7 +16,7 @@ from pathlib import Path
 
 from brats_seg.project import project_dir
 
-__all__ = ["load_sweep_spec", "read_jsonl", "run_sweep"]
+__all__ = ["load_sweep_spec", "measure_point", "read_jsonl", "run_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,16 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def measure_point(cmd: list[str], cwd: Path) -> dict | str:
+    """One benchmark point in a fresh process: its record (the last JSON line it printed; oneDNN's
+    verbose lines, if asked for, come before it), or why it failed (its last error line)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+    return json.loads(lines[-1])
+
+
 def run_sweep(conf, overrides: list[str], command: list[str]) -> Path:
     """Every combination of ``conf.benchmark.sweep``'s axes not measured yet, each as
     ``command + overrides + the point`` in a fresh process; the JSON lines file, then the plots.
@@ -83,12 +93,10 @@ def run_sweep(conf, overrides: list[str], command: list[str]) -> Path:
             continue
         cmd = [*command, *base, *(f"{k}={v}" for k, v in combo.items()), "benchmark.sgemm=true"]
         log.info("[%d/%d] %s", i, len(combos), " ".join(f"{k}={v}" for k, v in combo.items()))
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
-        if proc.returncode != 0:  # e.g. bf16 refused on a CPU without it: said, and the sweep goes on
-            log.info("  failed: %s", proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode)
+        result = measure_point(cmd, root)
+        if isinstance(result, str):  # e.g. bf16 refused on a CPU without it: said, and the sweep goes on
+            log.info("  failed: %s", result)
             continue
-        # the result is the last JSON line (oneDNN's verbose lines, if asked for, come before it)
-        result = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
         records.append({"sweep": combo, **result})  # the whole file replaced: a kill never leaves half a line
         write_text_atomic(out, "".join(json.dumps(r) + "\n" for r in records))
     if "model.base_filters" in spec["axes"]:  # a width sweep: one figure, with the reorders if profiled

@@ -5,21 +5,12 @@ predicting a raw case on its native grid."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _run(args, cwd):
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"{args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
+from tests.integration.test_train_evaluate_cli import REPO, _run
 
 
 @pytest.mark.slow
