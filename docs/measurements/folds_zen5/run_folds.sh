@@ -4,7 +4,7 @@
 # 2-core machine), each fold evaluated on the test split (8 cases, in no fold), then the ensemble of
 # the five: its cross-validation score (split=val: each case by the fold that held it out; the
 # post-processing chosen on all 32 together) and its test score. Re-running resumes and passes over
-# what is done.
+# what is done. EPOCHS=120 OUT=outputs/folds_e120: the demo's own length (records in e120/).
 set -e
 cd "$(dirname "$0")/../../.."
 PY=${PY:-.venv/bin/python}
