@@ -1,7 +1,8 @@
 """Where do the small-patch stages' 0.8-0.9 GB above their plans come from? One epoch of crops, read
 as ``PatchSampler.crop`` reads them from the memory-mapped cache (the study's 13 training cases at
 1 mm), in a fresh process, with its file-backed and anonymous resident memory before and after
-(``/proc/self/status``: RssFile, RssAnon). Needs the study's prepared cache (run_full.sh makes it).
+(``/proc/self/status``: RssFile, RssAnon). Needs the study's prepared cache (run_full.sh makes it);
+run from the repository's root, as the study ran (its cache folder is named by its data root).
 
     for p in 32,32,32 64,64,64 96,96,96; do
       python docs/measurements/patch_schedule_zen5/full/rss_file_pages.py $p 1
@@ -17,10 +18,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
 
+from brats_seg.data.dataset import dataset_cache_dir  # noqa: E402
 from brats_seg.data.patches import PatchSampler, crops_per_case  # noqa: E402
+from brats_seg.project import compose_config  # noqa: E402
+from brats_seg.resolve import resolve_paths  # noqa: E402
 
 RECORD = REPO / "docs/measurements/patch_schedule_zen5/full/arm-grow_seed-0"
-CACHE = REPO / "data/cache/mni_gliomas_a7bf1a11/full"
+# the study's cache as this clone prepares it (run_full.sh): <data.cache_dir>/<name>_<hash of the root>/full
+_STUDY = resolve_paths(compose_config("train", ["experiment=patches_vs_whole_full", "+arm=grow"]))
+CACHE = dataset_cache_dir(_STUDY.data) / _STUDY.resolution.name
 
 
 def resident() -> dict[str, int]:
