@@ -10,7 +10,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from tests.integration.test_train_evaluate_cli import REPO, _run
+from tests.integration.scripts import REPO, run_script
 
 
 @pytest.mark.slow
@@ -26,7 +26,7 @@ def test_two_folds_train_and_their_ensemble_evaluates_and_predicts_on_the_native
     folds = []
     for k in (0, 1):
         run = tmp_path / f"fold_{k}"
-        _run(
+        run_script(
             [
                 str(REPO / "train.py"),
                 *data,
@@ -49,7 +49,9 @@ def test_two_folds_train_and_their_ensemble_evaluates_and_predicts_on_the_native
 
     ens = tmp_path / "ensemble"
     runs = "runs=[" + ",".join(map(str, folds)) + "]"
-    out = _run([str(REPO / "scripts" / "evaluate.py"), f"run_dir={ens}", runs, "evaluate.overlays=false"], cwd=tmp_path)
+    out = run_script(
+        [str(REPO / "scripts" / "evaluate.py"), f"run_dir={ens}", runs, "evaluate.overlays=false"], cwd=tmp_path
+    )
     assert "post-processing: " in out.stdout
     chosen = json.loads((ens / "postprocess.json").read_text())
     # chosen on every fold's val cases together (the cross-validation predictions)
@@ -59,7 +61,9 @@ def test_two_folds_train_and_their_ensemble_evaluates_and_predicts_on_the_native
 
     case = tmp_path / "synthetic" / splits[0]["test"][0]
     masks = tmp_path / "masks"
-    _run([str(REPO / "scripts" / "predict.py"), f"run_dir={ens}", f"input={case}", f"output={masks}"], cwd=tmp_path)
+    run_script(
+        [str(REPO / "scripts" / "predict.py"), f"run_dir={ens}", f"input={case}", f"output={masks}"], cwd=tmp_path
+    )
     flair = nib.load(case / f"{case.name}_flair.nii.gz")
     mask = nib.load(masks / f"{case.name}.nii.gz")
     assert mask.shape == flair.shape

@@ -29,8 +29,8 @@ import pytest
 
 from brats_seg.tracking.store import LOCAL_UI, ui_url
 from tests.conftest import skip_outside_ci
+from tests.integration.scripts import REPO, run_script
 
-REPO = Path(__file__).resolve().parents[2]
 PAGE_TIMEOUT_S = 90  # the first page of a cold server on 2 busy cores takes ~10-20 s
 SERVER_START_S = 180
 REGISTERED = "brats-ui-test"  # tracking.register_as of the test's run
@@ -43,11 +43,6 @@ def _browser() -> tuple[str, str]:
         return chromium, driver
     why = "no Chromium/ChromeDriver on PATH (Debian: apt-get install chromium chromium-driver; .ci/run does it)"
     skip_outside_ci(why)  # raises: a skip, or under CI a failure
-
-
-def _run(args: list[str], cwd: Path) -> None:
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"{args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 def _free_port() -> int:
@@ -127,7 +122,7 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
     db = tmp_path / "mlruns.db"
     uri = f"sqlite:///{db}"
     run_dir = tmp_path / "run"
-    _run(
+    run_script(
         [
             str(REPO / "train.py"),
             "resolution=tiny",
@@ -146,7 +141,7 @@ def test_a_run_and_its_evaluation_in_the_mlflow_ui(tmp_path):
         ],
         cwd=tmp_path,
     )
-    _run([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}"], cwd=tmp_path)
+    run_script([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}"], cwd=tmp_path)
     tracked = json.loads((run_dir / "mlflow.json").read_text())
     overlay = sorted((run_dir / "eval" / "test" / "overlays").glob("*.png"))[0].name
 

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _run(args, cwd):
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"{args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
+from tests.integration.scripts import REPO, run_script
 
 
 @pytest.mark.slow
@@ -27,7 +18,7 @@ def test_train_then_evaluate_is_tracked_in_mlflow(tmp_path):
     uri = f"sqlite:///{db}"
     run_dir = tmp_path / "run"
     common = [f"tracking.uri={uri}", "tracking.system_metrics=false"]
-    _run(
+    run_script(
         [
             str(REPO / "train.py"),
             "resolution=tiny",
@@ -47,7 +38,7 @@ def test_train_then_evaluate_is_tracked_in_mlflow(tmp_path):
     assert (run_dir / "checkpoints" / "best.keras").is_file()
     assert json.loads((run_dir / "state.json").read_text())["epoch"] == 2
 
-    out = _run([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}"], cwd=tmp_path)
+    out = run_script([str(REPO / "scripts" / "evaluate.py"), f"run_dir={run_dir}"], cwd=tmp_path)
     assert "WT" in out.stdout
     split = json.loads((run_dir / "split.json").read_text())
     # post-processing chosen on the val split, kept in the run folder, said, and in the summary
