@@ -3,9 +3,13 @@
 Dockerfile: a non-root USER before CMD/ENTRYPOINT; VOLUMEs for the datasets, the prepared
 cache, run folders and the MLflow store; every path the image's environment or the project's
 relative defaults point at (resolved from WORKDIR, through the links the image makes) inside
-a declared volume; pip installs that are not editable, skip the dev extra and are constrained
-by the lock; the base image's TensorFlow the lock's; a .dockerignore that keeps the venv,
-datasets and stores out of the build context but not what the Dockerfile copies.
+a declared volume; every volume made and owned by that user; pip installs that are not
+editable, skip the dev extra, are constrained by the lock and go into a venv (over the base's
+site-packages, first on PATH) made before them; the user's build args declared after them; the
+default command the BraTS challenges' container (predict.py from the exported model in
+/workspace/model, /input to /output); the base image's TensorFlow the lock's; a .dockerignore
+that keeps the venv, datasets and stores out of the build context but not what the Dockerfile
+copies. tests/integration/test_image.py builds the image and runs it.
 
 requirements.lock: every requirement of ``[project.dependencies]`` and of the ``dev`` and
 ``gpu`` extras pinned, for each supported Python on Linux by exactly one pin that satisfies
@@ -33,6 +37,7 @@ except ImportError:  # Python 3.10: pytest's own dependency
     import tomli as tomllib
 
 from brats_seg.config import DataConfig, TrackingConfig
+from brats_seg.script_configs import PredictScriptConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = "requirements.lock"
@@ -183,17 +188,29 @@ def in_volume(path: PurePosixPath, declared: list[PurePosixPath]) -> bool:
     return any(path == v or v in path.parents for v in declared)
 
 
-def pip_installs(dockerfile: Dockerfile) -> list[list[str]]:
-    """The words of every ``pip install`` command in the RUN instructions."""
+@dataclasses.dataclass
+class PipInstall:
+    run: Instruction  # the RUN it is in
+    launcher: list[str]  # the words before ``install``: ["python", "-m", "pip"], ["/opt/venv/bin/pip"]
+    args: list[str]  # the words after ``install``
+
+
+def pip_install_commands(dockerfile: Dockerfile) -> list[PipInstall]:
+    """Every ``pip install`` command in the RUN instructions."""
     found = []
     for run in dockerfile.all("RUN"):
         for words in shell_commands(dockerfile.expand(run.args)):
             for i, word in enumerate(words):  # pip, pip3, /path/to/pip, python -m pip
                 if re.fullmatch(r"pip(3(\.\d+)?)?", PurePosixPath(word).name):
                     if words[i + 1 : i + 2] == ["install"]:
-                        found.append(words[i + 2 :])
+                        found.append(PipInstall(run, words[: i + 1], words[i + 2 :]))
                     break
     return found
+
+
+def pip_installs(dockerfile: Dockerfile) -> list[list[str]]:
+    """The words after ``install`` of every ``pip install`` command in the RUN instructions."""
+    return [install.args for install in pip_install_commands(dockerfile)]
 
 
 def option_values(words: list[str], *names: str) -> list[str]:
@@ -366,6 +383,100 @@ def test_installs_non_editable_without_dev_extra_constrained_by_the_lock(dockerf
         assert all(PurePosixPath(c).name == LOCK for c in constraints), f"constraints other than {LOCK}: {command}"
 
 
+def venv_made(dockerfile: Dockerfile) -> tuple[Instruction, list[str]]:
+    """The RUN that makes the image's venv (``python3 -m venv ... DIR``) and that command's words."""
+    for run in dockerfile.all("RUN"):
+        for words in shell_commands(dockerfile.expand(run.args)):
+            if "-m" in words and words[words.index("-m") + 1 : words.index("-m") + 2] == ["venv"]:
+                return run, words
+    raise AssertionError("no RUN makes a venv (python3 -m venv): pip would install into the base's system Python")
+
+
+def test_installs_into_a_venv_first_on_path_over_the_base_packages(dockerfile):
+    """Debian 12 and Ubuntu 23.04+ refuse pip installs into the system Python (PEP 668); a venv
+    over the base's site-packages keeps TensorFlow's image's own TensorFlow (the lock pins the
+    same version); first on PATH, `python` and `pip` in every later RUN and command are the venv's."""
+    made, words = venv_made(dockerfile)
+    venv = normalise(words[-1], made.workdir)
+    assert "--system-site-packages" in words, (
+        f"{' '.join(words)}: without --system-site-packages the base image's TensorFlow is hidden and pip installs another"
+    )
+    paths = [(i, parse_key_values(i.args).get("PATH")) for i in dockerfile.all("ENV")]
+    paths = [(i, value) for i, value in paths if value is not None]
+    assert paths, "no ENV PATH: `python` and `pip` are the base image's, not the venv's"
+    path_env, value = paths[-1]
+    assert value.split(":")[0] == str(venv / "bin"), f"ENV PATH={value}: {venv}/bin is not first"
+    assert value.split(":")[1:] == ["$PATH"], f"ENV PATH={value} drops the base image's PATH"
+    installs = pip_install_commands(dockerfile)
+    assert installs
+    for install in installs:
+        command = " ".join([*install.launcher, "install", *install.args])
+        assert dockerfile.index(made) < dockerfile.index(install.run), f"{command} runs before the venv is made"
+        assert dockerfile.index(path_env) < dockerfile.index(install.run), f"{command} runs before ENV PATH"
+        launcher = install.launcher[0]
+        assert launcher in ("python", "pip") or PurePosixPath(launcher).parent == venv / "bin", (
+            f"{command}: not the venv's pip (python -m pip, pip or {venv}/bin/...)"
+        )
+
+
+def test_the_user_build_args_come_after_the_installs(dockerfile):
+    """A build arg is in the environment of every RUN after its ARG, so a UID of one's own
+    (--build-arg UID=$(id -u)) would otherwise rebuild the dependencies (minutes, gigabytes)."""
+    last_install = max(dockerfile.index(install.run) for install in pip_install_commands(dockerfile))
+    for name in ("UID", "GID"):
+        args = [i for i in dockerfile.all("ARG") if i.args.partition("=")[0].strip() == name]
+        assert args, f"no ARG {name}"
+        assert all(dockerfile.index(a) > last_install for a in args), f"ARG {name} comes before a pip install"
+
+
+def test_every_volume_is_made_and_owned_by_the_user(dockerfile):
+    """An anonymous volume, and a named one on first use, starts with the image's folder and its
+    owner: a volume the user does not own is one a run cannot write. (A RUN's chown of a missing
+    folder fails the build, so a volume chowned is a volume made.)"""
+    user = dockerfile.expand(dockerfile.all("USER")[-1].args).strip()
+    owned: set[PurePosixPath] = set()
+    for run in dockerfile.all("RUN"):
+        if dockerfile.index(run) > dockerfile.index(dockerfile.all("USER")[-1]):
+            continue
+        for words in shell_commands(dockerfile.expand(run.args)):
+            if words[:1] == ["chown"]:
+                owner, *paths = [w for w in words[1:] if not w.startswith("-")]
+                if owner == user:
+                    owned |= {normalise(path, run.workdir) for path in paths}
+    for volume in volumes(dockerfile):
+        assert volume in owned, f"VOLUME {volume} is not chowned to USER {user} before USER"
+
+
+PREDICT_CONTAINER = {  # the BraTS challenges' container: cases in /input, one mask each in /output
+    "export": "/workspace/model",
+    "input": "/input",
+    "output": "/output",
+    "evaluate.overlays": "false",
+}
+
+
+def test_default_command_is_the_challenge_container(dockerfile):
+    """``docker run -v cases:/input:ro -v masks:/output -v export:/workspace/model brats-seg``
+    segments every case; exec form, so SIGTERM reaches predict.py (exit 75, resumable)."""
+    cmd = dockerfile.all("CMD")[-1]
+    assert cmd.args.startswith("["), f"CMD {cmd.args}: shell form, /bin/sh would not pass SIGTERM on"
+    words = exec_or_shell(cmd.args)
+    assert words[:2] == ["python", "scripts/predict.py"], f"CMD {words}"
+    assert copied(dockerfile)["scripts"] == normalise("scripts", cmd.workdir), "scripts/ is not in CMD's WORKDIR"
+    overrides = dict(word.split("=", 1) for word in words[2:])
+    assert overrides == PREDICT_CONTAINER, f"CMD {words}"
+    for key in overrides:  # keys of predict.py's schema, so the command composes
+        node = PredictScriptConfig()
+        for part in key.split("."):
+            assert dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}, (
+                f"CMD's {key}= is not a key of scripts/predict.py"
+            )
+            node = getattr(node, part)
+    declared = volumes(dockerfile)
+    for key in ("export", "input", "output"):
+        assert PurePosixPath(overrides[key]) in declared, f"CMD's {key}={overrides[key]} is not a declared VOLUME"
+
+
 def test_entry_points_and_configs_sit_in_workdir_without_the_package_source(dockerfile):
     """Hydra reads configs/ beside train.py (../configs beside scripts/); a brats_seg/ folder in
     WORKDIR would shadow the installed package (``python train.py`` puts WORKDIR first on sys.path)."""
@@ -378,8 +489,6 @@ def test_entry_points_and_configs_sit_in_workdir_without_the_package_source(dock
     assert package is None or workdir not in (package, *package.parents), (
         f"brats_seg/ is copied to {package}, inside WORKDIR {workdir}: the scripts would import it instead of the install"
     )
-    cmd = exec_or_shell(dockerfile.all("CMD")[-1].args)
-    assert cmd[:2] == ["python", "train.py"], f"CMD {cmd}"
 
 
 def test_base_image_tensorflow_is_the_locked_one(dockerfile):
@@ -435,6 +544,7 @@ def ignored(path: str) -> bool:
         "mlruns.db",
         "mlartifacts/brats-seg/x.png",
         "multirun/a/0/config.json",
+        "scripts/image/make_base.sh",  # makes the base image; a change to it rebuilds nothing
     ],
 )
 def test_dockerignore_keeps_environment_data_and_stores_out(path):
