@@ -144,6 +144,7 @@ class PredictScriptConfig:
     export: str = ""  # an exported model's folder (scripts/export.py) instead of run_dir: predicts as the run would
     input: str = ""  # required: a case folder, an MSD 4D file, a .txt list of either, or a dataset root
     output: str = ""  # required: folder for <case_id>.nii.gz masks
+    labels: str = ""  # the label values written: empty = the run's data.layout; brats2021 (ET 4) | brats2023 | brats2024 (ET 3) | msd
     checkpoint: str = "best"  # best | last: which of the run's checkpoints predicts
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)

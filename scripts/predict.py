@@ -24,8 +24,11 @@ probabilities (``brats_seg.evaluation.inference.ensemble``; post-processing as t
 ``input`` is a BraTS case folder, an MSD-style 4D image (FLAIR, T1, T1ce, T2), a folder
 of 4D images, a ``.txt`` list of either (one per line), or a dataset root. Writes
 ``<output>/<case_id>.nii.gz`` in the run's layout labels (WT-only models: the layout's
-edema label), on the grid and with the affine/header of each case's first image file,
-and ``<output>/overlays/<case_id>.png``. Exits 2 with a message on bad input. SIGTERM/SIGINT
+edema label), or in ``labels=<layout>``'s (``labels=brats2023``: ET 3, as the BraTS 2023-2025
+challenges score; ``labels=brats2021``: ET 4), on the grid and with the affine/header of each
+case's first image file, and ``<output>/overlays/<case_id>.png``. The BraTS challenges' container
+shape is ``input=/input output=/output evaluate.overlays=false``: a folder of case folders in, one
+``<case_id>.nii.gz`` per case out (the image's default command; docs/installation.md). Exits 2 with a message on bad input. SIGTERM/SIGINT
 stop it with exit status 75; the same command then skips the cases already written by the same
 model with the same settings (``<output>/predict.json``).
 """
@@ -53,6 +56,11 @@ def main(cfg) -> None:
     with user_errors("prediction"):  # TensorFlow-free checks first
         if not str(conf.output).strip():
             raise RunError("output is not set: pass output=<folder for the masks>.")
+        if conf.labels:
+            from brats_seg.choices import check_choice
+            from brats_seg.data.labels import LABELS
+
+            check_choice(conf.labels, LABELS, "labels", error=RunError, hint="empty = the run's data.layout")
         if conf.runs:
             from brats_seg.evaluation.inference.ensemble import make_ensemble
 
@@ -95,11 +103,18 @@ def main(cfg) -> None:
             identity, model = export.identity, load_exported_model(export.folder)
         with inference_memory_guard(run, settings, backend.device, inference_policy(), scoring=False, members=members):
             written = predict_new_cases(
-                model, cases, run, conf.output, settings, model_identity=identity, postprocess=postprocess
+                model,
+                cases,
+                run,
+                conf.output,
+                settings,
+                model_identity=identity,
+                postprocess=postprocess,
+                labels=conf.labels,
             )
     regions = run_regions(run)
     labels = "WT only (edema label)" if regions == ("wt",) else "/".join(r.upper() for r in regions)
-    print(f"\nwrote {len(written)} mask(s) ({run.data.layout} labels, {labels}) to {Path(conf.output)}")
+    print(f"\nwrote {len(written)} mask(s) ({conf.labels or run.data.layout} labels, {labels}) to {Path(conf.output)}")
     if settings.mode == "sliding":
         print(f"inference: sliding windows of {'x'.join(map(str, settings.window))} (Gaussian blending)")
     print(f"post-processing: {postprocess.describe() if postprocess is not None else 'none'}")

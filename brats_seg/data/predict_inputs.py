@@ -46,6 +46,9 @@ def _cases_at(path: Path, layout: str, allow_root: bool) -> list[Case]:
     if images:  # e.g. MSD imagesTs/
         return [Case(nifti_stem(p), "msd", (p,), None, image_channels(p)) for p in images]
     if allow_root:
+        named = [(sub, folder_naming(sub, layout)) for sub in sorted(p for p in path.iterdir() if p.is_dir())]
+        if any(naming is not None for _, naming in named):  # a challenge's /input: each case in its naming
+            return [case_from_dir(sub, naming) for sub, naming in named if naming is not None]
         return discover_cases(path, layout, require_labels=False)[0]
     raise DatasetError(f"{path} is neither a case folder nor a 4D image: list {_INPUT_HELP.split('=')[1]} entries.")
 
@@ -73,9 +76,10 @@ def find_input_cases(source: str | Path, layout: str) -> list[Case]:
     Accepted: a BraTS case folder (brats2021 or brats2023 file names); a 4D image
     (``.nii``/``.nii.gz``; channel order from the dataset.json of its dataset if there is
     one, else MSD's FLAIR, T1, T1ce, T2); a folder of such images (e.g. MSD ``imagesTs/``);
-    a dataset root (MSD with dataset.json, or case folders in ``layout``; labels not
-    needed); or a ``.txt`` file listing case folders or 4D images, one per line (relative
-    paths are taken from the list's folder; blank lines and ``#`` comments are ignored).
+    a dataset root (MSD with dataset.json, or case folders, each named as BraTS 2021 or
+    2023+ names them whatever ``layout`` is: a challenge's ``/input``; labels not needed);
+    or a ``.txt`` file listing case folders or 4D images, one per line (relative paths are
+    taken from the list's folder; blank lines and ``#`` comments are ignored).
 
     Args:
         source: the ``input=`` value.

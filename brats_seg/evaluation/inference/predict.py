@@ -48,12 +48,15 @@ from brats_seg.signals import report_progress
 __all__ = [
     "MANIFEST",
     "PredictionFailed",
+    "Segmentation",
     "check_native_shape",
     "predict_case_labels",
     "predict_case_native",
     "predict_new_case",
     "predict_new_cases",
     "regions_to_mask",
+    "relabel",
+    "segment_case",
     "threshold_regions",
 ]
 
@@ -162,25 +165,49 @@ def _overlay_path(output: Path, case_id: str) -> Path:
     return output / "overlays" / f"{case_id}.png"
 
 
-def predict_new_case(
+@dataclasses.dataclass(frozen=True)
+class Segmentation:
+    """One case segmented on its native grid (what :func:`segment_case` returns).
+
+    Attributes:
+        labels: uint8 ``(x, y, z)`` RAS label map, post-processed, in the labels asked for.
+        regions: bool ``(x, y, z, R)``: the regions read back from ``labels``.
+        probabilities: float32 ``(x, y, z, R)`` on the native RAS grid (before thresholding).
+        image: float32 ``(x, y, z, 4)``: the case's images (RAS), for overlays.
+        ref: the case's first image file (grid, affine, header, spacing).
+    """
+
+    labels: np.ndarray
+    regions: np.ndarray
+    probabilities: np.ndarray
+    image: np.ndarray
+    ref: object
+
+
+def relabel(labels: np.ndarray, layout: str, to_layout: str, names: Sequence[str]) -> np.ndarray:
+    """A label map of ``layout`` in ``to_layout``'s label values (the same regions ``names``):
+    e.g. brats2021's ET 4 as BraTS 2023's 3. The same map when the layouts are the same."""
+    if to_layout == layout:
+        return labels
+    return regions_to_mask(labels_to_regions(labels, layout, names).astype(bool), to_layout, names)
+
+
+def segment_case(
     model,
     case: Case,
     config: TrainConfig,
-    output: Path,
     eval_cfg: EvaluateConfig,
     postprocess: PostProcessing | None = None,
-) -> Path:
-    """Predict one case and write ``<output>/<case_id>.nii.gz`` (and ``overlays/<case_id>.png``).
-
-    The mask is in ``config.data.layout``'s labels (:func:`regions_to_mask`), on the grid
-    of the case's first image file, with that file's affine and header; ``postprocess`` (the
-    run's rules, or None) is applied to it first.
+    labels: str = "",
+) -> Segmentation:
+    """Segment one case from its files: preprocessing onto the run's grid, the model, the native
+    grid again, the threshold, ``postprocess`` (the run's rules, or None) and the label values of
+    ``labels`` (a layout; empty: the run's ``data.layout``).
 
     Raises:
-        CaseError: bad files, or a brain box larger than the run's resolution.shape.
+        CaseError: bad files (naming the case and file), or a brain box larger than the run's
+            resolution.shape.
     """
-    from brats_seg.evaluation.overlays import save_overlay
-
     names = run_regions(config)
     image, ref = load_case_image(case)  # (x, y, z, 4) native RAS
     net_image, _, record = preprocess_case(
@@ -200,20 +227,48 @@ def predict_new_case(
         overlap=eval_cfg.window_overlap,
         mirror=eval_cfg.mirror,
     )  # (x, y, z, R)
-    labels, regions = predict_case_labels(probs, config.data.layout, names, eval_cfg.threshold)
+    layout = config.data.layout
+    mask, regions = predict_case_labels(probs, layout, names, eval_cfg.threshold)
     if postprocess is not None and not postprocess.is_identity:
-        labels = postprocess.apply(labels, config.data.layout, ref.spacing_mm)
-        regions = labels_to_regions(labels, config.data.layout, names).astype(bool)
-    path = save_mask(labels, ref.original_affine, ref.original_header, _mask_path(Path(output), case.case_id))
+        mask = postprocess.apply(mask, layout, ref.spacing_mm)
+        regions = labels_to_regions(mask, layout, names).astype(bool)
+    mask = relabel(mask, layout, labels or layout, names)
+    return Segmentation(mask, regions, probs, image, ref)
+
+
+def predict_new_case(
+    model,
+    case: Case,
+    config: TrainConfig,
+    output: Path,
+    eval_cfg: EvaluateConfig,
+    postprocess: PostProcessing | None = None,
+    labels: str = "",
+) -> Path:
+    """Predict one case and write ``<output>/<case_id>.nii.gz`` (and ``overlays/<case_id>.png``).
+
+    The mask is :func:`segment_case`'s, in ``labels``' label values (a layout; empty: the run's
+    ``data.layout``, :func:`regions_to_mask`), on the grid of the case's first image file, with
+    that file's affine and header.
+
+    Raises:
+        CaseError: bad files, or a brain box larger than the run's resolution.shape.
+    """
+    from brats_seg.evaluation.overlays import save_overlay
+
+    seg = segment_case(model, case, config, eval_cfg, postprocess, labels)
+    path = save_mask(
+        seg.labels, seg.ref.original_affine, seg.ref.original_header, _mask_path(Path(output), case.case_id)
+    )
     if eval_cfg.overlays:
         save_overlay(
-            image[..., 0],
+            seg.image[..., 0],
             None,
-            regions,
+            seg.regions,
             _overlay_path(Path(output), case.case_id),
             title=case.case_id,
-            spacing_mm=ref.spacing_mm,
-            region_names=names,
+            spacing_mm=seg.ref.spacing_mm,
+            region_names=run_regions(config),
         )
     return path
 
@@ -224,9 +279,15 @@ def predict_new_case(
 
 
 def _settings(
-    config: TrainConfig, eval_cfg: EvaluateConfig, model_identity: dict, postprocess: PostProcessing | None = None
+    config: TrainConfig,
+    eval_cfg: EvaluateConfig,
+    model_identity: dict,
+    postprocess: PostProcessing | None = None,
+    labels: str = "",
 ) -> dict:
-    """What every mask depends on besides its case: the model, the settings and the post-processing."""
+    """What every mask depends on besides its case: the model, the settings, the post-processing
+    and the label values (a layout other than the run's; none recorded for the run's own, so a
+    manifest written before ``labels=`` existed still holds)."""
     run = hashlib.sha256(json.dumps(config_to_dict(config), sort_keys=True, default=str).encode()).hexdigest()
     return {
         "version": _MANIFEST_VERSION,
@@ -234,6 +295,7 @@ def _settings(
         "run_config_sha256": run,
         "evaluate": dataclasses.asdict(eval_cfg),
         "postprocess": None if postprocess is None else postprocess.rules(),
+        **({"labels": labels} if labels and labels != config.data.layout else {}),
     }
 
 
@@ -301,6 +363,7 @@ def predict_new_cases(
     progress: bool = True,
     model_identity: dict | None = None,
     postprocess: PostProcessing | None = None,
+    labels: str = "",
 ) -> list[Path]:
     """Predict every case (progress bar); a bad case is reported and the others go on.
 
@@ -317,6 +380,8 @@ def predict_new_cases(
             every case is predicted and nothing is recorded.
         postprocess: the rules applied to each mask
             (:func:`brats_seg.evaluation.serving.exported.prediction_postprocessing`), or None.
+        labels: the layout whose label values the masks are written in (``predict.py labels=``);
+            empty: the run's ``data.layout``.
 
     Returns:
         The mask paths, in case order (skipped cases' included).
@@ -330,13 +395,12 @@ def predict_new_cases(
     output = Path(output).expanduser()
     output.mkdir(parents=True, exist_ok=True)
     if model_identity is None:
-        return _predict_cases(model, cases, config, output, eval_cfg, progress, None, {}, postprocess)
+        return _predict_cases(model, cases, config, output, eval_cfg, progress, None, {}, postprocess, labels)
     with hold_lock(output, "prediction output folder"):
         _remove_leftovers(output)
-        settings = _settings(config, eval_cfg, model_identity, postprocess)
-        return _predict_cases(
-            model, cases, config, output, eval_cfg, progress, settings, _read_manifest(output, settings), postprocess
-        )
+        settings = _settings(config, eval_cfg, model_identity, postprocess, labels)
+        done = _read_manifest(output, settings)
+        return _predict_cases(model, cases, config, output, eval_cfg, progress, settings, done, postprocess, labels)
 
 
 def _predict_cases(
@@ -349,6 +413,7 @@ def _predict_cases(
     settings: dict | None,
     done: dict[str, dict],
     postprocess: PostProcessing | None = None,
+    labels: str = "",
 ) -> list[Path]:
     """:func:`predict_new_cases` once the output folder is locked and ``predict.json`` read
     (``done``: its cases; ``settings`` None: no manifest)."""
@@ -369,7 +434,7 @@ def _predict_cases(
             written.append(_mask_path(output, case.case_id))
         else:
             try:
-                written.append(predict_new_case(model, case, config, output, eval_cfg, postprocess))
+                written.append(predict_new_case(model, case, config, output, eval_cfg, postprocess, labels))
             except CaseError as e:
                 log.error("%s", e)
                 failures.append(str(e))
