@@ -76,6 +76,7 @@ class Tracker(RunClient):
         pip_requirements: Sequence[str] = (),
         tags: dict[str, str] | None = None,
         step: int = 0,
+        code_paths: Sequence[Path] = (),
     ) -> str | None:
         """Log an MLflow ``pyfunc`` model into the run, from code (``mlflow.pyfunc.log_model``).
 
@@ -89,6 +90,8 @@ class Tracker(RunClient):
             tags: the logged model's tags.
             step: the training step (epoch) the model is of: the run's metrics at that step are
                 linked to the model.
+            code_paths: folders of code copied into the model (``code/``), first on ``sys.path``
+                where it loads.
 
         Returns:
             The model's URI (``models:/<model_id>``), or None if it was not logged (MLflow off, or
@@ -105,7 +108,9 @@ class Tracker(RunClient):
         self._call(
             f"log the model {name!r}",
             lambda: logged.append(
-                self._send_model(name, python_model, artifacts, signature, input_example, pip_requirements, tags, step)
+                self._send_model(
+                    name, python_model, artifacts, signature, input_example, pip_requirements, tags, step, code_paths
+                )
             ),
             artifacts=True,
             target=self._artifact_target(name),
@@ -159,6 +164,7 @@ class Tracker(RunClient):
         pip_requirements: Sequence[str],
         tags: dict[str, str] | None,
         step: int,
+        code_paths: Sequence[Path] = (),
     ) -> str:
         mlflow.set_tracking_uri(self.tracking_uri)  # mlflow.pyfunc.log_model's client uses the global URI
         with _no_progress_bars(), warnings.catch_warnings():
@@ -173,6 +179,7 @@ class Tracker(RunClient):
                 pip_requirements=list(pip_requirements),
                 tags=tags,
                 step=int(step),
+                code_paths=[str(p) for p in code_paths] or None,
             )
         return info.model_uri
 

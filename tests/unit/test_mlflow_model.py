@@ -113,13 +113,19 @@ def test_training_logs_the_best_model_and_registers_it(trained):
 
     mlflow.set_tracking_uri(trained.uri)  # as the tracker left it
     info = mlflow.models.get_model_info(f"runs:/{trained.run_id}/model")
-    (spec_in,), (spec_out,) = info.signature.inputs.inputs, info.signature.outputs.inputs
-    assert (spec_in.name, spec_in.type, tuple(spec_in.shape)) == (None, np.dtype("float32"), (-1, *TINY.shape, 4))
-    assert (spec_out.name, spec_out.type, tuple(spec_out.shape)) == (
-        "probabilities",
-        np.dtype("float32"),
-        (-1, *TINY.shape, 3),
-    )
+    # raw cases or a volume: no input schema (the model checks its input), its params declared
+    assert info.signature.inputs is None and info.signature.outputs is None
+    assert [(p.to_dict()["name"], p.to_dict()["type"], p.default) for p in info.signature.params.params] == [
+        ("probabilities", "boolean", False),
+        ("labels", "string", ""),
+    ]
+    assert model.tags["brats_seg.grid"] == "x".join(map(str, TINY.shape))  # the volume's shape, where users look
+    local = Path(mlflow.artifacts.download_artifacts(f"runs:/{trained.run_id}/model"))
+    assert (local / "code" / "brats_seg" / "evaluation" / "serving" / "nifti_request.py").is_file()
+    assert not list((local / "code").rglob("*.pyc"))
+    requirements = (local / "requirements.txt").read_text().split()
+    for name in ("mlflow", "numpy", "tensorflow", "nibabel", "SimpleITK"):
+        assert any(r.startswith(f"{name}==") for r in requirements), requirements
     assert info.saved_input_example_info["type"] == "ndarray"  # tiny: a zero volume (1, x, y, z, 4)
 
     (version,) = _client(trained.uri).search_model_versions(f"name='{REGISTERED}'")

@@ -1,36 +1,47 @@
-"""A run's model in its MLflow run: an MLflow model that loads, serves and registers without brats_seg.
+"""A run's model in its MLflow run: an MLflow model that serves raw NIfTI cases and preprocessed volumes.
 
 What is logged, as the run's model ``model`` (``runs:/<run_id>/model``; in MLflow 3 a logged model,
 ``models:/<model_id>``)::
 
-    MLmodel                    flavour python_function, "models from code", the signature
-    pyfunc_model.py            brats_seg/tracking/pyfunc_model.py: imports mlflow, numpy, tensorflow only
+    MLmodel                    flavour python_function, "models from code", the params signature
+    pyfunc_model.py            brats_seg/tracking/pyfunc_model.py
+    code/brats_seg/            this brats_seg's package (MLflow's code_paths): the raw-case path's code
     artifacts/saved_model/     the SavedModel export (brats_seg.evaluation.serving.export), preprocessing.json in it
                                (scripts/export.py: under its export folder's name, e.g. export/)
     artifacts/preprocessing.json   what the input must be and how the output becomes a label map
     input_example.json serving_input_example.json   a zero volume, for grids of at most
                                INPUT_EXAMPLE_MAX_VALUES values (tiny); none above
-    requirements.txt python_env.yaml conda.yaml   mlflow, numpy, tensorflow pinned to this environment
+    requirements.txt python_env.yaml conda.yaml   what the code needs, pinned to this environment
 
-The signature: input a tensor float32 ``(-1, x, y, z, 4)`` (FLAIR, T1, T1ce, T2, channels-last RAS,
-preprocessed onto the run's network grid, ``x, y, z`` = ``resolution.shape``), output
-``probabilities`` float32 ``(-1, x, y, z, R)``, one sigmoid channel per region in the order of
-``preprocessing.json``'s ``regions``. ``mlflow.pyfunc.load_model(uri).predict(volume)`` returns
-the SavedModel's ``serving_default`` output: the run's Keras model's probabilities, which
-``predict.py`` resamples and thresholds.
+``predict`` takes a case as its four NIfTI files (paths or bytes; a DataFrame, one row per case)
+and returns its label map on its own grid (:mod:`brats_seg.evaluation.serving.nifti_request`), or
+takes a float32 volume ``(-1, x, y, z, 4)`` already on the run's network grid and returns the
+SavedModel's probabilities ``(-1, x, y, z, R)`` (:mod:`brats_seg.tracking.pyfunc_model`). One
+model takes both, so its signature declares no input schema (MLflow's schemas are either tensors
+or columns), only its params (``probabilities``, ``labels``); the model checks the input itself
+and answers a bad one with HTTP 400 and one line. The volume's shape is in ``preprocessing.json``
+and the model's tags.
+
+Why the model carries brats_seg (``code_paths``) rather than being served without it: a raw case
+needs the run's preprocessing (reorientation, brain box, resampling onto the grid, normalisation),
+the inversion to the native grid and the chosen post-processing. Written again inside the
+model file, that would be a second copy of ``predict.py``'s path that drifts from it; MLflow's
+own answer for custom code is ``code_paths``, which puts the package the model was made with
+first on ``sys.path`` where it loads, so a served case is what ``predict.py export=`` writes, with
+the code of that version. brats_seg is not on PyPI, so ``brats-seg==<version>`` as a requirement
+would not install; its dependencies that the serving path imports are the requirements
+(:data:`SERVING_REQUIREMENTS`, pinned to this environment). The volume path still needs only
+mlflow, numpy and tensorflow.
 
 Why a ``pyfunc`` over the SavedModel rather than ``mlflow.tensorflow.log_model`` on the Keras
-model: the Keras flavour saves the ``.keras`` model, whose layers are brats_seg's own classes
-(its norms and up-sampling), so loading it would need brats_seg importable where the model is
-loaded (or the package shipped in ``code_paths``). The SavedModel is a graph that needs TensorFlow
-only, it is the model as ``predict.py`` runs it (a patch run's sliding windows are in the graph),
-and it comes with ``preprocessing.json``; the wrapper is a dozen lines.
+model: the Keras flavour saves the ``.keras`` model, whose layers are brats_seg's own classes; the
+SavedModel is a graph that needs TensorFlow only, it is the model as ``predict.py`` runs it (a patch
+run's sliding windows are in the graph), and it comes with ``preprocessing.json``.
 
 The input example is a zero volume (batch 1): MLflow stores an example as JSON (the serving copy
 indented) and predicts it once while logging, to check that it serves. At tiny's 48x56x40 grid
 (430,080 values) that is about 12 MB of JSON; at half (3.4 M values) it would be about 100 MB, at
-full (27.5 M) 0.8 GB, so above :data:`INPUT_EXAMPLE_MAX_VALUES` it is left out (the signature
-still gives the shape, and the log says so).
+full (27.5 M) 0.8 GB, so above :data:`INPUT_EXAMPLE_MAX_VALUES` it is left out.
 
 When: at the end of a training that finished (chief, tracking on, a best checkpoint), the best
 checkpoint is exported into a temporary folder and logged (:func:`log_best_model`);
@@ -51,8 +62,10 @@ import hashlib
 import importlib.util
 import json
 import logging
+import shutil
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +76,15 @@ from brats_seg.evaluation.serving.export import DESCRIPTION_FILE, describe_expor
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import Tracker
 
-__all__ = ["INPUT_EXAMPLE_MAX_VALUES", "MODEL_NAME", "LoggedModel", "log_best_model", "log_export_to_run", "model_name"]
+__all__ = [
+    "INPUT_EXAMPLE_MAX_VALUES",
+    "MODEL_NAME",
+    "SERVING_REQUIREMENTS",
+    "LoggedModel",
+    "log_best_model",
+    "log_export_to_run",
+    "model_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +94,25 @@ _PYFUNC_MODULE = "brats_seg.tracking.pyfunc_model"  # the models-from-code file 
 # the logged model's tags that tell two models of a run apart (_identity)
 _SHA_TAG, _POLICY_TAG = "brats_seg.checkpoint_sha256", "brats_seg.dtype_policy"
 _POSTPROCESS_TAG = "brats_seg.postprocessing_sha256"
+# What the served model imports, by distribution: the volume path (mlflow, numpy, tensorflow) and the
+# raw-case path (brats_seg's copy in code/: NIfTI reading, resampling, the config's dataclasses,
+# post-processing's components and the modules it imports with them, pandas for the answer); tests/unit/test_serving_nifti.py checks that
+# every distribution a served raw case imports is one of these or a dependency of one.
+SERVING_REQUIREMENTS = (
+    "mlflow",
+    "numpy",
+    "tensorflow",
+    "keras",
+    "nibabel",
+    "SimpleITK",
+    "scipy",
+    "omegaconf",
+    "connected-components-3d",
+    "surface-distance",
+    "psutil",
+    "tqdm",
+    "pandas",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,16 +257,18 @@ def _log_export(tracker, export: Path, name: str, step: int) -> str | None:
     description = json.loads((export / DESCRIPTION_FILE).read_text())
     signature, example = _signature(description), _input_example(description)
     start = time.perf_counter()
-    uri = tracker.log_model(
-        name,
-        _pyfunc_file(),
-        artifacts={"saved_model": export, "preprocessing": export / DESCRIPTION_FILE},
-        signature=signature,
-        input_example=example,
-        pip_requirements=_requirements(),
-        tags=_tags(description),
-        step=step,
-    )
+    with tempfile.TemporaryDirectory(prefix="brats-seg-code-") as code:
+        uri = tracker.log_model(
+            name,
+            _pyfunc_file(),
+            artifacts={"saved_model": export, "preprocessing": export / DESCRIPTION_FILE},
+            signature=signature,
+            input_example=example,
+            pip_requirements=_requirements(),
+            tags=_tags(description),
+            step=step,
+            code_paths=[_package_copy(Path(code))],
+        )
     if uri is not None:
         log.info(
             "logged checkpoint %s as the MLflow model runs:/%s/%s (%s) in %.1f s: "
@@ -243,16 +285,15 @@ def _log_export(tracker, export: Path, name: str, step: int) -> str | None:
 
 
 def _signature(description: dict):
-    """The MLflow signature: a float32 tensor (-1, x, y, z, 4) in, ``probabilities`` (-1, x, y, z, R) out."""
+    """The MLflow signature: no input schema (raw cases or a volume: the model checks them), the
+    params ``probabilities`` (raw cases: also return them) and ``labels`` (a layout's label values)."""
     from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
+    from mlflow.types import ParamSchema, ParamSpec
 
-    sig = description["signature"]
-    shape_in = tuple(-1 if s is None else int(s) for s in sig["input"]["shape"])
-    shape_out = tuple(-1 if s is None else int(s) for s in sig["output"]["shape"])
     return ModelSignature(
-        inputs=Schema([TensorSpec(np.dtype(sig["input"]["dtype"]), shape_in)]),
-        outputs=Schema([TensorSpec(np.dtype(sig["output"]["dtype"]), shape_out, sig["output"]["name"])]),
+        inputs=None,
+        outputs=None,
+        params=ParamSchema([ParamSpec("probabilities", "boolean", False), ParamSpec("labels", "string", "")]),
     )
 
 
@@ -287,11 +328,17 @@ def _tags(description: dict) -> dict[str, str]:
 
 
 def _requirements() -> list[str]:
-    """What the model needs where it loads, pinned to this environment: mlflow, numpy, tensorflow."""
-    import mlflow
-    import tensorflow as tf
+    """What the model needs where it loads (:data:`SERVING_REQUIREMENTS`), pinned to this environment."""
+    return [f"{name}=={metadata.version(name)}" for name in SERVING_REQUIREMENTS]
 
-    return [f"mlflow=={mlflow.__version__}", f"numpy=={np.__version__}", f"tensorflow=={tf.__version__}"]
+
+def _package_copy(folder: Path) -> Path:
+    """This brats_seg package copied into ``folder`` (no byte-code), for the model's ``code/``."""
+    import brats_seg
+
+    target = folder / "brats_seg"
+    shutil.copytree(Path(brats_seg.__file__).parent, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return target
 
 
 def _pyfunc_file() -> Path:
