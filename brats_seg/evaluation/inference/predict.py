@@ -173,14 +173,14 @@ class Segmentation:
         labels: uint8 ``(x, y, z)`` RAS label map, post-processed, in the labels asked for.
         regions: bool ``(x, y, z, R)``: the regions read back from ``labels``.
         probabilities: float32 ``(x, y, z, R)`` on the native RAS grid (before thresholding).
-        image: float32 ``(x, y, z, 4)``: the case's images (RAS), for overlays.
+        flair: float32 ``(x, y, z)``: the case's FLAIR (RAS), for overlays.
         ref: the case's first image file (grid, affine, header, spacing).
     """
 
     labels: np.ndarray
     regions: np.ndarray
     probabilities: np.ndarray
-    image: np.ndarray
+    flair: np.ndarray
     ref: object
 
 
@@ -218,6 +218,8 @@ def segment_case(
         config.resolution.shape,
         allow_crop=config.data.allow_crop,
     )
+    flair = np.array(image[..., 0])  # kept for overlays; the four native channels are not held through the forward pass
+    del image
     probs = predict_case_native(
         model,
         net_image,
@@ -233,7 +235,7 @@ def segment_case(
         mask = postprocess.apply(mask, layout, ref.spacing_mm)
         regions = labels_to_regions(mask, layout, names).astype(bool)
     mask = relabel(mask, layout, labels or layout, names)
-    return Segmentation(mask, regions, probs, image, ref)
+    return Segmentation(mask, regions, probs, flair, ref)
 
 
 def predict_new_case(
@@ -262,7 +264,7 @@ def predict_new_case(
     )
     if eval_cfg.overlays:
         save_overlay(
-            seg.image[..., 0],
+            seg.flair,
             None,
             seg.regions,
             _overlay_path(Path(output), case.case_id),
