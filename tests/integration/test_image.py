@@ -129,8 +129,9 @@ class WorkingContainer:
         _run(["buildah", "from", "--pull=never", "--name", self.name, image], "buildah from")
 
     def drop_volumes(self, paths) -> None:
-        """Forget the image's VOLUMEs in this container only: buildah 1.28 gives each one a volume
-        of its own and, in about one run of six here, mounts it over the -v of the same path."""
+        """Forget the image's VOLUMEs in this container only: buildah 1.28 gives each one a folder
+        of its own and, at random (one run of six in a trial here), mounts it over the -v of the
+        same path, so a run's files would land there instead of in the host folder."""
         for path in paths:
             _run(["buildah", "config", "--volume", f"{path}-", self.name], "buildah config")
 
