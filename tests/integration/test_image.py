@@ -10,7 +10,9 @@ folders on its volumes, as docs/installation.md ("Docker") shows it:
 Asserts: every step exits 0; the image runs as its non-root user with the declared volumes; the
 dataset, cache, run folder (checkpoints), evaluation summary, export (``preprocessing.json``),
 MLflow store and ``/output/<case_id>.nii.gz`` land in the host folders, owned by that user; the
-mask has the input case's shape and affine and only labels of the run's layout. The time of each
+mask has the input case's shape and affine, only labels of the run's layout, and is evaluate.py's
+prediction of that case voxel for voxel. Bad input in the container (a case without its T1ce; an
+export onto the model volume) exits 2 with one ``error:`` line naming the case and file. The time of each
 phase is printed (``pytest -s``) and, with ``BRATS_IMAGE_TIMINGS=<file>``, written there as JSON.
 
 Needs root, podman, buildah and mmdebstrap (Debian: ``apt-get install podman buildah mmdebstrap``;
@@ -135,9 +137,11 @@ class WorkingContainer:
         for path in paths:
             _run(["buildah", "config", "--volume", f"{path}-", self.name], "buildah config")
 
-    def run(self, cmd: list[str], mounts: dict[Path, str]) -> subprocess.CompletedProcess:
+    def run(self, cmd: list[str], mounts: dict[Path, str], check: bool = True) -> subprocess.CompletedProcess:
         volumes = [w for host, ctr in mounts.items() for w in ("-v", f"{host}:{ctr}")]
         buildah = ["buildah", "run", "--isolation", "chroot", "--user", self.user, *volumes, self.name, "--", *cmd]
+        if not check:  # a refusal the test reads
+            return subprocess.run(buildah, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         return _run(buildah, shlex.join(cmd))
 
     def remove(self) -> None:
@@ -175,7 +179,7 @@ def test_the_image_builds_trains_evaluates_exports_and_segments_as_a_challenge_c
         assert config["User"] == f"{USER_ID}:{GROUP_ID}", config["User"]
         assert set(config["Volumes"]) == set(VOLUMES.values()), sorted(config["Volumes"])
 
-        host = {name: tmp_path / name for name in VOLUMES if name != "model"}  # model: the export's folder
+        host = {name: tmp_path / name for name in VOLUMES}  # model: empty (the export's folder is mounted there)
         for folder in host.values():
             folder.mkdir(parents=True, exist_ok=True)
         _chown_tree(tmp_path)
@@ -206,6 +210,28 @@ def test_the_image_builds_trains_evaluates_exports_and_segments_as_a_challenge_c
             }
             with phases.timed(f"default command ({shlex.join(config['Cmd'][1:2])})"):
                 container.run(config["Cmd"], challenge)
+
+            # Bad input in the container: a case without its T1ce gets one line naming the case and
+            # the file, exit 2; an export onto the model volume (a mount point) is refused likewise.
+            broken = host["input"].parent / "input_broken" / case_id
+            shutil.copytree(case, broken)
+            (broken / f"{case_id}_t1ce.nii.gz").unlink()
+            _chown_tree(broken.parent)
+            refused = {
+                "missing t1ce": container.run(
+                    config["Cmd"],
+                    {
+                        **{h: c for h, c in challenge.items() if h != host["input"]},
+                        broken.parent: f"{VOLUMES['input']}:ro",
+                    },
+                    check=False,
+                ),
+                "export onto the volume": container.run(
+                    ["python", "scripts/export.py", "run_dir=outputs/demo", f"output={VOLUMES['model']}"],
+                    {**training, host["model"]: VOLUMES["model"]},
+                    check=False,
+                ),
+            }
         finally:
             container.remove()
     finally:
@@ -229,6 +255,17 @@ def test_the_image_builds_trains_evaluates_exports_and_segments_as_a_challenge_c
     mask = nib.load(mask_path)
     assert mask.shape == reference.shape
     np.testing.assert_allclose(mask.affine, reference.affine, atol=1e-4)
+    # the default command's mask is evaluate.py's prediction of the same case (export and .keras alike)
+    predicted = nib.load(run_dir / "eval" / "test" / "predictions" / f"{case_id}.nii.gz")
+    np.testing.assert_array_equal(np.asarray(mask.dataobj), np.asarray(predicted.dataobj))
+    for what, proc in refused.items():
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(lines) == 1, (what, proc.returncode, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, (what, proc.stderr[-2000:])
+    missing = next(line for line in refused["missing t1ce"].stderr.splitlines() if line.startswith("error:"))
+    assert case_id in missing and f"{case_id}_t1ce.nii.gz" in missing, missing
+    onto = next(line for line in refused["export onto the volume"].stderr.splitlines() if line.startswith("error:"))
+    assert "/workspace/model is a mount point" in onto and not any(host["model"].iterdir()), onto
     labels = {0, *(int(v) for v in description["labels"]["names"])}
     values = set(np.unique(np.asarray(mask.dataobj)).tolist())
     assert values <= labels, (

@@ -503,3 +503,19 @@ def test_the_runs_post_processing_goes_into_the_export_and_prediction_takes_it_f
     with_rules = dataclasses.replace(export, description=json.loads(json.dumps(description)))
     assert prediction_postprocessing("", with_rules, export.config, EvaluateConfig()).rules() == rules
     assert prediction_postprocessing("", with_rules, export.config, EvaluateConfig(postprocess="none")) is None
+
+
+def test_an_export_onto_a_mount_point_is_refused_before_anything_is_written(tmp_path):
+    """A container's /workspace/model volume: the export is written beside its folder and renamed,
+    which a mount point cannot take; one line says where to export instead."""
+    from brats_seg.evaluation.serving.export import check_export_output
+    from tests.conftest import mounted_tmpfs
+
+    folder = tmp_path / "model"
+    with mounted_tmpfs(folder, "1m") as why_not:
+        if why_not:
+            pytest.skip(why_not)
+        with pytest.raises(RunError, match=r"is a mount point: an export is written beside its folder") as raised:
+            check_export_output(folder)
+        assert "\n" not in str(raised.value) and "-v <run_dir>/export:/workspace/model:ro" in str(raised.value)
+        assert not list(folder.iterdir()) and not list(tmp_path.glob(".tmp-*"))

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -112,6 +113,16 @@ def check_export_output(output: str | Path) -> Path:
         raise RunError(
             f"output={output} already holds files that are not a brats-seg export; an export replaces "
             "its folder whole, so pass output= a new or empty folder."
+        )
+    # the export is written beside output= and renamed into place: its parent must take a new
+    # folder, and output= cannot be a mount point (a container's /workspace/model volume)
+    parent = next((p for p in output.absolute().parents if p.exists()), Path("/"))
+    if output.is_mount() or not os.access(parent, os.W_OK | os.X_OK):
+        why = "is a mount point" if output.is_mount() else f"is in {parent}, where this user cannot create folders"
+        raise RunError(
+            f"output={output} {why}: an export is written beside its folder and renamed into place. Export to "
+            "a folder you can write (the default <run_dir>/export), then mount or copy it where it is needed "
+            "(in the image: -v <run_dir>/export:/workspace/model:ro)."
         )
     return output
 
