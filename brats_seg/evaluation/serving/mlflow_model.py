@@ -73,6 +73,7 @@ import numpy as np
 from brats_seg.config import TrainConfig
 from brats_seg.evaluation.inference.run import load_run_config
 from brats_seg.evaluation.serving.export import DESCRIPTION_FILE, describe_export, export_run
+from brats_seg.files import atomic_dir
 from brats_seg.run_dir import RunFolder
 from brats_seg.tracking import Tracker
 
@@ -337,7 +338,13 @@ def _package_copy(folder: Path) -> Path:
     import brats_seg
 
     target = folder / "brats_seg"
-    shutil.copytree(Path(brats_seg.__file__).parent, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    with atomic_dir(target) as tmp:
+        shutil.copytree(
+            Path(brats_seg.__file__).parent,
+            tmp,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            dirs_exist_ok=True,
+        )
     return target
 
 

@@ -51,6 +51,7 @@ from brats_seg.evaluation.serving.exported import (
     prediction_postprocessing,
     read_export,
 )
+from brats_seg.files import atomic_path, write_bytes_atomic
 
 __all__ = ["CONTRASTS", "NiftiServer", "RequestError", "request_cases"]
 
@@ -145,8 +146,7 @@ def _contrast(case_id: str, key: str, value, folder: Path) -> _Contrast:
     if not isinstance(value, bytes | bytearray | memoryview):
         raise RequestError(f"case {case_id}: {key} is a {type(value).__name__}: {_FORMS}.")
     data = bytes(value)
-    path = folder / f"{case_id}_{key}.nii{'.gz' if data[:2] == _GZIP_MAGIC else ''}"
-    path.write_bytes(data)
+    path = write_bytes_atomic(folder / f"{case_id}_{key}.nii{'.gz' if data[:2] == _GZIP_MAGIC else ''}", data)
     return _Contrast(path, "sent as bytes")
 
 
@@ -278,7 +278,8 @@ def _probability_bytes(seg, folder: Path) -> bytes:
     image = nib.Nifti1Image(data, seg.ref.original_affine, header=header)
     image.header.set_slope_inter(1.0, 0.0)
     path = folder / "probabilities.nii.gz"
-    nib.save(image, path)
+    with atomic_path(path, suffix=".nii.gz") as tmp:
+        nib.save(image, tmp)
     data_bytes = path.read_bytes()
     path.unlink()
     return data_bytes
