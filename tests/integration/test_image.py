@@ -11,8 +11,9 @@ Asserts: every step exits 0; the image runs as its non-root user with the declar
 dataset, cache, run folder (checkpoints), evaluation summary, export (``preprocessing.json``),
 MLflow store and ``/output/<case_id>.nii.gz`` land in the host folders, owned by that user; the
 mask has the input case's shape and affine, only labels of the run's layout, and is evaluate.py's
-prediction of that case voxel for voxel. Bad input in the container (a case without its T1ce; an
-export onto the model volume) exits 2 with one ``error:`` line naming the case and file. The time of each
+prediction of that case voxel for voxel. Bad input in the container (a case without its T1ce, a
+file that is not NIfTI, contrasts on two grids; an export onto the model volume) exits 2 with one
+``error:`` line naming the case and file. The time of each
 phase is printed (``pytest -s``) and, with ``BRATS_IMAGE_TIMINGS=<file>``, written there as JSON.
 
 Needs root, podman, buildah and mmdebstrap (Debian: ``apt-get install podman buildah mmdebstrap``;
@@ -148,6 +149,15 @@ class WorkingContainer:
         subprocess.run(["buildah", "rm", self.name], capture_output=True, timeout=120)
 
 
+def _other_grid(path: Path) -> None:
+    """``path`` cut by one slice: the case's four files on two grids."""
+    import nibabel as nib
+    import numpy as np
+
+    image = nib.load(path)
+    nib.save(nib.Nifti1Image(np.asarray(image.dataobj)[..., :-1], image.affine), path)
+
+
 def _chown_tree(root: Path) -> None:
     for path in [root, *root.rglob("*")]:
         os.chown(path, USER_ID, GROUP_ID, follow_symlinks=False)
@@ -213,24 +223,36 @@ def test_the_image_builds_trains_evaluates_exports_and_segments_as_a_challenge_c
 
             # Bad input in the container: a case without its T1ce gets one line naming the case and
             # the file, exit 2; an export onto the model volume (a mount point) is refused likewise.
-            broken = host["input"].parent / "input_broken" / case_id
-            shutil.copytree(case, broken)
-            (broken / f"{case_id}_t1ce.nii.gz").unlink()
-            _chown_tree(broken.parent)
-            refused = {
-                "missing t1ce": container.run(
-                    config["Cmd"],
-                    {
-                        **{h: c for h, c in challenge.items() if h != host["input"]},
-                        broken.parent: f"{VOLUMES['input']}:ro",
-                    },
-                    check=False,
-                ),
+            # Bad input in the container, each a challenge /input of one broken case: one line naming
+            # the case and the file, exit 2; an export onto the model volume (a mount point) likewise.
+            faults = {
+                "missing t1ce": lambda folder: (folder / f"{case_id}_t1ce.nii.gz").unlink(),
+                "not nifti": lambda folder: (folder / f"{case_id}_t2.nii.gz").write_bytes(b"not a NIfTI file" * 64),
+                "other grid": lambda folder: _other_grid(folder / f"{case_id}_t1.nii.gz"),
+            }
+            refused = {}
+            for what, fault in faults.items():
+                broken = tmp_path / f"input_{what.replace(' ', '_')}" / case_id
+                shutil.copytree(case, broken)
+                fault(broken)
+                _chown_tree(broken.parent)
+                others = {h: c for h, c in challenge.items() if h != host["input"]}
+                with phases.timed(f"default command, {what}"):
+                    refused[what] = container.run(
+                        config["Cmd"], {**others, broken.parent: f"{VOLUMES['input']}:ro"}, check=False
+                    )
+            refused |= {
                 "export onto the volume": container.run(
                     ["python", "scripts/export.py", "run_dir=outputs/demo", f"output={VOLUMES['model']}"],
                     {**training, host["model"]: VOLUMES["model"]},
                     check=False,
                 ),
+            }
+            notes |= {
+                f"refused, {what}": " / ".join(
+                    line.strip() for line in proc.stderr.splitlines() if "error:" in line or case_id in line
+                )
+                for what, proc in refused.items()
             }
         finally:
             container.remove()
@@ -262,8 +284,12 @@ def test_the_image_builds_trains_evaluates_exports_and_segments_as_a_challenge_c
         lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert proc.returncode == 2 and len(lines) == 1, (what, proc.returncode, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr, (what, proc.stderr[-2000:])
-    missing = next(line for line in refused["missing t1ce"].stderr.splitlines() if line.startswith("error:"))
-    assert case_id in missing and f"{case_id}_t1ce.nii.gz" in missing, missing
+    # one line names the case and its file (a case that fails while predicting is listed under the
+    # error line's count, as predict.py lists every failed case of a folder)
+    for what, name in (("missing t1ce", "t1ce"), ("not nifti", "t2"), ("other grid", "t1")):
+        stderr = refused[what].stderr
+        named = [line for line in stderr.splitlines() if case_id in line and f"{case_id}_{name}.nii.gz" in line]
+        assert len(named) == 1, (what, stderr[-2000:])
     onto = next(line for line in refused["export onto the volume"].stderr.splitlines() if line.startswith("error:"))
     assert "/workspace/model is a mount point" in onto and not any(host["model"].iterdir()), onto
     labels = {0, *(int(v) for v in description["labels"]["names"])}
