@@ -11,18 +11,16 @@ that one label map. WT-only models (R = 1) are written with the layout's **edema
 for the whole tumour: the file stays in the layout's label set, and reading it back with
 ``labels_to_regions`` gives exactly the predicted WT (nothing else was predicted).
 
-Prediction continues where it stopped: ``<output>/predict.json`` (written atomically after each
-case) records the model (the run's config and the checkpoint's size and SHA-256), the
-``evaluate.*`` values, and per case its input files' identity and the mask (and overlay) it
-wrote. The same command again skips the cases whose record still holds and predicts the rest;
-another model or other settings predict every case again. The output folder is locked while
-a prediction writes it.
+Prediction continues where it stopped: ``<output>/predict.json``
+(:mod:`brats_seg.evaluation.inference.predict_manifest`, written atomically after each case)
+records the model, the settings and per case what it read and wrote. The same command again skips
+the cases whose record still holds and predicts the rest; another model or other settings predict
+every case again. The output folder is locked while a prediction writes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from brats_seg.config import EvaluateConfig, TrainConfig, config_to_dict
+from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.case_io import load_case_image
 from brats_seg.data.errors import CaseError, DataError
@@ -38,10 +36,20 @@ from brats_seg.data.labels import labels_to_regions, regions_to_labels
 from brats_seg.data.layouts import Case
 from brats_seg.data.nifti import save_mask
 from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, preprocess_case
+from brats_seg.evaluation.inference.predict_manifest import (
+    MANIFEST,
+    already_predicted,
+    case_record,
+    manifest_settings,
+    mask_path,
+    overlay_path,
+    read_manifest,
+    remove_leftovers,
+)
 from brats_seg.evaluation.inference.run import run_regions
 from brats_seg.evaluation.inference.sliding import predict_volume
 from brats_seg.evaluation.postprocess import PostProcessing
-from brats_seg.files import file_identity, is_temporary, write_text_atomic
+from brats_seg.files import write_text_atomic
 from brats_seg.locks import hold_lock
 from brats_seg.signals import report_progress
 
@@ -61,9 +69,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-MANIFEST = "predict.json"  # in the output folder: which model and settings wrote which masks
-_MANIFEST_VERSION = 1
 
 
 class PredictionFailed(DataError):
@@ -155,14 +160,6 @@ def check_native_shape(case_id: str, path, native: np.ndarray, shape: Sequence[i
             f"RAS shape {tuple(shape)} differs from the preprocessed grid {tuple(native.shape[:3])}",
             "The file changed since it was cached: re-run scripts/prepare_data.py.",
         )
-
-
-def _mask_path(output: Path, case_id: str) -> Path:
-    return output / f"{case_id}.nii.gz"
-
-
-def _overlay_path(output: Path, case_id: str) -> Path:
-    return output / "overlays" / f"{case_id}.png"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,100 +257,19 @@ def predict_new_case(
 
     seg = segment_case(model, case, config, eval_cfg, postprocess, labels)
     path = save_mask(
-        seg.labels, seg.ref.original_affine, seg.ref.original_header, _mask_path(Path(output), case.case_id)
+        seg.labels, seg.ref.original_affine, seg.ref.original_header, mask_path(Path(output), case.case_id)
     )
     if eval_cfg.overlays:
         save_overlay(
             seg.flair,
             None,
             seg.regions,
-            _overlay_path(Path(output), case.case_id),
+            overlay_path(Path(output), case.case_id),
             title=case.case_id,
             spacing_mm=seg.ref.spacing_mm,
             region_names=run_regions(config),
         )
     return path
-
-
-# ---------------------------------------------------------------------------------------
-# The manifest: the same command continues where it stopped
-# ---------------------------------------------------------------------------------------
-
-
-def _settings(
-    config: TrainConfig,
-    eval_cfg: EvaluateConfig,
-    model_identity: dict,
-    postprocess: PostProcessing | None = None,
-    labels: str = "",
-) -> dict:
-    """What every mask depends on besides its case: the model, the settings, the post-processing
-    and the label values (a layout other than the run's; none recorded for the run's own, so a
-    manifest written before ``labels=`` existed still holds)."""
-    run = hashlib.sha256(json.dumps(config_to_dict(config), sort_keys=True, default=str).encode()).hexdigest()
-    return {
-        "version": _MANIFEST_VERSION,
-        "model": model_identity,
-        "run_config_sha256": run,
-        "evaluate": dataclasses.asdict(eval_cfg),
-        "postprocess": None if postprocess is None else postprocess.rules(),
-        **({"labels": labels} if labels and labels != config.data.layout else {}),
-    }
-
-
-def _read_manifest(output: Path, settings: dict) -> dict[str, dict]:
-    """The cases ``predict.json`` records for these settings (empty for none, other settings, or
-    an unreadable file)."""
-    path = output / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        log.warning("%s cannot be read (%s): predicting every case again", path, e)
-        return {}
-    if not isinstance(manifest, dict) or manifest.get("settings") != json.loads(json.dumps(settings)):
-        log.info("%s was written by another model or with other settings: predicting every case again", path)
-        return {}
-    cases = manifest.get("cases")
-    return cases if isinstance(cases, dict) else {}
-
-
-def _case_record(case: Case, output: Path, overlays: bool) -> dict:
-    return {
-        "inputs": [[str(p.resolve()), *(file_identity(p) or [])] for p in case.images],
-        "mask": file_identity(_mask_path(output, case.case_id)),
-        "overlay": file_identity(_overlay_path(output, case.case_id)) if overlays else None,
-    }
-
-
-def _already_predicted(case: Case, output: Path, overlays: bool, done: dict[str, dict]) -> bool:
-    """Whether ``case``'s mask (and overlay) in place were written from these inputs by this model
-    and these settings."""
-    record = done.get(case.case_id)
-    if not isinstance(record, dict):
-        return False
-    now = _case_record(case, output, overlays)
-    return (
-        now["mask"] is not None
-        and (not overlays or now["overlay"] is not None)
-        and now == {k: record.get(k) for k in now}
-    )
-
-
-def _remove_leftovers(output: Path) -> None:
-    """Temporary files of a prediction killed in ``output`` (ours: the folder's lock is held)."""
-    found = [
-        p
-        for folder in (output, output / "overlays")
-        if folder.is_dir()
-        for p in folder.iterdir()
-        if is_temporary(p) and p.is_file()
-    ]
-    for p in found:
-        p.unlink(missing_ok=True)
-    if found:
-        log.info("removed %d temporary file(s) left by an interrupted prediction in %s", len(found), output)
 
 
 def predict_new_cases(
@@ -399,9 +315,9 @@ def predict_new_cases(
     if model_identity is None:
         return _predict_cases(model, cases, config, output, eval_cfg, progress, None, {}, postprocess, labels)
     with hold_lock(output, "prediction output folder"):
-        _remove_leftovers(output)
-        settings = _settings(config, eval_cfg, model_identity, postprocess, labels)
-        done = _read_manifest(output, settings)
+        remove_leftovers(output)
+        settings = manifest_settings(config, eval_cfg, model_identity, postprocess, labels)
+        done = read_manifest(output, settings)
         return _predict_cases(model, cases, config, output, eval_cfg, progress, settings, done, postprocess, labels)
 
 
@@ -421,7 +337,7 @@ def _predict_cases(
     (``done``: its cases; ``settings`` None: no manifest)."""
     from tqdm.auto import tqdm
 
-    skip = {c.case_id for c in cases if _already_predicted(c, output, eval_cfg.overlays, done)}
+    skip = {c.case_id for c in cases if already_predicted(c, output, eval_cfg.overlays, done)}
     if skip:
         log.info(
             "%d of %d cases were predicted before by this model with these settings (%s): skipping them",
@@ -433,7 +349,7 @@ def _predict_cases(
     report_progress(f"0 of {len(cases)} cases")
     for i, case in enumerate(tqdm(cases, desc="predicting", unit="case", disable=not progress)):
         if case.case_id in skip:
-            written.append(_mask_path(output, case.case_id))
+            written.append(mask_path(output, case.case_id))
         else:
             try:
                 written.append(predict_new_case(model, case, config, output, eval_cfg, postprocess, labels))
@@ -443,7 +359,7 @@ def _predict_cases(
                 done.pop(case.case_id, None)
             else:
                 if settings is not None:  # after the mask: the record says it is complete
-                    done[case.case_id] = _case_record(case, output, eval_cfg.overlays)
+                    done[case.case_id] = case_record(case, output, eval_cfg.overlays)
                     write_text_atomic(output / MANIFEST, json.dumps({"settings": settings, "cases": done}, indent=1))
         report_progress(f"{i + 1} of {len(cases)} cases")
     if failures:
