@@ -48,6 +48,7 @@ register_configs()
 def main(cfg) -> None:
     conf = to_config(cfg)
     from brats_seg.data.predict_inputs import find_input_cases
+    from brats_seg.evaluation.inference.predict import check_labels
     from brats_seg.evaluation.inference.run import RunError, run_regions
     from brats_seg.evaluation.inference.start import InferenceStart, start_inference
     from brats_seg.evaluation.serving.exported import export_precision, predict_source, prediction_postprocessing
@@ -56,11 +57,7 @@ def main(cfg) -> None:
     with user_errors("prediction"):  # TensorFlow-free checks first
         if not str(conf.output).strip():
             raise RunError("output is not set: pass output=<folder for the masks>.")
-        if conf.labels:
-            from brats_seg.choices import check_choice
-            from brats_seg.data.labels import LABELS
-
-            check_choice(conf.labels, LABELS, "labels", error=RunError, hint="empty = the run's data.layout")
+        check_labels(conf.labels, RunError)
         if conf.runs:
             from brats_seg.evaluation.inference.ensemble import make_ensemble
 

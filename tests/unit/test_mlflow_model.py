@@ -25,6 +25,7 @@ import pytest
 
 from brats_seg.config import BackendConfig, ModelConfig, TrackingConfig, TrainConfig, TrainerConfig
 from tests.conftest import TINY, data_config
+from tests.integration.scripts import post_json, serve_model, stop_server
 
 REGISTERED = "brats-demo"
 # The pyfunc model runs the SavedModel, which computes what the Keras model computes with the same
@@ -302,65 +303,21 @@ def test_the_export_script_logs_its_export_into_the_run(trained, tmp_path):
 def test_the_logged_model_serves_over_http(trained, tmp_path):
     """``mlflow models serve -m runs:/<id>/model --env-manager local`` (the README's command) answers
     ``{"inputs": volume}`` with the Keras model's probabilities (about 10 s to start, 2 s a request)."""
-    import signal
-    import socket
-    import urllib.request
-
     import tensorflow as tf
 
     from brats_seg.evaluation.inference.run import load_run_model
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bin_dir = Path(sys.executable).parent  # the environment's mlflow, and the uvicorn it runs by name
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(
-        MLFLOW_TRACKING_URI=trained.uri,
-        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-        TF_NUM_INTRAOP_THREADS=str(tf.config.threading.get_intra_op_parallelism_threads()),
-        TF_NUM_INTEROP_THREADS=str(tf.config.threading.get_inter_op_parallelism_threads()),
+    threads = (
+        tf.config.threading.get_intra_op_parallelism_threads(),
+        tf.config.threading.get_inter_op_parallelism_threads(),
     )
-    log_file = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen(
-        [
-            str(bin_dir / "mlflow"),
-            "models",
-            "serve",
-            "-m",
-            f"runs:/{trained.run_id}/model",
-            "--env-manager",
-            "local",
-            "-p",
-            str(port),
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    server, port = serve_model(f"runs:/{trained.run_id}/model", trained.uri, tmp_path, threads)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the server did not answer /ping in 180 s"
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
         volume = np.random.default_rng(7).normal(0.0, 1.0, (1, *TINY.shape, 4)).astype(np.float32)
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/invocations",
-            data=json.dumps({"inputs": volume.tolist()}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        answer = json.load(urllib.request.urlopen(request, timeout=120))
+        status, answer = post_json(port, {"inputs": volume.tolist()})
+        assert status == 200, answer
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the server's process group: mlflow and its uvicorn
-        server.wait(timeout=60)
-        log_file.close()
+        stop_server(server)
     probs = np.asarray(answer["predictions"], np.float32)
     assert probs.shape == (1, *TINY.shape, 3)
     expected = load_run_model(trained.run_dir, "best")(volume, training=False).numpy()

@@ -17,14 +17,9 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,6 +29,7 @@ import pytest
 
 from brats_seg.config import EvaluateConfig
 from brats_seg.data.layouts import discover_cases
+from tests.integration.scripts import post_json, serve_model, stop_server
 from tests.unit.test_evaluate import CLI_BACKEND, make_run_dir, run_script
 from tests.unit.test_export import random_head_unet
 from tests.unit.test_resume_eval_predict import write_small_dataset
@@ -250,53 +246,6 @@ def _with_dependencies(names) -> set[str]:
     return seen
 
 
-def _serve(uri: str, store: str, folder: Path):
-    """``mlflow models serve -m <uri> --env-manager local`` on a free port, one thread per op
-    (as the scripts here): the process and its port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bin_dir = Path(sys.executable).parent
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(
-        MLFLOW_TRACKING_URI=store,
-        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-        TF_NUM_INTRAOP_THREADS="1",
-        TF_NUM_INTEROP_THREADS="1",
-    )
-    log_file = (folder / "serve.log").open("w")
-    server = subprocess.Popen(
-        [str(bin_dir / "mlflow"), "models", "serve", "-m", uri, "--env-manager", "local", "-p", str(port)],
-        cwd=folder,
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 180
-    while True:
-        assert server.poll() is None, (folder / "serve.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the server did not answer /ping in 180 s"
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
-            return server, port
-        except OSError:
-            time.sleep(0.5)
-
-
-def _post(port: int, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/invocations",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=300) as answer:
-            return answer.status, json.load(answer)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
-
-
 @pytest.mark.slow  # export.py, evaluate.py and predict.py twice; the logged model loaded and served
 def test_evaluate_predict_and_the_served_model_write_the_same_label_maps(served, tmp_path):
     """evaluate.py's predictions of the test cases, predict.py's masks for the raw case folders (by
@@ -361,7 +310,7 @@ def test_evaluate_predict_and_the_served_model_write_the_same_label_maps(served,
     for case_id, hex_bytes in zip(report["cases"], report["labels"]):
         np.testing.assert_array_equal(np.asarray(_nifti(bytes.fromhex(hex_bytes)).dataobj), expected[case_id])
 
-    server, port = _serve(logged.run_uri, store, tmp_path)
+    server, port = serve_model(logged.run_uri, store, tmp_path, threads=(1, 1))
     try:
         records = [
             {
@@ -370,7 +319,7 @@ def test_evaluate_predict_and_the_served_model_write_the_same_label_maps(served,
             }
             for c in served.cases
         ]
-        status, answer = _post(port, {"dataframe_records": records})
+        status, answer = post_json(port, {"dataframe_records": records})
         assert status == 200, answer
         for row in answer["predictions"]:
             labels = _nifti(base64.b64decode(row["labels"]))
@@ -380,11 +329,10 @@ def test_evaluate_predict_and_the_served_model_write_the_same_label_maps(served,
             (bad, ["t2 (sent as bytes)"]),
             ({k: v for k, v in records[0].items() if k != "t1"}, ["missing t1"]),
         ):
-            status, answer = _post(port, {"dataframe_records": [record]})
+            status, answer = post_json(port, {"dataframe_records": [record]})
             assert status == 400, answer
             assert answer["message"].startswith(f"case {served.cases[0].case_id}")
             assert all(n in answer["message"] for n in names) and "\n" not in answer["message"], answer
             assert "Traceback" not in json.dumps(answer)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        stop_server(server)

@@ -28,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from brats_seg.choices import check_choice
 from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.case_io import load_case_image
 from brats_seg.data.errors import CaseError, DataError
-from brats_seg.data.labels import labels_to_regions, regions_to_labels
+from brats_seg.data.labels import LABELS, labels_to_regions, regions_to_labels
 from brats_seg.data.layouts import Case
 from brats_seg.data.nifti import save_mask
 from brats_seg.data.preprocess import PreprocessRecord, invert_to_native, preprocess_case
@@ -57,6 +58,7 @@ __all__ = [
     "MANIFEST",
     "PredictionFailed",
     "Segmentation",
+    "check_labels",
     "check_native_shape",
     "predict_case_labels",
     "predict_case_native",
@@ -179,6 +181,14 @@ class Segmentation:
     probabilities: np.ndarray
     flair: np.ndarray
     ref: object
+
+
+def check_labels(labels: str, error: type[Exception] = ValueError) -> str:
+    """``labels=`` (predict.py, the served model's params): empty (the run's layout) or a layout whose
+    label values to write; else ``error`` naming the choices."""
+    if labels:
+        check_choice(labels, LABELS, "labels", error=error, hint="empty = the run's data.layout")
+    return labels
 
 
 def relabel(labels: np.ndarray, layout: str, to_layout: str, names: Sequence[str]) -> np.ndarray:

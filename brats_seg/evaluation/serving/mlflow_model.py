@@ -256,7 +256,7 @@ def _registered(tracker, name: str, uri: str | None) -> LoggedModel | None:
 def _log_export(tracker, export: Path, name: str, step: int) -> str | None:
     """Log the export folder ``export`` as the pyfunc model ``name``; its URI, or None."""
     description = json.loads((export / DESCRIPTION_FILE).read_text())
-    signature, example = _signature(description), _input_example(description)
+    signature, example = _signature(), _input_example(description)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="brats-seg-code-") as code:
         uri = tracker.log_model(
@@ -285,7 +285,7 @@ def _log_export(tracker, export: Path, name: str, step: int) -> str | None:
     return uri
 
 
-def _signature(description: dict):
+def _signature():
     """The MLflow signature: no input schema (raw cases or a volume: the model checks them), the
     params ``probabilities`` (raw cases: also return them) and ``labels`` (a layout's label values)."""
     from mlflow.models import ModelSignature

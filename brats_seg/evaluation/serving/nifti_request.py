@@ -41,8 +41,8 @@ import numpy as np
 from brats_seg.config import EvaluateConfig, TrainConfig
 from brats_seg.data.errors import CaseError
 from brats_seg.data.layouts import CHANNELS, Case
-from brats_seg.evaluation.inference.predict import segment_case
-from brats_seg.evaluation.inference.run import RunError, run_regions
+from brats_seg.evaluation.inference.predict import check_labels, segment_case
+from brats_seg.evaluation.inference.run import RunError
 from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.serving.exported import (
     ExportedModel,
@@ -231,11 +231,7 @@ class NiftiServer:
         """
         import pandas as pd
 
-        if labels:
-            from brats_seg.choices import check_choice
-            from brats_seg.data.labels import LABELS
-
-            check_choice(labels, LABELS, "labels", error=RequestError, hint="empty = the run's data.layout")
+        check_labels(labels, RequestError)
         rows = []
         with tempfile.TemporaryDirectory(prefix="brats-seg-request-") as tmp:
             cases, origins = request_cases(model_input, Path(tmp))
@@ -250,10 +246,6 @@ class NiftiServer:
                 rows.append(row)
                 log.info("segmented %s (%s)", case.case_id, "x".join(map(str, seg.labels.shape)))
         return pd.DataFrame(rows, columns=["case_id", "labels", *(["probabilities"] if probabilities else [])])
-
-    @property
-    def regions(self) -> tuple[str, ...]:
-        return tuple(run_regions(self.config))
 
 
 def _mask_bytes(seg, folder: Path) -> bytes:
