@@ -173,13 +173,16 @@ def _evaluation_key(
     eval_cfg: EvaluateConfig,
     config: TrainConfig,
     postprocess: PostProcessing | None = None,
+    policy: str = "float32",
 ) -> dict | None:
-    """What every case's result depends on besides its own entry; None (nothing reused) for a model in memory."""
+    """What every case's result depends on besides its own entry (the precision the model infers in,
+    ``policy``, among it); None (nothing reused) for a model in memory."""
     if checkpoint_identity is None:
         return None
     return {
         "version": _RECORD_VERSION,
         "checkpoint": checkpoint_identity,
+        "policy": policy,
         "evaluate": dataclasses.asdict(eval_cfg),
         "layout": str(config.data.layout),
         "regions": list(run_regions(config)),
@@ -381,7 +384,7 @@ def _evaluate_cases(
         return load_run_model(run_dir, checkpoint, config)
 
     postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress, load, identity)
-    key = _evaluation_key(identity, eval_cfg, config, postprocess)
+    key = _evaluation_key(identity, eval_cfg, config, postprocess, inference_policy())
     fingerprints = {e.case_id: _case_fingerprint(key, e) for e in entries} if key is not None else {}
     rows = {
         e.case_id: row

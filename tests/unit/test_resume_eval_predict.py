@@ -205,6 +205,15 @@ def test_a_new_checkpoint_or_other_settings_evaluate_every_case_again(run, unint
     RunFolder(run_dir).checkpoint_file("best").write_bytes(b"the weights of epoch 2")
     _evaluate(run_dir, other)
     assert counted.cases == ids
+    counted.cases.clear()
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")  # backend.precision=bf16 for this evaluation
+    try:
+        _evaluate(run_dir, other)  # the same checkpoint and settings in another precision: not the same masks
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert counted.cases == ids
 
 
 def test_a_model_given_in_memory_reuses_and_records_nothing(run, uninterrupted, monkeypatch):
