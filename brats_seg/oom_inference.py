@@ -54,6 +54,8 @@ class _InferenceCase:
     mirror: bool
     scoring: bool
     members: int = 1
+    preparation_bytes: int = 0
+    pool_retained: bool = True
 
     def estimate(self, workload: Workload | None = None, mirror: bool | None = None) -> InferenceEstimate:
         return estimate_inference(
@@ -64,6 +66,8 @@ class _InferenceCase:
             native_voxels=self.native_voxels,
             scoring=self.scoring,
             members=self.members,
+            preparation_bytes=self.preparation_bytes,
+            pool_retained=self.pool_retained,
         )
 
 
@@ -78,6 +82,8 @@ def _largest_case(
         mirror=eval_cfg.mirror and eval_cfg.mode == "whole",
         scoring=scoring,
         members=members,
+        preparation_bytes=max((int(r.get("preparation_bytes", 0)) for r in records), default=0),
+        pool_retained=device == "CPU",  # TensorFlow's CPU allocator keeps the forward pass resident
     )
 
 
@@ -98,8 +104,10 @@ def check_inference_memory(
         eval_cfg: mirroring and mode.
         device: ``CPU`` or ``GPU``.
         policy: the dtype policy the model infers in (``float32``, ``mixed_bfloat16``).
-        records: the cases' ``PreprocessRecord`` dicts (their resampled and native grids);
-            none: the network grid stands for both.
+        records: the cases' ``PreprocessRecord`` dicts (their resampled and native grids; a
+            prediction's from the files' headers, with ``preparation_bytes``:
+            :func:`brats_seg.data.prep_memory.prediction_records`); none: the network grid
+            stands for both.
         scoring: evaluation (scored) or prediction (written only).
         members: the models of an ensemble (1: a run's).
 

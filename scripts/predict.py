@@ -78,6 +78,8 @@ def main(cfg) -> None:
         postprocess = prediction_postprocessing(conf.run_dir, export, run, settings, conf.checkpoint)
 
     from brats_seg.backend import configure
+    from brats_seg.data.prep_memory import prediction_records
+    from brats_seg.lms.runtime.stats import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
     with user_errors("prediction"):
         configure(backend)
@@ -89,7 +91,11 @@ def main(cfg) -> None:
 
     with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded
         members = 1 if export is not None else ensemble_size(conf.run_dir)
-        check_inference_memory(run, settings, backend.device, inference_policy(), scoring=False, members=members)
+        # the largest case's grids and preprocessing, from the files' headers
+        records = prediction_records(cases, run.resolution.spacing_mm, run.resolution.shape)
+        baseline = current_rss_bytes()  # the runtime, before the model (what the estimate is above)
+        reset_peak_rss()
+        estimate = check_inference_memory(run, settings, backend.device, inference_policy(), records, False, members)
         if export is None:
             # read before loading: a checkpoint saved meanwhile shows as another model in predict.json
             identity = {"checkpoint": RunFolder.of(conf.run_dir).checkpoint_identity(conf.checkpoint)}
@@ -98,7 +104,10 @@ def main(cfg) -> None:
             from brats_seg.evaluation.serving.exported import load_exported_model
 
             identity, model = export.identity, load_exported_model(export.folder)
-        with inference_memory_guard(run, settings, backend.device, inference_policy(), scoring=False, members=members):
+        identity = {**identity, "policy": inference_policy()}  # bf16 and fp32 masks of one model differ
+        with inference_memory_guard(
+            run, settings, backend.device, inference_policy(), records, False, baseline, members=members
+        ):
             written = predict_new_cases(
                 model,
                 cases,
@@ -109,6 +118,7 @@ def main(cfg) -> None:
                 postprocess=postprocess,
                 labels=conf.labels,
             )
+    peak = peak_rss_bytes() - baseline
     regions = run_regions(run)
     labels = "WT only (edema label)" if regions == ("wt",) else "/".join(r.upper() for r in regions)
     print(f"\nwrote {len(written)} mask(s) ({conf.labels or run.data.layout} labels, {labels}) to {Path(conf.output)}")
@@ -121,6 +131,11 @@ def main(cfg) -> None:
         print(f"  ... and {len(written) - 10} more")
     if settings.overlays:
         print(f"overlays in {Path(conf.output) / 'overlays'}")
+    if backend.device == "CPU":  # the process's RSS is the device's memory
+        print(
+            f"memory: peak {peak / 1e9:.2f} GB above the runtime (predicted {estimate.peak_bytes / 1e9:.2f} GB, "
+            f"at its {estimate.peak_at} step)"
+        )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,13 @@ from brats_seg.data.layouts import Case
 from brats_seg.data.preprocess import estimate_preparation_bytes
 from brats_seg.files import format_bytes
 
-__all__ = ["case_native_grid", "out_of_memory_error", "preparation_memory_advice", "workers_that_fit"]
+__all__ = [
+    "case_native_grid",
+    "out_of_memory_error",
+    "prediction_records",
+    "preparation_memory_advice",
+    "workers_that_fit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +38,30 @@ def case_native_grid(case: Case) -> tuple[tuple, tuple] | None:
         return tuple(int(n) for n in header.get_data_shape()), tuple(float(z) for z in header.get_zooms())
     except Exception:  # noqa: BLE001 - a bad file is reported by its preparation, with its name
         return None
+
+
+def prediction_records(cases: list[Case], spacing_mm: float, shape) -> list[dict]:
+    """What the inference planner needs of cases predicted from their files, from their headers
+    (no voxels read): each case's ``native_shape``, ``resampled_shape`` (its extent at
+    ``spacing_mm``) and ``preparation_bytes``
+    (:func:`~brats_seg.data.preprocess.estimate_preparation_bytes`). A case whose header cannot be
+    read is left out: its prediction reports it by file."""
+    from brats_seg.data.preprocess import resampled_shape
+
+    records = []
+    for case in cases:
+        grid = case_native_grid(case)
+        if grid is None:
+            continue
+        native, zooms = grid[0][:3], grid[1][:3]
+        records.append(
+            {
+                "native_shape": list(native),
+                "resampled_shape": list(resampled_shape(native, zooms, spacing_mm)),
+                "preparation_bytes": estimate_preparation_bytes(native, zooms, spacing_mm, shape),
+            }
+        )
+    return records
 
 
 def preparation_memory_advice(

@@ -32,6 +32,7 @@ __all__ = [
     "invert_to_native",
     "preprocess_case",
     "resample",
+    "resampled_shape",
     "zscore_brain",
 ]
 
@@ -94,7 +95,8 @@ def check_same_grid(case_id: str, shapes_affines: list[tuple[str, tuple, np.ndar
             )
 
 
-def _resampled_shape(shape: tuple[int, ...], spacing_mm, target_mm: float) -> tuple[int, int, int]:
+def resampled_shape(shape: tuple[int, ...], spacing_mm, target_mm: float) -> tuple[int, int, int]:
+    """The grid of ``shape`` (voxels of ``spacing_mm``) resampled to ``target_mm``: its extent kept."""
     return tuple(max(1, int(round(n * s / target_mm))) for n, s in zip(shape[:3], spacing_mm))
 
 
@@ -112,7 +114,7 @@ def estimate_preparation_bytes(
     """
     native = int(np.prod(native_shape[:3]))
     native_spacing_mm = [float(s) if np.isfinite(s) and s > 0 else float(target_spacing_mm) for s in native_spacing_mm]
-    resampled = int(np.prod(_resampled_shape(tuple(native_shape), native_spacing_mm, target_spacing_mm)))
+    resampled = int(np.prod(resampled_shape(tuple(native_shape), native_spacing_mm, target_spacing_mm)))
     network = int(np.prod(shape))
     return (
         native * (4 * channels + 2)  # float32 image, brain mask, label
@@ -241,7 +243,7 @@ def preprocess_case(
     """
     shape = [int(s) for s in shape]
     native_brain = np.any(image != 0, axis=-1)
-    out_shape = _resampled_shape(image.shape, spacing_mm, target_spacing_mm)
+    out_shape = resampled_shape(image.shape, spacing_mm, target_spacing_mm)
     # One float32 array on the resampled grid, filled a channel at a time and z-scored in place:
     # at 0.5 mm a channel is ~0.3 GB, and every extra copy of all four is over a GB.
     normed = np.empty((*out_shape, image.shape[-1]), dtype=np.float32)

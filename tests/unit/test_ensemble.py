@@ -68,7 +68,8 @@ def test_the_ensembles_memory_holds_every_members_weights_and_one_more_probabili
     probs = 96 * 112 * 80 * 3 * 4
     assert weights > 0
     assert three.forward_bytes - one.forward_bytes == pytest.approx(2 * weights + probs, abs=2)
-    assert three.native_bytes - one.native_bytes == pytest.approx(2 * weights, abs=2)
+    # on CPU the native grid's arrays come on top of the resident forward pass: the same difference
+    assert three.native_bytes - one.native_bytes == pytest.approx(2 * weights + probs, abs=2)
 
 
 def _runs(synthetic_root, tmp_path, vals, tests=None, biases=((3.0, -8.0, -8.0), (-2.0, -8.0, -8.0)), **kw):

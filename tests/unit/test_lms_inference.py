@@ -82,11 +82,40 @@ def test_inference_estimate_counts_mirroring_resampling_and_scoring():
     native = 2 * int(np.prod(SHAPE))
     scored = estimate_inference(workload, mm, mirror=False, native_voxels=native)
     written = estimate_inference(workload, mm, mirror=False, native_voxels=native, scoring=False)
-    assert scored.scoring_bytes - written.scoring_bytes == native * NATIVE_SCORING_BYTES_PER_VOXEL
+    flair = native * 4  # a prediction keeps the native FLAIR (float32) for its overlay, through every moment
+    assert written.forward_bytes - scored.forward_bytes == flair
+    assert scored.scoring_bytes - written.scoring_bytes == native * NATIVE_SCORING_BYTES_PER_VOXEL - flair
     bigger = estimate_inference(workload, mm, mirror=False, resampled_voxels=3 * int(np.prod(SHAPE)))
     assert bigger.native_bytes - plain.native_bytes == 2 * 2 * int(np.prod(SHAPE)) * 4  # one channel, twice
     assert plain.peak_bytes == max(plain.forward_bytes, plain.native_bytes, plain.scoring_bytes)
     assert batch_independent(workload, mm)
+
+
+def test_on_cpu_the_moments_after_the_forward_pass_add_to_it_and_a_prediction_preprocesses_beside_it():
+    """TensorFlow's CPU allocator keeps the forward pass's memory resident (measured: the RSS stays at
+    the forward's peak with 32 MB allocated), so the native grid's arrays, the scoring's and the next
+    case's preprocessing come on top of it; on a GPU the host's arrays count from the runtime."""
+    workload, mm = Workload(CFG, SHAPE, 1), MemoryModel()
+    voxels, native, resampled = int(np.prod(SHAPE)), 3 * int(np.prod(SHAPE)), 2 * int(np.prod(SHAPE))
+    grids = {"native_voxels": native, "resampled_voxels": resampled}
+    cpu = estimate_inference(workload, mm, mirror=True, **grids)
+    gpu = estimate_inference(workload, mm, mirror=True, pool_retained=False, **grids)
+    probs = voxels * 3 * 4
+    native_arrays = probs + 2 * resampled * 4 + native * 4 * 4  # network probabilities, a channel twice, 3 + 1 native
+    assert cpu.native_bytes - cpu.forward_bytes == native_arrays
+    assert cpu.scoring_bytes - cpu.forward_bytes == native * (3 * 4 + NATIVE_SCORING_BYTES_PER_VOXEL)
+    assert cpu.forward_bytes == gpu.forward_bytes and cpu.peak_bytes > gpu.peak_bytes
+    assert gpu.scoring_bytes < cpu.forward_bytes < cpu.scoring_bytes  # on a GPU the forward's activations are gone
+    assert cpu.preprocessing_bytes == 0 and cpu.peak_at == "scoring"  # evaluation reads the cache
+    prep = 200 * voxels  # more than the native grid's arrays
+    predicted = estimate_inference(workload, mm, mirror=True, scoring=False, preparation_bytes=prep, **grids)
+    assert predicted.preprocessing_bytes == predicted.forward_bytes + prep and predicted.peak_at == "preprocessing"
+    assert (
+        estimate_inference(
+            workload, mm, scoring=False, preparation_bytes=prep, pool_retained=False, **grids
+        ).preprocessing_bytes
+        < prep + gpu.forward_bytes
+    )
 
 
 def batch_independent(workload, mm) -> bool:
@@ -175,3 +204,24 @@ def test_the_mirrored_pass_runs_after_the_first_not_beside_it():
     # twice one pass here (51.9 against 27.3 MB), one after the other 30-35 MB
     probs, flipped = int(np.prod(SHAPE)) * CFG.out_channels * 4, int(np.prod(SHAPE)) * 4 * 4
     assert peaks[True] <= peaks[False] + 4 * probs + flipped, (peaks, probs)
+
+
+@pytest.mark.parametrize("spacing_mm", [4.0, 2.5])
+def test_a_predictions_records_from_the_headers_are_the_grids_its_preprocessing_makes(synthetic_root, spacing_mm):
+    """predict.py plans from the input files' headers (no voxels read): the native and resampled grids
+    must be those preprocessing then makes, and the preparation estimate that of the case's grid."""
+    from brats_seg.data.case_io import load_case_image
+    from brats_seg.data.layouts import discover_cases
+    from brats_seg.data.prep_memory import prediction_records
+    from brats_seg.data.preprocess import estimate_preparation_bytes, preprocess_case
+
+    shape = [48, 56, 40] if spacing_mm == 4.0 else [80, 96, 64]
+    cases = discover_cases(synthetic_root["brats2023"], "brats2023")[0][:2]
+    records = prediction_records(cases, spacing_mm, shape)
+    assert len(records) == len(cases)
+    for case, record in zip(cases, records):
+        image, ref = load_case_image(case)
+        _, _, made = preprocess_case(case.case_id, image, ref.spacing_mm, spacing_mm, shape, allow_crop=True)
+        assert record["native_shape"] == list(made.native_shape)
+        assert record["resampled_shape"] == list(made.resampled_shape)
+        assert record["preparation_bytes"] == estimate_preparation_bytes(image.shape, ref.spacing_mm, spacing_mm, shape)

@@ -483,9 +483,10 @@ def test_inference_out_of_memory_carries_the_estimate_and_what_lowers_it(monkeyp
         TrainConfig(data=DataConfig(layout="brats2021"), resolution=HALF, model=ModelConfig(depth=3, base_filters=32))
     )
     workload, mm = Workload.from_config(run), memory_model_for("CPU")
-    expected = estimate_inference(workload, mm, mirror=True)  # the forward pass, mirrored, is its peak
+    # on CPU scoring comes on top of the resident forward pass: its peak, which mirroring and bf16 lower
+    expected = estimate_inference(workload, mm, mirror=True)
     bf16 = estimate_inference(dataclasses.replace(workload, policy="mixed_bfloat16"), mm, mirror=True)
-    assert expected.peak_at == "forward" and bf16.peak_bytes < expected.peak_bytes
+    assert expected.peak_at == "scoring" and bf16.peak_bytes < expected.peak_bytes
     for injected in (MemoryError(), tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")):
         with pytest.raises(InferenceOutOfMemoryError) as err:
             with inference_memory_guard(run, EvaluateConfig(), "CPU", "float32", baseline_bytes=current_rss_bytes()):
@@ -494,19 +495,21 @@ def test_inference_out_of_memory_carries_the_estimate_and_what_lowers_it(monkeyp
         assert isinstance(err.value, RunError) and "\n" not in message  # a user error, one paragraph
         assert message.startswith(f"out of memory evaluating a case: {type(injected).__name__}")
         assert f"96x112x80 (float32, mirrored) was predicted to need {format_gb(expected.peak_bytes)}" in message
-        assert "at its forward step" in message and err.value.estimate == expected
+        assert "at its scoring step" in message and err.value.estimate == expected
         assert "Measured peak: " in message and "Memory available: " in message
         assert "evaluate.mirror=false (" in message
         # bf16 only where the CPU computes it natively
         assert (
             f"backend.precision=bf16 on a CPU with native bf16 ({format_gb(bf16.peak_bytes)})" in message
         ) == native_bf16
-    # scoring on a large native grid (0.5 mm) is the peak: mirroring is not what to change
-    records = [{"resampled_shape": [90, 110, 78], "native_shape": [480, 480, 310]}]
+    # predicting from files on a large native grid (0.5 mm): the next case's preprocessing is the peak
+    records = [{"resampled_shape": [90, 110, 78], "native_shape": [480, 480, 310], "preparation_bytes": 3 * 10**9}]
     with pytest.raises(InferenceOutOfMemoryError) as err:
-        with inference_memory_guard(run, EvaluateConfig(), "CPU", "float32", records, scoring=True):
+        with inference_memory_guard(run, EvaluateConfig(), "CPU", "float32", records, scoring=False):
             raise MemoryError()
-    assert "at its scoring step" in str(err.value) and "evaluate.mirror=false" not in str(err.value)
+    assert str(err.value).startswith("out of memory predicting a case") and "at its preprocessing step" in str(
+        err.value
+    )
     with pytest.raises(ValueError, match="not memory"):  # anything else passes unchanged
         with inference_memory_guard(run, EvaluateConfig(), "CPU", "float32"):
             raise ValueError("not memory")

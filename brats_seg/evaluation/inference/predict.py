@@ -227,6 +227,7 @@ def segment_case(
     )
     flair = np.array(image[..., 0])  # kept for overlays; the four native channels are not held through the forward pass
     del image
+    ref = dataclasses.replace(ref, data=flair)  # nor the first file's own copy (a 4D file's: all four channels)
     probs = predict_case_native(
         model,
         net_image,

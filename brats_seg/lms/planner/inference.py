@@ -8,7 +8,7 @@ and score on the native grid. This module predicts that process's peak above the
 runtime from the same cost tables as the training plan (:mod:`brats_seg.lms.planner.cost`), so a run
 trained under ``lms.limit`` is evaluated under it too, or refused before any model is loaded.
 
-Per case, at the worst of three moments:
+Per case, at the worst of four moments:
 
 - **forward**: the weights and the per-convolution runtime, the case's float16 image twice
   (the host's array and TensorFlow's copy of it), and the forward pass's activations
@@ -18,7 +18,18 @@ Per case, at the worst of three moments:
   on the resampled grid twice (the padded window and SimpleITK's copy), and the native
   probabilities of every channel;
 - **scoring**: the native probabilities, label maps and the metrics' distance maps, a few
-  native-sized float64 arrays (:data:`NATIVE_SCORING_BYTES_PER_VOXEL`).
+  native-sized float64 arrays (:data:`NATIVE_SCORING_BYTES_PER_VOXEL`);
+- **preprocessing** (prediction from a case's files): the next case's native channels, its
+  resampled grid and its network-grid image
+  (:func:`brats_seg.data.preprocess.estimate_preparation_bytes`, given by the caller).
+
+On CPU the moments after the first forward pass add to it: TensorFlow's CPU allocator under
+oneDNN keeps what the forward pass reached resident once it is freed (measured at full resolution
+on a Zen 5: the RSS stays at the forward's peak while the allocator holds 32 MB, and
+``malloc_trim`` returns nothing), and the NumPy and SimpleITK arrays of the native grid and of the
+next case's preprocessing are allocated beside it. On a GPU the device's pool holds the forward
+pass and the host's arrays are elsewhere: the moments are counted from the runtime as before.
+A prediction from files also keeps the case's native FLAIR (for overlays) through all of them.
 
 An ensemble of ``members`` models (:mod:`brats_seg.evaluation.inference.ensemble`) runs them one after
 the other: every member's weights are held, and the running sum of the finished members' float32
@@ -51,24 +62,32 @@ class InferenceEstimate:
         forward_bytes: at the forward pass (or the mirrored second pass).
         native_bytes: while the probabilities go back to the native grid.
         scoring_bytes: while the case is scored on the native grid.
-        peak_bytes: the largest of the three.
-        peak_at: ``forward``, ``native`` or ``scoring``.
+        preprocessing_bytes: while the next case is read and preprocessed from its files
+            (0: evaluation from the cache).
+        peak_bytes: the largest of the four.
+        peak_at: ``forward``, ``native``, ``scoring`` or ``preprocessing``.
     """
 
     forward_bytes: int
     native_bytes: int
     scoring_bytes: int
+    preprocessing_bytes: int = 0
+
+    def _moments(self) -> tuple[tuple[str, int], ...]:
+        return (
+            ("forward", self.forward_bytes),
+            ("native", self.native_bytes),
+            ("scoring", self.scoring_bytes),
+            ("preprocessing", self.preprocessing_bytes),
+        )
 
     @property
     def peak_bytes(self) -> int:
-        return max(self.forward_bytes, self.native_bytes, self.scoring_bytes)
+        return max(b for _, b in self._moments())
 
     @property
     def peak_at(self) -> str:
-        return max(
-            (("forward", self.forward_bytes), ("native", self.native_bytes), ("scoring", self.scoring_bytes)),
-            key=lambda kv: kv[1],
-        )[0]
+        return max(self._moments(), key=lambda kv: kv[1])[0]
 
 
 def estimate_inference(
@@ -79,6 +98,8 @@ def estimate_inference(
     native_voxels: int | None = None,
     scoring: bool = True,
     members: int = 1,
+    preparation_bytes: int = 0,
+    pool_retained: bool = True,
 ) -> InferenceEstimate:
     """The peak of evaluating (``scoring``) or predicting one case of ``workload``'s shape.
 
@@ -92,6 +113,12 @@ def estimate_inference(
         native_voxels: voxels of the native grid; default the network grid's.
         scoring: whether the case is scored (evaluation) or only written (prediction).
         members: models of an ensemble, run one after the other (1: a single run's model).
+        preparation_bytes: a case's preprocessing from its files (prediction:
+            :func:`brats_seg.data.preprocess.estimate_preparation_bytes` of the largest case); 0
+            from the cache.
+        pool_retained: the forward pass's memory stays resident after it (CPU: TensorFlow's
+            allocator keeps it), so the later moments add to it; False (GPU): they count from
+            the runtime.
     """
     one = dataclasses.replace(workload, batch_size=1, input_batches=0, validates=False)
     net = compute_network_cost(one, memory_model)
@@ -121,6 +148,11 @@ def estimate_inference(
         forward = max(forward + mm.activation_factor * probs, runtime + host_image + 3 * probs)
     if members > 1:  # the finished members' sum waits through the next member's pass
         forward += probs
-    back = runtime + probs + 2 * resampled * FLOAT32_BYTES + native * (regions + 1) * FLOAT32_BYTES
-    score = runtime + native * regions * FLOAT32_BYTES + (native * NATIVE_SCORING_BYTES_PER_VOXEL if scoring else 0)
-    return InferenceEstimate(int(forward), int(back), int(score))
+    flair = 0 if scoring else native * FLOAT32_BYTES  # a prediction keeps the native FLAIR for its overlay
+    forward += flair
+    after = forward if pool_retained else runtime + flair  # what the later moments add to
+    back = after + probs + 2 * resampled * FLOAT32_BYTES + native * (regions + 1) * FLOAT32_BYTES
+    score = after + native * regions * FLOAT32_BYTES + (native * NATIVE_SCORING_BYTES_PER_VOXEL if scoring else 0)
+    # the next case's preprocessing: beside the resident forward pass on CPU (from the second case on)
+    prep = ((after if pool_retained else runtime) + preparation_bytes) if preparation_bytes else 0
+    return InferenceEstimate(int(forward), int(back), int(score), int(prep))

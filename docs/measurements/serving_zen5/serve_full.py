@@ -60,9 +60,8 @@ def main(run: str, case_dir: str, work: str) -> None:
     sys.path.insert(0, str(REPO))
     from brats_seg.backend import configure, decide_backend
     from brats_seg.config import BackendConfig, EvaluateConfig, TrackingConfig
-    from brats_seg.data.case_io import load_case_image
     from brats_seg.data.layouts import case_from_dir
-    from brats_seg.data.preprocess import preprocess_case
+    from brats_seg.data.prep_memory import prediction_records
     from brats_seg.evaluation.inference.run import load_run_config
     from brats_seg.evaluation.serving.export import export_run
     from brats_seg.evaluation.serving.mlflow_model import log_export_to_run
@@ -90,14 +89,8 @@ def main(run: str, case_dir: str, work: str) -> None:
     assert logged is not None, "the export was not logged"
 
     case = case_from_dir(Path(case_dir), "brats2021")
-    image, ref = load_case_image(case)
-    _, _, record = preprocess_case(
-        case.case_id, image, ref.spacing_mm, config.resolution.spacing_mm, config.resolution.shape
-    )
-    estimate = check_inference_memory(
-        config, EvaluateConfig(), "CPU", "float32", records=[record.to_dict()], scoring=False
-    )
-    del image
+    records = prediction_records([case], config.resolution.spacing_mm, config.resolution.shape)  # as predict.py plans
+    estimate = check_inference_memory(config, EvaluateConfig(), "CPU", "float32", records=records, scoring=False)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
