@@ -50,7 +50,7 @@ from brats_seg.data.labels import output_regions
 from brats_seg.data.pipeline import TrainInput, make_eval_dataset, make_train_dataset
 from brats_seg.data.splits import validation_subset
 from brats_seg.distribute.strategy import make_strategy
-from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_rss_bytes
+from brats_seg.lms.runtime.stats import MemoryStatsCallback, current_file_rss_bytes, current_rss_bytes
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.oom import MemoryWatch, out_of_memory_guard
 from brats_seg.resolve import ResolvedRun, resolve_run
@@ -260,6 +260,7 @@ def _train_in_folder(
 
         gc.collect()
     baseline = current_rss_bytes() if backend.device == "CPU" else None  # the runtime, before the model
+    baseline_files = current_file_rss_bytes() if backend.device == "CPU" else None  # its mapped files' pages
     watch.started(baseline, state)
     compiled = compile_models(
         stages[0].config,
@@ -297,7 +298,7 @@ def _train_in_folder(
         write=is_chief,
         select_stage=len(stages) if len(stages) > 1 else None,
     )
-    memory_stats = MemoryStatsCallback(backend.device, offload_stats, baseline)
+    memory_stats = MemoryStatsCallback(backend.device, offload_stats, baseline, baseline_files)
     callbacks = [
         memory_stats,
         checkpoint,

@@ -513,3 +513,45 @@ def test_inference_out_of_memory_carries_the_estimate_and_what_lowers_it(monkeyp
     with pytest.raises(ValueError, match="not memory"):  # anything else passes unchanged
         with inference_memory_guard(run, EvaluateConfig(), "CPU", "float32"):
             raise ValueError("not memory")
+
+
+def test_the_epochs_memory_is_split_into_the_training_steps_and_the_validation_pass(tmp_path):
+    """history.csv's train_measured_bytes and val_measured_bytes are each phase's own peak above the
+    runtime, measured_bytes the larger; file_bytes the mapped files' resident pages above the runtime's."""
+    import mmap
+
+    import numpy as np
+
+    from brats_seg.lms.runtime.stats import (
+        MemoryStatsCallback,
+        current_file_rss_bytes,
+        current_rss_bytes,
+        reset_peak_rss,
+    )
+
+    if not reset_peak_rss() or current_file_rss_bytes() is None:
+        pytest.skip("this kernel lets a process neither reset its peak RSS nor read RssFile (/proc/self)")
+    mb = 2**20
+    stats = MemoryStatsCallback("CPU", baseline_bytes=current_rss_bytes(), baseline_file_bytes=current_file_rss_bytes())
+    data = tmp_path / "mapped.bin"
+    data.write_bytes(b"\1" * (64 * mb))
+    stats.on_epoch_begin(0)
+    train = np.ones(300 * mb, np.uint8)  # the training steps' peak: 300 MB
+    del train
+    stats.on_test_begin()
+    val = np.ones(120 * mb, np.uint8)  # the validation pass's: 120 MB, below the training peak
+    del val
+    with data.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert sum(mapped[i] for i in range(0, len(mapped), 4096)) == 64 * mb // 4096  # every page read
+        logs: dict = {}
+        stats.on_epoch_end(0, logs)
+    assert 280 * mb < logs["train_measured_bytes"] < 400 * mb
+    assert 100 * mb < logs["val_measured_bytes"] < 250 * mb  # not the training peak: reset between them
+    assert logs["measured_bytes"] == logs["train_measured_bytes"]
+    assert logs["peak_bytes"] == logs["measured_bytes"] + stats.baseline_bytes
+    assert 60 * mb < logs["file_bytes"] < 200 * mb  # the mapped file's pages
+    # an epoch without validation: its training peak is the epoch's
+    stats.on_epoch_begin(1)
+    logs = {}
+    stats.on_epoch_end(1, logs)
+    assert "val_measured_bytes" not in logs and logs["train_measured_bytes"] == logs["measured_bytes"]

@@ -22,6 +22,7 @@ __all__ = [
     "MemoryStatsCallback",
     "OffloadStats",
     "allocator_peak_bytes",
+    "current_file_rss_bytes",
     "current_rss_bytes",
     "device_peak_bytes",
     "peak_rss_bytes",
@@ -62,6 +63,13 @@ def current_rss_bytes() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
+
+
+def current_file_rss_bytes() -> int | None:
+    """File-backed resident memory of this process now (``RssFile``: mapped files' pages, the
+    libraries' and a memory-mapped cache's; clean, so the kernel can drop them), or None."""
+    kb = _status_kb("RssFile")
+    return None if kb is None else kb * 1024
 
 
 def reset_peak_rss() -> bool:
@@ -132,26 +140,60 @@ class MemoryStatsCallback(keras.callbacks.Callback):
         offload_stats: the :class:`OffloadStats` of the LMS wrapper, or None.
         baseline_bytes: on CPU, the RSS just before the model was built (the runtime); each
             epoch then also logs ``measured_bytes``, the peak above it: what the plan
-            predicts (``plan.txt``), validation included.
+            predicts (``plan.txt``), validation included; ``train_measured_bytes`` and
+            ``val_measured_bytes``, the training steps' and the validation pass's own peaks
+            above it (the peak is reset between them; an epoch without validation logs its
+            training peak only); and ``file_bytes``, the file-backed resident pages above the
+            runtime's at the epoch's end (mapped files, which the kernel may drop; the plan
+            does not count them; ``baseline_file_bytes``, read with ``baseline_bytes``, is the
+            runtime's).
     """
 
-    def __init__(self, device: str, offload_stats=None, baseline_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        device: str,
+        offload_stats=None,
+        baseline_bytes: int | None = None,
+        baseline_file_bytes: int | None = None,
+    ) -> None:
         super().__init__()
         self.device = device
         self.offload_stats = offload_stats
         self.baseline_bytes = baseline_bytes
+        self.baseline_file_bytes = baseline_file_bytes
+        self._train_peak: int | None = None
+
+    @property
+    def _phases(self) -> bool:
+        return self.baseline_bytes is not None and self.device == "CPU"
 
     def on_epoch_begin(self, epoch, logs=None):
         reset_device_peak(self.device)
+        self._train_peak = None
         if self.offload_stats is not None:
             self.offload_stats.reset()
+
+    def on_test_begin(self, logs=None):
+        if self._phases:  # the training steps' peak, then the validation pass's own
+            self._train_peak = peak_rss_bytes()
+            reset_peak_rss()
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
             return
         logs["peak_bytes"] = float(device_peak_bytes(self.device))
-        if self.baseline_bytes is not None and self.device == "CPU":
-            logs["measured_bytes"] = logs["peak_bytes"] - float(self.baseline_bytes)
+        if self._phases:
+            baseline = float(self.baseline_bytes)
+            if self._train_peak is not None:
+                logs["train_measured_bytes"] = self._train_peak - baseline
+                logs["val_measured_bytes"] = logs["peak_bytes"] - baseline
+                logs["peak_bytes"] = float(max(self._train_peak, logs["peak_bytes"]))
+            else:
+                logs["train_measured_bytes"] = logs["peak_bytes"] - baseline
+            logs["measured_bytes"] = logs["peak_bytes"] - baseline
+            files = current_file_rss_bytes()
+            if files is not None and self.baseline_file_bytes is not None:
+                logs["file_bytes"] = float(files - self.baseline_file_bytes)
         if self.offload_stats is not None:
             stats = self.offload_stats.result()
             logs["lms_offloaded_bytes"] = float(stats["lms_offloaded_bytes"])
