@@ -33,15 +33,19 @@ def test_a_validating_run_plans_its_validation_pass_as_a_step():
     # validation pipeline's batches of one case (float16 image, uint8 labels)
     case = np.prod(SHAPE) * (4 * 2 + 3 * 1)
     assert net.validation_bytes == forward_only_bytes(net) // 2 + 3 * case
-    assert timeline.total_bytes[-1] == net.persistent_bytes + net.validation_bytes
-    assert max(without.total_bytes) > timeline.total_bytes[-1]  # keeping everything, training is the peak
+    # TensorFlow's allocator keeps the training step's high-water: validation reuses it (here it holds
+    # more than the validation pass needs), and brings no NumPy arrays of its own (whole volumes)
+    trained = max(without.total_bytes) - net.persistent_bytes
+    assert trained > net.validation_bytes and net.validation_host_bytes == 0
+    assert timeline.total_bytes[-1] == net.persistent_bytes + trained == max(without.total_bytes)
 
 
 def test_a_patch_run_plans_its_sliding_validation_on_the_whole_grid():
     """Trained on patches, validation slides windows over whole volumes: besides the window's
-    forward pass it holds the validation pipeline's whole volumes and whole-grid arrays (the image,
-    the blending's weights and five float32 arrays a region), not the patch's."""
-    from brats_seg.lms.planner.cost import SLIDING_REGION_ARRAYS
+    forward pass it holds the validation pipeline's whole volumes and the scoring's whole-grid
+    tensors in TensorFlow's allocator, and the image, the blending's weights and two float32 arrays a
+    region in NumPy, on top of the training step's high-water that the allocator keeps."""
+    from brats_seg.lms.planner.cost import SLIDING_HOST_REGION_ARRAYS, SLIDING_SCORE_REGION_ARRAYS
 
     grid, patch = (128, 128, 96), (32, 32, 32)
     plain = compute_network_cost(Workload(CFG, patch, 2, input_batches=3, validates=True), MemoryModel())
@@ -50,10 +54,16 @@ def test_a_patch_run_plans_its_sliding_validation_on_the_whole_grid():
     )
     voxels = np.prod(grid)
     pipeline = 3 * voxels * (4 * 2 + 3 * 1)  # three whole cases: float16 image, uint8 regions
-    step = voxels * (4 * 2 + 4 + 4 * 3 * SLIDING_REGION_ARRAYS)
-    assert sliding.validation_bytes == forward_only_bytes(sliding) // 2 + pipeline + step
+    score = voxels * 4 * 3 * SLIDING_SCORE_REGION_ARRAYS
+    host = voxels * (4 * 2 + 4 + 4 * 3 * SLIDING_HOST_REGION_ARRAYS)
+    assert sliding.validation_bytes == forward_only_bytes(sliding) // 2 + pipeline + score
+    assert sliding.validation_host_bytes == host and plain.validation_host_bytes == 0
     # against the same run planned as before: the patch-sized pipeline replaced by the whole grid's arrays
-    assert sliding.validation_bytes - plain.validation_bytes == pipeline + step - 3 * np.prod(patch) * (4 * 2 + 3)
+    assert sliding.validation_bytes - plain.validation_bytes == pipeline + score - 3 * np.prod(patch) * (4 * 2 + 3)
+    timeline = simulate(sliding, ["keep"] * len(sliding.blocks))
+    trained = max(timeline.total_bytes[:-1]) - sliding.persistent_bytes
+    assert timeline.total_bytes[-1] == sliding.persistent_bytes + max(trained, sliding.validation_bytes) + host
+    assert timeline.peak_at == "validation"  # 32^3 patches: the whole grid's validation is the peak
     # the training step is the same either way; a whole-volume workload has no validation grid
     assert sliding.persistent_bytes == plain.persistent_bytes
     from brats_seg.config import ResolutionConfig, TrainConfig, TrainerConfig

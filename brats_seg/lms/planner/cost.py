@@ -198,7 +198,9 @@ class NetworkCost:
         loss_bytes: transient bytes of the loss step.
         validation_bytes: the validation pass's peak of activations and inputs (forward
             only, one case, each tensor freed after its last reader; :func:`forward_only_bytes`)
-            plus the validation pipeline's buffers; None when the workload does not validate.
+            plus the validation pipeline's buffers (and a sliding-window validation's scoring):
+            what it holds in TensorFlow's allocator; None when the workload does not validate.
+        validation_host_bytes: what a sliding-window validation holds in NumPy beside it.
         params: weights; trainable_params: trainable weights.
         memory_model: the coefficients used.
         policy: the workload's dtype policy (``float32``, ``mixed_bfloat16``, ...), which the
@@ -217,6 +219,7 @@ class NetworkCost:
     memory_model: MemoryModel
     validation_bytes: int | None = None
     policy: str = "float32"
+    validation_host_bytes: int = 0
 
     @property
     def persistent_bytes(self) -> int:
@@ -357,32 +360,43 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
         policy=topology.policy,
     )
     if workload.validates:  # one case at a time, fed by its own pipeline (batches of one)
+        host = 0
         if workload.validation_grid is None:
             pipeline = (batch_image_bytes + labels_bytes) // batch * workload.input_batches
-        else:  # whole volumes by sliding windows of the input: their host arrays, not the window's
-            pipeline = sliding_validation_bytes(workload)
-        net = dataclasses.replace(net, validation_bytes=forward_only_bytes(net) // batch + pipeline)
+        else:  # whole volumes by sliding windows of the input: their arrays, not the window's
+            pipeline, host = sliding_validation_bytes(workload)
+        net = dataclasses.replace(
+            net, validation_bytes=forward_only_bytes(net) // batch + pipeline, validation_host_bytes=host
+        )
     return net
 
 
-#: Whole-grid float32 arrays a sliding-window validation holds per output region at its peak
-#: (brats_seg.training.steps.make_sliding_eval_step, evaluation/inference/sliding.py): the
-#: probabilities' running sum, the stacked prediction and its tensor copy, the labels cast to
-#: float32 and two temporaries of the loss and metrics over the volume.
-SLIDING_REGION_ARRAYS = 5
+#: Whole-grid float32 arrays per output region that a sliding-window validation's scoring holds in
+#: TensorFlow's allocator at its peak (brats_seg.training.steps.make_sliding_eval_step's ``score``):
+#: the blended prediction's tensor copy, the labels cast to float32 and the loss's and metrics'
+#: temporaries over the volume. Measured, not counted: the allocator's peak over 16 calls at two
+#: grids ran 4.9-7.5 arrays, the executor's order varying between calls; the worst is taken
+#: (docs/measurements/stage_memory_zen5/score_arrays.py, score_arrays.txt).
+SLIDING_SCORE_REGION_ARRAYS = 7.5
+
+#: Whole-grid float32 arrays per region in NumPy at the same time (evaluation/inference/sliding.py):
+#: the weighted sum (or the blended prediction) and the stacked batch ``tf.constant`` copies from.
+SLIDING_HOST_REGION_ARRAYS = 2
 
 
-def sliding_validation_bytes(workload: Workload) -> int:
-    """Host bytes of validating one whole volume of ``workload.validation_grid`` by sliding windows
-    (a patch run's validation), besides the window's forward pass: the validation pipeline's
-    whole volumes (the cache's float16 image and uint8 regions, as many as it holds), the image as
-    NumPy, the blending's float32 weights and :data:`SLIDING_REGION_ARRAYS` float32 arrays per region.
-    Counted from the code, not fitted."""
+def sliding_validation_bytes(workload: Workload) -> tuple[int, int]:
+    """``(pool, host)``: bytes of validating one whole volume of ``workload.validation_grid`` by
+    sliding windows (a patch run's validation), besides the window's forward pass. ``pool``, in
+    TensorFlow's allocator: the validation pipeline's whole volumes (the cache's float16 image and
+    uint8 regions, as many as it holds) and the scoring's :data:`SLIDING_SCORE_REGION_ARRAYS` float32
+    arrays per region; ``host``, in NumPy: the image, the blending's float32 weights and
+    :data:`SLIDING_HOST_REGION_ARRAYS` float32 arrays per region."""
     voxels = math.prod(workload.validation_grid)
     c, r = workload.model_cfg.in_channels, workload.model_cfg.out_channels
     pipeline = voxels * (c * BATCH_IMAGE_BYTES_PER_ELEMENT + r * LABEL_BYTES_PER_ELEMENT) * workload.input_batches
-    step = voxels * (c * BATCH_IMAGE_BYTES_PER_ELEMENT + 4 + 4 * r * SLIDING_REGION_ARRAYS)
-    return int(pipeline + step)
+    score = voxels * 4 * r * SLIDING_SCORE_REGION_ARRAYS
+    host = voxels * (c * BATCH_IMAGE_BYTES_PER_ELEMENT + 4 + 4 * r * SLIDING_HOST_REGION_ARRAYS)
+    return int(pipeline + score), int(host)
 
 
 def forward_only_bytes(net: NetworkCost, with_loss: bool = True) -> int:

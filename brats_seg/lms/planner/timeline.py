@@ -203,11 +203,14 @@ def simulate(
         *(f"backward {b.name}" for b in reversed(blocks)),
     )
     if net.validation_bytes is not None:  # the run's validation pass, between epochs: no LMS, nothing kept
+        # TensorFlow's allocator keeps the training step's high-water resident (it never returns
+        # memory to the system): the validation's tensors reuse it, and its NumPy arrays come on top
         val = int(factor * net.validation_bytes)
+        trained = max(total) - fixed if total else 0
         kept.append(val)
         grads.append(0)
         transient.append(0)
-        total = (*total, int(fixed + val + rebuild))
+        total = (*total, int(fixed + max(trained, val + rebuild) + net.validation_host_bytes))
         labels = (*labels, "validation")
 
     def scaled(arr: list[int]) -> tuple[int, ...]:
