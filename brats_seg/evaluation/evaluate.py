@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 from pathlib import Path
@@ -58,6 +56,7 @@ from brats_seg.config import DataConfig, EvaluateConfig, TrainConfig
 from brats_seg.data.cache import CacheEntry
 from brats_seg.data.labels import labels_to_regions, region_names
 from brats_seg.data.nifti import load_volume, save_mask
+from brats_seg.evaluation.case_records import case_fingerprint, evaluation_key, record_case, reusable_row
 from brats_seg.evaluation.inference.ensemble import ensemble_size
 from brats_seg.evaluation.inference.ensemble_model import member_for
 from brats_seg.evaluation.inference.entries import prepare_run_entries, split_case_ids
@@ -77,7 +76,6 @@ from brats_seg.evaluation.postprocess import PostProcessing
 from brats_seg.evaluation.postprocess_run import postprocessing_for_run
 from brats_seg.evaluation.scoring.score import load_reference, score_case
 from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, MetricsTable
-from brats_seg.files import file_identity
 from brats_seg.locks import hold_lock, remove_stale_temporaries
 from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
 from brats_seg.patch_schedule import inference_patch
@@ -93,7 +91,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _EFFECT_COLUMNS = ("dice_", "lesion23_dice_", "lesion_dice_", "rq_", "pq_")  # summary.json: unprocessed means
-_RECORD_VERSION = 2  # bump when scoring changes: every case is evaluated again (2: post-processing)
 
 
 def eval_dir(run_dir: str | Path, split: str) -> Path:
@@ -161,80 +158,6 @@ def _evaluate_case(
             region_names=names,
         )
     return metrics, unprocessed
-
-
-# ---------------------------------------------------------------------------------------
-# Case records: an interrupted evaluation continues where it stopped
-# ---------------------------------------------------------------------------------------
-
-
-def _evaluation_key(
-    checkpoint_identity: dict | None,
-    eval_cfg: EvaluateConfig,
-    config: TrainConfig,
-    postprocess: PostProcessing | None = None,
-    policy: str = "float32",
-) -> dict | None:
-    """What every case's result depends on besides its own entry (the precision the model infers in,
-    ``policy``, among it); None (nothing reused) for a model in memory."""
-    if checkpoint_identity is None:
-        return None
-    return {
-        "version": _RECORD_VERSION,
-        "checkpoint": checkpoint_identity,
-        "policy": policy,
-        "evaluate": dataclasses.asdict(eval_cfg),
-        "layout": str(config.data.layout),
-        "regions": list(run_regions(config)),
-        "postprocess": None if postprocess is None else postprocess.rules(),
-    }
-
-
-def _case_fingerprint(key: dict, entry: CacheEntry) -> str:
-    entry_fingerprint = entry.meta.get("fingerprint")
-    return hashlib.sha256(json.dumps({**key, "entry": entry_fingerprint}, sort_keys=True).encode()).hexdigest()
-
-
-def _case_outputs(folder: RunFolder, split: str, case_id: str, overlays: bool) -> dict:
-    """The identity of the files a case's evaluation wrote (None where a file is missing)."""
-    return {
-        "prediction": file_identity(folder.prediction_file(split, case_id)),
-        "overlay": file_identity(folder.overlay_file(split, case_id)) if overlays else None,
-    }
-
-
-def _encode_row(row: dict) -> dict:
-    """A metrics row as JSON: NaN (undefined) as null, infinite distances as "inf"; floats at full precision."""
-    return {
-        k: None if math.isnan(v) else (("inf" if v > 0 else "-inf") if math.isinf(v) else v)
-        for k, v in ((k, float(v)) for k, v in row.items() if k != "case_id")
-    }
-
-
-def _decode_row(row: dict) -> dict:
-    return {k: math.nan if v is None else float(v) for k, v in row.items()}
-
-
-def _reusable_row(
-    folder: RunFolder, split: str, case_id: str, fingerprint: str, overlays: bool
-) -> tuple[dict, dict | None] | None:
-    """The case's metrics row (and its unprocessed row, or None) from its record, if the record was
-    made by the same checkpoint, settings and entry and the files it recorded are the ones in place;
-    else None."""
-    record = folder.read_eval_case(split, case_id)
-    if record is None or record.get("fingerprint") != fingerprint:
-        return None
-    outputs = _case_outputs(folder, split, case_id, overlays)
-    recorded = record.get("outputs") or {}
-    if outputs["prediction"] is None or outputs["prediction"] != recorded.get("prediction"):
-        return None
-    if overlays and (outputs["overlay"] is None or outputs["overlay"] != recorded.get("overlay")):
-        return None
-    try:
-        unprocessed = record.get("unprocessed")
-        return _decode_row(record["metrics"]), (None if unprocessed is None else _decode_row(unprocessed))
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
 
 
 def _plot_cases(table: MetricsTable, path: Path, title: str) -> None:
@@ -384,13 +307,13 @@ def _evaluate_cases(
         return load_run_model(run_dir, checkpoint, config)
 
     postprocess, model = postprocessing_for_run(run_dir, own, eval_cfg, checkpoint, model, progress, load, identity)
-    key = _evaluation_key(identity, eval_cfg, config, postprocess, inference_policy())
-    fingerprints = {e.case_id: _case_fingerprint(key, e) for e in entries} if key is not None else {}
+    key = evaluation_key(identity, eval_cfg, config, postprocess, inference_policy())
+    fingerprints = {e.case_id: case_fingerprint(key, e) for e in entries} if key is not None else {}
     rows = {
         e.case_id: row
         for e in entries
         if key is not None
-        and (row := _reusable_row(folder, split, e.case_id, fingerprints[e.case_id], eval_cfg.overlays)) is not None
+        and (row := reusable_row(folder, split, e.case_id, fingerprints[e.case_id], eval_cfg.overlays)) is not None
     }
     if rows:
         log.info(
@@ -425,17 +348,7 @@ def _evaluate_cases(
                 predictor = member_for(model, entry.case_id, split.split("@")[0])
                 row, raw = _evaluate_case(predictor, entry, config, eval_cfg, folder, split, postprocess)
                 if key is not None:  # last: the case is complete
-                    folder.write_eval_case(
-                        split,
-                        entry.case_id,
-                        {
-                            "case_id": entry.case_id,
-                            "fingerprint": fingerprints[entry.case_id],
-                            "outputs": _case_outputs(folder, split, entry.case_id, eval_cfg.overlays),
-                            "metrics": _encode_row(row),
-                            "unprocessed": None if raw is None else _encode_row(raw),
-                        },
-                    )
+                    record_case(folder, split, entry.case_id, fingerprints[entry.case_id], eval_cfg.overlays, row, raw)
             else:
                 row, raw = reused
             table.add(entry.case_id, row)

@@ -144,7 +144,11 @@ EVALUATION_FLOORS = (
     ("scoring",),  # label maps scored: no model
     ("postprocess", "overlays"),  # rules for a label map (chosen with scoring's metrics); pictures
     ("inference",),  # a run's model turned into label maps (applies the rules)
-    ("postprocess_run", "serving"),  # rules chosen on a run's val split; the model outside brats_seg
+    (
+        "postprocess_run",
+        "serving",
+        "case_records",
+    ),  # rules chosen on a run's val split; the model outside brats_seg; what a resumed evaluation reuses
     ("evaluate",),  # a run's split end to end
     ("studies",),  # many runs, run as commands
 )

@@ -29,6 +29,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
+import brats_seg.evaluation.case_records as case_records
 import brats_seg.evaluation.evaluate as evaluate
 import brats_seg.evaluation.inference.predict as predict
 from brats_seg.config import EvaluateConfig, TrainConfig
@@ -305,8 +306,8 @@ def test_post_processing_is_chosen_on_the_val_split_once_per_checkpoint_and_its_
 
 def test_nan_and_infinite_metrics_come_back_from_a_record_as_they_went_in():
     row = {"dice_et": float("nan"), "hd95_et": float("inf"), "dice_wt": 0.1 + 0.2, "lesions_ref_wt": 3.0}
-    encoded = json.loads(json.dumps(evaluate._encode_row(row), allow_nan=False))
-    decoded = evaluate._decode_row(encoded)
+    encoded = json.loads(json.dumps(case_records.encode_row(row), allow_nan=False))
+    decoded = case_records.decode_row(encoded)
     assert np.isnan(decoded["dice_et"]) and decoded["hd95_et"] == float("inf")
     assert decoded["dice_wt"] == 0.1 + 0.2 and decoded["lesions_ref_wt"] == 3.0
 
