@@ -21,7 +21,6 @@ every case again. The output folder is locked while a prediction writes it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,11 +45,11 @@ from brats_seg.evaluation.inference.predict_manifest import (
     overlay_path,
     read_manifest,
     remove_leftovers,
+    write_manifest,
 )
 from brats_seg.evaluation.inference.run import run_regions
 from brats_seg.evaluation.inference.sliding import predict_volume
 from brats_seg.evaluation.postprocess import PostProcessing
-from brats_seg.files import write_text_atomic
 from brats_seg.locks import hold_lock
 from brats_seg.signals import report_progress
 
@@ -371,7 +370,7 @@ def _predict_cases(
             else:
                 if settings is not None:  # after the mask: the record says it is complete
                     done[case.case_id] = case_record(case, output, eval_cfg.overlays)
-                    write_text_atomic(output / MANIFEST, json.dumps({"settings": settings, "cases": done}, indent=1))
+                    write_manifest(output, settings, done)
         report_progress(f"{i + 1} of {len(cases)} cases")
     if failures:
         raise PredictionFailed(failures, len(written))

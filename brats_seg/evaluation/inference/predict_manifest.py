@@ -18,7 +18,7 @@ from pathlib import Path
 from brats_seg.config import EvaluateConfig, TrainConfig, config_to_dict
 from brats_seg.data.layouts import Case
 from brats_seg.evaluation.postprocess import PostProcessing
-from brats_seg.files import file_identity, is_temporary
+from brats_seg.files import file_identity, is_temporary, write_text_atomic
 
 __all__ = [
     "MANIFEST",
@@ -29,6 +29,7 @@ __all__ = [
     "overlay_path",
     "read_manifest",
     "remove_leftovers",
+    "write_manifest",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,12 @@ def read_manifest(output: Path, settings: dict) -> dict[str, dict]:
         return {}
     cases = manifest.get("cases")
     return cases if isinstance(cases, dict) else {}
+
+
+def write_manifest(output: Path, settings: dict, cases: dict[str, dict]) -> Path:
+    """``predict.json`` with ``settings`` and the records of the ``cases`` done (atomically: a
+    reader sees the previous manifest or this one)."""
+    return write_text_atomic(output / MANIFEST, json.dumps({"settings": settings, "cases": cases}, indent=1))
 
 
 def case_record(case: Case, output: Path, overlays: bool) -> dict:
