@@ -38,6 +38,7 @@ __all__ = [
     "check_inference_memory",
     "inference_memory_guard",
     "inference_out_of_memory_error",
+    "measured_against_estimate",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,15 @@ def _largest_case(
         members=members,
         preparation_bytes=max((int(r.get("preparation_bytes", 0)) for r in records), default=0),
         pool_retained=device == "CPU",  # TensorFlow's CPU allocator keeps the forward pass resident
+    )
+
+
+def measured_against_estimate(peak_bytes: int, estimate: InferenceEstimate) -> str:
+    """``peak X GB above the runtime (predicted Y GB, at its Z step)``: what evaluate.py logs and
+    predict.py prints once its cases are done (the inference-memory records read this wording)."""
+    return (
+        f"peak {peak_bytes / 1e9:.2f} GB above the runtime (predicted {estimate.peak_bytes / 1e9:.2f} GB, "
+        f"at its {estimate.peak_at} step)"
     )
 
 

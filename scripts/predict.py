@@ -86,7 +86,7 @@ def main(cfg) -> None:
     from brats_seg.evaluation.inference.ensemble import ensemble_size
     from brats_seg.evaluation.inference.predict import predict_new_cases
     from brats_seg.evaluation.inference.run import inference_policy, load_run_model
-    from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
+    from brats_seg.oom_inference import check_inference_memory, inference_memory_guard, measured_against_estimate
     from brats_seg.run_dir import RunFolder
 
     with user_errors("prediction"):  # predicted to fit lms.limit, or refused before the model is loaded
@@ -132,10 +132,7 @@ def main(cfg) -> None:
     if settings.overlays:
         print(f"overlays in {Path(conf.output) / 'overlays'}")
     if backend.device == "CPU":  # the process's RSS is the device's memory
-        print(
-            f"memory: peak {peak / 1e9:.2f} GB above the runtime (predicted {estimate.peak_bytes / 1e9:.2f} GB, "
-            f"at its {estimate.peak_at} step)"
-        )
+        print(f"memory: {measured_against_estimate(peak, estimate)}")
 
 
 if __name__ == "__main__":

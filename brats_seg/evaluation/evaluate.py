@@ -77,7 +77,7 @@ from brats_seg.evaluation.postprocess_run import postprocessing_for_run
 from brats_seg.evaluation.scoring.score import load_reference, score_case
 from brats_seg.evaluation.scoring.table import INF_DISTANCE_MM, MetricsTable
 from brats_seg.locks import hold_lock, remove_stale_temporaries
-from brats_seg.oom_inference import check_inference_memory, inference_memory_guard
+from brats_seg.oom_inference import check_inference_memory, inference_memory_guard, measured_against_estimate
 from brats_seg.patch_schedule import inference_patch
 from brats_seg.run_dir import RunFolder
 from brats_seg.signals import report_progress
@@ -357,12 +357,7 @@ def _evaluate_cases(
             report_progress(f"{i + 1} of {len(entries)} cases")
             bar.set_postfix(dice_wt=f"{row['dice_wt']:.3f}")
     if estimate is not None:
-        log.info(
-            "evaluation peak %.2f GB above the runtime (predicted %.2f GB, at its %s step)",
-            (peak_rss_bytes() - baseline) / 1e9,
-            estimate.peak_bytes / 1e9,
-            estimate.peak_at,
-        )
+        log.info("evaluation %s", measured_against_estimate(peak_rss_bytes() - baseline, estimate))
     table.save_csv(out / "metrics.csv")
     # the rules applied (chosen on the val split: postprocess.json says how) and their effect; null: none
     applied = (
