@@ -87,7 +87,13 @@ def dataset_cache_dir(data: DataConfig) -> Path:
 # data.name values whose root is generated on first use: the synthetic set and its cases of another seed
 # no run trains on (synthetic_heldout), the MNI gliomas (seed 0), cases of another seed no run trains on
 # (heldout), and each acquired as another scanner would (_shifted)
-MNI_GLIOMAS = ("mni_gliomas", "mni_gliomas_shifted", "mni_gliomas_heldout", "mni_gliomas_heldout_shifted")
+MNI_GLIOMAS = (
+    "mni_gliomas",
+    "mni_gliomas_shifted",
+    "mni_gliomas_heldout",
+    "mni_gliomas_heldout_shifted",
+    "mni_gliomas_heldout2",
+)
 GENERATED = ("synthetic", "synthetic_heldout", *MNI_GLIOMAS)
 
 

@@ -52,6 +52,7 @@ SETS = {
     "shifted": ("test", "mni_gliomas_shifted"),
     "heldout": ("all", "mni_gliomas_heldout"),
     "heldout_shifted": ("all", "mni_gliomas_heldout_shifted"),
+    "heldout2": ("all", "mni_gliomas_heldout2"),
 }
 
 
