@@ -504,6 +504,12 @@ def _jobs(sweep_params, typed: list[str]) -> list[list[str]]:
             "outputs/patches_vs_whole",
         ),
         (
+            "patches_vs_whole_30",
+            [],
+            {"+arm": "whole,patch48,grow", "trainer.seed": "0,1,2"},
+            "outputs/patches_vs_whole_30",
+        ),
+        (
             "patches_vs_whole_full",
             [],
             {"+arm": "whole,patch96,grow", "trainer.seed": "0,1,2"},
