@@ -1,7 +1,9 @@
 #!/bin/bash
 # Issue 46 at half resolution with 9 validation cases: experiment=patches_vs_whole_30, one job at a
-# time on an otherwise idle machine, each run evaluated on the test split (6 cases) and on
-# data=mni_gliomas_heldout2 (20 cases no earlier recipe was scored on) as soon as it finishes.
+# time on an otherwise idle machine, each run evaluated (with TEST=1 also on the test split, 6 cases) on
+# data=mni_gliomas_heldout2 (30 cases no earlier recipe was scored on) as soon as it finishes, without
+# test-time mirroring (evaluate.mirror=false, every arm alike: it halves the evaluation, which at this
+# CPU's speed decides whether the study fits in one session; the runs' folders do not outlive it).
 #   bash docs/measurements/patch_schedule_emr/run_30.sh budget        # whole volume, 15 epochs, no budget: the time
 #   ARMS="grow patch48 whole" [TEST=1] bash docs/measurements/patch_schedule_emr/run_30.sh arms
 # A run already finished is passed over; an interrupted one resumes (the same command again).
@@ -15,10 +17,10 @@ log() { echo "$(date -u +%FT%TZ) $*" | tee -a $OUT/run_30.log; }
 evaluate() {  # run name; the test split too with TEST=1
   local run=$OUT/$1
   if [ -n "${TEST:-}" ] && [ ! -f $run/eval/test/summary.json ]; then
-    $PY scripts/evaluate.py run_dir=$run evaluate.overlays=false > $OUT/$1.eval_test.log 2>&1
+    $PY scripts/evaluate.py run_dir=$run evaluate.overlays=false evaluate.mirror=false > $OUT/$1.eval_test.log 2>&1
   fi
   [ -f "$run/eval/all@mni_gliomas_heldout2/summary.json" ] || $PY scripts/evaluate.py run_dir=$run split=all \
-    on=mni_gliomas_heldout2 evaluate.overlays=false > $OUT/$1.eval_heldout2.log 2>&1
+    on=mni_gliomas_heldout2 evaluate.overlays=false evaluate.mirror=false > $OUT/$1.eval_heldout2.log 2>&1
   log "evaluated $1 rc=$?"
 }
 case ${1:?budget or arms} in
