@@ -80,7 +80,8 @@ def _report(entry: dict, figure: str) -> None:
             )
     for dtype, c in entry["fit"].items():
         print(
-            f"{dtype}: channels padded to {c['block']}, "
+            f"{dtype}: convolution channels padded to {c['block']}, activations counted padded to "
+            f"{c.get('bytes_block', 1)}, "
             f"{1 / c['per_flop_s'] / 1e9 if c['per_flop_s'] else float('inf'):.0f} GFLOP/s of padded "
             f"convolution, {1 / c['per_byte_s'] / 1e9 if c['per_byte_s'] else float('inf'):.1f} GB/s of layer "
             f"traffic, {c['per_step_s']:.3f} s a step"

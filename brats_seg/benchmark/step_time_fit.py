@@ -2,7 +2,8 @@
 
 The model is :mod:`brats_seg.lms.planner.step_time`'s; :func:`calibrate` fits it to the ``lms=off``
 records of benchmark sweeps (``scripts/benchmark.py benchmark.sweep=...``) measured on this CPU, per
-compute dtype, choosing the channel padding whose leave-one-out error is smallest, and predicts
+compute dtype, choosing the channel paddings (of the convolutions' FLOPs and of the bytes
+touched) whose leave-one-out error is smallest, and predicts
 held-out records (any strategy: recomputation priced by the planner) with it. Used by
 ``scripts/calibrate_step_time.py`` (the shipped presets) and by the calibration of a CPU the presets
 do not know (:mod:`brats_seg.benchmark.self_calibration`).
@@ -13,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import itertools
 import json
 import statistics
 from pathlib import Path
 
-__all__ = ["BLOCKS", "calibrate", "summary_line"]
+__all__ = ["BLOCKS", "BYTES_BLOCKS", "calibrate", "summary_line"]
 
 
 @functools.cache
@@ -61,13 +63,16 @@ def _read(paths) -> list[dict]:
 
 
 BLOCKS = (1, 4, 8, 16)  # channel counts convolutions may be padded to; the fit keeps the one that predicts best
+#: channel counts activations may be counted padded to in the bytes term (1: as stored; oneDNN's
+#: blocked layouts hold 8 or 16), chosen the same way; on a tie the plainer form (1 first) is kept
+BYTES_BLOCKS = (1, 8, 16)
 
 
-def _features(record: dict, block: int) -> tuple[float, float]:
+def _features(record: dict, block: int, bytes_block: int = 1) -> tuple[float, float]:
     from brats_seg.lms.planner.step_time import step_features
 
     net, _ = _network(tuple(record["overrides"]))
-    f = step_features(net, block)
+    f = step_features(net, block, bytes_block)
     return f["padded_flops"], f["bytes"]
 
 
@@ -136,20 +141,21 @@ def calibrate(fit_paths, held_out_paths) -> dict:
     coefficients, fit_rows, loo_rows = {}, [], []
     for dtype, records in sorted(by_dtype.items()):
         best = None
-        for pad in BLOCKS:  # the padding whose fit predicts the points it did not see best
-            points = [(*_features(r, pad), r["step_s"]) for r in records]
+        # the paddings whose fit predicts the points it did not see best
+        for bytes_pad, pad in itertools.product(BYTES_BLOCKS, BLOCKS):
+            points = [(*_features(r, pad, bytes_pad), r["step_s"]) for r in records]
             loo = []
             for k, r in enumerate(records):  # each point predicted by a fit that did not see it
                 if len(points) > 3:
                     alone = CpuTimeModel(
                         cpu=cpu_id(),
                         block=pad,
-                        coefficients={dtype: fit_coefficients(points[:k] + points[k + 1 :], pad)},
+                        coefficients={dtype: fit_coefficients(points[:k] + points[k + 1 :], pad, bytes_pad)},
                     )
                     loo.append(_row(r, _predict(r, alone)))
             worst = max((abs(row["error"]) for row in loo), default=0.0)
             if best is None or worst < best[0]:
-                best = (worst, pad, fit_coefficients(points, pad), loo)
+                best = (worst, pad, fit_coefficients(points, pad, bytes_pad), loo)
         _, pad, coefficients[dtype], loo = best
         model = CpuTimeModel(cpu=cpu_id(), block=pad, coefficients={dtype: coefficients[dtype]})
         fit_rows += [_row(r, _predict(r, model)) for r in records]

@@ -56,6 +56,56 @@ def test_bytes_touched_follow_the_dtype_and_the_width():
     assert step_features(_net(16), 16)["bytes"] > 1.8 * step_features(_net(8), 16)["bytes"]
 
 
+def test_bytes_may_be_counted_with_each_activations_channels_padded_to_a_block():
+    # 16 filters: every activation between the image (4 channels) and the head (3) is a multiple
+    # of 16, so padding the bytes to 16 adds only at the ends; 6 filters pad 6, 12, 24 to 16, 16, 32
+    wide, narrow = _net(16), _net(6)
+    for i, blk in enumerate(wide.blocks):
+        plain, padded = block_features(wide, i, 16)[1], block_features(wide, i, 16, 16)[1]
+        assert padded == pytest.approx(plain) if blk.name not in ("enc0", "head") else padded > plain
+    level0 = [i for i, blk in enumerate(narrow.blocks) if blk.name in ("enc0", "dec0")]
+    for i in level0:  # the 6-filter level-0 activations stored as 16 channels, those of 8 as 8
+        assert block_features(narrow, i, 16, 16)[1] > 2.0 * block_features(narrow, i, 16)[1]
+    assert block_features(_net(8), 1, 16, 8)[1] == pytest.approx(block_features(_net(8), 1, 16)[1])
+    # the step prices its bytes by its coefficients' bytes block; FLOPs are untouched by it
+    assert step_features(narrow, 16, 16)["padded_flops"] == step_features(narrow, 16)["padded_flops"]
+    per_byte = TimeCoefficients(per_flop_s=0.0, per_byte_s=1e-9, block=16, bytes_block=16)
+    model = CpuTimeModel(cpu="test", block=16, coefficients={"float32": per_byte})
+    assert model.step_s(narrow) == pytest.approx(1e-9 * step_features(narrow, 16, 16)["bytes"])
+
+
+def test_the_calibration_keeps_the_bytes_padding_that_predicts_unseen_points(monkeypatch, tmp_path):
+    """Steps timed as if activations were stored padded to 16 channels: the fit chooses that
+    padding by leave-one-out error and predicts every left-out point; steps timed as stored keep 1."""
+    from brats_seg.benchmark import step_time_fit
+    from brats_seg.cpu import cpu_id
+
+    monkeypatch.setattr(step_time_fit, "BLOCKS", (16,))  # the FLOPs' padding fixed: the bytes' is tested
+    configurations = [("tiny", f, p) for f in (4, 6, 8, 12, 16, 24) for p in ("fp32",)]
+    for truth_block in (16, 1):
+        truth = TimeCoefficients(per_flop_s=1 / 200e9, per_byte_s=1 / 4e9, per_step_s=0.01, bytes_block=truth_block)
+        lines = []
+        for resolution, filters, precision in configurations:
+            overrides = (
+                "backend=cpu_onednn",
+                f"resolution={resolution}",
+                "model.depth=3",
+                f"model.base_filters={filters}",
+                f"backend.precision={precision}",
+                "trainer.batch_size=1",
+                "lms=off",
+            )
+            net, _ = step_time_fit._network(overrides)
+            f = step_features(net, 16, truth_block)
+            seconds = truth.seconds(f["padded_flops"], f["bytes"])
+            lines.append({"overrides": list(overrides), "step_s": seconds, "strategy": "off", "precision": precision})
+        path = tmp_path / f"sweep_{truth_block}.jsonl"
+        path.write_text("".join(json.dumps({**r, "cpu_id": cpu_id()}) + "\n" for r in lines))
+        record = step_time_fit.calibrate([path], [])
+        assert record["fit"]["float32"]["bytes_block"] == truth_block
+        assert max(abs(r["error"]) for r in record["leave_one_out"]) < 1e-3
+
+
 def test_the_fit_recovers_known_coefficients_and_predicts_a_point_it_did_not_see():
     truth = TimeCoefficients(per_flop_s=1 / 300e9, per_byte_s=1 / 8e9, per_step_s=0.05)
     points = []

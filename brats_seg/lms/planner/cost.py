@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from brats_seg.lms.planner.layer_cost import DTYPE_BYTES, FLOAT32_BYTES, LayerCost, compute_layer_costs
@@ -43,6 +43,8 @@ class BlockCost:
         skip_input: for ``dec{l}``, the skip tensor's name (``enc{l}``), else None.
         layers: the layer table, in call order.
         tensor_bytes: bytes of every tensor the block reads, creates or writes.
+        tensor_channels: channels of its activations (layer inputs and outputs; the step-time
+            model may count them padded to a block, as oneDNN's blocked layouts store them).
         saved: every tensor the layers keep for backward under ``keep``.
         keep_saved_bytes: bytes of ``saved`` (its inputs and output included).
         internal_saved_bytes: bytes of ``saved`` that are neither inputs nor the output
@@ -87,6 +89,7 @@ class BlockCost:
     tail_backward_bytes: int = 0
     front_backward_bytes: int = 0
     tail_forward_flops: float = 0.0
+    tensor_channels: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def input_bytes(self) -> int:
@@ -115,6 +118,7 @@ def _finish_block(
     recomputable: bool = True,
     tail_start: int | None = None,
     release_lag: int = 0,
+    tensor_channels: Mapping[str, int] | None = None,
 ) -> BlockCost:
     """Derive a block's memory quantities from its layer table (``release_lag``: see
     ``MemoryModel.backward_release_lag_layers``)."""
@@ -175,6 +179,7 @@ def _finish_block(
         backward_working_bytes=segment_backward_peak(layers) - internal_saved(layers),
         forward_flops=sum(layer.forward_flops for layer in layers),
         recomputable=recomputable,
+        tensor_channels=dict(tensor_channels or {}),
         **tail_fields,
     )
 
@@ -291,7 +296,7 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
     globals_: dict[str, int] = {topology.image.name: image_bytes}  # block outputs (and the image)
     blocks: list[BlockCost] = []
     for spec in topology.blocks:
-        layers, tensor_bytes, tail_start = compute_layer_costs(spec, globals_, input_shape, batch, mm)
+        layers, tensor_bytes, channels, tail_start = compute_layer_costs(spec, globals_, input_shape, batch, mm)
         # BatchNormalization writes its moving statistics in forward: never recomputed.
         recomputable = not any(layer.kind == "norm" and layer.norm == "batch" for layer in spec.layers)
         blocks.append(
@@ -305,6 +310,7 @@ def compute_network_cost(workload: Workload, memory_model: MemoryModel | None = 
                 recomputable,
                 tail_start,
                 mm.backward_release_lag_layers,
+                channels,
             )
         )
         globals_[spec.name] = blocks[-1].output_bytes

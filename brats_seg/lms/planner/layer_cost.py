@@ -103,7 +103,7 @@ _WEIGHTLESS = {
 
 def compute_layer_costs(
     block: BlockSpec, input_bytes: Mapping[str, int], input_shape: Sequence[int], batch: int, mm: MemoryModel
-) -> tuple[list[LayerCost], dict[str, int], int | None]:
+) -> tuple[list[LayerCost], dict[str, int], dict[str, int], int | None]:
     """Price the layers of one block in call order, each by the rule of its kind.
 
     Args:
@@ -114,9 +114,10 @@ def compute_layer_costs(
         mm: the coefficients.
 
     Returns:
-        ``(rows, tensor_bytes, tail_start)``: the cost rows (a nested sigmoid gives two:
-        the sigmoids, then the products), the bytes of every tensor they read, create or
-        write, and the row where the block's tail (last conv unit) starts, or None.
+        ``(rows, tensor_bytes, tensor_channels, tail_start)``: the cost rows (a nested sigmoid
+        gives two: the sigmoids, then the products), the bytes of every tensor they read, create
+        or write, the channels of those that are activations (the step-time model pads them), and
+        the row where the block's tail (last conv unit) starts, or None.
     """
     costing = _BlockCosting(block, input_bytes, input_shape, batch, mm)
     tail_start = None
@@ -124,7 +125,7 @@ def compute_layer_costs(
         if i == block.tail_start:
             tail_start = len(costing.layers)
         costing.add(layer)
-    return costing.layers, costing.tensors, tail_start
+    return costing.layers, costing.tensors, costing.channels, tail_start
 
 
 class _BlockCosting:
@@ -135,6 +136,7 @@ class _BlockCosting:
     ):
         self.block, self.input_shape, self.batch, self.mm = block, tuple(input_shape), batch, mm
         self.tensors: dict[str, int] = {t.name: tensor_bytes[t.name] for t in block.inputs}
+        self.channels: dict[str, int] = {t.name: t.channels for t in block.inputs}
         self.layers: list[LayerCost] = []
 
     def voxels(self, t: TensorSpec) -> int:
@@ -142,6 +144,7 @@ class _BlockCosting:
 
     def add_tensor(self, t: TensorSpec) -> str:
         self.tensors[t.name] = self.batch * self.voxels(t) * t.channels * DTYPE_BYTES[t.dtype]
+        self.channels[t.name] = t.channels
         return t.name
 
     def conv(self, layer: LayerSpec) -> None:

@@ -11,7 +11,9 @@ arithmetic. The model, per compute dtype:
 where *padded FLOPs* are the step's convolution FLOPs with each convolution's input and
 output channels rounded up to a block (the one whose fit predicts left-out points best: 16 for
 bfloat16 and 4 for float32 on a Zen 5; :func:`step_features`), and *bytes
-touched* are what every layer reads and writes. The coefficients are fitted per CPU model
+touched* are what every layer reads and writes, each activation's channels rounded up to a block
+of their own (1: as stored; 8 or 16: as oneDNN's blocked layouts store them, which is how an
+Emerald Rapids' bfloat16 steps scale), also chosen by leave-one-out error. The coefficients are fitted per CPU model
 (:func:`brats_seg.cpu.cpu_id`: CPUs of one kind, Zen 4 and Zen 5, run the same kernels at
 different speeds) to benchmark sweeps by ``scripts/calibrate_step_time.py`` and kept in
 ``brats_seg/lms/presets/step_time.json`` with the error on points the fit did not see.
@@ -78,15 +80,16 @@ def _padded(c: int, block: int) -> int:
     return -(-c // block) * block
 
 
-def step_features(net: NetworkCost, block: int) -> dict[str, float]:
+def step_features(net: NetworkCost, block: int, bytes_block: int = 1) -> dict[str, float]:
     """What a training step costs in the model's terms: ``padded_flops`` (forward and backward;
     a convolution's backward is two convolutions, the first one's one, as
     :func:`~brats_seg.lms.planner.cost.compute_step_flops` counts) and ``bytes`` (every layer's
-    inputs and output, forward, and twice that backward: gradients in and out)."""
+    inputs and output, channels padded to ``bytes_block``, forward, and twice that backward:
+    gradients in and out)."""
     padded = moved = 0.0
     first_conv = True
     for i in range(len(net.blocks)):
-        moved += 3.0 * block_features(net, i, block)[1]
+        moved += 3.0 * block_features(net, i, block, bytes_block)[1]
         for layer in net.blocks[i].layers:
             if layer.kind in ("conv", "up_transpose"):
                 padded += _conv_padded(layer, block) * (2.0 if first_conv else 3.0)
@@ -101,27 +104,32 @@ def _conv_padded(layer, block: int) -> float:
     return layer.forward_flops * _padded(cin, block) * _padded(cout, block) / (cin * cout)
 
 
-def block_features(net: NetworkCost, i: int, block: int) -> tuple[float, float]:
-    """Block ``i``'s forward ``(padded FLOPs, bytes read and written)``: what recomputing it costs."""
+def block_features(net: NetworkCost, i: int, block: int, bytes_block: int = 1) -> tuple[float, float]:
+    """Block ``i``'s forward ``(padded FLOPs, bytes read and written)``: what recomputing it costs
+    (each activation's channels padded to ``bytes_block``)."""
     blk = net.blocks[i]
     flops = sum(_conv_padded(layer, block) for layer in blk.layers if layer.kind in ("conv", "up_transpose"))
-    moved = sum(
-        sum(blk.tensor_bytes.get(t, 0) for t in layer.inputs) + blk.tensor_bytes.get(layer.output, 0)
-        for layer in blk.layers
-    )
+
+    def nbytes(t: str) -> float:
+        size, channels = blk.tensor_bytes.get(t, 0), blk.tensor_channels.get(t, 0)
+        return size * _padded(channels, bytes_block) / channels if channels and bytes_block > 1 else size
+
+    moved = sum(sum(nbytes(t) for t in layer.inputs) + nbytes(layer.output) for layer in blk.layers)
     return flops, float(moved)
 
 
 @dataclass(frozen=True)
 class TimeCoefficients:
     """Seconds per padded FLOP, per byte touched and per step, of one compute dtype on one CPU;
-    ``block``: the channel count convolutions are padded to (chosen by the calibration's
-    leave-one-out error among 1, 4, 8 and 16: how oneDNN's kernels behave is measured, not assumed)."""
+    ``block``: the channel count convolutions are padded to, ``bytes_block`` the one activations
+    are counted padded to in the bytes term (each chosen by the calibration's leave-one-out error:
+    how oneDNN's kernels behave is measured, not assumed; presets without it count bytes as stored)."""
 
     per_flop_s: float
     per_byte_s: float
     per_step_s: float = 0.0
     block: int = 16
+    bytes_block: int = 1
 
     def seconds(self, padded_flops: float, moved_bytes: float, steps: float = 1.0) -> float:
         return self.per_flop_s * padded_flops + self.per_byte_s * moved_bytes + self.per_step_s * steps
@@ -170,13 +178,13 @@ class CpuTimeModel:
     def step_s(self, net: NetworkCost) -> float:
         """Seconds of one training step without recomputation."""
         c = self._for(net)
-        f = step_features(net, c.block)
+        f = step_features(net, c.block, c.bytes_block)
         return c.seconds(f["padded_flops"], f["bytes"])
 
     def block_forward_s(self, net: NetworkCost, i: int) -> float:
         """Seconds of block ``i``'s forward pass (what recomputing it costs)."""
         c = self._for(net)
-        flops, moved = block_features(net, i, c.block)
+        flops, moved = block_features(net, i, c.block, c.bytes_block)
         return c.seconds(flops, moved, steps=0.0)
 
 
@@ -292,6 +300,7 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
                     max(old.per_byte_s, c.per_byte_s),
                     max(old.per_step_s, c.per_step_s),
                     block,
+                    max(old.bytes_block, c.bytes_block),  # more bytes counted: the safe side
                 )
             )
     return CpuTimeModel(
@@ -303,7 +312,7 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
     )
 
 
-def fit_coefficients(points, block: int = 16) -> TimeCoefficients:
+def fit_coefficients(points, block: int = 16, bytes_block: int = 1) -> TimeCoefficients:
     """Non-negative least squares of measured seconds on ``(padded FLOPs, bytes, 1)``, each point
     weighed by its inverse time (relative errors: a 2 s step counts as much as a 20 s one).
 
@@ -321,4 +330,6 @@ def fit_coefficients(points, block: int = 16) -> TimeCoefficients:
     scale[scale == 0] = 1.0
     x, _ = nnls(a / scale / y[:, None], np.ones_like(y))
     x = x / scale
-    return TimeCoefficients(per_flop_s=float(x[0]), per_byte_s=float(x[1]), per_step_s=float(x[2]), block=block)
+    return TimeCoefficients(
+        per_flop_s=float(x[0]), per_byte_s=float(x[1]), per_step_s=float(x[2]), block=block, bytes_block=bytes_block
+    )
