@@ -140,9 +140,26 @@ def test_stages_train_in_order_resume_mid_stage_exactly_and_the_last_stage_is_se
     assert nib.load(folder.prediction_file("test", case_id)).shape == nib.load(label).shape  # the native grid
 
 
-def test_with_a_budget_the_clock_ends_each_stage_and_the_run(synthetic_root, tmp_path, backend):
+class _SteadyClock:
+    """``time.perf_counter`` of a machine where every timed span (a training step, a validation
+    pass) lasts ``tick`` seconds: the budget's arithmetic without the CPU's speed (CI once traced
+    the first step on a loaded 2-vCPU machine for longer than the whole 3 s budget)."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_with_a_budget_the_clock_ends_each_stage_and_the_run(synthetic_root, tmp_path, backend, monkeypatch):
+    from types import SimpleNamespace
+
+    from brats_seg.training import epochs
     from brats_seg.training.loop import train
 
+    monkeypatch.setattr(epochs, "time", SimpleNamespace(perf_counter=_SteadyClock(0.5).perf_counter))
     schedule = [{"patch": [16, 16, 16], "share": 0.5}, {"patch": "whole", "share": 0.5}]
     cfg = _cfg(synthetic_root["brats2021"], tmp_path, tmp_path / "budget", patch_schedule=schedule)
     cfg.trainer = dataclasses.replace(cfg.trainer, epochs=200, steps_per_epoch=None, time_budget_s=3.0)
