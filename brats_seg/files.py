@@ -9,13 +9,16 @@ previous file is left as it was. A writer killed by SIGKILL leaves at most a tem
 (``.tmp-*``, ``.old-*``; :func:`is_temporary`) that readers skip and the folder's owner deletes
 while holding the folder's lock (:func:`brats_seg.locks.remove_stale_temporaries`).
 
-Crash points (for tests): with ``BRATS_SEG_CRASH_AT=<file name pattern>[:<n>[:after]]`` in the
-environment, the process kills itself with SIGKILL at the ``n``-th (default first) atomic write
+Crash points (for tests): with ``BRATS_SEG_CRASH_AT=<file name pattern>[:<n>[:after[:stop]]]`` in
+the environment, the process kills itself with SIGKILL at the ``n``-th (default first) atomic write
 of a file whose name matches the pattern (``fnmatch``), once the temporary file is complete but
 before it replaces the target (``after``: just after). Every write goes through here, so one
 variable reaches every moment a file changes (``last.keras``, ``state.json``, a cache entry,
 a prediction); tests use it to show that a run killed there and run again ends as an
-uninterrupted one does.
+uninterrupted one does. With ``:stop`` (``<pattern>:<n>:before:stop``) the process stops itself
+(SIGSTOP) there instead: a test then sends the signal it means to test and SIGCONT, so the signal
+lands at that moment however loaded the machine is (a test that polls for a file and then
+signals can lose the race to a run that finishes first).
 """
 
 from __future__ import annotations
@@ -152,16 +155,24 @@ def _crash_point(path: Path, moment: str) -> None:
     if not spec:
         return
     pattern, _, rest = spec.partition(":")
-    nth, _, when = rest.partition(":")
+    nth, _, rest = rest.partition(":")
+    when, _, action = rest.partition(":")
     if not fnmatch.fnmatch(path.name, pattern):
         return
     if moment == "before":  # each write counted once
         _crash_counts[spec] = _crash_counts.get(spec, 0) + 1
     if (when or "before") == moment and _crash_counts.get(spec, 0) == int(nth or 1):
-        log.warning("BRATS_SEG_CRASH_AT=%s: killing this process %s %s is replaced", spec, moment, path)
+        stop = action == "stop"
+        log.warning(
+            "BRATS_SEG_CRASH_AT=%s: %s this process %s %s is replaced",
+            spec,
+            "stopping" if stop else "killing",
+            moment,
+            path,
+        )
         for handler in logging.getLogger().handlers:
             handler.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -20,10 +20,12 @@ import errno
 import json
 import os
 import pickle
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -457,6 +459,7 @@ def test_an_injected_enospc_in_the_writer_is_a_disk_full_error_and_the_old_file_
 
 _WRITER = """
 import sys
+import time
 from brats_seg.data.splits import save_split
 for n in range(int(sys.argv[2])):
     save_split({"train": [f"new{n}"], "val": [], "test": []}, sys.argv[1])
@@ -496,6 +499,32 @@ def test_a_crash_point_kills_the_writer_and_leaves_a_whole_file(tmp_path, spec, 
     assert load_split(target)["train"] == ["next"]
     assert remove_stale_temporaries(target.parent) == leftovers
     assert [p.name for p in target.parent.iterdir()] == ["split.json"]
+
+
+def test_a_stop_point_pauses_the_writer_there_and_it_goes_on_when_continued(tmp_path):
+    """``:stop`` stops the writer at the chosen write (the second, before its replace) until SIGCONT."""
+    import psutil
+
+    from brats_seg.data.splits import load_split, save_split
+
+    target = tmp_path / "run" / "split.json"
+    save_split({"train": ["old"], "val": [], "test": []}, target)
+    env = {**os.environ, "BRATS_SEG_CRASH_AT": "split.json:2:before:stop", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(target), "3"], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
+            assert proc.poll() is None and time.monotonic() < deadline, "the writer never stopped"
+            time.sleep(0.01)
+        assert load_split(target)["train"] == ["new0"]  # the first write in place, the second waiting
+        assert len([p for p in target.parent.iterdir() if is_temporary(p)]) == 1
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()[-2000:]
+    finally:
+        proc.kill()
+    assert load_split(target)["train"] == ["new2"] and [p.name for p in target.parent.iterdir()] == ["split.json"]
 
 
 def test_remove_stale_temporaries_cleans_killed_writers_leftovers_at_any_depth(tmp_path):
