@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-__all__ = ["ALIGNS", "BLOCKS", "BYTES_BLOCKS", "calibrate", "summary_line"]
+__all__ = ["BLOCKS", "BYTES_BLOCKS", "calibrate", "summary_line"]
 
 
 @functools.cache
@@ -66,19 +66,14 @@ BLOCKS = (1, 4, 8, 16)  # channel counts convolutions may be padded to; the fit 
 #: channel counts activations may be counted padded to in the bytes term (1: as stored; oneDNN's
 #: blocked layouts hold 8 or 16), chosen the same way; on a tie the plainer form (1 first) is kept
 BYTES_BLOCKS = (1, 8, 16)
-#: channel blocks below which a convolution may be priced at a rate of its own (0: one rate for
-#: all; oneDNN's blocked kernels want multiples of 8 or 16 channels), chosen the same way
-ALIGNS = (0, 8, 16)
-ALIGN_COST = 0.01  # what the extra coefficient must gain in worst left-out error to be kept
 
 
-def _features(record: dict, block: int, bytes_block: int = 1, align: int = 0) -> tuple[float, float, float]:
-    """``(padded FLOPs, bytes, unaligned FLOPs)`` of the record's step."""
+def _features(record: dict, block: int, bytes_block: int = 1) -> tuple[float, float]:
     from brats_seg.lms.planner.step_time import step_features
 
     net, _ = _network(tuple(record["overrides"]))
-    f = step_features(net, block, bytes_block, align)
-    return f["padded_flops"], f["bytes"], f["unaligned_flops"]
+    f = step_features(net, block, bytes_block)
+    return f["padded_flops"], f["bytes"]
 
 
 def _dtype(record: dict) -> str:
@@ -146,27 +141,21 @@ def calibrate(fit_paths, held_out_paths) -> dict:
     coefficients, fit_rows, loo_rows = {}, [], []
     for dtype, records in sorted(by_dtype.items()):
         best = None
-        # the form whose fit predicts the points it did not see best (plainer forms first: a tie keeps them)
-        for align, bytes_pad, pad in itertools.product(ALIGNS, BYTES_BLOCKS, BLOCKS):
-            points = [
-                (flops, moved, r["step_s"], unaligned)
-                for r in records
-                for flops, moved, unaligned in [_features(r, pad, bytes_pad, align)]
-            ]
+        # the paddings whose fit predicts the points it did not see best
+        for bytes_pad, pad in itertools.product(BYTES_BLOCKS, BLOCKS):
+            points = [(*_features(r, pad, bytes_pad), r["step_s"]) for r in records]
             loo = []
             for k, r in enumerate(records):  # each point predicted by a fit that did not see it
-                if len(points) > 3 + (align > 1):  # more points than coefficients
-                    rest = points[:k] + points[k + 1 :]
+                if len(points) > 3:
                     alone = CpuTimeModel(
-                        cpu=cpu_id(), block=pad, coefficients={dtype: fit_coefficients(rest, pad, bytes_pad, align)}
+                        cpu=cpu_id(),
+                        block=pad,
+                        coefficients={dtype: fit_coefficients(points[:k] + points[k + 1 :], pad, bytes_pad)},
                     )
                     loo.append(_row(r, _predict(r, alone)))
-            if align > 1 and len(loo) < len(records):
-                continue  # too few points to judge the extra coefficient
-            # the unaligned rate, a fourth coefficient, must lower the worst left-out error by a point
-            worst = max((abs(row["error"]) for row in loo), default=0.0) + (ALIGN_COST if align > 1 else 0.0)
+            worst = max((abs(row["error"]) for row in loo), default=0.0)
             if best is None or worst < best[0]:
-                best = (worst, pad, fit_coefficients(points, pad, bytes_pad, align), loo)
+                best = (worst, pad, fit_coefficients(points, pad, bytes_pad), loo)
         _, pad, coefficients[dtype], loo = best
         model = CpuTimeModel(cpu=cpu_id(), block=pad, coefficients={dtype: coefficients[dtype]})
         fit_rows += [_row(r, _predict(r, model)) for r in records]

@@ -6,9 +6,8 @@ the fit checks; this script stands in that CPU's id, the only thing it changes.
     python docs/measurements/self_calibration_emr/refit.py docs/measurements/self_calibration_zen5/calibration.json
     python docs/measurements/self_calibration_emr/refit.py docs/measurements/self_calibration_zen5/calibration.json bytes_block=1
 
-``bytes_block=1`` keeps the form before the bytes term's padding was chosen (the record's own);
-``align=0`` the form before unaligned convolutions could be priced apart (``c8b...``, issue 47).
-Output: refit_zen5.txt, refit_align_*.txt.
+``bytes_block=1`` keeps the form before the bytes term's padding was chosen (the record's own).
+Output: refit_zen5.txt.
 """
 
 import json
@@ -21,14 +20,12 @@ import brats_seg.cpu
 from brats_seg.benchmark import step_time_fit as stf
 
 
-def main(path: str, plain: bool, no_align: bool = False) -> None:
+def main(path: str, plain: bool) -> None:
     record = json.loads(Path(path).read_text())
     cpu = record["cpu_id"]
     brats_seg.cpu.cpu_id = lambda: cpu  # the recorded CPU's id (the fit refuses records of another)
     if plain:
         stf.BYTES_BLOCKS = (1,)
-    if no_align:
-        stf.ALIGNS = (0,)
     with tempfile.TemporaryDirectory() as tmp:
         quick = Path(tmp) / "quick.jsonl"
         lines = []
@@ -40,11 +37,9 @@ def main(path: str, plain: bool, no_align: bool = False) -> None:
             )
         quick.write_text("".join(json.dumps(r) + "\n" for r in lines))
         out = stf.calibrate([quick], record["held_out_files"])
-    form = "bytes as stored" if plain else "bytes padding chosen by leave-one-out"
-    form += ", one rate for all convolutions" if no_align else ", unaligned convolutions' rate chosen by leave-one-out"
-    print(f"{path} refitted ({form}), CPU {cpu}")
+    print(f"{path} refitted ({'bytes as stored' if plain else 'bytes padding chosen by leave-one-out'}), CPU {cpu}")
     for dtype, c in out["fit"].items():
-        print(f"  {dtype}: block {c['block']}, bytes block {c['bytes_block']}, align {c.get('align', 0)}")
+        print(f"  {dtype}: block {c['block']}, bytes block {c['bytes_block']}")
     for key, line in out["summary"].items():
         print(f"  {key}: {line}")
     fitted = {frozenset(r["point"].split()) for r in record["fitted_points"]}
@@ -58,4 +53,4 @@ def main(path: str, plain: bool, no_align: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "bytes_block=1" in sys.argv[2:], "align=0" in sys.argv[2:])
+    main(sys.argv[1], "bytes_block=1" in sys.argv[2:])
