@@ -245,6 +245,7 @@ def run_benchmark(conf, overrides: list[str]) -> dict:
         "input": conf.benchmark.input,
         "steps": len(times) - 1,
         "step_s": round(step_s, 4),
+        "step_times_s": [round(t, 4) for t in times[1:]],  # the timed steps (the median is step_s): their spread
         "predicted_step_s": None if plan.predicted_step_s is None else round(plan.predicted_step_s, 3),
         "first_step_s": round(times[0], 3),
         "voxels_per_s": round(b * float(np.prod(shape)) / step_s, 1),

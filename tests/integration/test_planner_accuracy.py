@@ -23,6 +23,7 @@ and the limit are asserted.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +72,10 @@ def _bench(overrides):
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(record["step_times_s"]) == 4  # the steps timed after the first, step_s their median
+    assert record["step_s"] == pytest.approx(statistics.median(record["step_times_s"]), abs=2e-4)
+    return record
 
 
 def _auto_limit(overrides) -> int:
