@@ -459,7 +459,6 @@ def test_an_injected_enospc_in_the_writer_is_a_disk_full_error_and_the_old_file_
 
 _WRITER = """
 import sys
-import time
 from brats_seg.data.splits import save_split
 for n in range(int(sys.argv[2])):
     save_split({"train": [f"new{n}"], "val": [], "test": []}, sys.argv[1])
