@@ -76,7 +76,7 @@ def _interrupt(
     whole process group if ``group``). Returns the result and the processes it had then.
 
     With ``stop_at`` (a crash point of :mod:`brats_seg.files` ending in ``:stop``; ``started`` is
-    then ignored) the command stops itself at that write, and ``sig`` is sent before SIGCONT: the
+    then ``None``: the stop is the start) the command stops itself at that write, and ``sig`` is sent before SIGCONT: the
     signal lands at that moment on any machine. Polling cannot promise that for a stage that ends
     within a few seconds: CI on a loaded 2-vCPU machine once polled so late that prediction had
     finished all eight cases and exited 0 before the signal was sent."""
@@ -84,6 +84,7 @@ def _interrupt(
     proc = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
+    assert (started is None) == bool(stop_at), "either a condition to poll or a write to stop at"
     if stop_at:
         started = lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED  # noqa: E731
     deadline = time.monotonic() + 300
