@@ -187,6 +187,7 @@ class StepTimeCalibrationConfig:
     write: bool = True  # false: report only
     figure: str = ""  # a PNG of predicted against measured step times (fitted, leave-one-out, held out)
     quick: bool = False  # measure this CPU now (a short sweep, minutes) instead of fit=, cached per CPU id in the user's cache (or out=)
+    draws: int = 3  # quick=true: each point measured this many times round robin, fitted on its median (a busy machine's draw can be tens of percent off)
 
 
 @dataclass

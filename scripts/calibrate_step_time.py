@@ -19,9 +19,9 @@ with those errors into ``brats_seg/lms/presets/step_time.json`` under this CPU's
 
 ``quick=true`` is the calibration of a CPU the presets do not know
 (``brats_seg.benchmark.self_calibration``; ``train.py`` runs it on first use, ``lms.calibrate``): a
-short sweep measured now, fitted the same way and cached for this CPU in the user's cache folder
-(``~/.cache/brats_seg/step_time/``; ``out=`` elsewhere), which the planner reads before the
-presets; ``held_out=`` judges it on earlier measurements of this CPU.
+short sweep measured now, each point ``draws=3`` times round robin, fitted the same way to the
+medians and cached for this CPU in the user's cache folder (``~/.cache/brats_seg/step_time/``;
+``out=`` elsewhere), which the planner reads before the presets; ``held_out=`` judges it on earlier measurements of this CPU.
 """
 
 from __future__ import annotations
@@ -49,9 +49,13 @@ def main(cfg) -> None:
 
         with user_errors():
             out = Path(conf.out) if conf.out else user_calibration_path()
-            entry = calibrate_here(out=out, held_out=list(conf.held_out))
+            entry = calibrate_here(out=out, held_out=list(conf.held_out), draws=conf.draws)
         _report(entry, conf.figure)
-        print(f"\nmeasured {len(entry['points'])} points in {entry['seconds']:.0f} s; wrote {out}")
+        apart = f", a point's draws up to {entry['draws_apart']:.0%} apart" if entry["draws_apart"] is not None else ""
+        print(
+            f"\nmeasured {len(entry['points'])} points {entry['draws']} times each (fitted on their medians{apart}) "
+            f"in {entry['seconds']:.0f} s; wrote {out}"
+        )
         for failure in entry["failed"]:
             print(f"  not measured: {failure}")
         print(entry["memory_preset"]["said"])

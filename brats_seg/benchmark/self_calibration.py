@@ -5,11 +5,16 @@ A CPU the shipped presets (``brats_seg/lms/presets/step_time.json``) do not know
 upper estimate, 3x over on a CPU as fast as the calibrated one. :func:`calibrate_here` measures
 :data:`QUICK_POINTS` instead (a few widths at half resolution and two cheap ones at full, depth 4,
 batch 1, ``lms=off``; both precisions where the CPU has native bf16), each in a fresh
-``scripts/benchmark.py`` process as the width sweeps are, fits the same model
+``scripts/benchmark.py`` process as the width sweeps are, :data:`QUICK_DRAWS` times round robin, fits
+the same model to each point's median over its draws
 (:func:`brats_seg.benchmark.step_time_fit.calibrate`, leave-one-out error per point) and caches it
 for this CPU id (:func:`~brats_seg.lms.planner.step_time.user_calibration_path`), where the planner
 reads it before the presets. It also checks the memory preset's kind against the CPU
 (:func:`brats_seg.cpu.cpu_kind`) and records what it found.
+
+Why draws: on a shared 2-vCPU machine the same point measured in three fresh processes lay up to
+56% apart (docs/measurements/calibration_draws_emr/): a fit to one draw of each point missed ±25%
+at held-out full-resolution widths 0-2 times of 8, the fit to the medians of three none.
 
 ``lms.calibrate`` decides when (:func:`ensure_calibrated`, called by ``train.py`` and
 ``scripts/plan_memory.py`` before planning):
@@ -35,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["AUTO_MIN_STEP_S", "QUICK_POINTS", "calibrate_here", "ensure_calibrated"]
+__all__ = ["AUTO_MIN_STEP_S", "QUICK_DRAWS", "QUICK_POINTS", "calibrate_here", "ensure_calibrated"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,11 @@ log = logging.getLogger(__name__)
 #: on both sides of the channel block at half resolution and the two cheapest full-resolution ones
 #: (the fit sees both grids; every other width and shape is held out)
 QUICK_POINTS = (("half", 4), ("half", 8), ("half", 16), ("half", 32), ("full", 4), ("full", 8))
+
+#: each quick point is measured this many times, in fresh processes, round robin (drift between the
+#: draws reaches every point alike), and fitted on its median: a draw on a shared machine can be
+#: tens of percent off, the median of three held where single draws did not
+QUICK_DRAWS = 3
 
 #: ``lms.calibrate=auto`` calibrates only for a run whose step the stand-in prices at this or more
 AUTO_MIN_STEP_S = 2.0
@@ -57,18 +67,25 @@ def _precisions() -> list[str]:
 
 
 def calibrate_here(
-    progress: bool = True, points=QUICK_POINTS, out: Path | None = None, held_out: list[str] | None = None
+    progress: bool = True,
+    points=QUICK_POINTS,
+    out: Path | None = None,
+    held_out: list[str] | None = None,
+    draws: int = QUICK_DRAWS,
 ) -> dict:
-    """Measure ``points`` on this CPU, fit the step-time model and cache it (``out``: default the
-    user's cache, :func:`~brats_seg.lms.planner.step_time.user_calibration_path`).
+    """Measure ``points`` on this CPU ``draws`` times, fit the step-time model to each point's median
+    and cache it (``out``: default the user's cache,
+    :func:`~brats_seg.lms.planner.step_time.user_calibration_path`).
 
     ``held_out``: benchmark JSON lines measured on this CPU before (e.g. the full-resolution width
     sweep) that the fit is judged on, those of a measured configuration left out.
 
     Returns:
-        The cached entry: the fit per dtype, each point's leave-one-out error, the seconds it took.
+        The cached entry: the fit per dtype, each point's leave-one-out error, each point's draws
+        (``draws_s``) and how far apart they lay, the seconds it took.
 
     Raises:
+        ValueError: ``draws`` below 1.
         RuntimeError: fewer than 3 points of a dtype could be measured (their errors named).
     """
     from tqdm.auto import tqdm
@@ -81,14 +98,16 @@ def calibrate_here(
     from brats_seg.lms.planner.step_time import cpu_time_model, user_calibration_path
     from brats_seg.project import project_dir
 
+    if draws < 1:
+        raise ValueError(f"draws={draws}: measure each point at least once (3, the default, resists a busy machine).")
     t0 = time.perf_counter()
     combos = [(res, width, p) for p in _precisions() for res, width in points]
-    records, failures = [], []
-    with tempfile.TemporaryDirectory(prefix="brats_seg_calibration_") as tmp:
-        path = Path(tmp) / "quick.jsonl"
-        bar = tqdm(combos, desc="calibrating this CPU's step time", unit="point", disable=not progress)
-        for res, width, precision in bar:
-            bar.set_postfix_str(f"{res} {width} filters {precision}")
+    measured: dict[tuple, list[dict]] = {combo: [] for combo in combos}
+    failures = []
+    bar = tqdm(total=draws * len(combos), desc="calibrating this CPU's step time", unit="point", disable=not progress)
+    for draw in range(1, draws + 1):  # round robin: a slow spell of the machine reaches every point alike
+        for res, width, precision in combos:
+            bar.set_postfix_str(f"draw {draw}/{draws}: {res} {width} filters {precision}")
             cmd = [
                 sys.executable,
                 str(project_dir() / "scripts" / "benchmark.py"),
@@ -99,10 +118,15 @@ def calibrate_here(
                 "tracking=none",
             ]
             result = measure_point(cmd, project_dir())  # as a sweep measures each of its points
+            bar.update()
             if isinstance(result, str):
-                failures.append(f"{res} {width} filters {precision}: {result}")
+                failures.append(f"{res} {width} filters {precision} (draw {draw}): {result}")
                 continue
-            records.append(result)
+            measured[(res, width, precision)].append(result)
+    bar.close()
+    records = [_median_record(draws_) for draws_ in measured.values() if draws_]
+    with tempfile.TemporaryDirectory(prefix="brats_seg_calibration_") as tmp:
+        path = Path(tmp) / "quick.jsonl"
         write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
         try:
             entry = calibrate([str(path)], list(held_out or []))
@@ -114,6 +138,10 @@ def calibrate_here(
             row["file"] = "quick calibration"
     entry["cpu_id"] = cpu_id()
     entry["points"] = [f"{r} {w} filters {p}" for r, w, p in combos]
+    entry["draws"] = draws
+    entry["draws_s"] = {f"{r} {w} filters {p}": [d["step_s"] for d in measured[(r, w, p)]] for r, w, p in combos}
+    apart = [max(v) / min(v) - 1 for v in entry["draws_s"].values() if len(v) > 1]
+    entry["draws_apart"] = round(max(apart), 4) if apart else None
     entry["failed"] = failures
     entry["seconds"] = round(time.perf_counter() - t0, 1)
     kind = cpu_kind()
@@ -140,13 +168,23 @@ def calibrate_here(
     write_text_atomic(target, json.dumps(entry, indent=1) + "\n")
     cpu_time_model.cache_clear()
     log.info(
-        "calibrated this CPU's step time in %.0f s on %d points (%s); cached in %s",
+        "calibrated this CPU's step time in %.0f s on %d points, %d draws each (%s); cached in %s",
         entry["seconds"],
         len(records),
+        draws,
         entry["summary"]["leave_one_out"],
         target,
     )
+    if apart:
+        log.info("a point's draws lay up to %.0f%% apart (the fit takes each point's median)", 100 * max(apart))
     return entry
+
+
+def _median_record(draws: list[dict]) -> dict:
+    """One point's record over its draws: the draw whose step is the median (the upper of the two
+    middle ones for an even count, the safe side), with every draw's step kept."""
+    ordered = sorted(draws, key=lambda r: r["step_s"])
+    return {**ordered[len(ordered) // 2], "draws_s": [r["step_s"] for r in draws]}
 
 
 def _stand_in_step_s(conf) -> float:
@@ -191,7 +229,9 @@ def ensure_calibrated(conf, device: str = "CPU", progress: bool = True) -> dict 
             return None
         log.warning(
             "this CPU has no step-time calibration and the run's step is priced at up to %.1f s: measuring "
-            "one now, once (a few minutes; cached per CPU; lms.calibrate=never skips it)",
+            "one now, once (minutes: each of a few short points measured %d times; cached per CPU; "
+            "lms.calibrate=never skips it)",
             step,
+            QUICK_DRAWS,
         )
     return calibrate_here(progress=progress)

@@ -146,13 +146,15 @@ def test_an_unknown_calibrate_value_is_refused_in_one_error_line_naming_the_choi
 @pytest.mark.slow
 def test_a_short_sweep_measures_fits_and_caches_this_cpu(cache):
     """Four half-resolution widths measured in fresh benchmark processes (fp32; a CPU with native
-    bf16 adds them in bf16), fitted, cached for this CPU and read by the planner from then on."""
+    bf16 adds them in bf16), fitted, cached for this CPU and read by the planner from then on. One
+    draw each to keep the suite short: the rounds and their medians are the test above's."""
     points = (("half", 4), ("half", 8), ("half", 12), ("half", 16))
-    entry = self_calibration.calibrate_here(progress=False, points=points)
+    entry = self_calibration.calibrate_here(progress=False, points=points, draws=1)
     from brats_seg.cpu import cpu_id
 
     assert entry["cpu_id"] == cpu_id() and not entry["failed"]
     assert len(entry["fitted_points"]) == len(entry["points"]) and "float32" in entry["fit"]
+    assert entry["draws"] == 1 and all(len(v) == 1 and min(v) > 0 for v in entry["draws_s"].values())
     assert all(row["measured_s"] > 0 and row["predicted_s"] > 0 for row in entry["fitted_points"])
     assert entry["leave_one_out"] and entry["summary"]["held_out"].endswith("(leave-one-out)")
     assert entry["seconds"] > 0 and entry["memory_preset"]["cpu_kind"]
@@ -160,3 +162,41 @@ def test_a_short_sweep_measures_fits_and_caches_this_cpu(cache):
     assert model.calibrated and model.source.startswith("calibrated here")
     cfg = dataclasses.replace(_conf("full", "auto"))
     assert self_calibration.ensure_calibrated(cfg, "CPU") is None  # cached: not measured again
+
+
+def test_each_quick_point_is_measured_in_rounds_and_fitted_on_its_median(cache, monkeypatch, tmp_path):
+    """Three draws round robin (every point once before any twice); the fit sees each point's median
+    draw, so one slow round (a busy machine) does not move it; a draw that failed leaves the others."""
+    from brats_seg.benchmark import step_time_fit, sweep
+
+    calls, fitted = [], []
+
+    def measure(cmd, cwd):
+        point = tuple(a.split("=", 1)[1] for a in cmd if a.startswith(("resolution=", "model.base_filters=")))
+        calls.append(point)
+        draw = sum(1 for c in calls if c == point)
+        if point == ("half", "8") and draw == 3:
+            return "error: out of memory"
+        step = {1: 1.0, 2: 1.6, 3: 0.9}[draw] * int(point[1])  # round 2 is 60% slow throughout
+        return {"strategy": "off", "step_s": step, "precision": "fp32", "point": point}
+
+    def fit(paths, held):
+        records = [json.loads(line) for line in open(paths[0])]
+        fitted.extend(records)
+        rows = [{"point": " ".join(r["point"]), "measured_s": r["step_s"]} for r in records]
+        return {"fitted_points": rows, "leave_one_out": rows, "held_out": [], "summary": {"leave_one_out": "ok"}}
+
+    monkeypatch.setattr(sweep, "measure_point", measure)
+    monkeypatch.setattr(step_time_fit, "calibrate", fit)
+    monkeypatch.setattr(self_calibration, "_precisions", lambda: ["fp32"])
+    points = (("half", 4), ("half", 8), ("full", 4))
+    entry = self_calibration.calibrate_here(progress=False, points=points, out=tmp_path / "c.json")
+    assert calls == [("half", "4"), ("half", "8"), ("full", "4")] * 3  # round robin
+    steps = {tuple(r["point"]): r["step_s"] for r in fitted}
+    assert steps == {("half", "4"): 4.0, ("half", "8"): 8.0 * 1.6, ("full", "4"): 4.0}  # medians; 2 draws: the upper
+    assert entry["draws"] == 3 and entry["draws_s"]["half 8 filters fp32"] == [8.0, 12.8]
+    assert entry["draws_apart"] == pytest.approx(1.6 / 0.9 - 1, abs=1e-4)  # the slow round against the fast one
+    assert entry["failed"] == ["half 8 filters fp32 (draw 3): error: out of memory"]
+    assert json.loads((tmp_path / "c.json").read_text())["draws_s"] == entry["draws_s"]
+    with pytest.raises(ValueError, match="draws=0"):
+        self_calibration.calibrate_here(progress=False, points=points, out=tmp_path / "d.json", draws=0)
