@@ -19,8 +19,8 @@ with those errors into ``brats_seg/lms/presets/step_time.json`` under this CPU's
 
 ``quick=true`` is the calibration of a CPU the presets do not know
 (``brats_seg.benchmark.self_calibration``; ``train.py`` runs it on first use, ``lms.calibrate``): a
-short sweep measured now, each point ``draws=3`` times round robin, fitted the same way to the
-medians and cached for this CPU in the user's cache folder (``~/.cache/brats_seg/step_time/``;
+short sweep measured now (``draws=3``: each point three times round robin, fitted on the medians),
+fitted the same way and cached for this CPU in the user's cache folder (``~/.cache/brats_seg/step_time/``;
 ``out=`` elsewhere), which the planner reads before the presets; ``held_out=`` judges it on earlier measurements of this CPU.
 """
 

@@ -5,16 +5,19 @@ A CPU the shipped presets (``brats_seg/lms/presets/step_time.json``) do not know
 upper estimate, 3x over on a CPU as fast as the calibrated one. :func:`calibrate_here` measures
 :data:`QUICK_POINTS` instead (a few widths at half resolution and two cheap ones at full, depth 4,
 batch 1, ``lms=off``; both precisions where the CPU has native bf16), each in a fresh
-``scripts/benchmark.py`` process as the width sweeps are, :data:`QUICK_DRAWS` times round robin, fits
-the same model to each point's median over its draws
+``scripts/benchmark.py`` process as the width sweeps are (``draws`` times round robin, fitted on
+each point's median draw, when asked), fits the same model
 (:func:`brats_seg.benchmark.step_time_fit.calibrate`, leave-one-out error per point) and caches it
 for this CPU id (:func:`~brats_seg.lms.planner.step_time.user_calibration_path`), where the planner
 reads it before the presets. It also checks the memory preset's kind against the CPU
 (:func:`brats_seg.cpu.cpu_kind`) and records what it found.
 
-Why draws: on a shared 2-vCPU machine the same point measured in three fresh processes lay up to
-56% apart (docs/measurements/calibration_draws_emr/): a fit to one draw of each point missed ±25%
-at held-out full-resolution widths 0-2 times of 8, the fit to the medians of three none.
+Why one draw by default: on a shared 2-vCPU machine the same point measured in three fresh
+processes lay 16-56% apart (docs/measurements/calibration_draws_emr/), yet fitting each point's
+median of three did not predict held-out full-resolution points better than fitting one draw, in
+two sessions on the same CPU (0 against 0-2 misses of ±25% in 8; 5 against 3-5 in 14:
+docs/measurements/calibration_3draws_emr/draws.txt): the misses come from the model's form at widths
+the sweep does not contain, not from the draw. Three draws cost three times the minutes.
 
 ``lms.calibrate`` decides when (:func:`ensure_calibrated`, called by ``train.py`` and
 ``scripts/plan_memory.py`` before planning):
@@ -50,9 +53,9 @@ log = logging.getLogger(__name__)
 QUICK_POINTS = (("half", 4), ("half", 8), ("half", 16), ("half", 32), ("full", 4), ("full", 8))
 
 #: each quick point is measured this many times, in fresh processes, round robin (drift between the
-#: draws reaches every point alike), and fitted on its median: a draw on a shared machine can be
-#: tens of percent off, the median of three held where single draws did not
-QUICK_DRAWS = 3
+#: draws reaches every point alike), and fitted on its median draw; one by default: the median of
+#: three was measured no better on held-out points (the module's doc) at three times the minutes
+QUICK_DRAWS = 1
 
 #: ``lms.calibrate=auto`` calibrates only for a run whose step the stand-in prices at this or more
 AUTO_MIN_STEP_S = 2.0
@@ -99,7 +102,9 @@ def calibrate_here(
     from brats_seg.project import project_dir
 
     if draws < 1:
-        raise ValueError(f"draws={draws}: measure each point at least once (3, the default, resists a busy machine).")
+        raise ValueError(
+            f"draws={draws}: measure each point at least once (1, the default; 3 fits each point's median)."
+        )
     t0 = time.perf_counter()
     combos = [(res, width, p) for p in _precisions() for res, width in points]
     measured: dict[tuple, list[dict]] = {combo: [] for combo in combos}
@@ -229,9 +234,7 @@ def ensure_calibrated(conf, device: str = "CPU", progress: bool = True) -> dict 
             return None
         log.warning(
             "this CPU has no step-time calibration and the run's step is priced at up to %.1f s: measuring "
-            "one now, once (minutes: each of a few short points measured %d times; cached per CPU; "
-            "lms.calibrate=never skips it)",
+            "one now, once (minutes: a few short points; cached per CPU; lms.calibrate=never skips it)",
             step,
-            QUICK_DRAWS,
         )
     return calibrate_here(progress=progress)

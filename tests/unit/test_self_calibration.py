@@ -147,7 +147,7 @@ def test_an_unknown_calibrate_value_is_refused_in_one_error_line_naming_the_choi
 def test_a_short_sweep_measures_fits_and_caches_this_cpu(cache):
     """Four half-resolution widths measured in fresh benchmark processes (fp32; a CPU with native
     bf16 adds them in bf16), fitted, cached for this CPU and read by the planner from then on. One
-    draw each to keep the suite short: the rounds and their medians are the test above's."""
+    draw each, the default: the rounds and their medians are the test above's."""
     points = (("half", 4), ("half", 8), ("half", 12), ("half", 16))
     entry = self_calibration.calibrate_here(progress=False, points=points, draws=1)
     from brats_seg.cpu import cpu_id
@@ -190,7 +190,7 @@ def test_each_quick_point_is_measured_in_rounds_and_fitted_on_its_median(cache, 
     monkeypatch.setattr(step_time_fit, "calibrate", fit)
     monkeypatch.setattr(self_calibration, "_precisions", lambda: ["fp32"])
     points = (("half", 4), ("half", 8), ("full", 4))
-    entry = self_calibration.calibrate_here(progress=False, points=points, out=tmp_path / "c.json")
+    entry = self_calibration.calibrate_here(progress=False, points=points, out=tmp_path / "c.json", draws=3)
     assert calls == [("half", "4"), ("half", "8"), ("full", "4")] * 3  # round robin
     steps = {tuple(r["point"]): r["step_s"] for r in fitted}
     assert steps == {("half", "4"): 4.0, ("half", "8"): 8.0 * 1.6, ("full", "4"): 4.0}  # medians; 2 draws: the upper
