@@ -51,11 +51,10 @@ def main(cfg) -> None:
             out = Path(conf.out) if conf.out else user_calibration_path()
             entry = calibrate_here(out=out, held_out=list(conf.held_out), draws=conf.draws)
         _report(entry, conf.figure)
-        apart = f", a point's draws up to {entry['draws_apart']:.0%} apart" if entry["draws_apart"] is not None else ""
-        print(
-            f"\nmeasured {len(entry['points'])} points {entry['draws']} times each (fitted on their medians{apart}) "
-            f"in {entry['seconds']:.0f} s; wrote {out}"
-        )
+        how = ""
+        if entry["draws"] > 1 and entry["draws_apart"] is not None:
+            how = f" {entry['draws']} times each (fitted on their medians; a point's draws up to {entry['draws_apart']:.0%} apart)"
+        print(f"\nmeasured {len(entry['points'])} points{how} in {entry['seconds']:.0f} s; wrote {out}")
         for failure in entry["failed"]:
             print(f"  not measured: {failure}")
         print(entry["memory_preset"]["said"])
