@@ -19,7 +19,8 @@ sys.path.insert(0, str(HERE.parents[2]))
 
 
 def main() -> None:
-    entry = json.loads((HERE / "calibration.json").read_text())
+    here = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else HERE  # another record of the same layout
+    entry = json.loads((here / "calibration.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["BRATS_SEG_CACHE_DIR"] = tmp  # the calibration where a user's cache keeps it
         from brats_seg.benchmark import step_time_fit as stf
@@ -27,15 +28,16 @@ def main() -> None:
 
         target = user_calibration_path(entry["cpu_id"])
         target.parent.mkdir(parents=True)
-        shutil.copy(HERE / "calibration.json", target)
+        shutil.copy(here / "calibration.json", target)
         model = cpu_time_model(entry["cpu_id"])
         assert model.source.startswith("calibrated here"), model.source
         points = defaultdict(list)
-        for path in sorted((HERE / "held").glob("*_rep*.json")):
+        for path in sorted((here / "held").glob("*_rep*.json")):
             points[path.stem.rsplit("_rep", 1)[0]].append(json.loads(path.read_text()))
     print(
         f"CPU {entry['cpu_id']} ({entry['cpu_name']}); calibration: {len(entry['points'])} points x "
-        f"{entry['draws']} draws in {entry['seconds']:.0f} s, a point's draws up to {entry['draws_apart']:.0%} apart"
+        f"{entry['draws']} draw(s) in {entry['seconds']:.0f} s"
+        + (f", a point's draws up to {entry['draws_apart']:.0%} apart" if entry.get("draws_apart") else "")
     )
     print(f"  leave one out: {entry['summary']['leave_one_out']}")
     for dtype, c in entry["fit"].items():
