@@ -22,11 +22,12 @@ from brats_seg.benchmark.self_calibration import _BASE  # noqa: E402
 EARLIER = HERE.parent / "calibration_draws_emr"
 
 
-def _held(folder: Path) -> list[dict]:
+def _held(folder: Path) -> dict[str, dict]:
+    """point name -> its record with the median step over its draws (``<name>_rep<r>.json``)."""
     points = defaultdict(list)
     for path in sorted(folder.glob("*_rep*.json")):
         points[path.stem.rsplit("_rep", 1)[0]].append(json.loads(path.read_text()))
-    return [{**v[0], "step_s": statistics.median(r["step_s"] for r in v)} for v in points.values()]
+    return {k: {**v[0], "step_s": statistics.median(r["step_s"] for r in v)} for k, v in points.items()}
 
 
 def _quick_today(draw: int | None) -> list[dict]:
@@ -67,8 +68,10 @@ def main() -> None:
     fits["earlier session, median of 3"] = _quick_earlier()
     with tempfile.TemporaryDirectory() as tmp:
         held = {
-            "held out today (14)": _write(Path(tmp) / "today.jsonl", _held(HERE / "held")),
-            "held out in the earlier session (8)": _write(Path(tmp) / "earlier.jsonl", _held(EARLIER / "held")),
+            "held out today (14)": _write(Path(tmp) / "today.jsonl", list(_held(HERE / "held").values())),
+            "held out in the earlier session (8)": _write(
+                Path(tmp) / "earlier.jsonl", list(_held(EARLIER / "held").values())
+            ),
         }
         for label, records in fits.items():
             print(f"\n{label}:")

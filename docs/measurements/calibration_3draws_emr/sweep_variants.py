@@ -10,10 +10,8 @@ after it is committed.
 """
 
 import json
-import statistics
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -21,14 +19,7 @@ sys.path.insert(0, str(HERE.parents[2]))
 from brats_seg.benchmark import step_time_fit as stf  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from draws import EARLIER, _quick_earlier, _quick_today  # noqa: E402
-
-
-def _held(folder: Path) -> dict[str, dict]:
-    points = defaultdict(list)
-    for path in sorted(folder.glob("*_rep*.json")):
-        points[path.stem.rsplit("_rep", 1)[0]].append(json.loads(path.read_text()))
-    return {k: {**v[0], "step_s": statistics.median(r["step_s"] for r in v)} for k, v in points.items()}
+from draws import EARLIER, _held, _quick_earlier, _quick_today  # noqa: E402
 
 
 def _write(path: Path, records: list[dict]) -> str:
