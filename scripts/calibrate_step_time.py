@@ -88,6 +88,12 @@ def _report(entry: dict, figure: str) -> None:
             f"{1 / c['per_flop_s'] / 1e9 if c['per_flop_s'] else float('inf'):.0f} GFLOP/s of padded "
             f"convolution, {1 / c['per_byte_s'] / 1e9 if c['per_byte_s'] else float('inf'):.1f} GB/s of layer "
             f"traffic, {c['per_step_s']:.3f} s a step"
+            + (
+                f"; convolutions whose channels are not multiples of {c['align']}: "
+                f"+{c['per_unaligned_flop_s'] * 1e12:.2f} s per TFLOP"
+                if c.get("align")
+                else ""
+            )
         )
     if figure:
         from brats_seg.plots import plot_step_time_fit

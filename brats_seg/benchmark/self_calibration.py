@@ -3,7 +3,7 @@
 A CPU the shipped presets (``brats_seg/lms/presets/step_time.json``) do not know would be priced at
 :data:`~brats_seg.lms.planner.step_time.UNCALIBRATED_FACTOR` times the slowest calibrated CPU: an
 upper estimate, 3x over on a CPU as fast as the calibrated one. :func:`calibrate_here` measures
-:data:`QUICK_POINTS` instead (a few widths at half resolution and two cheap ones at full, depth 4,
+:data:`QUICK_POINTS` instead (a few widths at half resolution and four at full, depth 4,
 batch 1, ``lms=off``; both precisions where the CPU has native bf16), each in a fresh
 ``scripts/benchmark.py`` process as the width sweeps are (``draws`` times round robin, fitted on
 each point's median draw, when asked), fits the same model
@@ -48,9 +48,20 @@ __all__ = ["AUTO_MIN_STEP_S", "QUICK_DRAWS", "QUICK_POINTS", "calibrate_here", "
 log = logging.getLogger(__name__)
 
 #: (resolution, base filters) measured by the quick calibration, depth 4, batch 1, lms=off: widths
-#: on both sides of the channel block at half resolution and the two cheapest full-resolution ones
-#: (the fit sees both grids; every other width and shape is held out)
-QUICK_POINTS = (("half", 4), ("half", 8), ("half", 16), ("half", 32), ("full", 4), ("full", 8))
+#: on both sides of the channel block at half resolution, and at full resolution the two cheapest
+#: and the two that part the convolutions' rates where it costs most (12: channels off the
+#: 16-block, 16: on it; without them the unaligned rate was fitted to 4 and 8 filters' small
+#: convolutions: docs/measurements/forms_offline/forms.txt). Every other width and shape is held out.
+QUICK_POINTS = (
+    ("half", 4),
+    ("half", 8),
+    ("half", 16),
+    ("half", 32),
+    ("full", 4),
+    ("full", 8),
+    ("full", 12),
+    ("full", 16),
+)
 
 #: each quick point is measured this many times, in fresh processes, round robin (drift between the
 #: draws reaches every point alike), and fitted on its median draw; one by default: the median of

@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-__all__ = ["BLOCKS", "BYTES_BLOCKS", "calibrate", "summary_line"]
+__all__ = ["ALIGNS", "BLOCKS", "BYTES_BLOCKS", "calibrate", "summary_line"]
 
 
 @functools.cache
@@ -66,14 +66,28 @@ BLOCKS = (1, 4, 8, 16)  # channel counts convolutions may be padded to; the fit 
 #: channel counts activations may be counted padded to in the bytes term (1: as stored; oneDNN's
 #: blocked layouts hold 8 or 16), chosen the same way; on a tie the plainer form (1 first) is kept
 BYTES_BLOCKS = (1, 8, 16)
+#: per compute dtype, the channel multiples off which a convolution is priced at an extra rate of
+#: its own (0: one rate for all), each tried with every padding and kept by leave-one-out error.
+#: oneDNN runs channel counts off its blocks with other kernels: a full-resolution step of 6
+#: filters took as long as one of 8 in float32 on both an Emerald Rapids and a Zen 5, and one of
+#: 12 filters longer than one of 16 in bfloat16 (10 against 6.7 s on the Emerald Rapids, AMX).
+#: Fixed at 8 and 16, not chosen among (0, 8, 16): fitted to the quick sweep with full-resolution
+#: 12 and 16 filters, the fixed term missed ±25% on 1 of 48 held-out points of four recorded
+#: sessions on the two CPUs, choosing it by leave-one-out on 3, one rate for all on 6
+#: (docs/measurements/forms_offline/forms.txt). The rate is non-negative: with nothing to price
+#: apart it fits to 0. A dtype with fewer than five points gets one rate (four coefficients
+#: need points to spare).
+ALIGNS: dict[str, tuple[int, ...]] = {"float32": (8,), "bfloat16": (16,)}
+ALIGN_COST = 0.01  # where 0 is a candidate too: what the extra coefficient must gain in worst left-out error
 
 
-def _features(record: dict, block: int, bytes_block: int = 1) -> tuple[float, float]:
+def _features(record: dict, block: int, bytes_block: int = 1, align: int = 0) -> tuple[float, float, float]:
+    """``(padded FLOPs, bytes, unaligned FLOPs)`` of the record's step."""
     from brats_seg.lms.planner.step_time import step_features
 
     net, _ = _network(tuple(record["overrides"]))
-    f = step_features(net, block, bytes_block)
-    return f["padded_flops"], f["bytes"]
+    f = step_features(net, block, bytes_block, align)
+    return f["padded_flops"], f["bytes"], f["unaligned_flops"]
 
 
 def _dtype(record: dict) -> str:
@@ -141,21 +155,26 @@ def calibrate(fit_paths, held_out_paths) -> dict:
     coefficients, fit_rows, loo_rows = {}, [], []
     for dtype, records in sorted(by_dtype.items()):
         best = None
-        # the paddings whose fit predicts the points it did not see best
-        for bytes_pad, pad in itertools.product(BYTES_BLOCKS, BLOCKS):
-            points = [(*_features(r, pad, bytes_pad), r["step_s"]) for r in records]
+        # the form whose fit predicts the points it did not see best (plainer forms first: a tie keeps them)
+        aligns = ALIGNS.get(dtype, (0,)) if len(records) > 4 else (0,)
+        for align, bytes_pad, pad in itertools.product(aligns, BYTES_BLOCKS, BLOCKS):
+            points = [
+                (flops, moved, r["step_s"], unaligned)
+                for r in records
+                for flops, moved, unaligned in [_features(r, pad, bytes_pad, align)]
+            ]
             loo = []
             for k, r in enumerate(records):  # each point predicted by a fit that did not see it
-                if len(points) > 3:
+                if len(points) > 3 + (align > 1):  # more points than coefficients
+                    rest = points[:k] + points[k + 1 :]
                     alone = CpuTimeModel(
-                        cpu=cpu_id(),
-                        block=pad,
-                        coefficients={dtype: fit_coefficients(points[:k] + points[k + 1 :], pad, bytes_pad)},
+                        cpu=cpu_id(), block=pad, coefficients={dtype: fit_coefficients(rest, pad, bytes_pad, align)}
                     )
                     loo.append(_row(r, _predict(r, alone)))
-            worst = max((abs(row["error"]) for row in loo), default=0.0)
+            # the unaligned rate, a fourth coefficient, must lower the worst left-out error by a point
+            worst = max((abs(row["error"]) for row in loo), default=0.0) + (ALIGN_COST if align > 1 else 0.0)
             if best is None or worst < best[0]:
-                best = (worst, pad, fit_coefficients(points, pad, bytes_pad), loo)
+                best = (worst, pad, fit_coefficients(points, pad, bytes_pad, align), loo)
         _, pad, coefficients[dtype], loo = best
         model = CpuTimeModel(cpu=cpu_id(), block=pad, coefficients={dtype: coefficients[dtype]})
         fit_rows += [_row(r, _predict(r, model)) for r in records]

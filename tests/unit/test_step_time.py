@@ -106,6 +106,79 @@ def test_the_calibration_keeps_the_bytes_padding_that_predicts_unseen_points(mon
         assert max(abs(r["error"]) for r in record["leave_one_out"]) < 1e-3
 
 
+def test_unaligned_flops_are_those_of_convolutions_whose_channels_miss_the_block():
+    # 16 filters: only the image's 4 channels (enc0's first convolution) and the head's 3 outputs
+    # miss 16; 12 filters (12, 24, 48): levels 0 and 1 miss 16 (and the 24 -> 48 convolution), 48
+    # and 96 do not; with 8, 24 does not miss
+    wide, narrow = _net(16), _net(12)
+    assert step_features(wide, 16)["unaligned_flops"] == 0.0  # no align: no such term
+    for i, blk in enumerate(wide.blocks):
+        flops, _, unaligned = block_features(wide, i, 16, 1, 16)
+        expected = {"enc0": flops / 2, "head": flops}.get(blk.name, 0.0)  # enc0: 4 -> 16 padded as 16 -> 16
+        assert unaligned == pytest.approx(expected), blk.name
+    for i, blk in enumerate(narrow.blocks):
+        flops, _, unaligned = block_features(narrow, i, 16, 1, 16)
+        if blk.name in ("bottleneck", "dec2"):
+            assert unaligned == 0.0, blk.name
+        elif blk.name == "enc2":
+            assert 0.0 < unaligned < flops
+        else:
+            assert unaligned == flops, blk.name
+        if blk.name in ("enc2", "dec1"):  # 24 channels: a multiple of 8
+            assert block_features(narrow, i, 16, 1, 8)[2] == 0.0, blk.name
+    # the step prices them by its coefficients' align
+    extra = TimeCoefficients(per_flop_s=0.0, per_byte_s=0.0, block=16, per_unaligned_flop_s=1e-12, align=16)
+    model = CpuTimeModel(cpu="test", block=16, coefficients={"float32": extra})
+    assert model.step_s(narrow) == pytest.approx(1e-12 * step_features(narrow, 16, 1, 16)["unaligned_flops"])
+
+
+def test_the_unaligned_rate_is_recovered_where_it_differs_and_fits_to_zero_where_it_does_not(monkeypatch, tmp_path):
+    """float32 steps timed with convolutions off the 8-channel block twice as slow: the fit (align 8,
+    fixed for float32) recovers that extra rate and predicts every left-out point; steps timed
+    without it fit the rate to 0 (non-negative: the term costs nothing where nothing differs); a
+    sweep of four points, too few for a fourth coefficient, is fitted with one rate."""
+    from brats_seg.benchmark import step_time_fit
+    from brats_seg.cpu import cpu_id
+
+    monkeypatch.setattr(step_time_fit, "BLOCKS", (1,))
+    monkeypatch.setattr(step_time_fit, "BYTES_BLOCKS", (1,))
+    assert step_time_fit.ALIGNS["float32"] == (8,)
+    extra = 1 / 200e9
+    for truth_align, widths in ((8, (4, 6, 8, 12, 16, 24, 32)), (0, (4, 6, 8, 12, 16, 24, 32)), (8, (4, 6, 12, 16))):
+        truth = TimeCoefficients(
+            per_flop_s=1 / 200e9, per_byte_s=1 / 4e9, per_step_s=0.01, block=1, per_unaligned_flop_s=extra,
+            align=truth_align,
+        )  # fmt: skip
+        lines = []
+        for filters in widths:
+            overrides = (
+                "backend=cpu_onednn",
+                "resolution=tiny",
+                "model.depth=3",
+                f"model.base_filters={filters}",
+                "backend.precision=fp32",
+                "trainer.batch_size=1",
+                "lms=off",
+            )
+            net, _ = step_time_fit._network(overrides)
+            f = step_features(net, 1, 1, truth_align)
+            seconds = truth.seconds(f["padded_flops"], f["bytes"], unaligned_flops=f["unaligned_flops"])
+            lines.append({"overrides": list(overrides), "step_s": seconds, "strategy": "off", "precision": "fp32"})
+        path = tmp_path / f"sweep_{truth_align}_{len(widths)}.jsonl"
+        path.write_text("".join(json.dumps({**r, "cpu_id": cpu_id()}) + "\n" for r in lines))
+        fit = step_time_fit.calibrate([path], [])
+        c = fit["fit"]["float32"]
+        if len(widths) == 4:
+            assert c["align"] == 0 and c["per_unaligned_flop_s"] == 0.0
+            continue
+        assert c["align"] == 8
+        if truth_align:
+            assert c["per_unaligned_flop_s"] == pytest.approx(extra, rel=1e-3)
+        else:
+            assert c["per_unaligned_flop_s"] < 1e-3 * c["per_flop_s"]
+        assert max(abs(r["error"]) for r in fit["leave_one_out"]) < 1e-3
+
+
 def test_the_fit_recovers_known_coefficients_and_predicts_a_point_it_did_not_see():
     truth = TimeCoefficients(per_flop_s=1 / 300e9, per_byte_s=1 / 8e9, per_step_s=0.05)
     points = []

@@ -6,14 +6,20 @@ convolution of 6 channels costs about what one of 16 does, and the thin layers o
 U-Net (norms, activations, casts, concatenations) are bound by memory traffic, not
 arithmetic. The model, per compute dtype:
 
-    seconds = per_flop_s * padded FLOPs + per_byte_s * bytes touched + per_step_s
+    seconds = per_flop_s * padded FLOPs + per_unaligned_flop_s * unaligned FLOPs
+              + per_byte_s * bytes touched + per_step_s
 
 where *padded FLOPs* are the step's convolution FLOPs with each convolution's input and
 output channels rounded up to a block (the one whose fit predicts left-out points best: 16 for
 bfloat16 and 4 for float32 on a Zen 5; :func:`step_features`), and *bytes
 touched* are what every layer reads and writes, each activation's channels rounded up to a block
 of their own (1: as stored; 8 or 16: as oneDNN's blocked layouts store them, which is how an
-Emerald Rapids' bfloat16 steps scale), also chosen by leave-one-out error. The coefficients are fitted per CPU model
+Emerald Rapids' bfloat16 steps scale), also chosen by leave-one-out error. *Unaligned FLOPs*
+are the padded FLOPs of the convolutions whose input or output channels are not a multiple of
+``align`` (8 or 16; 0: the term is off): oneDNN runs those with other kernels than its blocked
+ones, which on an Emerald Rapids in bfloat16 made 12 filters at full resolution take 10.0 s a step
+and 16 filters 6.5 s; whether the term is used, and its block, are chosen by leave-one-out error
+too. The coefficients are fitted per CPU model
 (:func:`brats_seg.cpu.cpu_id`: CPUs of one kind, Zen 4 and Zen 5, run the same kernels at
 different speeds) to benchmark sweeps by ``scripts/calibrate_step_time.py`` and kept in
 ``brats_seg/lms/presets/step_time.json`` with the error on points the fit did not see.
@@ -80,21 +86,28 @@ def _padded(c: int, block: int) -> int:
     return -(-c // block) * block
 
 
-def step_features(net: NetworkCost, block: int, bytes_block: int = 1) -> dict[str, float]:
+def step_features(net: NetworkCost, block: int, bytes_block: int = 1, align: int = 0) -> dict[str, float]:
     """What a training step costs in the model's terms: ``padded_flops`` (forward and backward;
     a convolution's backward is two convolutions, the first one's one, as
-    :func:`~brats_seg.lms.planner.cost.compute_step_flops` counts) and ``bytes`` (every layer's
-    inputs and output, channels padded to ``bytes_block``, forward, and twice that backward:
-    gradients in and out)."""
-    padded = moved = 0.0
+    :func:`~brats_seg.lms.planner.cost.compute_step_flops` counts), ``unaligned_flops`` (the
+    part of them in convolutions whose channels are not multiples of ``align``; 0 without it) and
+    ``bytes`` (every layer's inputs and output, channels padded to ``bytes_block``, forward, and
+    twice that backward: gradients in and out)."""
+    padded = unaligned = moved = 0.0
     first_conv = True
     for i in range(len(net.blocks)):
         moved += 3.0 * block_features(net, i, block, bytes_block)[1]
         for layer in net.blocks[i].layers:
             if layer.kind in ("conv", "up_transpose"):
-                padded += _conv_padded(layer, block) * (2.0 if first_conv else 3.0)
+                flops = _conv_padded(layer, block) * (2.0 if first_conv else 3.0)
+                padded += flops
+                unaligned += flops if _unaligned(layer, align) else 0.0
                 first_conv = False
-    return {"padded_flops": padded, "bytes": moved}
+    return {"padded_flops": padded, "unaligned_flops": unaligned, "bytes": moved}
+
+
+def _unaligned(layer, align: int) -> bool:
+    return align > 1 and any(c % align for c in layer.channels if c)
 
 
 def _conv_padded(layer, block: int) -> float:
@@ -104,35 +117,51 @@ def _conv_padded(layer, block: int) -> float:
     return layer.forward_flops * _padded(cin, block) * _padded(cout, block) / (cin * cout)
 
 
-def block_features(net: NetworkCost, i: int, block: int, bytes_block: int = 1) -> tuple[float, float]:
-    """Block ``i``'s forward ``(padded FLOPs, bytes read and written)``: what recomputing it costs
-    (each activation's channels padded to ``bytes_block``)."""
+def block_features(
+    net: NetworkCost, i: int, block: int, bytes_block: int = 1, align: int = 0
+) -> tuple[float, float, float]:
+    """Block ``i``'s forward ``(padded FLOPs, bytes read and written, unaligned FLOPs)``: what
+    recomputing it costs (each activation's channels padded to ``bytes_block``; the FLOPs of
+    convolutions whose channels are not multiples of ``align``)."""
     blk = net.blocks[i]
-    flops = sum(_conv_padded(layer, block) for layer in blk.layers if layer.kind in ("conv", "up_transpose"))
+    convs = [layer for layer in blk.layers if layer.kind in ("conv", "up_transpose")]
+    flops = sum(_conv_padded(layer, block) for layer in convs)
+    unaligned = sum(_conv_padded(layer, block) for layer in convs if _unaligned(layer, align))
 
     def nbytes(t: str) -> float:
         size, channels = blk.tensor_bytes.get(t, 0), blk.tensor_channels.get(t, 0)
         return size * _padded(channels, bytes_block) / channels if channels and bytes_block > 1 else size
 
     moved = sum(sum(nbytes(t) for t in layer.inputs) + nbytes(layer.output) for layer in blk.layers)
-    return flops, float(moved)
+    return flops, float(moved), unaligned
 
 
 @dataclass(frozen=True)
 class TimeCoefficients:
-    """Seconds per padded FLOP, per byte touched and per step, of one compute dtype on one CPU;
-    ``block``: the channel count convolutions are padded to, ``bytes_block`` the one activations
-    are counted padded to in the bytes term (each chosen by the calibration's leave-one-out error:
-    how oneDNN's kernels behave is measured, not assumed; presets without it count bytes as stored)."""
+    """Seconds per padded FLOP, per byte touched and per step, of one compute dtype on one CPU,
+    and the extra seconds per FLOP of a convolution whose channels are not multiples of
+    ``align`` (0: no such term); ``block``: the channel count convolutions are padded to,
+    ``bytes_block`` the one activations are counted padded to in the bytes term (each chosen by
+    the calibration's leave-one-out error: how oneDNN's kernels behave is measured, not assumed;
+    presets without them count bytes as stored and every convolution alike)."""
 
     per_flop_s: float
     per_byte_s: float
     per_step_s: float = 0.0
     block: int = 16
     bytes_block: int = 1
+    per_unaligned_flop_s: float = 0.0
+    align: int = 0
 
-    def seconds(self, padded_flops: float, moved_bytes: float, steps: float = 1.0) -> float:
-        return self.per_flop_s * padded_flops + self.per_byte_s * moved_bytes + self.per_step_s * steps
+    def seconds(
+        self, padded_flops: float, moved_bytes: float, steps: float = 1.0, unaligned_flops: float = 0.0
+    ) -> float:
+        return (
+            self.per_flop_s * padded_flops
+            + self.per_unaligned_flop_s * unaligned_flops
+            + self.per_byte_s * moved_bytes
+            + self.per_step_s * steps
+        )
 
     def scaled(self, factor: float) -> TimeCoefficients:
         return dataclasses.replace(
@@ -140,6 +169,7 @@ class TimeCoefficients:
             per_flop_s=self.per_flop_s * factor,
             per_byte_s=self.per_byte_s * factor,
             per_step_s=self.per_step_s * factor,
+            per_unaligned_flop_s=self.per_unaligned_flop_s * factor,
         )
 
 
@@ -178,14 +208,14 @@ class CpuTimeModel:
     def step_s(self, net: NetworkCost) -> float:
         """Seconds of one training step without recomputation."""
         c = self._for(net)
-        f = step_features(net, c.block, c.bytes_block)
-        return c.seconds(f["padded_flops"], f["bytes"])
+        f = step_features(net, c.block, c.bytes_block, c.align)
+        return c.seconds(f["padded_flops"], f["bytes"], unaligned_flops=f["unaligned_flops"])
 
     def block_forward_s(self, net: NetworkCost, i: int) -> float:
         """Seconds of block ``i``'s forward pass (what recomputing it costs)."""
         c = self._for(net)
-        flops, moved = block_features(net, i, c.block, c.bytes_block)
-        return c.seconds(flops, moved, steps=0.0)
+        flops, moved, unaligned = block_features(net, i, c.block, c.bytes_block, c.align)
+        return c.seconds(flops, moved, steps=0.0, unaligned_flops=unaligned)
 
 
 def load_time_presets(path: Path = PRESET_FILE) -> dict:
@@ -301,6 +331,8 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
                     max(old.per_step_s, c.per_step_s),
                     block,
                     max(old.bytes_block, c.bytes_block),  # more bytes counted: the safe side
+                    max(old.per_unaligned_flop_s, c.per_unaligned_flop_s),
+                    max(old.align, c.align),  # more convolutions counted unaligned: the safe side
                 )
             )
     return CpuTimeModel(
@@ -312,18 +344,22 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
     )
 
 
-def fit_coefficients(points, block: int = 16, bytes_block: int = 1) -> TimeCoefficients:
-    """Non-negative least squares of measured seconds on ``(padded FLOPs, bytes, 1)``, each point
-    weighed by its inverse time (relative errors: a 2 s step counts as much as a 20 s one).
+def fit_coefficients(points, block: int = 16, bytes_block: int = 1, align: int = 0) -> TimeCoefficients:
+    """Non-negative least squares of measured seconds on ``(padded FLOPs, bytes, 1, unaligned
+    FLOPs)``, each point weighed by its inverse time (relative errors: a 2 s step counts as much
+    as a 20 s one).
 
     Args:
-        points: ``(padded_flops, bytes, seconds)`` per measured step, one compute dtype of one CPU.
+        points: ``(padded_flops, bytes, seconds)`` or ``(padded_flops, bytes, seconds,
+            unaligned_flops)`` per measured step, one compute dtype of one CPU.
+        align: the block ``unaligned_flops`` were counted with (0: none, the term is left out).
     """
     import numpy as np
     from scipy.optimize import nnls
 
-    a = np.array([[f, b, 1.0] for f, b, _ in points], dtype=float)
-    y = np.array([t for _, _, t in points], dtype=float)
+    rows = [(*p, 0.0) if len(p) == 3 else tuple(p) for p in points]
+    a = np.array([[f, b, 1.0, u if align > 1 else 0.0] for f, b, _, u in rows], dtype=float)
+    y = np.array([t for _, _, t, _ in rows], dtype=float)
     if len(y) < 3:
         raise ValueError(f"a step-time fit needs at least 3 measured steps, got {len(y)}.")
     scale = a.max(axis=0)
@@ -331,5 +367,11 @@ def fit_coefficients(points, block: int = 16, bytes_block: int = 1) -> TimeCoeff
     x, _ = nnls(a / scale / y[:, None], np.ones_like(y))
     x = x / scale
     return TimeCoefficients(
-        per_flop_s=float(x[0]), per_byte_s=float(x[1]), per_step_s=float(x[2]), block=block, bytes_block=bytes_block
+        per_flop_s=float(x[0]),
+        per_byte_s=float(x[1]),
+        per_step_s=float(x[2]),
+        block=block,
+        bytes_block=bytes_block,
+        per_unaligned_flop_s=float(x[3]) if align > 1 else 0.0,
+        align=align if align > 1 else 0,
     )
