@@ -41,7 +41,7 @@ def main() -> None:
     )
     print(f"  leave one out: {entry['summary']['leave_one_out']}")
     for dtype, c in entry["fit"].items():
-        print(f"  {dtype}: conv padded to {c['block']}, bytes to {c.get('bytes_block', 1)}")
+        print(f"  {dtype}: conv padded to {c['block']}, bytes to {c.get('bytes_block', 1)}, off-block rate from {c.get('align', 0)}")
     print(f"\nheld out (each the median of its draws; {model.source.split(' (')[0]}):")
     rows = []
     for name, records in points.items():
