@@ -184,10 +184,10 @@ def calibrate_here(
     write_text_atomic(target, json.dumps(entry, indent=1) + "\n")
     cpu_time_model.cache_clear()
     log.info(
-        "calibrated this CPU's step time in %.0f s on %d points, %d draws each (%s); cached in %s",
+        "calibrated this CPU's step time in %.0f s on %d points%s (%s); cached in %s",
         entry["seconds"],
         len(records),
-        draws,
+        f", {draws} draws each" if draws > 1 else "",
         entry["summary"]["leave_one_out"],
         target,
     )
