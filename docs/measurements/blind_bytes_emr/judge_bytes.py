@@ -1,0 +1,39 @@
+"""The offline candidate form (../forms_offline/bytes_form.py: an off-block rate on activation bytes),
+and the shipped form as that script refits it, fitted to ../sweep_align_emr/'s quick calibration and
+judged on this record's held-out points (each the median of its draws). Nothing is measured here.
+
+    python docs/measurements/blind_bytes_emr/judge_bytes.py > docs/measurements/blind_bytes_emr/judge_bytes.txt
+"""
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))
+sys.path.insert(0, str(HERE.parent / "forms_offline"))
+from bytes_form import judge  # noqa: E402
+from forms import _quick  # noqa: E402
+
+
+def main() -> None:
+    quick = _quick(json.loads((HERE / "calibration.json").read_text()))
+    groups = defaultdict(list)
+    for p in sorted((HERE / "held").glob("*_rep*.json")):
+        groups[p.stem.rsplit("_rep", 1)[0]].append(json.loads(p.read_text()))
+    held = [{**v[0], "step_s": statistics.median(r["step_s"] for r in v)} for v in groups.values()]
+    for form in ("one rate", "off-block FLOPs (shipped)", "off-block bytes"):
+        errs = judge(quick, held, form)
+        miss = [(e, k) for e, k in errs if abs(e) > 0.25]
+        print(
+            f"\n{form}: {min(e for e, _ in errs):+.1%}..{max(e for e, _ in errs):+.1%}, "
+            f"median |error| {statistics.median(abs(e) for e, _ in errs):.1%}; outside ±25%: {len(miss)} of {len(errs)}"
+        )
+        for e, k in sorted(errs, key=lambda x: x[1]):
+            print(f"   {e:+7.1%}  {k}{'  MISS' if abs(e) > 0.25 else ''}")
+
+
+if __name__ == "__main__":
+    main()
