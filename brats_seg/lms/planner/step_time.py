@@ -16,10 +16,13 @@ touched* are what every layer reads and writes, each activation's channels round
 of their own (1: as stored; 8 or 16: as oneDNN's blocked layouts store them, which is how an
 Emerald Rapids' bfloat16 steps scale), also chosen by leave-one-out error. *Unaligned FLOPs*
 are the padded FLOPs of the convolutions whose input or output channels are not a multiple of
-``align`` (8 or 16; 0: the term is off): oneDNN runs those with other kernels than its blocked
-ones, which on an Emerald Rapids in bfloat16 made 12 filters at full resolution take 10.0 s a step
-and 16 filters 6.5 s; whether the term is used, and its block, are chosen by leave-one-out error
-too. The coefficients are fitted per CPU model
+``align`` (0: the term is off): steps with such levels run slower than their FLOPs say (on an
+Emerald Rapids in bfloat16, 12 filters at full resolution took 10.0 s a step and 16 filters 6.5 s;
+oneDNN's verbose log puts that cost in the norm's and reorders' traffic around those layers, not in
+the convolutions, docs/measurements/onednn_kernels_emr/), and this term prices it per FLOP of the
+layers concerned. ``align`` is fixed per dtype by the calibration
+(:data:`brats_seg.benchmark.step_time_fit.ALIGNS`: 8 for float32, 16 for bfloat16) and the rate is
+fitted non-negative. The coefficients are fitted per CPU model
 (:func:`brats_seg.cpu.cpu_id`: CPUs of one kind, Zen 4 and Zen 5, run the same kernels at
 different speeds) to benchmark sweeps by ``scripts/calibrate_step_time.py`` and kept in
 ``brats_seg/lms/presets/step_time.json`` with the error on points the fit did not see.
