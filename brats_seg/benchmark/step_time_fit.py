@@ -81,13 +81,14 @@ ALIGNS: dict[str, tuple[int, ...]] = {"float32": (8,), "bfloat16": (16,)}
 ALIGN_COST = 0.01  # where 0 is a candidate too: what the extra coefficient must gain in worst left-out error
 
 
-def _features(record: dict, block: int, bytes_block: int = 1, align: int = 0) -> tuple[float, float, float]:
-    """``(padded FLOPs, bytes, unaligned FLOPs)`` of the record's step."""
+def _point(record: dict, block: int, bytes_block: int = 1, align: int = 0) -> tuple[float, float, float, float]:
+    """``(padded FLOPs, bytes, measured seconds, unaligned FLOPs)`` of the record's step, as
+    :func:`~brats_seg.lms.planner.step_time.fit_coefficients` takes it."""
     from brats_seg.lms.planner.step_time import step_features
 
     net, _ = _network(tuple(record["overrides"]))
     f = step_features(net, block, bytes_block, align)
-    return f["padded_flops"], f["bytes"], f["unaligned_flops"]
+    return f["padded_flops"], f["bytes"], record["step_s"], f["unaligned_flops"]
 
 
 def _dtype(record: dict) -> str:
@@ -155,14 +156,11 @@ def calibrate(fit_paths, held_out_paths) -> dict:
     coefficients, fit_rows, loo_rows = {}, [], []
     for dtype, records in sorted(by_dtype.items()):
         best = None
-        # the form whose fit predicts the points it did not see best (plainer forms first: a tie keeps them)
+        # the paddings (and, where 0 is a candidate too, the off-block rate) whose fit predicts the
+        # points it did not see best; plainer forms come first, so a tie keeps them
         aligns = ALIGNS.get(dtype, (0,)) if len(records) > 4 else (0,)
         for align, bytes_pad, pad in itertools.product(aligns, BYTES_BLOCKS, BLOCKS):
-            points = [
-                (flops, moved, r["step_s"], unaligned)
-                for r in records
-                for flops, moved, unaligned in [_features(r, pad, bytes_pad, align)]
-            ]
+            points = [_point(r, pad, bytes_pad, align) for r in records]
             loo = []
             for k, r in enumerate(records):  # each point predicted by a fit that did not see it
                 if len(points) > 3 + (align > 1):  # more points than coefficients
