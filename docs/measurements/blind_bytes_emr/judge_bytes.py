@@ -8,22 +8,20 @@ judged on this record's held-out points (each the median of its draws). Nothing 
 import json
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parent / "forms_offline"))
+sys.path.insert(0, str(HERE.parent / "calibration_3draws_emr"))
 from bytes_form import judge  # noqa: E402
+from draws import _held  # noqa: E402
 from forms import _quick  # noqa: E402
 
 
 def main() -> None:
     quick = _quick(json.loads((HERE / "calibration.json").read_text()))
-    groups = defaultdict(list)
-    for p in sorted((HERE / "held").glob("*_rep*.json")):
-        groups[p.stem.rsplit("_rep", 1)[0]].append(json.loads(p.read_text()))
-    held = [{**v[0], "step_s": statistics.median(r["step_s"] for r in v)} for v in groups.values()]
+    held = list(_held(HERE / "held").values())
     for form in ("one rate", "off-block FLOPs (shipped)", "off-block bytes"):
         errs = judge(quick, held, form)
         miss = [(e, k) for e, k in errs if abs(e) > 0.25]

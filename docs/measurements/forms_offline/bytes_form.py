@@ -24,9 +24,12 @@ from scipy.optimize import nnls
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "calibration_3draws_emr"))
+from draws import _held  # noqa: E402
+from forms import _label, _quick, sessions  # noqa: E402
+
 from brats_seg.benchmark import step_time_fit as stf  # noqa: E402
 from brats_seg.lms.planner.step_time import step_features  # noqa: E402
-from forms import _label, _quick, sessions  # noqa: E402
 
 ALIGN = {"fp32": 8, "bf16": 16}
 
@@ -79,14 +82,12 @@ def judge(quick, held, form):
 def main() -> None:
     alls = dict(sessions())
     new = json.loads((HERE.parent / "sweep_align_emr" / "calibration.json").read_text())
-    groups = defaultdict(list)
-    for p in sorted((HERE.parent / "sweep_align_emr" / "held").glob("*.json")):
-        groups[p.stem.rsplit("_rep", 1)[0]].append(json.loads(p.read_text()))
-    held_new = {k: {**v[0], "step_s": statistics.median(r["step_s"] for r in v)} for k, v in groups.items()}
-    held_new = {_label(r): r for r in held_new.values()}
+    held_new = {_label(r): r for r in _held(HERE.parent / "sweep_align_emr" / "held").values()}
     totals = defaultdict(lambda: [0, 0])
     for name, (quick, held) in list(alls.items()) + [("EMR session 4 (sweep_align_emr)", (_quick(new), held_new))]:
-        wide = [r for k, r in held.items() if k.startswith("full ") and k.endswith(" off") and int(k.split()[1]) in (12, 16)]
+        wide = [
+            r for k, r in held.items() if k.startswith("full ") and k.endswith(" off") and int(k.split()[1]) in (12, 16)
+        ]
         fitq = quick + wide if "session 4" not in name else quick
         judged = [r for k, r in held.items() if k.endswith(" off") and not k.startswith("96x112x80") and r not in wide]
         print(f"\n== {name}: fitted on {len(fitq)}, judged on {len(judged)}")
@@ -96,8 +97,10 @@ def main() -> None:
             totals[form][0] += len(miss)
             totals[form][1] += len(errs)
             med = statistics.median(abs(e) for e, _ in errs)
-            print(f"  {form:26s} {min(e for e, _ in errs):+.1%}..{max(e for e, _ in errs):+.1%}, median {med:.1%}; "
-                  f"outside ±25%: {len(miss)}  " + ", ".join(f"{k} {e:+.0%}" for e, k in miss))
+            print(
+                f"  {form:26s} {min(e for e, _ in errs):+.1%}..{max(e for e, _ in errs):+.1%}, median {med:.1%}; "
+                f"outside ±25%: {len(miss)}  " + ", ".join(f"{k} {e:+.0%}" for e, k in miss)
+            )
     print("\n== total outside ±25%")
     for form, (m, n) in totals.items():
         print(f"  {form:26s} {m} of {n}")

@@ -116,22 +116,32 @@ def _write(path: Path, records) -> str:
 
 def main() -> None:
     table = defaultdict(dict)
-    for name, (quick, held) in sessions().items():
+    recorded = sessions()
+    for name, (quick, held) in recorded.items():
         cpu = quick[0]["cpu_id"]
         brats_seg.cpu.cpu_id = lambda cpu=cpu: cpu
         print(f"\n== {name}")
         for sweep, widths in SWEEPS.items():
-            added = [r for k, r in held.items() if k.split()[0] == "full" and k.endswith(" off") and int(k.split()[1]) in widths]
+            added = [
+                r
+                for k, r in held.items()
+                if k.split()[0] == "full" and k.endswith(" off") and int(k.split()[1]) in widths
+            ]
             if len(added) < 2 * len(widths):
                 print(f"  {sweep}: not every added point was measured in this session; skipped")
                 continue
             judged = {
                 k: r
                 for k, r in held.items()
-                if k.split()[0] != "96x112x80" and not (k.split()[0] == "full" and k.endswith(" off") and int(k.split()[1]) in widths)
+                if k.split()[0] != "96x112x80"
+                and not (k.split()[0] == "full" and k.endswith(" off") and int(k.split()[1]) in widths)
             }
             for form, f in FORMS.items():
-                aligns = f["aligns"] if isinstance(f["aligns"], dict) else dict.fromkeys(("float32", "bfloat16"), f["aligns"])
+                aligns = (
+                    f["aligns"]
+                    if isinstance(f["aligns"], dict)
+                    else dict.fromkeys(("float32", "bfloat16"), f["aligns"])
+                )
                 stf.ALIGNS, stf.BLOCKS = aligns, f["blocks"]
                 with tempfile.TemporaryDirectory() as tmp:
                     q = _write(Path(tmp) / "q.jsonl", quick + added)
@@ -141,17 +151,18 @@ def main() -> None:
                 misses = [r for r in rows if abs(r["error"]) > 0.25]
                 table[(sweep, form)][name] = (len(misses), len(rows))
                 forms = ", ".join(
-                    f"{d[:4]} block {c['block']} bytes {c['bytes_block']} align {c.get('align', 0)}" for d, c in entry["fit"].items()
+                    f"{d[:4]} block {c['block']} bytes {c['bytes_block']} align {c.get('align', 0)}"
+                    for d, c in entry["fit"].items()
                 )
                 print(f"  {sweep:14s} {form:28s} {stf.summary_line(rows)}; misses {len(misses)}  [{forms}]")
                 for r in misses:
                     print(f"      {r['error']:+7.1%}  {r['measured_s']:6.2f} s  {r['point']}")
     print("\n== misses of ±25% (held-out points at full resolution and above), per session")
-    names = list(sessions())
+    names = list(recorded)
     print(f"{'':44s}" + "".join(f"{n.split(' (')[0]:>16s}" for n in names) + "   total")
     for (sweep, form), cells in table.items():
         total = sum(m for m, _ in cells.values()), sum(n for _, n in cells.values())
-        line = "".join(f"{'%d of %d' % cells[n] if n in cells else '-':>16s}" for n in names)
+        line = "".join(f"{f'{cells[n][0]} of {cells[n][1]}' if n in cells else '-':>16s}" for n in names)
         print(f"{sweep + ', ' + form:44s}{line}   {total[0]} of {total[1]}")
 
 

@@ -7,28 +7,26 @@ held-out medians. What the change did on points measured after it.
 """
 
 import json
-import statistics
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE.parent / "forms_offline"))
+sys.path.insert(0, str(HERE.parent / "calibration_3draws_emr"))
+from draws import _held  # noqa: E402
+from forms import _quick, _write  # noqa: E402
+
 import brats_seg.cpu  # noqa: E402
 from brats_seg.benchmark import step_time_fit as stf  # noqa: E402
-from forms import _quick, _write  # noqa: E402
 
 
 def main() -> None:
     entry = json.loads((HERE / "calibration.json").read_text())
     brats_seg.cpu.cpu_id = lambda: entry["cpu_id"]
     quick = _quick(entry)
-    groups = defaultdict(list)
-    for path in sorted((HERE / "held").glob("*_rep*.json")):
-        groups[path.stem.rsplit("_rep", 1)[0]].append(json.loads(path.read_text()))
-    held = [{**v[0], "step_s": statistics.median(r["step_s"] for r in v)} for v in groups.values()]
+    held = list(_held(HERE / "held").values())
     wide = [r for r in quick if r["resolution"] == "full" and r["base_filters"] in (12, 16)]
     narrow = [r for r in quick if r not in wide]
     variants = {
