@@ -7,7 +7,8 @@
         'held_out=[outputs/benchmark/step_time_check/results.jsonl]'
 
 The model (``brats_seg/lms/planner/step_time.py``): seconds = per_flop_s x padded FLOPs +
-per_byte_s x bytes touched + per_step_s, per compute dtype, fitted (non-negative least squares
+per_byte_s x bytes touched + per_unaligned_byte_s x bytes of activations off the channel block +
+per_step_s, per compute dtype, fitted (non-negative least squares
 of the relative error) to the ``lms=off`` points of ``fit`` measured on this CPU. Prints every
 point's prediction against its measurement: the fitted points, each again predicted by a fit
 without it (leave-one-out), and the ``held_out`` points (any strategy: a ``recompute`` point's
@@ -89,8 +90,8 @@ def _report(entry: dict, figure: str) -> None:
             f"convolution, {1 / c['per_byte_s'] / 1e9 if c['per_byte_s'] else float('inf'):.1f} GB/s of layer "
             f"traffic, {c['per_step_s']:.3f} s a step"
             + (
-                f"; convolutions whose channels are not multiples of {c['align']}: "
-                f"+{c['per_unaligned_flop_s'] * 1e12:.2f} s per TFLOP"
+                f"; activations whose channels are not multiples of {c['align']}: "
+                f"+{c.get('per_unaligned_byte_s', 0.0) * 1e9:.3f} s per GB"
                 if c.get("align")
                 else ""
             )

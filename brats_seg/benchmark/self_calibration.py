@@ -49,8 +49,8 @@ log = logging.getLogger(__name__)
 
 #: (resolution, base filters) measured by the quick calibration, depth 4, batch 1, lms=off: widths
 #: on both sides of the channel block at half resolution, and at full resolution the two cheapest
-#: and the two that part the convolutions' rates where it costs most (12: channels off the
-#: 16-block, 16: on it; without them the unaligned rate was fitted to 4 and 8 filters' small
+#: and the two that part the off-block rate from the rest where it costs most (12: channels off the
+#: 16-block, 16: on it; without them that rate was fitted to 4 and 8 filters' small
 #: convolutions: docs/measurements/forms_offline/forms.txt). Every other width and shape is held out.
 QUICK_POINTS = (
     ("half", 4),

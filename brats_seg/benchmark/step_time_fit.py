@@ -66,29 +66,33 @@ BLOCKS = (1, 4, 8, 16)  # channel counts convolutions may be padded to; the fit 
 #: channel counts activations may be counted padded to in the bytes term (1: as stored; oneDNN's
 #: blocked layouts hold 8 or 16), chosen the same way; on a tie the plainer form (1 first) is kept
 BYTES_BLOCKS = (1, 8, 16)
-#: per compute dtype, the channel multiples off which a convolution is priced at an extra rate of
-#: its own (0: one rate for all), each tried with every padding and kept by leave-one-out error.
-#: oneDNN runs channel counts off its blocks with other kernels: a full-resolution step of 6
-#: filters took as long as one of 8 in float32 on both an Emerald Rapids and a Zen 5, and one of
-#: 12 filters longer than one of 16 in bfloat16 (10 against 6.7 s on the Emerald Rapids, AMX).
-#: Fixed at 8 and 16, not chosen among (0, 8, 16): fitted to the quick sweep with full-resolution
-#: 12 and 16 filters, the fixed term missed ±25% on 1 of 48 held-out points of four recorded
-#: sessions on the two CPUs, choosing it by leave-one-out on 3, one rate for all on 6
-#: (docs/measurements/forms_offline/forms.txt). The rate is non-negative: with nothing to price
-#: apart it fits to 0. A dtype with fewer than five points gets one rate (four coefficients
-#: need points to spare).
+#: per compute dtype, the channel multiples off which an activation's bytes are priced at an extra
+#: rate of their own (0: one rate for all), each tried with every padding and kept by leave-one-out
+#: error. Steps with levels off oneDNN's blocks run slower than their FLOPs say: a full-resolution
+#: step of 6 filters took as long as one of 8 in float32 on both an Emerald Rapids and a Zen 5, and
+#: one of 12 filters longer than one of 16 in bfloat16 (10 against 6.7 s on the Emerald Rapids,
+#: AMX), where oneDNN's verbose log puts the cost in the norms' and reorders' traffic around those
+#: layers (docs/measurements/onednn_kernels_emr/). Fixed at 8 and 16, not chosen among (0, 8, 16):
+#: fitted to the quick sweep with full-resolution 12 and 16 filters, a fixed off-block term missed
+#: ±25% on 1 of 48 held-out points of four recorded sessions on the two CPUs, choosing it by
+#: leave-one-out on 3, one rate for all on 6 (docs/measurements/forms_offline/forms.txt); priced
+#: on activation bytes rather than on the FLOPs of such convolutions it missed 1 of 46 over five
+#: sessions against 4 (forms_offline/bytes_form.txt) and 0 of 7 points in no earlier record against
+#: 1 (docs/measurements/blind_bytes_emr/). The rate is non-negative: with nothing to price apart it
+#: fits to 0. A dtype with fewer than five points gets one rate (four coefficients need points to
+#: spare).
 ALIGNS: dict[str, tuple[int, ...]] = {"float32": (8,), "bfloat16": (16,)}
 ALIGN_COST = 0.01  # where 0 is a candidate too: what the extra coefficient must gain in worst left-out error
 
 
 def _point(record: dict, block: int, bytes_block: int = 1, align: int = 0) -> tuple[float, float, float, float]:
-    """``(padded FLOPs, bytes, measured seconds, unaligned FLOPs)`` of the record's step, as
+    """``(padded FLOPs, bytes, measured seconds, off-block bytes)`` of the record's step, as
     :func:`~brats_seg.lms.planner.step_time.fit_coefficients` takes it."""
     from brats_seg.lms.planner.step_time import step_features
 
     net, _ = _network(tuple(record["overrides"]))
     f = step_features(net, block, bytes_block, align)
-    return f["padded_flops"], f["bytes"], record["step_s"], f["unaligned_flops"]
+    return f["padded_flops"], f["bytes"], record["step_s"], f["unaligned_bytes"]
 
 
 def _dtype(record: dict) -> str:

@@ -113,11 +113,11 @@ def test_unaligned_flops_are_those_of_convolutions_whose_channels_miss_the_block
     wide, narrow = _net(16), _net(12)
     assert step_features(wide, 16)["unaligned_flops"] == 0.0  # no align: no such term
     for i, blk in enumerate(wide.blocks):
-        flops, _, unaligned = block_features(wide, i, 16, 1, 16)
+        flops, _, unaligned, _ = block_features(wide, i, 16, 1, 16)
         expected = {"enc0": flops / 2, "head": flops}.get(blk.name, 0.0)  # enc0: 4 -> 16 padded as 16 -> 16
         assert unaligned == pytest.approx(expected), blk.name
     for i, blk in enumerate(narrow.blocks):
-        flops, _, unaligned = block_features(narrow, i, 16, 1, 16)
+        flops, _, unaligned, _ = block_features(narrow, i, 16, 1, 16)
         if blk.name in ("bottleneck", "dec2"):
             assert unaligned == 0.0, blk.name
         elif blk.name == "enc2":
@@ -126,28 +126,65 @@ def test_unaligned_flops_are_those_of_convolutions_whose_channels_miss_the_block
             assert unaligned == flops, blk.name
         if blk.name in ("enc2", "dec1"):  # 24 channels: a multiple of 8
             assert block_features(narrow, i, 16, 1, 8)[2] == 0.0, blk.name
-    # the step prices them by its coefficients' align
+    # a cached calibration of that form still prices them by its coefficients' align
     extra = TimeCoefficients(per_flop_s=0.0, per_byte_s=0.0, block=16, per_unaligned_flop_s=1e-12, align=16)
     model = CpuTimeModel(cpu="test", block=16, coefficients={"float32": extra})
     assert model.step_s(narrow) == pytest.approx(1e-12 * step_features(narrow, 16, 1, 16)["unaligned_flops"])
 
 
-def test_the_unaligned_rate_is_recovered_where_it_differs_and_fits_to_zero_where_it_does_not(monkeypatch, tmp_path):
-    """float32 steps timed with convolutions off the 8-channel block twice as slow: the fit (align 8,
-    fixed for float32) recovers that extra rate and predicts every left-out point; steps timed
-    without it fit the rate to 0 (non-negative: the term costs nothing where nothing differs); a
-    sweep of four points, too few for a fourth coefficient, is fitted with one rate."""
+def test_off_block_bytes_are_those_of_activations_whose_channels_miss_the_block():
+    """Counted as stored (not padded), per tensor a layer reads or writes, forward in a block and
+    three times that in a step (forward, gradients in and out), as the bytes term is."""
+    for filters, align in ((12, 16), (12, 8), (16, 16), (6, 8)):
+        net = _net(filters)
+        total = 0.0
+        for i, blk in enumerate(net.blocks):
+            _, moved, _, off = block_features(net, i, 16, 1, align)
+            expected = sum(
+                blk.tensor_bytes.get(t, 0)
+                for layer in blk.layers
+                for t in (*layer.inputs, layer.output)
+                if blk.tensor_channels.get(t, 0) % align
+            )
+            assert off == pytest.approx(expected), (filters, align, blk.name)
+            assert 0.0 <= off <= moved
+            assert block_features(net, i, 16, 1, 0)[3] == 0.0  # no align: no such term
+            total += off
+        f = step_features(net, 16, 1, align)
+        assert f["unaligned_bytes"] == pytest.approx(3.0 * total)
+    # 16 filters off the 16-block: only the image (4 channels) and the head's output (3), far less
+    # than 12 filters, where levels 0 and 1 (12 and 24 channels) are off it
+    assert (
+        0.0
+        < step_features(_net(16), 16, 1, 16)["unaligned_bytes"]
+        < 0.2 * step_features(_net(12), 16, 1, 16)["unaligned_bytes"]
+    )
+    # 24 channels are on the 8-block: 12 filters have less off it than off the 16-block
+    assert step_features(_net(12), 16, 1, 8)["unaligned_bytes"] < step_features(_net(12), 16, 1, 16)["unaligned_bytes"]
+    # the step and a recomputed block price them by the coefficients' rate
+    narrow = _net(12)
+    c = TimeCoefficients(per_flop_s=0.0, per_byte_s=0.0, block=16, align=16, per_unaligned_byte_s=1e-10)
+    model = CpuTimeModel(cpu="test", block=16, coefficients={"float32": c})
+    assert model.step_s(narrow) == pytest.approx(1e-10 * step_features(narrow, 16, 1, 16)["unaligned_bytes"])
+    assert model.block_forward_s(narrow, 0) == pytest.approx(1e-10 * block_features(narrow, 0, 16, 1, 16)[3])
+
+
+def test_the_off_block_rate_is_recovered_where_it_differs_and_fits_to_zero_where_it_does_not(monkeypatch, tmp_path):
+    """float32 steps timed with the traffic of activations off the 8-channel block at an extra rate:
+    the fit (align 8, fixed for float32) recovers that rate and predicts every left-out point; steps
+    timed without it fit the rate to 0 (non-negative: the term costs nothing where nothing
+    differs); a sweep of four points, too few for a fourth coefficient, is fitted with one rate."""
     from brats_seg.benchmark import step_time_fit
     from brats_seg.cpu import cpu_id
 
     monkeypatch.setattr(step_time_fit, "BLOCKS", (1,))
     monkeypatch.setattr(step_time_fit, "BYTES_BLOCKS", (1,))
     assert step_time_fit.ALIGNS["float32"] == (8,)
-    extra = 1 / 200e9
+    extra = 1 / 2e9
     for truth_align, widths in ((8, (4, 6, 8, 12, 16, 24, 32)), (0, (4, 6, 8, 12, 16, 24, 32)), (8, (4, 6, 12, 16))):
         truth = TimeCoefficients(
-            per_flop_s=1 / 200e9, per_byte_s=1 / 4e9, per_step_s=0.01, block=1, per_unaligned_flop_s=extra,
-            align=truth_align,
+            per_flop_s=1 / 200e9, per_byte_s=1 / 4e9, per_step_s=0.01, block=1, align=truth_align,
+            per_unaligned_byte_s=extra,
         )  # fmt: skip
         lines = []
         for filters in widths:
@@ -161,21 +198,21 @@ def test_the_unaligned_rate_is_recovered_where_it_differs_and_fits_to_zero_where
                 "lms=off",
             )
             net, _ = step_time_fit._network(overrides)
-            f = step_features(net, 1, 1, truth_align)
-            seconds = truth.seconds(f["padded_flops"], f["bytes"], unaligned_flops=f["unaligned_flops"])
+            seconds = CpuTimeModel(cpu="truth", block=1, coefficients={"float32": truth}).step_s(net)
             lines.append({"overrides": list(overrides), "step_s": seconds, "strategy": "off", "precision": "fp32"})
         path = tmp_path / f"sweep_{truth_align}_{len(widths)}.jsonl"
         path.write_text("".join(json.dumps({**r, "cpu_id": cpu_id()}) + "\n" for r in lines))
         fit = step_time_fit.calibrate([path], [])
         c = fit["fit"]["float32"]
+        assert c["per_unaligned_flop_s"] == 0.0  # the form before is no longer fitted
         if len(widths) == 4:
-            assert c["align"] == 0 and c["per_unaligned_flop_s"] == 0.0
+            assert c["align"] == 0 and c["per_unaligned_byte_s"] == 0.0
             continue
         assert c["align"] == 8
         if truth_align:
-            assert c["per_unaligned_flop_s"] == pytest.approx(extra, rel=1e-3)
+            assert c["per_unaligned_byte_s"] == pytest.approx(extra, rel=1e-3)
         else:
-            assert c["per_unaligned_flop_s"] < 1e-3 * c["per_flop_s"]
+            assert c["per_unaligned_byte_s"] < 1e-3 * c["per_byte_s"]
         assert max(abs(r["error"]) for r in fit["leave_one_out"]) < 1e-3
 
 

@@ -6,22 +6,26 @@ convolution of 6 channels costs about what one of 16 does, and the thin layers o
 U-Net (norms, activations, casts, concatenations) are bound by memory traffic, not
 arithmetic. The model, per compute dtype:
 
-    seconds = per_flop_s * padded FLOPs + per_unaligned_flop_s * unaligned FLOPs
-              + per_byte_s * bytes touched + per_step_s
+    seconds = per_flop_s * padded FLOPs + per_byte_s * bytes touched
+              + per_unaligned_byte_s * off-block bytes + per_step_s
 
 where *padded FLOPs* are the step's convolution FLOPs with each convolution's input and
 output channels rounded up to a block (the one whose fit predicts left-out points best: 16 for
 bfloat16 and 4 for float32 on a Zen 5; :func:`step_features`), and *bytes
 touched* are what every layer reads and writes, each activation's channels rounded up to a block
 of their own (1: as stored; 8 or 16: as oneDNN's blocked layouts store them, which is how an
-Emerald Rapids' bfloat16 steps scale), also chosen by leave-one-out error. *Unaligned FLOPs*
-are the padded FLOPs of the convolutions whose input or output channels are not a multiple of
-``align`` (0: the term is off): steps with such levels run slower than their FLOPs say (on an
-Emerald Rapids in bfloat16, 12 filters at full resolution took 10.0 s a step and 16 filters 6.5 s;
-oneDNN's verbose log puts that cost in the norm's and reorders' traffic around those layers, not in
-the convolutions, docs/measurements/onednn_kernels_emr/), and this term prices it per FLOP of the
-layers concerned. ``align`` is fixed per dtype by the calibration
-(:data:`brats_seg.benchmark.step_time_fit.ALIGNS`: 8 for float32, 16 for bfloat16) and the rate is
+Emerald Rapids' bfloat16 steps scale), also chosen by leave-one-out error. *Off-block bytes*
+are the bytes (as stored) of the activations whose channels are not a multiple of ``align`` (0:
+the term is off): steps with such levels run slower than their FLOPs say (on an Emerald Rapids in
+bfloat16, 12 filters at full resolution took 10.0 s a step and 16 filters 6.5 s), and oneDNN's
+verbose log puts that cost in the traffic around those layers (instance norm 3x, reorders 2.6x),
+not in the convolutions, which run the same AMX kernels on the block or off it
+(docs/measurements/onednn_kernels_emr/); this term prices that traffic. It replaced a rate on
+the FLOPs of such convolutions (``per_unaligned_flop_s``, still read from calibrations cached
+before it): judged blind on seven points in no earlier record, the bytes form kept all within
+±25% and the FLOPs form missed one (docs/measurements/blind_bytes_emr/). ``align`` is fixed per
+dtype by the calibration (:data:`brats_seg.benchmark.step_time_fit.ALIGNS`: 8 for float32, 16
+for bfloat16) and the rate is
 fitted non-negative. The coefficients are fitted per CPU model
 (:func:`brats_seg.cpu.cpu_id`: CPUs of one kind, Zen 4 and Zen 5, run the same kernels at
 different speeds) to benchmark sweeps by ``scripts/calibrate_step_time.py`` and kept in
@@ -92,21 +96,25 @@ def _padded(c: int, block: int) -> int:
 def step_features(net: NetworkCost, block: int, bytes_block: int = 1, align: int = 0) -> dict[str, float]:
     """What a training step costs in the model's terms: ``padded_flops`` (forward and backward;
     a convolution's backward is two convolutions, the first one's one, as
-    :func:`~brats_seg.lms.planner.cost.compute_step_flops` counts), ``unaligned_flops`` (the
-    part of them in convolutions whose channels are not multiples of ``align``; 0 without it) and
-    ``bytes`` (every layer's inputs and output, channels padded to ``bytes_block``, forward, and
-    twice that backward: gradients in and out)."""
-    padded = unaligned = moved = 0.0
+    :func:`~brats_seg.lms.planner.cost.compute_step_flops` counts), ``bytes`` (every layer's inputs
+    and output, channels padded to ``bytes_block``, forward, and twice that backward: gradients in
+    and out), ``unaligned_bytes`` (the part of those, as stored, in activations whose channels are
+    not multiples of ``align``) and ``unaligned_flops`` (the padded FLOPs of convolutions whose
+    channels are not; the form cached calibrations before the bytes term priced); both 0 without
+    ``align``."""
+    padded = unaligned = moved = unaligned_moved = 0.0
     first_conv = True
     for i in range(len(net.blocks)):
-        moved += 3.0 * block_features(net, i, block, bytes_block)[1]
+        _, block_moved, _, block_unaligned_moved = block_features(net, i, block, bytes_block, align)
+        moved += 3.0 * block_moved
+        unaligned_moved += 3.0 * block_unaligned_moved
         for layer in net.blocks[i].layers:
             if layer.kind in ("conv", "up_transpose"):
                 flops = _conv_padded(layer, block) * (2.0 if first_conv else 3.0)
                 padded += flops
                 unaligned += flops if _unaligned(layer, align) else 0.0
                 first_conv = False
-    return {"padded_flops": padded, "unaligned_flops": unaligned, "bytes": moved}
+    return {"padded_flops": padded, "unaligned_flops": unaligned, "bytes": moved, "unaligned_bytes": unaligned_moved}
 
 
 def _unaligned(layer, align: int) -> bool:
@@ -122,10 +130,11 @@ def _conv_padded(layer, block: int) -> float:
 
 def block_features(
     net: NetworkCost, i: int, block: int, bytes_block: int = 1, align: int = 0
-) -> tuple[float, float, float]:
-    """Block ``i``'s forward ``(padded FLOPs, bytes read and written, unaligned FLOPs)``: what
-    recomputing it costs (each activation's channels padded to ``bytes_block``; the FLOPs of
-    convolutions whose channels are not multiples of ``align``)."""
+) -> tuple[float, float, float, float]:
+    """Block ``i``'s forward ``(padded FLOPs, bytes read and written, unaligned FLOPs, unaligned
+    bytes)``: what recomputing it costs (each activation's channels padded to ``bytes_block``; the
+    FLOPs of convolutions, and the bytes as stored of activations, whose channels are not multiples
+    of ``align``)."""
     blk = net.blocks[i]
     convs = [layer for layer in blk.layers if layer.kind in ("conv", "up_transpose")]
     flops = sum(_conv_padded(layer, block) for layer in convs)
@@ -135,18 +144,28 @@ def block_features(
         size, channels = blk.tensor_bytes.get(t, 0), blk.tensor_channels.get(t, 0)
         return size * _padded(channels, bytes_block) / channels if channels and bytes_block > 1 else size
 
-    moved = sum(sum(nbytes(t) for t in layer.inputs) + nbytes(layer.output) for layer in blk.layers)
-    return flops, float(moved), unaligned
+    def off_block(t: str) -> float:
+        channels = blk.tensor_channels.get(t, 0)
+        return float(blk.tensor_bytes.get(t, 0)) if align > 1 and channels and channels % align else 0.0
+
+    moved = unaligned_moved = 0.0
+    for layer in blk.layers:
+        for t in (*layer.inputs, layer.output):
+            moved += nbytes(t)
+            unaligned_moved += off_block(t)
+    return flops, float(moved), unaligned, unaligned_moved
 
 
 @dataclass(frozen=True)
 class TimeCoefficients:
     """Seconds per padded FLOP, per byte touched and per step, of one compute dtype on one CPU,
-    and the extra seconds per FLOP of a convolution whose channels are not multiples of
-    ``align`` (0: no such term); ``block``: the channel count convolutions are padded to,
-    ``bytes_block`` the one activations are counted padded to in the bytes term (each chosen by
-    the calibration's leave-one-out error: how oneDNN's kernels behave is measured, not assumed;
-    presets without them count bytes as stored and every convolution alike)."""
+    and the extra seconds per byte of an activation whose channels are not multiples of ``align``
+    (0: no such term); ``block``: the channel count convolutions are padded to, ``bytes_block``
+    the one activations are counted padded to in the bytes term (each chosen by the calibration's
+    leave-one-out error: how oneDNN's kernels behave is measured, not assumed; presets without
+    them count bytes as stored and every layer alike). ``per_unaligned_flop_s``: the extra seconds
+    per FLOP of a convolution off ``align``, the form calibrations cached before the bytes term
+    fitted (read as they are; a new calibration fits it 0)."""
 
     per_flop_s: float
     per_byte_s: float
@@ -155,14 +174,21 @@ class TimeCoefficients:
     bytes_block: int = 1
     per_unaligned_flop_s: float = 0.0
     align: int = 0
+    per_unaligned_byte_s: float = 0.0
 
     def seconds(
-        self, padded_flops: float, moved_bytes: float, steps: float = 1.0, unaligned_flops: float = 0.0
+        self,
+        padded_flops: float,
+        moved_bytes: float,
+        steps: float = 1.0,
+        unaligned_flops: float = 0.0,
+        unaligned_bytes: float = 0.0,
     ) -> float:
         return (
             self.per_flop_s * padded_flops
             + self.per_unaligned_flop_s * unaligned_flops
             + self.per_byte_s * moved_bytes
+            + self.per_unaligned_byte_s * unaligned_bytes
             + self.per_step_s * steps
         )
 
@@ -173,6 +199,7 @@ class TimeCoefficients:
             per_byte_s=self.per_byte_s * factor,
             per_step_s=self.per_step_s * factor,
             per_unaligned_flop_s=self.per_unaligned_flop_s * factor,
+            per_unaligned_byte_s=self.per_unaligned_byte_s * factor,
         )
 
 
@@ -212,13 +239,15 @@ class CpuTimeModel:
         """Seconds of one training step without recomputation."""
         c = self._for(net)
         f = step_features(net, c.block, c.bytes_block, c.align)
-        return c.seconds(f["padded_flops"], f["bytes"], unaligned_flops=f["unaligned_flops"])
+        return c.seconds(
+            f["padded_flops"], f["bytes"], unaligned_flops=f["unaligned_flops"], unaligned_bytes=f["unaligned_bytes"]
+        )
 
     def block_forward_s(self, net: NetworkCost, i: int) -> float:
         """Seconds of block ``i``'s forward pass (what recomputing it costs)."""
         c = self._for(net)
-        flops, moved, unaligned = block_features(net, i, c.block, c.bytes_block, c.align)
-        return c.seconds(flops, moved, steps=0.0, unaligned_flops=unaligned)
+        flops, moved, unaligned, unaligned_moved = block_features(net, i, c.block, c.bytes_block, c.align)
+        return c.seconds(flops, moved, steps=0.0, unaligned_flops=unaligned, unaligned_bytes=unaligned_moved)
 
 
 def load_time_presets(path: Path = PRESET_FILE) -> dict:
@@ -329,13 +358,14 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
                 c
                 if old is None
                 else TimeCoefficients(
-                    max(old.per_flop_s, c.per_flop_s),
-                    max(old.per_byte_s, c.per_byte_s),
-                    max(old.per_step_s, c.per_step_s),
-                    block,
-                    max(old.bytes_block, c.bytes_block),  # more bytes counted: the safe side
-                    max(old.per_unaligned_flop_s, c.per_unaligned_flop_s),
-                    max(old.align, c.align),  # more convolutions counted unaligned: the safe side
+                    per_flop_s=max(old.per_flop_s, c.per_flop_s),
+                    per_byte_s=max(old.per_byte_s, c.per_byte_s),
+                    per_step_s=max(old.per_step_s, c.per_step_s),
+                    block=block,
+                    bytes_block=max(old.bytes_block, c.bytes_block),  # more bytes counted: the safe side
+                    per_unaligned_flop_s=max(old.per_unaligned_flop_s, c.per_unaligned_flop_s),
+                    align=max(old.align, c.align),  # more layers counted off the block: the safe side
+                    per_unaligned_byte_s=max(old.per_unaligned_byte_s, c.per_unaligned_byte_s),
                 )
             )
     return CpuTimeModel(
@@ -348,14 +378,14 @@ def cpu_time_model(cpu: str | None = None, kind: str | None = None, path: Path =
 
 
 def fit_coefficients(points, block: int = 16, bytes_block: int = 1, align: int = 0) -> TimeCoefficients:
-    """Non-negative least squares of measured seconds on ``(padded FLOPs, bytes, 1, unaligned
-    FLOPs)``, each point weighed by its inverse time (relative errors: a 2 s step counts as much
+    """Non-negative least squares of measured seconds on ``(padded FLOPs, bytes, 1, off-block
+    bytes)``, each point weighed by its inverse time (relative errors: a 2 s step counts as much
     as a 20 s one).
 
     Args:
         points: ``(padded_flops, bytes, seconds)`` or ``(padded_flops, bytes, seconds,
-            unaligned_flops)`` per measured step, one compute dtype of one CPU.
-        align: the block ``unaligned_flops`` were counted with (0: none, the term is left out).
+            unaligned_bytes)`` per measured step, one compute dtype of one CPU.
+        align: the block ``unaligned_bytes`` were counted with (0: none, the term is left out).
     """
     import numpy as np
     from scipy.optimize import nnls
@@ -375,6 +405,6 @@ def fit_coefficients(points, block: int = 16, bytes_block: int = 1, align: int =
         per_step_s=float(x[2]),
         block=block,
         bytes_block=bytes_block,
-        per_unaligned_flop_s=float(x[3]) if align > 1 else 0.0,
         align=align if align > 1 else 0,
+        per_unaligned_byte_s=float(x[3]) if align > 1 else 0.0,
     )
