@@ -19,14 +19,16 @@ from draws import _held  # noqa: E402
 from forms import _quick  # noqa: E402
 
 
-def main() -> None:
-    quick = _quick(json.loads((HERE / "calibration.json").read_text()))
-    held = list(_held(HERE / "held").values())
+def main(folder: Path = HERE, names: dict[str, str] | None = None) -> None:
+    """Judge the three forms fitted to ``folder``'s calibration on its held-out ``lms=off`` points
+    (``names``: how to print a form's name, default as ``bytes_form.py`` calls it)."""
+    quick = _quick(json.loads((folder / "calibration.json").read_text()))
+    held = [r for r in _held(folder / "held").values() if r["strategy"] == "off"]
     for form in ("one rate", "off-block FLOPs (shipped)", "off-block bytes"):
         errs = judge(quick, held, form)
         miss = [(e, k) for e, k in errs if abs(e) > 0.25]
         print(
-            f"\n{form}: {min(e for e, _ in errs):+.1%}..{max(e for e, _ in errs):+.1%}, "
+            f"\n{(names or {}).get(form, form)}: {min(e for e, _ in errs):+.1%}..{max(e for e, _ in errs):+.1%}, "
             f"median |error| {statistics.median(abs(e) for e, _ in errs):.1%}; outside ±25%: {len(miss)} of {len(errs)}"
         )
         for e, k in sorted(errs, key=lambda x: x[1]):

@@ -7,34 +7,18 @@ measured here.
     python docs/measurements/bytes_shipped_emr/compare.py > docs/measurements/bytes_shipped_emr/compare.txt
 """
 
-import json
-import statistics
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
-sys.path.insert(0, str(HERE.parent / "forms_offline"))
-sys.path.insert(0, str(HERE.parent / "calibration_3draws_emr"))
-from bytes_form import judge  # noqa: E402
-from draws import _held  # noqa: E402
-from forms import _quick  # noqa: E402
-
-
-def main() -> None:
-    quick = _quick(json.loads((HERE / "calibration.json").read_text()))
-    held = [r for r in _held(HERE / "held").values() if r["strategy"] == "off"]
-    for form in ("one rate", "off-block FLOPs (shipped)", "off-block bytes"):
-        errs = judge(quick, held, form)
-        miss = [(e, k) for e, k in errs if abs(e) > 0.25]
-        name = form.replace("(shipped)", "(20189d3)") + (" (shipped, 92d8635)" if form == "off-block bytes" else "")
-        print(
-            f"\n{name}: {min(e for e, _ in errs):+.1%}..{max(e for e, _ in errs):+.1%}, "
-            f"median |error| {statistics.median(abs(e) for e, _ in errs):.1%}; outside ±25%: {len(miss)} of {len(errs)}"
-        )
-        for e, k in sorted(errs, key=lambda x: x[1]):
-            print(f"   {e:+7.1%}  {k}{'  MISS' if abs(e) > 0.25 else ''}")
-
+sys.path.insert(0, str(HERE.parent / "blind_bytes_emr"))
+import judge_bytes  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    judge_bytes.main(
+        HERE,
+        {
+            "off-block FLOPs (shipped)": "off-block FLOPs (20189d3)",
+            "off-block bytes": "off-block bytes (shipped, 92d8635)",
+        },
+    )
