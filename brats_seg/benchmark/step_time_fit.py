@@ -78,7 +78,8 @@ BYTES_BLOCKS = (1, 8, 16)
 #: leave-one-out on 3, one rate for all on 6 (docs/measurements/forms_offline/forms.txt); priced
 #: on activation bytes rather than on the FLOPs of such convolutions it missed 1 of 46 over five
 #: sessions against 4 (forms_offline/bytes_form.txt) and 0 of 7 points in no earlier record against
-#: 1 (docs/measurements/blind_bytes_emr/). The rate is non-negative: with nothing to price apart it
+#: 1 (docs/measurements/blind_bytes_emr/); as shipped, 3 of 8 more on a fresh calibration
+#: (docs/measurements/bytes_shipped_emr/). The rate is non-negative: with nothing to price apart it
 #: fits to 0. A dtype with fewer than five points gets one rate (four coefficients need points to
 #: spare).
 ALIGNS: dict[str, tuple[int, ...]] = {"float32": (8,), "bfloat16": (16,)}

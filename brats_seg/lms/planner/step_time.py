@@ -22,8 +22,9 @@ verbose log puts that cost in the traffic around those layers (instance norm 3x,
 not in the convolutions, which run the same AMX kernels on the block or off it
 (docs/measurements/onednn_kernels_emr/); this term prices that traffic. It replaced a rate on
 the FLOPs of such convolutions (``per_unaligned_flop_s``, still read from calibrations cached
-before it): judged blind on seven points in no earlier record, the bytes form kept all within
-±25% and the FLOPs form missed one (docs/measurements/blind_bytes_emr/). ``align`` is fixed per
+before it): over the 59 held-out points of seven recorded sets it misses ±25% on 3, the FLOPs form
+on 7; judged as shipped on a fresh calibration and eight points in no earlier record it held 5
+(wide bfloat16 off the block over-predicted; docs/measurements/bytes_shipped_emr/). ``align`` is fixed per
 dtype by the calibration (:data:`brats_seg.benchmark.step_time_fit.ALIGNS`: 8 for float32, 16
 for bfloat16) and the rate is
 fitted non-negative. The coefficients are fitted per CPU model
