@@ -26,23 +26,35 @@ from forms import _label, _quick, sessions  # noqa: E402
 FORMS = ("one rate", "off-block FLOPs (shipped)", "off-block bytes")
 
 
-def main() -> None:
-    alls = dict(sessions())
+def recorded_sets() -> dict[str, tuple[list[dict], dict[str, dict]]]:
+    """name -> (quick records, held-out medians by label) of every recorded held-out set."""
+    sets = dict(sessions())
     for name, calibration in (
         ("sweep_align_emr", "sweep_align_emr"),
         ("blind_bytes_emr", "sweep_align_emr"),
         ("bytes_shipped_emr", "bytes_shipped_emr"),
     ):
         quick = _quick(json.loads((M / calibration / "calibration.json").read_text()))
-        alls[name] = (quick, {_label(r): r for r in _held(M / name / "held").values()})
+        sets[name] = (quick, {_label(r): r for r in _held(M / name / "held").values()})
+    return sets
+
+
+def fit_and_judged(quick: list[dict], held: dict[str, dict]) -> tuple[list[dict], list[dict]]:
+    """The points a set's form is fitted to (its quick sweep, with full-resolution 12 and 16 filters
+    from its held-out points where the sweep lacked them) and those it is judged on (the rest of its
+    ``lms=off`` points at full resolution and above)."""
+    wide = [
+        r for k, r in held.items() if k.startswith("full ") and k.endswith(" off") and int(k.split()[1]) in (12, 16)
+    ]
+    has12 = any(r["resolution"] == "full" and r["base_filters"] == 12 for r in quick)
+    judged = [r for k, r in held.items() if k.endswith(" off") and not k.startswith("96x112x80") and r not in wide]
+    return (quick if has12 else quick + wide), judged
+
+
+def main() -> None:
     totals = defaultdict(lambda: [0, 0])
-    for name, (quick, held) in alls.items():
-        wide = [
-            r for k, r in held.items() if k.startswith("full ") and k.endswith(" off") and int(k.split()[1]) in (12, 16)
-        ]
-        has12 = any(r["resolution"] == "full" and r["base_filters"] == 12 for r in quick)
-        fitq = quick if has12 else quick + wide
-        judged = [r for k, r in held.items() if k.endswith(" off") and not k.startswith("96x112x80") and r not in wide]
+    for name, (quick, held) in recorded_sets().items():
+        fitq, judged = fit_and_judged(quick, held)
         print(f"\n== {name}: fitted on {len(fitq)}, judged on {len(judged)}")
         for form in FORMS:
             errs = judge(fitq, judged, form)
